@@ -1,0 +1,33 @@
+"""actscan: does the scale of activations and gradients stay sane through depth?
+
+`from actscan import scan` is the Python API. Heavy modules (torch, transformers) load
+lazily so that `actscan --help` and report tooling start fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["Finding", "LayerRecord", "Report", "Severity", "__version__", "scan"]
+
+if TYPE_CHECKING:
+    from actscan.report import Report
+    from actscan.scan import scan
+    from actscan.types import Finding, LayerRecord, Severity
+
+
+def __getattr__(name: str) -> Any:
+    if name == "scan":
+        from actscan.scan import scan
+
+        return scan
+    if name == "Report":
+        from actscan.report import Report
+
+        return Report
+    if name in {"Finding", "LayerRecord", "Severity"}:
+        from actscan import types
+
+        return getattr(types, name)
+    raise AttributeError(f"module 'actscan' has no attribute {name!r}")

@@ -1,0 +1,134 @@
+"""The Report: everything one scan measured and concluded, and its JSON form.
+
+No torch here: a Report is plain data, so it can be rebuilt from JSON, compared and
+rendered without a model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from actscan import __version__
+from actscan.types import (
+    FailOn,
+    Finding,
+    LayerRecord,
+    ModelInfo,
+    ParamRecord,
+    RunInfo,
+    Severity,
+    StreamPoint,
+)
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Report:
+    model: ModelInfo
+    run: RunInfo
+    layers: tuple[LayerRecord, ...]
+    stream: tuple[StreamPoint, ...]
+    findings: tuple[Finding, ...] = ()
+    summary: dict[str, Any] = field(default_factory=dict)
+    params: tuple[ParamRecord, ...] = ()
+    notes: tuple[str, ...] = ()  # structure/run remarks shown to the user
+
+    # -- lookups -------------------------------------------------------------------
+    def layer(self, name: str) -> LayerRecord:
+        for rec in self.layers:
+            if rec.name == name:
+                return rec
+        raise KeyError(name)
+
+    def worst(self) -> Severity | None:
+        if not self.findings:
+            return None
+        return max((f.severity for f in self.findings), key=lambda s: s.rank)
+
+    def failed(self, fail_on: str | FailOn = FailOn.ERROR) -> list[Finding]:
+        gate = FailOn(fail_on)
+        return [f for f in self.findings if gate.trips(f.severity)]
+
+    # -- serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        model = asdict(self.model)
+        return _clean(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "tool": {"name": "actscan", "version": __version__},
+                "model": model,
+                "run": asdict(self.run),
+                "layers": [asdict(r) for r in self.layers],
+                "stream": [asdict(p) for p in self.stream],
+                "findings": [
+                    {**asdict(f), "severity": f.severity.value, "layers": list(f.layers)}
+                    for f in self.findings
+                ],
+                "summary": dict(self.summary),
+                "notes": list(self.notes),
+            }
+        )
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        def build(tp: type, d: dict[str, Any]) -> Any:
+            names = {f.name for f in fields(tp)}
+            return tp(**{k: v for k, v in d.items() if k in names})
+
+        layers = tuple(
+            build(LayerRecord, {**d, "outlier_channels": tuple(d.get("outlier_channels", ()))})
+            for d in data["layers"]
+        )
+        findings = tuple(
+            build(
+                Finding,
+                {**d, "severity": Severity(d["severity"]), "layers": tuple(d["layers"])},
+            )
+            for d in data["findings"]
+        )
+        return cls(
+            model=build(ModelInfo, data["model"]),
+            run=build(RunInfo, data["run"]),
+            layers=layers,
+            stream=tuple(build(StreamPoint, d) for d in data["stream"]),
+            findings=findings,
+            summary=dict(data.get("summary", {})),
+            notes=tuple(data.get("notes", ())),
+        )
+
+    def to_markdown(self, fail_on: str | FailOn = FailOn.ERROR) -> str:
+        from actscan.formats import to_markdown
+
+        return to_markdown(self, fail_on=fail_on)
+
+    def assert_healthy(self, fail_on: str | FailOn = FailOn.WARN) -> None:
+        """Raise AssertionError listing every finding at or above `fail_on` (for pytest)."""
+        bad = self.failed(fail_on)
+        if bad:
+            lines = [f"actscan: {len(bad)} finding(s) at or above {FailOn(fail_on).value}:"]
+            lines += [
+                f"  [{f.severity.value}] {f.check}: {f.message}"
+                + (f" ({', '.join(f.layers[:4])})" if f.layers else "")
+                for f in bad
+            ]
+            raise AssertionError("\n".join(lines))
+
+
+def _clean(obj: Any) -> Any:
+    """JSON has no NaN/Inf: non-finite floats become strings ("nan", "inf", "-inf")."""
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
