@@ -1,0 +1,250 @@
+"""Report renderings for CI: Markdown (e.g. $GITHUB_STEP_SUMMARY), JUnit XML, atomic writes.
+
+Pure functions of a Report: nothing here computes statistics or imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from actscan.errors import UsageError
+from actscan.types import CheckId, FailOn, Finding, Severity
+
+if TYPE_CHECKING:
+    from actscan.report import Report
+
+__all__ = ["fmt_count", "fmt_num", "to_junit", "to_markdown", "write_atomic"]
+
+_MAX_LAYERS = 3
+
+
+# -- number formatting ----------------------------------------------------------------
+def fmt_num(x: object) -> str:
+    """Compact, 3 significant digits: 1.23, 0.0123, 1.2e+05; "-" for None.
+
+    Non-finite values print as nan/inf/-inf, whether floats or the strings a Report
+    rebuilt from JSON carries.
+    """
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    if isinstance(x, bool):
+        return str(x).lower()
+    if isinstance(x, int | float):
+        v = float(x)
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return format(v, ".3g")
+    return str(x)
+
+
+def fmt_count(n: int) -> str:
+    """Parameter counts: 950, 12.3K, 124M, 1.5B."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{suffix}"
+    return str(n)
+
+
+# -- markdown -------------------------------------------------------------------------
+def _cell(text: str) -> str:
+    """Make `text` safe inside a Markdown table cell (one line, no bare pipes)."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _code(text: str) -> str:
+    text = _cell(text)
+    return f"`{text}`" if text and "`" not in text else text
+
+
+def _layers_cell(layers: Sequence[str]) -> str:
+    shown = ", ".join(_code(name) for name in layers[:_MAX_LAYERS])
+    more = len(layers) - _MAX_LAYERS
+    if more > 0:
+        shown += f", … (+{more})"
+    return shown or "-"
+
+
+def _sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
+    """Worst first; the report's order within one severity."""
+    return sorted(findings, key=lambda f: -Severity(f.severity).rank)
+
+
+def _gate_line(report: Report, gate: FailOn) -> str:
+    if gate is FailOn.NEVER:
+        return "**PASS** at `--fail-on never` (gate disabled)."
+    bad = report.failed(gate)
+    if bad:
+        return f"**FAIL** at `--fail-on {gate.value}`: {len(bad)} finding(s) at or above {gate}."
+    return f"**PASS** at `--fail-on {gate.value}`: no finding at or above {gate}."
+
+
+def to_markdown(report: Report, fail_on: str | FailOn = FailOn.ERROR) -> str:
+    """GitHub-flavoured Markdown: title, findings (worst first), residual stream, gate."""
+    gate = FailOn(fail_on)
+    model, run = report.model, report.run
+    precision = run.dtype + (f", amp {run.amp}" if run.amp else "")
+    out = [
+        f"### actscan: {_code(model.source)} ({_cell(model.family)}, "
+        f"{fmt_count(model.n_params)} params, {model.n_blocks} blocks, {_cell(precision)})",
+        "",
+        "#### Findings",
+        "",
+    ]
+    if report.findings:
+        out += ["| severity | check | layers | message | hint |", "| --- | --- | --- | --- | --- |"]
+        for f in _sorted_findings(report.findings):
+            out.append(
+                f"| {Severity(f.severity).value} | {_cell(f.check)} | {_layers_cell(f.layers)} "
+                f"| {_cell(f.message)} | {_cell(f.hint)} |"
+            )
+    else:
+        out.append("No findings.")
+    out += ["", "#### Residual stream", ""]
+    if report.stream:
+        out += ["| k | block | name | RMS | grad RMS |", "| ---: | ---: | --- | ---: | ---: |"]
+        for p in report.stream:
+            block = "-" if p.block is None else str(p.block)
+            out.append(
+                f"| {p.k} | {block} | {_code(p.name)} | {fmt_num(p.rms)} | {fmt_num(p.grad_rms)} |"
+            )
+    else:
+        out.append("No residual stream found.")
+    summary = [
+        f"{label} {fmt_num(report.summary[key])}"
+        for key, label in (
+            ("growth_exponent", "growth exponent p ="),
+            ("gain_per_block", "gain per block"),
+        )
+        if key in report.summary
+    ]
+    if summary:
+        out += ["", "Stream: " + ", ".join(summary) + "."]
+    if report.notes:
+        out += ["", *(f"- {_cell(note)}" for note in report.notes)]
+    out += ["", _gate_line(report, gate), ""]
+    return "\n".join(out)
+
+
+# -- JUnit ----------------------------------------------------------------------------
+# XML 1.0 forbids most control characters; ElementTree would write them anyway.
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    return _XML_INVALID.sub("\ufffd", text)
+
+
+def _finding_text(f: Finding) -> str:
+    line = f"[{Severity(f.severity).value}] {f.message}"
+    if f.layers:
+        line += f"\n  layers: {', '.join(f.layers)}"
+    if f.value is not None or f.threshold is not None:
+        line += f"\n  value: {fmt_num(f.value)}  threshold: {fmt_num(f.threshold)}"
+    if f.hint:
+        line += f"\n  hint: {f.hint}"
+    return line
+
+
+def to_junit(reports: Sequence[Report], fail_on: str | FailOn = FailOn.ERROR) -> str:
+    """A JUnit XML <testsuites> document: one suite per report, one case per check id.
+
+    A case fails when its check has a finding at or above `fail_on`; findings below the
+    gate go into the case's <system-out>. Checks without a finding pass. Check ids that
+    are not in `CheckId` but occur in findings get a case too.
+    """
+    gate = FailOn(fail_on)
+    root = ET.Element("testsuites", name="actscan")
+    total_tests = total_failures = 0
+    for report in reports:
+        source = report.model.source
+        suite = ET.SubElement(root, "testsuite", name=_xml_text(source))
+        by_check: dict[str, list[Finding]] = {c.value: [] for c in CheckId}
+        for f in report.findings:
+            by_check.setdefault(str(f.check), []).append(f)
+        failures = 0
+        for check, found in by_check.items():
+            case = ET.SubElement(
+                suite, "testcase", classname=_xml_text(f"actscan.{source}"), name=check
+            )
+            failing = [f for f in found if gate.trips(Severity(f.severity))]
+            passing = [f for f in found if not gate.trips(Severity(f.severity))]
+            if failing:
+                failures += 1
+                worst = max((Severity(f.severity) for f in failing), key=lambda s: s.rank)
+                failure = ET.SubElement(
+                    case,
+                    "failure",
+                    message=_xml_text("; ".join(f.message for f in failing)),
+                    type=worst.value,
+                )
+                failure.text = _xml_text("\n".join(_finding_text(f) for f in failing))
+            if passing:
+                out = ET.SubElement(case, "system-out")
+                out.text = _xml_text("\n".join(_finding_text(f) for f in passing))
+        suite.set("tests", str(len(by_check)))
+        suite.set("failures", str(failures))
+        suite.set("errors", "0")
+        suite.set("skipped", "0")
+        total_tests += len(by_check)
+        total_failures += failures
+    root.set("tests", str(total_tests))
+    root.set("failures", str(total_failures))
+    root.set("errors", "0")
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+# -- writing --------------------------------------------------------------------------
+def _new_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` (UTF-8) to `path` so readers never see a partial file; "-" = stdout.
+
+    Writes a temporary file in the same folder, fsyncs it and renames it over `path`.
+    On failure the temporary file is removed and UsageError("cannot write PATH: reason")
+    is raised.
+    """
+    if str(path) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    target = Path(path)
+    tmp: str | None = None
+    try:
+        try:
+            mode = target.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = _new_file_mode()
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+            if hasattr(os, "fchmod"):
+                os.fchmod(fh.fileno(), mode)
+        os.replace(tmp, target)
+        tmp = None
+    except (OSError, UnicodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise UsageError(f"cannot write {path}: {reason}") from err
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

@@ -1,0 +1,343 @@
+"""Project defaults from `actscan.toml` or `[tool.actscan]` in `pyproject.toml`.
+
+Discovery works like ruff/pytest: walk up from the start folder to the filesystem root;
+in each folder `actscan.toml` is tried first, then `pyproject.toml` (skipped unless it has
+a `[tool.actscan]` table); the first hit wins, files are not merged. Keys are kebab-case in
+TOML and snake_case in `ProjectConfig.values`:
+
+```toml
+[tool.actscan]
+fail-on = "warn"
+dtype = "bf16"
+seq-len = 128
+thresholds = { sqrt-growth = 4.0 }
+ignore = [
+  { check = "dead-branch", layers = "ls\\d", reason = "LayerScale starts at 0 by design" },
+]
+```
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from actscan.errors import ConfigError
+from actscan.types import CheckId, DType, FailOn, Finding
+
+__all__ = [
+    "CONFIG_NAMES",
+    "Ignore",
+    "ProjectConfig",
+    "apply_ignores",
+    "effective_settings",
+    "find_project_config",
+    "load_project_config",
+]
+
+ACTSCAN_TOML = "actscan.toml"
+PYPROJECT_TOML = "pyproject.toml"
+CONFIG_NAMES = (ACTSCAN_TOML, PYPROJECT_TOML)  # tried in this order in each folder
+
+SOURCE_CLI = "command line"
+SOURCE_DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class Ignore:
+    """Drop findings of `check` (on layers matching `layers`, when given), for `reason`."""
+
+    check: str
+    reason: str
+    layers: str | None = None
+
+    def matches(self, finding: Finding) -> bool:
+        if str(finding.check) != self.check:
+            return False
+        if self.layers is None:
+            return True
+        pattern = re.compile(self.layers)
+        return any(pattern.search(name) for name in finding.layers)
+
+
+@dataclass(frozen=True)
+class ProjectConfig:
+    """The project file that applies (None: none found) and its validated settings.
+
+    `values` has snake_case keys (`fail_on`, `seq_len`, …) and only those the file sets;
+    `thresholds` is a dict name → float. The `ignore` entries are in `ignores`.
+    """
+
+    path: Path | None
+    values: dict[str, Any] = field(default_factory=dict)
+    ignores: tuple[Ignore, ...] = ()
+
+
+# -- validation -----------------------------------------------------------------------
+def _choice(*allowed: str) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if not isinstance(v, str) or v not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}, got {v!r}")
+        return v
+
+    return check
+
+
+def _int(minimum: int | None) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"must be an integer, got {v!r}")
+        if minimum is not None and v < minimum:
+            raise ValueError(f"must be at least {minimum}, got {v}")
+        return v
+
+    return check
+
+
+def _regex(v: Any) -> Any:
+    if not isinstance(v, str):
+        raise ValueError(f"must be a regular expression string, got {v!r}")
+    try:
+        re.compile(v)
+    except re.error as err:
+        raise ValueError(f"is not a valid regular expression ({err}): {v!r}") from None
+    return v
+
+
+def _thresholds(v: Any) -> Any:
+    if not isinstance(v, dict):
+        raise ValueError(f"must be a table of name = number, got {v!r}")
+    out: dict[str, float] = {}
+    for name, x in v.items():
+        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+            raise ValueError(f"entry {name!r} must be a finite number, got {x!r}")
+        out[name] = float(x)
+    return out
+
+
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {
+    "fail-on": _choice(*(m.value for m in FailOn)),
+    "dtype": _choice(*(m.value for m in DType)),
+    "amp": _choice(DType.BF16.value, DType.FP16.value),
+    "batch": _int(1),
+    "seq-len": _int(1),
+    "batches": _int(1),
+    "seed": _int(0),
+    "device": _choice("cpu", "cuda", "auto"),
+    "modules": _regex,
+    "thresholds": _thresholds,
+}
+KNOWN_KEYS = (*_VALIDATORS, "ignore")
+_IGNORE_KEYS = ("check", "layers", "reason")
+
+
+def _unknown(path: Path, where: str, key: str, known: Iterable[str]) -> ConfigError:
+    known = list(known)
+    close = difflib.get_close_matches(key.replace("_", "-"), known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
+    return ConfigError(f"{path}: unknown key {key!r} in {where}{hint}")
+
+
+def _parse_ignores(path: Path, where: str, raw: Any) -> tuple[Ignore, ...]:
+    key = f"{where} ignore"
+    if not isinstance(raw, list):
+        raise ConfigError(f"{path}: {key} must be a list of tables, got {raw!r}")
+    checks = [c.value for c in CheckId]
+    out = []
+    for i, entry in enumerate(raw):
+        at = f"{key}[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: {at} must be a table like {{check = ..., reason = ...}}")
+        for k in entry:
+            if k not in _IGNORE_KEYS:
+                raise _unknown(path, at, k, _IGNORE_KEYS)
+        check = entry.get("check")
+        if not isinstance(check, str):
+            raise ConfigError(f'{path}: {at} needs check = "<check id>"')
+        if check not in checks:
+            raise ConfigError(
+                f"{path}: {at} check {check!r} is not a check id (known: {', '.join(checks)})"
+            )
+        reason = entry.get("reason")
+        if not isinstance(reason, str) or not reason.strip():
+            raise ConfigError(f'{path}: {at} needs reason = "…" (why {check} is ignored)')
+        layers = entry.get("layers")
+        if layers is not None:
+            try:
+                _regex(layers)
+            except ValueError as err:
+                raise ConfigError(f"{path}: {at} layers {err}") from None
+        out.append(Ignore(check=check, reason=reason.strip(), layers=layers))
+    return tuple(out)
+
+
+def _from_table(path: Path, where: str, table: Mapping[str, Any]) -> ProjectConfig:
+    values: dict[str, Any] = {}
+    ignores: tuple[Ignore, ...] = ()
+    for key, raw in table.items():
+        if key == "ignore":
+            ignores = _parse_ignores(path, where, raw)
+            continue
+        validate = _VALIDATORS.get(key)
+        if validate is None:
+            raise _unknown(path, where, key, KNOWN_KEYS)
+        try:
+            values[key.replace("-", "_")] = validate(raw)
+        except ValueError as err:
+            raise ConfigError(f"{path}: {where} {key} {err}") from None
+    return ProjectConfig(path=path, values=values, ignores=ignores)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: invalid TOML: {err}") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text: {err}") from None
+
+
+def _tool_table(path: Path, data: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    tool = data.get("tool")
+    if not isinstance(tool, dict) or "actscan" not in tool:
+        return None
+    table = tool["actscan"]
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.actscan] must be a table")
+    return table
+
+
+def load_project_config(path: str | Path) -> ProjectConfig:
+    """Read and validate one project file (`actscan.toml` or a `pyproject.toml`).
+
+    An `actscan.toml` holds the settings at top level or under `[tool.actscan]`. A
+    `pyproject.toml` without `[tool.actscan]` gives an empty config for that path.
+    Raises ConfigError naming the file and the key on any problem.
+    """
+    path = Path(path)
+    data = _read_toml(path)
+    table = _tool_table(path, data)
+    if path.name == PYPROJECT_TOML or table is not None:
+        if table is not None and path.name != PYPROJECT_TOML:
+            others = [k for k in data if k != "tool"] + [k for k in data["tool"] if k != "actscan"]
+            if others:
+                raise ConfigError(
+                    f"{path}: mixes [tool.actscan] with other keys ({', '.join(others)}); "
+                    "use one or the other"
+                )
+        return _from_table(path, "[tool.actscan]", table or {})
+    return _from_table(path, "top level", data)
+
+
+def _pyproject_has_table(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        # A broken pyproject.toml that is not meant for us must not break actscan;
+        # one that mentions us is reported by load_project_config.
+        try:
+            return "actscan" in path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    return _tool_table(path, data) is not None
+
+
+def find_project_config(start: str | Path | None = None) -> ProjectConfig:
+    """The project config that applies in `start` (default: the current folder).
+
+    Walks up to the filesystem root; in each folder `actscan.toml` wins over a
+    `pyproject.toml` with `[tool.actscan]`; the first hit wins. None found:
+    `ProjectConfig(path=None)`.
+    """
+    folder = Path.cwd() if start is None else Path(start)
+    folder = folder.resolve()
+    if folder.is_file():
+        folder = folder.parent
+    for here in (folder, *folder.parents):
+        candidate = here / ACTSCAN_TOML
+        if candidate.is_file():
+            return load_project_config(candidate)
+        candidate = here / PYPROJECT_TOML
+        if candidate.is_file() and _pyproject_has_table(candidate):
+            return load_project_config(candidate)
+    return ProjectConfig(path=None)
+
+
+# -- merging --------------------------------------------------------------------------
+def _snake(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k.replace("-", "_"): v for k, v in d.items()}
+
+
+def effective_settings(
+    cli: Mapping[str, Any], project: ProjectConfig, defaults: Mapping[str, Any]
+) -> dict[str, tuple[Any, str]]:
+    """Each setting's value and where it came from: "command line", the project file's
+    path, or "default". Command-line values that are not None win over the file, the
+    file over the defaults. Keys are snake_case (kebab-case input is accepted).
+
+    `thresholds` merge per name (command line > file > defaults); the merged dict's
+    source lists the contributing sources joined by " + ", and each name also appears as
+    `thresholds.<name>` with its own source.
+    """
+    cli_v, file_v, default_v = _snake(cli), _snake(project.values), _snake(defaults)
+    file_src = str(project.path) if project.path is not None else "project config"
+    out: dict[str, tuple[Any, str]] = {}
+    for key in dict.fromkeys([*default_v, *file_v, *cli_v]):
+        if key == "thresholds":
+            continue
+        if cli_v.get(key) is not None:
+            out[key] = (cli_v[key], SOURCE_CLI)
+        elif key in file_v:
+            out[key] = (file_v[key], file_src)
+        else:
+            out[key] = (default_v.get(key), SOURCE_DEFAULT)
+    if "thresholds" in default_v or "thresholds" in file_v or "thresholds" in cli_v:
+        merged: dict[str, Any] = {}
+        per_key: dict[str, tuple[Any, str]] = {}
+        for layer, src in (
+            (default_v.get("thresholds"), SOURCE_DEFAULT),
+            (file_v.get("thresholds"), file_src),
+            (cli_v.get("thresholds"), SOURCE_CLI),
+        ):
+            for name, value in (layer or {}).items():
+                if value is None:
+                    continue
+                merged[name] = value
+                per_key[name] = (value, src)
+        sources = [
+            s
+            for s in (SOURCE_CLI, file_src, SOURCE_DEFAULT)
+            if any(v[1] == s for v in per_key.values())
+        ]
+        out["thresholds"] = (merged, " + ".join(sources) or SOURCE_DEFAULT)
+        for name, entry in per_key.items():
+            out[f"thresholds.{name}"] = entry
+    return out
+
+
+def apply_ignores(
+    findings: Iterable[Finding], ignores: Iterable[Ignore]
+) -> tuple[tuple[Finding, ...], tuple[tuple[Finding, str], ...]]:
+    """Split findings into (kept, ignored-with-reason). An ignore matches when the check
+    ids are equal and, if it has `layers`, the regex matches (re.search) any of the
+    finding's layers. The first matching ignore gives the reason."""
+    ignores = tuple(ignores)
+    kept: list[Finding] = []
+    ignored: list[tuple[Finding, str]] = []
+    for f in findings:
+        hit = next((ig for ig in ignores if ig.matches(f)), None)
+        if hit is None:
+            kept.append(f)
+        else:
+            ignored.append((f, hit.reason))
+    return tuple(kept), tuple(ignored)

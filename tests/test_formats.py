@@ -1,0 +1,394 @@
+"""Report schema, Markdown, JUnit and atomic writes, on hand-made Reports (no model runs)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from actscan.errors import UsageError
+from actscan.formats import fmt_num, to_junit, to_markdown, write_atomic
+from actscan.report import Report
+from actscan.schema import load_schema, validate_report
+from actscan.types import CheckId, Finding, LayerRecord, ModelInfo, RunInfo, Severity, StreamPoint
+
+jsonschema = pytest.importorskip("jsonschema")
+
+GOLDEN = Path(__file__).parent / "golden" / "report.md"
+
+
+def make_report(source: str = "configs/tiny-gpt.json", *, nonfinite: bool = False) -> Report:
+    nan = float("nan")
+    layers = (
+        LayerRecord(
+            name="wte",
+            type="Embedding",
+            role="embed",
+            block=None,
+            calls=1,
+            mean=0.001,
+            std=0.0201,
+            rms=0.0201,
+            max_abs=0.0912,
+            zero_frac=0.0,
+            channel_max_ratio=1.8,
+            grad_rms=1.2e-5,
+            grad_norm=0.0031,
+            param_grad_norm=0.0031,
+            numel=8192,
+            n_channels=64,
+            dead_channels=0,
+            channel_median_max=0.05,
+            order=0,
+        ),
+        LayerRecord(
+            name="h.0.mlp",
+            type="MLP",
+            role="mlp",
+            block=0,
+            calls=1,
+            mean=nan if nonfinite else -0.002,
+            std=float("inf") if nonfinite else 0.51,
+            rms=float("inf") if nonfinite else 0.51,
+            max_abs=float("inf") if nonfinite else 12.5,
+            zero_frac=0.0,
+            nonfinite=3 if nonfinite else 0,
+            channel_max_ratio=24.0,
+            outlier_channels=(17, 40),
+            grad_rms=None,
+            grad_norm=None,
+            param_grad_norm=None,
+        ),
+    )
+    stream = (
+        StreamPoint(k=0, block=None, name="drop", rms=0.0201, grad_rms=1.2e-5),
+        StreamPoint(k=2, block=0, name="h.0", rms=1.234, grad_rms=0.0123),
+        StreamPoint(
+            k=4,
+            block=1,
+            name="h.1",
+            rms=float("inf") if nonfinite else 123456.0,
+            grad_rms=None,
+            mean=0.0,
+            std=1.0,
+            max_abs=3.0,
+        ),
+    )
+    findings = (
+        Finding(
+            check="outlier-channels",
+            severity=Severity.WARN,
+            layers=("h.0.mlp",),
+            value=24.0,
+            threshold=6.0,
+            message="2 channels dwarf the median | max/median 24",
+            hint="per-tensor int8 would lose them",
+        ),
+        Finding(
+            check="sqrt-growth",
+            severity=Severity.INFO,
+            layers=(),
+            value=0.52,
+            threshold=None,
+            message="stream RMS grows like k^0.52",
+        ),
+        Finding(
+            check="exp-growth",
+            severity=Severity.ERROR,
+            layers=("h.0", "h.1", "h.2", "h.3", "h.4"),
+            value=1e5,
+            threshold=100.0,
+            message="stream RMS grows 1e5x over 2 blocks",
+            hint="scale residual projections by 1/sqrt(2L)",
+        ),
+        Finding(
+            check="outlier-channels",
+            severity=Severity.INFO,
+            layers=("h.1.mlp",),
+            value=7.0,
+            threshold=6.0,
+            message="1 channel above 6",
+        ),
+    )
+    return Report(
+        model=ModelInfo(
+            source=source,
+            family="actscan-gpt",
+            n_params=124_439_808,
+            n_blocks=2,
+            d_model=64,
+            vocab_size=128,
+            at_init=True,
+            task="causal-lm",
+            arch={"norm": "pre"},
+        ),
+        run=RunInfo(dtype="bf16", batch=2, seq_len=64, seed=0),
+        layers=layers,
+        stream=stream,
+        findings=findings,
+        summary={"growth_exponent": 0.52, "gain_per_block": 1.07},
+        notes=("blocks: h (2 × Block)",),
+    )
+
+
+# -- schema -----------------------------------------------------------------------------
+def test_schema_is_valid_draft_2020_12():
+    schema = load_schema()
+    assert schema["$schema"].endswith("2020-12/schema")
+    jsonschema.Draft202012Validator.check_schema(schema)
+
+
+def test_report_validates_also_after_json_round_trip():
+    data = make_report().to_dict()
+    validate_report(data)
+    validate_report(json.loads(make_report().to_json()))
+
+
+def test_empty_report_validates():
+    report = Report(
+        model=ModelInfo(source="m:f", family="custom", n_params=0),
+        run=RunInfo(),
+        layers=(),
+        stream=(),
+    )
+    validate_report(report.to_dict())
+
+
+def test_nonfinite_strings_validate():
+    data = json.loads(make_report(nonfinite=True).to_json())
+    mlp = data["layers"][1]
+    assert (mlp["mean"], mlp["rms"], data["stream"][2]["rms"]) == ("nan", "inf", "inf")
+    validate_report(data)
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d.pop("stream"),
+        lambda d: d["findings"][0].__setitem__("severity", "fatal"),
+        lambda d: d.__setitem__("schema_version", 2),
+        lambda d: d["layers"][0].__setitem__("rms", "NaN"),
+        lambda d: d["layers"][0].__setitem__("rms", -1.0),
+        lambda d: d["layers"][0].__setitem__("role", "branch"),
+        lambda d: d["layers"][0].pop("grad_rms"),
+        lambda d: d["run"].__setitem__("amp", "fp8"),
+        lambda d: d["stream"][0].__setitem__("k", "0"),
+    ],
+    ids=[
+        "missing-stream",
+        "severity-fatal",
+        "schema-version",
+        "bad-nan-spelling",
+        "negative-rms",
+        "bad-role",
+        "missing-layer-field",
+        "bad-amp",
+        "k-string",
+    ],
+)
+def test_invalid_reports_fail(mutate):
+    data = copy.deepcopy(make_report().to_dict())
+    mutate(data)
+    with pytest.raises(jsonschema.ValidationError):
+        validate_report(data)
+
+
+def test_extra_fields_allowed():
+    data = make_report().to_dict()
+    data["layers"][0]["new_stat"] = 1.0
+    data["model"]["revision"] = "abc"
+    data["run"]["compile"] = False
+    data["stream"][0]["new_stat"] = "inf"
+    validate_report(data)
+
+
+def test_schema_ships_as_package_data():
+    import importlib.resources
+
+    assert importlib.resources.files("actscan").joinpath("report.schema.json").is_file()
+
+
+# -- markdown ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("x", "s"),
+    [
+        (1.234, "1.23"),
+        (0.012345, "0.0123"),
+        (123456.0, "1.23e+05"),
+        (120000.0, "1.2e+05"),
+        (0.0, "0"),
+        (None, "-"),
+        (float("nan"), "nan"),
+        (float("-inf"), "-inf"),
+        ("inf", "inf"),
+        (3, "3"),
+    ],
+)
+def test_fmt_num(x, s):
+    assert fmt_num(x) == s
+
+
+def test_markdown_golden():
+    text = to_markdown(make_report(), fail_on="error")
+    if os.environ.get("ACTSCAN_UPDATE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(text, encoding="utf-8")
+    assert text == GOLDEN.read_text(encoding="utf-8"), (
+        "markdown changed; rerun with ACTSCAN_UPDATE_GOLDEN=1 if intended"
+    )
+
+
+def test_markdown_worst_first_and_gate():
+    report = make_report()
+    text = report.to_markdown(fail_on="never")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "|" in line[2:]]
+    severities = [r.split("|")[1].strip() for r in rows[2:6]]
+    assert severities == ["error", "warn", "info", "info"]
+    assert "**PASS**" in text
+    assert "**FAIL**" in to_markdown(report, fail_on="warn")
+    assert "… (+2)" in text  # 5 layers: first 3 shown
+    assert "\\|" in text  # a pipe inside a message is escaped
+
+
+def test_markdown_no_findings():
+    report = Report(
+        model=ModelInfo(source="m:f", family="custom", n_params=950),
+        run=RunInfo(dtype="fp32", amp="bf16"),
+        layers=(),
+        stream=(),
+    )
+    text = to_markdown(report)
+    assert "No findings." in text
+    assert (
+        text.splitlines()[0] == "### actscan: `m:f` (custom, 950 params, 0 blocks, fp32, amp bf16)"
+    )
+    assert "**PASS**" in text
+
+
+def test_markdown_from_json_round_trip_with_nonfinite():
+    report = Report.from_dict(json.loads(make_report(nonfinite=True).to_json()))
+    assert "| 4 | 1 | `h.1` | inf | - |" in to_markdown(report)
+
+
+# -- junit ------------------------------------------------------------------------------
+def _cases(root: ET.Element, suite: int = 0) -> dict[str, ET.Element]:
+    return {c.get("name"): c for c in root.findall("testsuite")[suite].findall("testcase")}
+
+
+@pytest.mark.parametrize(("fail_on", "failures"), [("error", 1), ("warn", 2), ("info", 3)])
+def test_junit_counts(fail_on, failures):
+    reports = [make_report("a.json"), make_report("b.json")]
+    root = ET.fromstring(to_junit(reports, fail_on=fail_on))
+    n = len(CheckId)
+    assert root.tag == "testsuites"
+    assert (root.get("tests"), root.get("failures")) == (str(2 * n), str(2 * failures))
+    suites = root.findall("testsuite")
+    assert [s.get("name") for s in suites] == ["a.json", "b.json"]
+    for suite in suites:
+        cases = suite.findall("testcase")
+        assert len(cases) == n == int(suite.get("tests"))
+        assert sum(c.find("failure") is not None for c in cases) == failures
+        assert int(suite.get("failures")) == failures
+        assert {c.get("classname") for c in cases} == {f"actscan.{suite.get('name')}"}
+        assert {c.get("name") for c in cases} == {c.value for c in CheckId}
+
+
+def test_junit_failure_and_system_out():
+    root = ET.fromstring(to_junit([make_report()], fail_on="warn"))
+    cases = _cases(root)
+    outlier = cases["outlier-channels"]
+    assert outlier.find("failure").get("message") == "2 channels dwarf the median | max/median 24"
+    assert "1 channel above 6" in outlier.find("system-out").text  # info: below the gate
+    assert cases["sqrt-growth"].find("failure") is None
+    assert "k^0.52" in cases["sqrt-growth"].find("system-out").text
+    assert cases["exp-growth"].find("failure").get("type") == "error"
+    assert list(cases["collapse"]) == []  # no finding: passes, no children
+
+
+def test_junit_never_and_unknown_check():
+    report = make_report()
+    extra = Finding("new-check", Severity.ERROR, (), None, None, "bad\x00char")
+    report = Report(report.model, report.run, report.layers, report.stream, (extra,))
+    root = ET.fromstring(to_junit([report], fail_on="error"))
+    assert root.get("tests") == str(len(CheckId) + 1)
+    assert _cases(root)["new-check"].find("failure") is not None
+    root = ET.fromstring(to_junit([report], fail_on="never"))
+    assert root.get("failures") == "0"
+
+
+# -- write_atomic -----------------------------------------------------------------------
+def test_write_atomic_replaces(tmp_path):
+    target = tmp_path / "out.md"
+    target.write_text("old")
+    write_atomic(target, "new ✓\n")
+    assert target.read_text(encoding="utf-8") == "new ✓\n"
+    assert os.listdir(tmp_path) == ["out.md"]
+
+
+def test_write_atomic_stdout(capsys):
+    write_atomic("-", "hello\n")
+    assert capsys.readouterr().out == "hello\n"
+
+
+def test_write_atomic_missing_folder(tmp_path):
+    with pytest.raises(UsageError, match=r"cannot write .*nope.*out\.json"):
+        write_atomic(tmp_path / "nope" / "out.json", "{}")
+
+
+def test_write_atomic_directory_target_leaves_no_temp(tmp_path):
+    target = tmp_path / "adir"
+    target.mkdir()
+    with pytest.raises(UsageError, match="cannot write"):
+        write_atomic(target, "x")
+    assert os.listdir(tmp_path) == ["adir"]
+    assert os.listdir(target) == []
+
+
+def test_write_atomic_failure_mid_write_leaves_no_temp(tmp_path, monkeypatch):
+    def boom(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", boom)
+    target = tmp_path / "out.xml"
+    with pytest.raises(UsageError, match="No space left on device"):
+        write_atomic(target, "x")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(
+    sys.platform == "win32" or (hasattr(os, "geteuid") and os.geteuid() == 0),
+    reason="needs POSIX permissions and a non-root user",
+)
+def test_write_atomic_unwritable_folder(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(UsageError, match="cannot write"):
+            write_atomic(folder / "out.json", "{}")
+        assert os.listdir(folder) == []
+    finally:
+        folder.chmod(0o700)
+
+
+def test_write_atomic_parent_is_a_file(tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    with pytest.raises(UsageError, match="cannot write"):
+        write_atomic(blocker / "out.json", "{}")
+    assert os.listdir(tmp_path) == ["file.txt"]
+
+
+def test_no_torch_import():
+    import subprocess
+
+    code = (
+        "import sys, actscan.formats, actscan.schema, actscan.project_config; "
+        "sys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
