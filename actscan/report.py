@@ -13,6 +13,7 @@ from typing import Any
 
 from actscan import __version__
 from actscan.types import (
+    BranchRecord,
     FailOn,
     Finding,
     LayerRecord,
@@ -36,6 +37,7 @@ class Report:
     summary: dict[str, Any] = field(default_factory=dict)
     params: tuple[ParamRecord, ...] = ()
     notes: tuple[str, ...] = ()  # structure/run remarks shown to the user
+    branches: tuple[BranchRecord, ...] = ()
 
     # -- lookups -------------------------------------------------------------------
     def layer(self, name: str) -> LayerRecord:
@@ -70,6 +72,7 @@ class Report:
                 ],
                 "summary": dict(self.summary),
                 "notes": list(self.notes),
+                "branches": [asdict(b) for b in self.branches],
             }
         )
 
@@ -101,6 +104,7 @@ class Report:
             findings=findings,
             summary=dict(data.get("summary", {})),
             notes=tuple(data.get("notes", ())),
+            branches=tuple(build(BranchRecord, d) for d in data.get("branches", ())),
         )
 
     def to_markdown(self, fail_on: str | FailOn = FailOn.ERROR) -> str:

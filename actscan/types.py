@@ -144,6 +144,22 @@ class StreamPoint:
 
 
 @dataclass(frozen=True)
+class BranchRecord:
+    """One residual branch (attention or MLP output) against the stream it writes into."""
+
+    block: int
+    kind: str  # "attn" | "mlp"
+    name: str
+    rms: float | None
+    stream_rms: float | None  # RMS of the stream entering the block
+    ratio: float | None  # rms / stream_rms
+    max_abs: float | None
+    channel_max_ratio: float | None
+    grad_rms: float | None
+    param_grad_norm: float | None  # over all parameters inside the branch
+
+
+@dataclass(frozen=True)
 class ParamRecord:
     """Statistics of one parameter tensor (for init-scale checks), taken before the run."""
 

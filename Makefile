@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make demo` (set up + profile a shipped sample)
+# and `make test` (set up + run the suite). The venv is created once and reused.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# This machine keeps a CPU build of torch 2.13.0 on local disk: pinning it here avoids a
+# multi-GB CUDA download. Elsewhere: make TORCH_SPEC='torch>=2.4' (pyproject keeps a range).
+TORCH_SPEC ?= torch==2.13.0
+DEMO ?= sample_models/gpt-48-naive.safetensors
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e '.[dev,plot]'
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/actscan profile $(DEMO) --fail-on never
+
+test: $(BIN)/.installed
+	$(BIN)/ruff check actscan tests benchmarks
+	$(BIN)/python -m pytest
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check actscan tests benchmarks
+	$(BIN)/ruff format --check actscan tests benchmarks
+
+bench: $(BIN)/.installed
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

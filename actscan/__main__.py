@@ -1,0 +1,3 @@
+from actscan.cli import main
+
+main()

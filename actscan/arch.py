@@ -1,0 +1,239 @@
+"""The built-in `actscan-gpt` architecture config: parsing, validation and overrides.
+
+A config is a small YAML/TOML/JSON file (see configs/). Unknown keys are an error, so a
+typo never silently falls back to a default. No torch import here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from actscan.errors import ConfigError
+
+FAMILY = "actscan-gpt"
+
+NORMS = ("layernorm", "rmsnorm")
+PLACEMENTS = ("pre", "post")
+ACTIVATIONS = ("relu", "gelu", "silu", "swiglu")
+BRANCH_SCALES = ("none", "depth", "rezero", "layerscale", "deepnorm")
+ATTN_SCALES = ("1/sqrt(dk)", "1/dk", "none")
+INITS = ("gpt2", "xavier", "kaiming", "fan-in", "small")
+POSITIONS = ("learned", "rope", "none")
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """Every knob of the built-in decoder-only transformer.
+
+    init schemes (weights of Linear layers, fan_in = in_features):
+      gpt2    normal(0, init_std) everywhere (GPT-2's flat 0.02)
+      xavier  normal(0, √(2/(fan_in+fan_out)))
+      kaiming normal(0, √(2/fan_in))  (He: compensates ReLU's halving)
+      fan-in  normal(0, √(1/fan_in))  (LeCun: unit gain)
+      small   normal(0, init_std/10)
+    Embeddings: init_std for gpt2/small, else embed_std (default 1: unit-variance stream).
+    """
+
+    n_layers: int = 12
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int | None = None  # default 4·d_model (⅔ of that, rounded to 8, for swiglu)
+    vocab_size: int = 512
+    seq_len: int = 64
+    norm: str = "layernorm"
+    placement: str = "pre"
+    activation: str = "gelu"
+    branch_scale: str = "none"
+    attn_scale: str = "1/sqrt(dk)"
+    position: str = "learned"
+    tie_embeddings: bool = True
+    bias: bool = True
+    init: str = "gpt2"
+    init_std: float = 0.02
+    embed_std: float | None = None
+    layerscale_init: float = 1e-4
+    norm_eps: float = 1e-5
+    mlp_bias_init: float = 0.0  # constant for the MLP up-projection bias (planted pathologies)
+    name: str | None = None
+    family: str = FAMILY
+
+    @property
+    def ff_dim(self) -> int:
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.activation == "swiglu":
+            return int(8 * self.d_model / 3 + 7) // 8 * 8
+        return 4 * self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def deepnorm_alpha(self) -> float:
+        return (2 * self.n_layers) ** 0.25
+
+    @property
+    def deepnorm_beta(self) -> float:
+        return (2 * self.n_layers) ** -0.25
+
+    @property
+    def depth_scale(self) -> float:
+        return 1.0 / math.sqrt(2 * self.n_layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "norm": NORMS,
+    "placement": PLACEMENTS,
+    "activation": ACTIVATIONS,
+    "branch_scale": BRANCH_SCALES,
+    "attn_scale": ATTN_SCALES,
+    "init": INITS,
+    "position": POSITIONS,
+}
+_FIELDS = {f.name: f for f in fields(ArchConfig)}
+_ALIASES = {"n_layer": "n_layers", "n_embd": "d_model", "n_head": "n_heads", "d-model": "d_model"}
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    """Type-check one field against the dataclass annotation (strings from --set too)."""
+    tp = str(_FIELDS[key].type)
+    optional = "None" in tp
+    if value is None or (isinstance(value, str) and value.lower() in {"null", "none"}):
+        if optional:
+            return None
+        if key in _CHOICES and value is not None:
+            return str(value).lower()
+        raise ConfigError(f"{where}: '{key}' cannot be null")
+    try:
+        if tp.startswith("int"):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if tp.startswith("float"):
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if tp.startswith("bool"):
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in {"true", "false", "1", "0", "yes", "no"}:
+                return value.lower() in {"true", "1", "yes"}
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: '{key}' must be {tp}, got {value!r}") from None
+    return str(value)
+
+
+def build_config(data: dict[str, Any], where: str = "config") -> ArchConfig:
+    """Validate a mapping into an ArchConfig. Unknown keys and bad values raise ConfigError."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of fields, got {type(data).__name__}")
+    values: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = _ALIASES.get(str(raw_key), str(raw_key)).replace("-", "_")
+        if key not in _FIELDS:
+            known = ", ".join(sorted(_FIELDS))
+            raise ConfigError(f"{where}: unknown key '{raw_key}' (known: {known})")
+        values[key] = _coerce(key, value, where)
+    cfg = ArchConfig(**values)
+    validate(cfg, where)
+    return cfg
+
+
+def validate(cfg: ArchConfig, where: str = "config") -> None:
+    if cfg.family != FAMILY:
+        raise ConfigError(f"{where}: family must be '{FAMILY}', got '{cfg.family}'")
+    for key, choices in _CHOICES.items():
+        val = getattr(cfg, key)
+        if val not in choices:
+            raise ConfigError(f"{where}: {key} must be one of {'|'.join(choices)}, got '{val}'")
+    for key in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"{where}: {key} must be ≥ 1, got {getattr(cfg, key)}")
+    if cfg.d_ff is not None and cfg.d_ff < 1:
+        raise ConfigError(f"{where}: d_ff must be ≥ 1, got {cfg.d_ff}")
+    if cfg.d_model % cfg.n_heads:
+        raise ConfigError(
+            f"{where}: d_model ({cfg.d_model}) must be divisible by n_heads ({cfg.n_heads})"
+        )
+    if cfg.position == "rope" and cfg.head_dim % 2:
+        raise ConfigError(f"{where}: rope needs an even head dim, got {cfg.head_dim}")
+    if cfg.branch_scale == "deepnorm" and cfg.placement != "post":
+        raise ConfigError(
+            f"{where}: branch_scale deepnorm is a post-LN scheme: set placement: post"
+        )
+    if cfg.init_std <= 0 or not math.isfinite(cfg.init_std):
+        raise ConfigError(f"{where}: init_std must be a positive number, got {cfg.init_std}")
+
+
+def parse_text(text: str, suffix: str, where: str) -> Any:
+    """Parse YAML/TOML/JSON text; any syntax error becomes one ConfigError line."""
+    try:
+        if suffix == ".toml":
+            return tomllib.loads(text)
+        if suffix == ".json":
+            return json.loads(text)
+        import yaml
+
+        return yaml.safe_load(text)
+    except Exception as err:  # the parsers raise many types; all mean "malformed"
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"{where}: malformed {suffix.lstrip('.').upper()}: {reason}") from None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Read any supported config file into a dict (actscan or Hugging Face)."""
+    suffix = path.suffix.lower()
+    if suffix == ".yml":
+        suffix = ".yaml"
+    if suffix not in {".yaml", ".toml", ".json"}:
+        raise ConfigError(f"{path}: unsupported config type '{path.suffix}' (.yaml, .toml, .json)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    data = parse_text(text, suffix, str(path))
+    if data is None:
+        raise ConfigError(f"{path}: empty config")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def is_actscan_config(data: dict[str, Any]) -> bool:
+    return data.get("family") == FAMILY or ("model_type" not in data and "n_layers" in data)
+
+
+def parse_set(items: list[str] | None) -> dict[str, str]:
+    """`--set key=value` pairs (repeatable) into a dict; values stay strings until coerced."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got '{item}'")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def apply_overrides(cfg: ArchConfig, overrides: dict[str, Any], where: str = "--set") -> ArchConfig:
+    merged = {**cfg.to_dict(), **overrides}
+    return build_config(merged, where)
+
+
+def with_init(cfg: ArchConfig, init: str | None) -> ArchConfig:
+    if init is None:
+        return cfg
+    if init not in INITS:
+        raise ConfigError(f"--init must be one of {'|'.join(INITS)}, got '{init}'")
+    return replace(cfg, init=init)

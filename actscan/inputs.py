@@ -1,0 +1,182 @@
+"""Inputs and losses for one measured pass.
+
+An input source is a function batch_index -> (args, kwargs) for `model(*args, **kwargs)`.
+Random token ids are seeded per batch so both sides of a comparison see the same data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from actscan.errors import BadInputError, UsageError
+from actscan.recorder import first_tensor
+
+
+@dataclass(frozen=True)
+class Batch:
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        ids = self.kwargs.get("input_ids")
+        if ids is None and self.args and isinstance(self.args[0], torch.Tensor):
+            ids = self.args[0]
+        return ids if isinstance(ids, torch.Tensor) and not ids.is_floating_point() else None
+
+    def to(self, device: torch.device) -> Batch:
+        move = lambda v: v.to(device) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        return Batch(
+            tuple(move(a) for a in self.args), {k: move(v) for k, v in self.kwargs.items()}
+        )
+
+
+InputSource = Callable[[int], Batch]
+
+
+def random_tokens(vocab_size: int, batch: int, seq_len: int, seed: int, index: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed * 100_003 + index)
+    return torch.randint(0, vocab_size, (batch, seq_len), generator=gen)
+
+
+def token_source(
+    vocab_size: int,
+    batch: int,
+    seq_len: int,
+    seed: int,
+    *,
+    mask: bool = False,
+    as_kwargs: bool = False,
+) -> InputSource:
+    """Random ids (B, T); with `mask` an all-ones attention_mask is passed too (encoders)."""
+
+    def source(i: int) -> Batch:
+        ids = random_tokens(vocab_size, batch, seq_len, seed, i)
+        if mask or as_kwargs:
+            kw: dict[str, Any] = {"input_ids": ids}
+            if mask:
+                kw["attention_mask"] = torch.ones_like(ids)
+            return Batch(kwargs=kw)
+        return Batch(args=(ids,))
+
+    return source  # fmt: skip
+
+
+def tensor_source(shape: Sequence[int], seed: int) -> InputSource:
+    """Standard-normal float input of `shape` (for `module:callable` models)."""
+
+    def source(i: int) -> Batch:
+        gen = torch.Generator().manual_seed(seed * 100_003 + i)
+        return Batch(args=(torch.randn(*shape, generator=gen),))
+
+    return source
+
+
+def user_source(inputs: Any) -> InputSource:
+    """The Python API's `inputs`: a tensor, a tuple of args, a dict of kwargs, a list of
+    those (one per batch, cycled) or a callable batch_index -> any of them."""
+
+    def wrap(obj: Any) -> Batch:
+        if isinstance(obj, Batch):
+            return obj
+        if isinstance(obj, dict):
+            return Batch(kwargs=dict(obj))
+        if isinstance(obj, tuple):
+            return Batch(args=obj)
+        return Batch(args=(obj,))
+
+    if callable(inputs) and not isinstance(inputs, torch.Tensor):
+        return lambda i: wrap(inputs(i))
+    if isinstance(inputs, list):
+        if not inputs:
+            raise UsageError("inputs is an empty list")
+        return lambda i: wrap(inputs[i % len(inputs)])
+    return lambda i: wrap(inputs)
+
+
+def file_tokens(path: Path, vocab_size: int | None) -> torch.Tensor:
+    """`--input FILE.json`: a list of equal-length token-id lists (batch × seq)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadInputError(f"input file not found: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BadInputError(f"{path}: not a JSON list of token-id lists ({err})") from None
+    if (
+        not isinstance(data, list)
+        or not data
+        or not all(isinstance(r, list) and r and all(type(t) is int for t in r) for r in data)
+    ):
+        raise BadInputError(f"{path}: expected a non-empty list of non-empty lists of ints")
+    if len({len(r) for r in data}) != 1:
+        raise BadInputError(f"{path}: token-id lists must all have the same length")
+    ids = torch.tensor(data, dtype=torch.long)
+    if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
+        raise BadInputError(f"{path}: token ids must lie in [0, {vocab_size})")
+    return ids
+
+
+# -- losses -----------------------------------------------------------------------------
+
+
+def _logits(output: Any) -> torch.Tensor | None:
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, dict) and isinstance(output.get("logits"), torch.Tensor):
+        return output["logits"]
+    return first_tensor(output)
+
+
+def next_token_loss(output: Any, ids: torch.Tensor) -> torch.Tensor:
+    logits = _logits(output)
+    if logits is None or logits.dim() != 3:
+        raise UsageError("next-token loss needs logits of shape (batch, seq, vocab)")
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten().to(logits.device)
+    )
+
+
+def projection_loss(output: Any, seed: int = 0) -> torch.Tensor:
+    """For encoders without a head: a fixed random projection of the last hidden state
+    (like a freshly initialised classifier), mean-squared. Gives every layer a gradient
+    of the same nature as a downstream task would, without inventing labels."""
+    hidden = getattr(output, "last_hidden_state", None)
+    if not isinstance(hidden, torch.Tensor):
+        hidden = first_tensor(output)
+    if hidden is None:
+        raise UsageError("the model returned no floating-point tensor to compute a loss on")
+    d = hidden.shape[-1]
+    gen = torch.Generator().manual_seed(seed + 7)
+    proj = (torch.randn(d, 16, generator=gen) / d**0.5).to(hidden.device)
+    return (hidden.float() @ proj).square().mean()
+
+
+def mean_square_loss(output: Any) -> torch.Tensor:
+    t = first_tensor(output)
+    if t is None:
+        raise UsageError("the model returned no floating-point tensor to compute a loss on")
+    return t.float().square().mean()
+
+
+def default_loss(task: str, vocab_size: int | None) -> Callable[[Any, Batch], torch.Tensor]:
+    """Next-token cross-entropy for language models, a projection loss for encoders,
+    else the mean square of the first output tensor (interface.md, "Python API")."""
+
+    def loss(output: Any, batch: Batch) -> torch.Tensor:
+        ids = batch.token_ids
+        if task == "causal-lm" and ids is not None:
+            logits = _logits(output)
+            if logits is not None and logits.dim() == 3 and ids.dim() == 2:
+                return next_token_loss(output, ids)
+        if task == "encoder":
+            return projection_loss(output)
+        return mean_square_loss(output)
+
+    return loss

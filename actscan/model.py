@@ -1,0 +1,238 @@
+"""The built-in `actscan-gpt` decoder-only transformer and its init schemes.
+
+Written for legibility and exact control of every scale the theory talks about: each
+branch scale (1/√(2L), ReZero, LayerScale, DeepNorm), the attention-logit scale and the
+init rule are one config field. Attention logits pass through an identity module
+(`AttentionLogits`) so the recorder sees them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from actscan.arch import ArchConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+class AttentionLogits(nn.Identity):
+    """Marks the pre-softmax attention scores (B, H, T, T) so they can be measured."""
+
+
+class BranchGain(nn.Module):
+    """y = g · x with a learnable scalar (ReZero) or per-channel vector (LayerScale)."""
+
+    def __init__(self, shape: tuple[int, ...], init: float) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.full(shape, float(init)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gain * x
+
+
+def _norm(cfg: ArchConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.d_model, cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def _rope(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding on (B, H, T, D)."""
+    _, _, t, d = x.shape
+    half = d // 2
+    freqs = 1.0 / (10000 ** (torch.arange(half, device=x.device, dtype=torch.float32) / half))
+    ang = torch.arange(t, device=x.device, dtype=torch.float32)[:, None] * freqs  # (T, D/2)
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.head_dim
+        self.rope = cfg.position == "rope"
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.logits = AttentionLogits()
+        self.scale = {
+            "1/sqrt(dk)": 1.0 / math.sqrt(cfg.head_dim),
+            "1/dk": 1.0 / cfg.head_dim,
+            "none": 1.0,
+        }[cfg.attn_scale]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=-1)
+        # (B, T, C) -> (B, H, T, D)
+        q, k, v = (z.view(b, t, self.n_heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
+        if self.rope:
+            q, k = _rope(q), _rope(k)
+        scores = self.logits((q @ k.transpose(-2, -1)) * self.scale)  # (B, H, T, T)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        att = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, c)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.gated = cfg.activation == "swiglu"
+        self.up = nn.Linear(cfg.d_model, cfg.ff_dim, bias=cfg.bias)
+        if self.gated:
+            self.gate = nn.Linear(cfg.d_model, cfg.ff_dim, bias=cfg.bias)
+        self.act = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "swiglu": nn.SiLU}[
+            cfg.activation
+        ]()
+        self.down = nn.Linear(cfg.ff_dim, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            return self.down(self.act(self.gate(x)) * self.up(x))
+        return self.down(self.act(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.pre = cfg.placement == "pre"
+        self.norm1 = _norm(cfg)
+        self.attn = Attention(cfg)
+        self.norm2 = _norm(cfg)
+        self.mlp = MLP(cfg)
+        self.alpha = cfg.deepnorm_alpha if cfg.branch_scale == "deepnorm" else 1.0
+        if cfg.branch_scale in {"rezero", "layerscale"}:
+            shape = (1,) if cfg.branch_scale == "rezero" else (cfg.d_model,)
+            init = 0.0 if cfg.branch_scale == "rezero" else cfg.layerscale_init
+            self.attn_gain: nn.Module = BranchGain(shape, init)
+            self.mlp_gain: nn.Module = BranchGain(shape, init)
+        else:
+            self.attn_gain = nn.Identity()
+            self.mlp_gain = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pre:
+            x = x + self.attn_gain(self.attn(self.norm1(x)))
+            return x + self.mlp_gain(self.mlp(self.norm2(x)))
+        x = self.norm1(self.alpha * x + self.attn_gain(self.attn(x)))
+        return self.norm2(self.alpha * x + self.mlp_gain(self.mlp(x)))
+
+
+class ActscanGPT(nn.Module):
+    """Decoder-only LM: ids (B, T) -> logits (B, T, V)."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.position == "learned" else None
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm_f = _norm(cfg) if cfg.placement == "pre" else None
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+        init_weights(self, cfg)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        t = ids.shape[1]
+        if t > self.config.seq_len and self.pos_emb is not None:
+            raise ValueError(
+                f"sequence length {t} exceeds the model's seq_len {self.config.seq_len}"
+            )
+        x = self.tok_emb(ids)  # (B, T, C)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(t, device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        if self.norm_f is not None:
+            x = self.norm_f(x)
+        return self.head(x)
+
+
+def _linear_std(cfg: ArchConfig, fan_in: int, fan_out: int) -> float:
+    return {
+        "gpt2": cfg.init_std,
+        "small": cfg.init_std / 10,
+        "xavier": math.sqrt(2.0 / (fan_in + fan_out)),
+        "kaiming": math.sqrt(2.0 / fan_in),
+        "fan-in": math.sqrt(1.0 / fan_in),
+    }[cfg.init]
+
+
+@torch.no_grad()
+def init_weights(model: ActscanGPT, cfg: ArchConfig) -> None:
+    """Apply cfg.init, then the branch scale. Norm gains 1, biases 0 (identity at init)."""
+    emb_std = cfg.init_std if cfg.init in {"gpt2", "small"} else (cfg.embed_std or 1.0)
+    if cfg.init == "small":
+        emb_std = cfg.init_std / 10
+    if cfg.embed_std is not None:
+        emb_std = cfg.embed_std
+    for mod in model.modules():
+        if isinstance(mod, nn.Embedding):
+            nn.init.normal_(mod.weight, 0.0, emb_std)
+        elif isinstance(mod, nn.Linear):
+            if mod is model.head and cfg.tie_embeddings:
+                continue
+            nn.init.normal_(mod.weight, 0.0, _linear_std(cfg, mod.in_features, mod.out_features))
+            if mod.bias is not None:
+                nn.init.zeros_(mod.bias)
+        elif isinstance(mod, nn.LayerNorm | RMSNorm):
+            nn.init.ones_(mod.weight)
+            if getattr(mod, "bias", None) is not None:
+                nn.init.zeros_(mod.bias)
+    for block in model.blocks:
+        assert isinstance(block, Block)
+        if cfg.mlp_bias_init and block.mlp.up.bias is not None:
+            block.mlp.up.bias.fill_(cfg.mlp_bias_init)
+        if cfg.branch_scale == "depth":
+            block.attn.proj.weight.mul_(cfg.depth_scale)
+            block.mlp.down.weight.mul_(cfg.depth_scale)
+        elif cfg.branch_scale == "deepnorm":
+            beta = cfg.deepnorm_beta
+            c = cfg.d_model
+            block.attn.qkv.weight[2 * c :].mul_(beta)  # value projection
+            block.attn.proj.weight.mul_(beta)
+            for lin in (block.mlp.up, block.mlp.down, getattr(block.mlp, "gate", None)):
+                if lin is not None:
+                    lin.weight.mul_(beta)
+
+
+def build_model(cfg: ArchConfig, seed: int = 0) -> ActscanGPT:
+    """Build deterministically: the same config and seed give the same weights."""
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        return ActscanGPT(cfg)
+    finally:
+        torch.random.set_rng_state(gen_state)
+
+
+def arch_facts(cfg: ArchConfig) -> dict[str, object]:
+    """Facts for ModelInfo.arch that checks and renderers may read."""
+    return {
+        "norm": cfg.norm,
+        "placement": cfg.placement,
+        "activation": cfg.activation,
+        "branch_scale": cfg.branch_scale,
+        "attn_scale": cfg.attn_scale,
+        "head_dim": cfg.head_dim,
+        "init": cfg.init,
+        "init_std": cfg.init_std,
+        "tie_embeddings": cfg.tie_embeddings,
+        "n_layers": cfg.n_layers,
+    }

@@ -1,0 +1,203 @@
+"""Rich rendering of a Report: stream table, branch table, all-modules table, findings.
+
+Formatting only: every number shown was computed before it got here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from actscan.report import Report
+from actscan.types import Finding, Severity
+
+SPARK = "▁▂▃▄▅▆▇█"
+SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARN: "yellow", Severity.INFO: "cyan"}
+
+
+def num(x: float | None, digits: int = 3) -> str:
+    """Compact 3-significant-digit numbers: 1.23, 0.0123, 1.2e+05, nan, —."""
+    if x is None:
+        return "—"
+    if isinstance(x, str):
+        return x
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == 0:
+        return "0"
+    ax = abs(x)
+    if ax >= 1e5 or ax < 1e-3:
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}g}"
+
+
+def spark(values: Sequence[float | None], lo: float | None = None, hi: float | None = None) -> str:
+    """One glyph per value on a shared scale (log scale when the range is wide)."""
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not finite:
+        return "".join(" " for _ in values)
+    lo = min(finite) if lo is None else lo
+    hi = max(finite) if hi is None else hi
+    use_log = hi / max(lo, 1e-30) > 20
+    f = (lambda v: math.log(v)) if use_log else (lambda v: v)
+    a, b = f(max(lo, 1e-30)), f(max(hi, 1e-30))
+    out = []
+    for v in values:
+        if v is None or not math.isfinite(v) or v <= 0:
+            out.append("·" if v == 0 else "!")
+            continue
+        t = 0.0 if b == a else (f(v) - a) / (b - a)
+        out.append(SPARK[min(len(SPARK) - 1, max(0, round(t * (len(SPARK) - 1))))])
+    return "".join(out)
+
+
+def bar(value: float | None, top: float, width: int = 16) -> str:
+    if value is None or not math.isfinite(value) or top <= 0:
+        return ""
+    n = value / top * width
+    full = int(n)
+    rest = "▏▎▍▌▋▊▉"[min(6, int((n - full) * 7))] if n - full > 1 / 7 and full < width else ""
+    return "█" * full + rest
+
+
+def header(report: Report) -> Text:
+    m, r = report.model, report.run
+    text = Text()
+    text.append("actscan ", style="bold")
+    text.append(f"{m.source}", style="bold cyan")
+    bits = [m.family, f"{m.n_params / 1e6:.2f}M params"]
+    if m.n_blocks:
+        bits.append(f"{m.n_blocks} blocks")
+    if m.d_model:
+        bits.append(f"d={m.d_model}")
+    run = [r.dtype + (f" amp {r.amp}" if r.amp else ""), r.device, f"batch {r.batch}×{r.seq_len}"]
+    if r.batches > 1:
+        run.append(f"{r.batches} batches")
+    if not r.backward:
+        run.append("forward only")
+    if r.init:
+        run.append(f"init {r.init}")
+    text.append("  " + " · ".join(bits) + "  │  " + " · ".join(run), style="dim")
+    return text
+
+
+def stream_table(report: Report) -> Table | None:
+    if not report.stream:
+        return None
+    top = max((p.rms for p in report.stream if p.rms is not None and math.isfinite(p.rms)),
+              default=0.0)  # fmt: skip
+    t = Table(title="Residual stream", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    cols = ("k", "block", "module", "RMS", "max|x|", "grad RMS", "RMS vs depth")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("module", "RMS vs depth") else "right")
+    for p in report.stream:
+        t.add_row(
+            str(p.k), "—" if p.block is None else str(p.block), p.name, num(p.rms),
+            num(p.max_abs), num(p.grad_rms), bar(p.rms, top),
+        )  # fmt: skip
+    return t
+
+
+def branch_table(report: Report) -> Table | None:
+    if not report.branches:
+        return None
+    t = Table(title="Branches", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for col in ("block", "branch", "module", "RMS", "÷stream", "max|x|", "ch ratio", "grad RMS",
+                "‖∇θ‖"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("branch", "module") else "right")
+    for b in report.branches:
+        t.add_row(
+            str(b.block), b.kind, b.name, num(b.rms), num(b.ratio), num(b.max_abs),
+            num(b.channel_max_ratio), num(b.grad_rms), num(b.param_grad_norm),
+        )  # fmt: skip
+    return t
+
+
+def modules_table(report: Report) -> Table:
+    t = Table(title="All modules", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for col in ("module", "type", "role", "blk", "calls", "mean", "std", "RMS", "max|x|", "zero%",
+                "nonfin", "ch ratio", "grad RMS", "‖∇θ‖"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("module", "type", "role") else "right")
+    for r in report.layers:
+        t.add_row(
+            r.name, r.type, r.role, "" if r.block is None else str(r.block), str(r.calls),
+            num(r.mean), num(r.std), num(r.rms), num(r.max_abs),
+            "—" if r.zero_frac is None else f"{100 * r.zero_frac:.1f}",
+            str(r.nonfinite) if r.nonfinite else "", num(r.channel_max_ratio), num(r.grad_rms),
+            num(r.param_grad_norm),
+        )  # fmt: skip
+    return t
+
+
+def findings_panel(findings: Iterable[Finding], title: str = "Findings") -> Panel:
+    items = sorted(findings, key=lambda f: -f.severity.rank)
+    if not items:
+        ok = Text("No findings: activations and gradients keep a sane scale.", style="green")
+        return Panel(ok, title=title, title_align="left", box=box.ROUNDED)
+    body = []
+    for f in items:
+        line = Text()
+        line.append(f"{f.severity.value.upper():5}", style=SEVERITY_STYLE[f.severity])
+        line.append(f" {f.check}", style="bold")
+        line.append(f"  {f.message}")
+        if f.layers:
+            shown = ", ".join(f.layers[:4]) + (
+                f" (+{len(f.layers) - 4} more)" if len(f.layers) > 4 else ""
+            )
+            line.append(f"\n      at {shown}", style="dim")
+        if f.hint:
+            line.append(f"\n      → {f.hint}", style="italic")
+        body.append(line)
+    return Panel(Group(*body), title=title, title_align="left", box=box.ROUNDED)
+
+
+def summary_line(report: Report) -> Text | None:
+    s = report.summary
+    if not report.stream:
+        return None
+    text = Text("Stream: ", style="bold")
+    text.append(f"RMS {spark([p.rms for p in report.stream])}  ")
+    parts = [
+        f"growth ×{num(s.get('growth'))} over the embedding",
+        f"RMS ∝ k^{num(s.get('growth_exponent'))}",
+        f"gain/block γ={num(s.get('gain_per_block'))}",
+        f"Var ≈ {num(s.get('var_intercept'))} + {num(s.get('var_slope'))}·k",
+    ]
+    if s.get("grad_ratio") is not None:
+        parts.append(f"grad RMS first/last ×{num(s.get('grad_ratio'))}")
+    text.append(" · ".join(parts), style="dim")
+    return text
+
+
+def render_report(
+    report: Report,
+    console: Console,
+    *,
+    all_modules: bool = False,
+    quiet: bool = False,
+    ignored: Sequence[tuple[Finding, str]] = (),
+) -> None:
+    """Print a profile: header, stream, branches, (all modules), summary, findings."""
+    if not quiet:
+        console.print(header(report))
+        for note in report.notes:
+            console.print(Text(f"note: {note}", style="yellow"))
+        for table in (stream_table(report), branch_table(report)):
+            if table is not None:
+                console.print(table)
+        if all_modules or not report.stream:
+            console.print(modules_table(report))
+        line = summary_line(report)
+        if line is not None:
+            console.print(line)
+    console.print(findings_panel(report.findings))
+    for f, reason in ignored:
+        console.print(Text(f"ignored {f.check} ({f.severity.value}): {reason}", style="dim"))

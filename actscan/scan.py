@@ -1,0 +1,347 @@
+"""`scan()`: the one entry point the CLI and users' tests call.
+
+It measures one model on given (or random) inputs and returns a Report, and leaves the
+model exactly as it found it: train/eval mode of every module, hooks, requires_grad,
+`.grad`, dtype and device (casts swap `param.data` and swap the originals back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from actscan.diagnose import CheckContext, run_checks
+from actscan.errors import UsageError
+from actscan.inputs import Batch, InputSource, default_loss, token_source, user_source
+from actscan.recorder import Recorder, iter_named
+from actscan.report import Report
+from actscan.stats import branch_records, growth_fit, layer_record, stream_points
+from actscan.structure import detect_layout, is_norm
+from actscan.thresholds import DEFAULT, Thresholds
+from actscan.types import Layout, ModelInfo, ParamRecord, RunInfo
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+Progress = Callable[[str, int, int], None]
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return {v: k for k, v in TORCH_DTYPES.items()}.get(dt, str(dt).removeprefix("torch."))
+
+
+def resolve_device(device: str | torch.device | None, model: nn.Module) -> torch.device:
+    if device is None:
+        p = next(model.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available here")
+    return dev
+
+
+def infer_info(model: nn.Module, source: str = "python") -> ModelInfo:
+    """What can be read off an nn.Module without a resolver's help."""
+    from actscan.model import ActscanGPT, arch_facts
+
+    n_params = sum(p.numel() for p in model.parameters())
+    if isinstance(model, ActscanGPT):
+        cfg = model.config
+        return ModelInfo(
+            source=source, family="actscan-gpt", n_params=n_params, n_blocks=cfg.n_layers,
+            d_model=cfg.d_model, vocab_size=cfg.vocab_size, task="causal-lm",
+            arch=arch_facts(cfg),
+        )  # fmt: skip
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type:
+        vocab = getattr(config, "vocab_size", None)
+        d = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+        is_lm = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+        return ModelInfo(
+            source=source, family=str(model_type), n_params=n_params, d_model=d,
+            vocab_size=vocab, task="causal-lm" if is_lm else "encoder",
+        )  # fmt: skip
+    return ModelInfo(source=source, family="custom", n_params=n_params)
+
+
+def _fan(mod: nn.Module, shape: tuple[int, ...]) -> tuple[int | None, int | None]:
+    if len(shape) < 2:
+        return None, None
+    if type(mod).__name__ == "Conv1D":  # HF GPT-2 stores (in, out)
+        return shape[0], shape[1]
+    rf = 1
+    for s in shape[2:]:
+        rf *= s
+    return shape[1] * rf, shape[0] * rf
+
+
+def param_records(model: nn.Module, layout: Layout) -> tuple[ParamRecord, ...]:
+    """mean/std/non-finite count of every parameter, one host transfer for all."""
+    seen: set[int] = set()
+    entries: list[tuple[str, str, nn.Module, nn.Parameter]] = []
+    for mname, mod in model.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            entries.append((f"{mname}.{pname}" if mname else pname, mname, mod, p))
+    if not entries:
+        return ()
+    vals = []
+    for _, _, _, p in entries:
+        t = p.detach()
+        if t.device.type == "meta" or t.numel() == 0 or not t.is_floating_point():
+            vals.append(torch.zeros(3, dtype=torch.float32))
+            continue
+        tf = t.float()
+        var, mean = torch.var_mean(tf, correction=0)
+        bad = (~torch.isfinite(tf)).sum().float()
+        vals.append(torch.stack([mean, var.sqrt(), bad]).cpu())
+    host = torch.stack([v.cpu() for v in vals]).tolist()
+    out = []
+    for (full, mname, mod, p), (mean, std, bad) in zip(entries, host, strict=True):
+        shape = tuple(p.shape)
+        pname = full.rsplit(".", 1)[-1]
+        fan_in, fan_out = _fan(mod, shape)
+        if isinstance(mod, nn.Embedding) or type(mod).__name__.endswith("Embedding"):
+            kind = "embedding"
+        elif is_norm(mod):
+            kind = "norm-gain" if pname == "weight" else "bias"
+        elif len(shape) >= 2:
+            kind = "weight"
+        elif pname == "bias":
+            kind = "bias"
+        elif len(shape) <= 1 and p.numel() <= 1:
+            kind = "scalar"
+        else:
+            kind = "other"
+        out.append(
+            ParamRecord(
+                name=full, module=mname, role=layout.role(mname), block=layout.block_of.get(mname),
+                shape=shape, mean=mean, std=std, fan_in=fan_in, fan_out=fan_out, kind=kind,
+                nonfinite=int(bad),
+            )
+        )  # fmt: skip
+    return tuple(out)
+
+
+@contextlib.contextmanager
+def preserved(model: nn.Module, device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
+    """Run-time mode/dtype/device; every module's mode and tensor restored on exit."""
+    modes = [(m, m.training) for m in model.modules()]
+    params = list(model.parameters())
+    saved_params = [p.data for p in params]
+    saved_buffers = [
+        (m, k, b) for m in model.modules() for k, b in m._buffers.items() if b is not None
+    ]
+    try:
+        model.eval()
+        for p in params:
+            want = dtype if (dtype is not None and p.is_floating_point()) else p.dtype
+            if p.device != device or p.dtype != want:
+                p.data = p.data.to(device=device, dtype=want)
+        for m, k, b in saved_buffers:
+            want = dtype if (dtype is not None and b.is_floating_point()) else b.dtype
+            if b.device != device or b.dtype != want:
+                m._buffers[k] = b.to(device=device, dtype=want)
+        yield
+    finally:
+        for p, data in zip(params, saved_params, strict=True):
+            p.data = data
+        for m, k, b in saved_buffers:
+            m._buffers[k] = b
+        for m, mode in modes:
+            m.training = mode
+
+
+def _cast_batch(batch: Batch, device: torch.device, dtype: torch.dtype | None) -> Batch:
+    def move(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        if dtype is not None and v.is_floating_point():
+            return v.to(device=device, dtype=dtype)
+        return v.to(device)
+
+    return Batch(tuple(move(a) for a in batch.args), {k: move(v) for k, v in batch.kwargs.items()})
+
+
+def scan(
+    model: nn.Module,
+    inputs: Any = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    *,
+    dtype: str | torch.dtype | None = None,
+    batches: int = 1,
+    backward: bool = True,
+    modules: str | None = None,
+    thresholds: Mapping[str, float | str] | Thresholds | None = None,
+    amp: str | None = None,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    batch: int = 4,
+    seq_len: int | None = None,
+    info: ModelInfo | None = None,
+    layout: Layout | None = None,
+    init: str | None = None,
+    channels: bool = True,
+    progress: Progress | None = None,
+) -> Report:
+    """Measure one forward+backward pass (× `batches`) of `model`; see interface.md.
+
+    inputs: a tensor, a tuple of positional args, a dict of kwargs, a list of those (one
+      per batch) or a callable batch_index -> one of those. None: random token ids of
+      shape (batch, seq_len) for language models and encoders.
+    loss_fn(output) -> scalar tensor; default: next-token cross-entropy for language
+      models, a fixed random projection for encoders, else mean square of the output.
+    """
+    if batches < 1:
+        raise UsageError(f"batches must be ≥ 1, got {batches}")
+    if modules is not None:
+        try:
+            re.compile(modules)
+        except re.error as err:
+            raise UsageError(f"--modules: invalid regex {modules!r}: {err}") from None
+    th = thresholds if isinstance(thresholds, Thresholds) else DEFAULT.with_overrides(thresholds)
+    if isinstance(dtype, str):
+        if dtype not in TORCH_DTYPES:
+            raise UsageError(f"dtype must be one of fp32|bf16|fp16, got {dtype!r}")
+        run_dtype: torch.dtype | None = TORCH_DTYPES[dtype]
+    else:
+        run_dtype = dtype
+    if amp is not None and amp not in ("bf16", "fp16"):
+        raise UsageError(f"amp must be bf16 or fp16, got {amp!r}")
+    dev = resolve_device(device, model)
+    info = info or infer_info(model)
+    layout = layout or detect_layout(model, info.family)
+
+    source: InputSource
+    seq = seq_len
+    if inputs is not None:
+        source = user_source(inputs)
+    elif info.vocab_size and info.task in ("causal-lm", "encoder"):
+        seq = seq_len or min(64, int(info.arch.get("max_positions") or 64))
+        source = token_source(
+            info.vocab_size, batch, seq, seed, mask=info.task == "encoder",
+            as_kwargs=info.family != "actscan-gpt",
+        )  # fmt: skip
+    else:
+        raise UsageError(
+            "cannot invent inputs for this model: pass inputs= (or --input-shape on the CLI)"
+        )
+    loss_default = default_loss(info.task, info.vocab_size)
+
+    def compute_loss(out: Any, b: Batch) -> torch.Tensor:
+        if loss_fn is not None:
+            return loss_fn(out)
+        return loss_default(out, b)
+
+    params_before = param_records(model, layout)
+    targets = list(iter_named(model, modules))
+    stream_in = (
+        (f"{layout.blocks[0].name}:input", dict(model.named_modules())[layout.blocks[0].name])
+        if layout.blocks
+        else None
+    )
+    notes: list[str] = [layout.note] if layout.note else []
+    model_dtype = next(
+        (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32
+    )
+    did_backward = backward
+    grad_params = [p for p in model.parameters() if p.requires_grad]
+
+    with preserved(model, dev, run_dtype):
+        autocast = (
+            torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp else contextlib.nullcontext()
+        )
+        with Recorder(
+            targets, stream_input=stream_in, backward=backward, channels=channels, device=dev
+        ) as rec:
+            for i in range(batches):
+                if progress:
+                    progress("run", i, batches)
+                b = _cast_batch(source(i), dev, run_dtype)
+                with torch.set_grad_enabled(backward), autocast:
+                    out = model(*b.args, **b.kwargs)
+                    loss = compute_loss(out, b) if backward else None
+                if backward and loss is not None:
+                    if not loss.requires_grad or not grad_params:
+                        did_backward = False
+                        notes.append("no parameter requires grad: backward skipped")
+                        backward = False
+                    else:
+                        grads = torch.autograd.grad(loss, grad_params, allow_unused=True)
+                        rec.add_param_grads(dict(zip(grad_params, grads, strict=True)))
+                        del grads
+                del out, loss
+                rec.end_batch()
+            raw = rec.result(batches)
+        if progress:
+            progress("run", batches, batches)
+
+    mods = dict(model.named_modules())
+    records = {
+        name: layer_record(
+            r, type_name=type(mods[name]).__name__ if name in mods else "StreamInput",
+            role=layout.role(name) if name in mods else "stream",
+            block=layout.block_of.get(name), batches=batches, th=th,
+        )
+        for name, r in raw.items()
+    }  # fmt: skip
+    layers = tuple(records[n] for n, _ in targets if records[n].calls > 0)
+    stream = stream_points(layout, records, stream_in[0] if stream_in else None)
+    fit = growth_fit(stream)
+    run = RunInfo(
+        dtype=dtype_name(run_dtype or model_dtype), amp=amp, device=dev.type,
+        batch=_batch_size(source), seq_len=seq or _seq_len(source), batches=batches, seed=seed,
+        backward=did_backward, init=init,
+    )  # fmt: skip
+    info = _with_blocks(info, layout)
+    ctx = CheckContext(
+        info=info, run=run, layout=layout, layers=layers, stream=stream, fit=fit,
+        params=params_before, thresholds=th,
+    )  # fmt: skip
+    summary = {
+        "growth_exponent": fit.exponent,
+        "gain_per_block": fit.gain,
+        "growth": fit.growth,
+        "var_intercept": fit.var_a,
+        "var_slope": fit.var_b,
+        "grad_ratio": fit.grad_ratio,
+    }
+    return Report(
+        model=info, run=run, layers=layers, stream=stream, findings=run_checks(ctx),
+        summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
+        branches=branch_records(layout, layers, stream),
+    )  # fmt: skip
+
+
+def _with_blocks(info: ModelInfo, layout: Layout) -> ModelInfo:
+    from dataclasses import replace
+
+    return replace(info, n_blocks=len(layout.blocks)) if layout.blocks else info
+
+
+def _first_shape(source: InputSource) -> tuple[int, ...]:
+    b = source(0)
+    t = b.token_ids
+    if t is None:
+        from actscan.recorder import first_tensor
+
+        t = first_tensor((b.args, b.kwargs))
+    return tuple(t.shape) if t is not None else ()
+
+
+def _batch_size(source: InputSource) -> int:
+    shape = _first_shape(source)
+    return shape[0] if shape else 0
+
+
+def _seq_len(source: InputSource) -> int:
+    shape = _first_shape(source)
+    return shape[1] if len(shape) >= 2 else 0

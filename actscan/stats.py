@@ -1,0 +1,218 @@
+"""Pure statistics over recorded values: layer records, the stream, growth fits.
+
+No printing, no torch: these functions take the host-side RawStats the recorder
+produced and return frozen records and plain numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from actscan.recorder import RawStats
+from actscan.thresholds import Thresholds
+from actscan.types import BranchRecord, LayerRecord, Layout, StreamPoint
+
+
+@dataclass(frozen=True)
+class Moments:
+    """(count, mean, M2) for Chan's parallel merge; M2 = Σ (x − mean)²."""
+
+    n: int
+    mean: float
+    m2: float
+
+    @property
+    def var(self) -> float:
+        return self.m2 / self.n if self.n else float("nan")
+
+
+def chan_merge(a: Moments, b: Moments) -> Moments:
+    """Chan, Golub & LeVeque (1979): exact merge of two partial (n, mean, M2)."""
+    if a.n == 0:
+        return b
+    if b.n == 0:
+        return a
+    n = a.n + b.n
+    delta = b.mean - a.mean
+    return Moments(n, a.mean + delta * b.n / n, a.m2 + b.m2 + delta * delta * a.n * b.n / n)
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def channel_outliers(
+    channel_max: Sequence[float] | None, th: Thresholds
+) -> tuple[float | None, tuple[int, ...], float | None, int | None]:
+    """(max/median ratio, outlier indices, median channel max, dead channel count)."""
+    if not channel_max:
+        return None, (), None, None
+    dead = sum(1 for v in channel_max if v == 0.0)
+    live = [v for v in channel_max if v > 0.0 and math.isfinite(v)]
+    if len(channel_max) < 4 or not live:
+        return None, (), (statistics.median(live) if live else 0.0), dead
+    med = statistics.median(live)
+    top = max(live)
+    ratio = top / med if med > 0 else None
+    cut = max(th.outlier_ratio * med, th.outlier_abs)
+    idx = tuple(i for i, v in enumerate(channel_max) if math.isfinite(v) and v >= cut)
+    return ratio, idx, med, dead
+
+
+def layer_record(
+    raw: RawStats, *, type_name: str, role: str, block: int | None, batches: int, th: Thresholds
+) -> LayerRecord:
+    has = raw.numel > 0
+    rms = math.sqrt(max(raw.var + raw.mean * raw.mean, 0.0)) if has else None
+    ratio, outliers, med, dead = channel_outliers(raw.channel_max, th)
+    grad_rms = grad_norm = None
+    if raw.grad_sumsq is not None and raw.grad_numel:
+        # grad_sumsq is per batch (averaged), grad_numel is over all batches
+        grad_rms = math.sqrt(raw.grad_sumsq * batches / raw.grad_numel)
+        grad_norm = math.sqrt(raw.grad_sumsq)
+    return LayerRecord(
+        name=raw.name,
+        type=type_name,
+        role=role,
+        block=block,
+        calls=max(1, round(raw.calls / max(batches, 1))) if raw.calls else 0,
+        mean=raw.mean if has else None,
+        std=math.sqrt(max(raw.var, 0.0)) if has and not math.isnan(raw.var) else
+        (float("nan") if has else None),
+        rms=rms,
+        max_abs=raw.max_abs if has else None,
+        zero_frac=raw.zeros / raw.numel if has else None,
+        nonfinite=raw.nonfinite,
+        channel_max_ratio=ratio,
+        outlier_channels=outliers,
+        grad_rms=grad_rms,
+        grad_norm=grad_norm,
+        param_grad_norm=math.sqrt(raw.param_grad_sumsq) if raw.param_grad_sumsq is not None
+        else None,
+        numel=raw.numel // max(batches, 1),
+        n_channels=len(raw.channel_max) if raw.channel_max else None,
+        dead_channels=dead,
+        channel_median_max=med,
+        order=raw.order,
+    )  # fmt: skip
+
+
+def stream_points(
+    layout: Layout, records: Mapping[str, LayerRecord], input_name: str | None
+) -> tuple[StreamPoint, ...]:
+    """k = 0 at the first block's input, then each block's output at cumulative k."""
+    if not layout.blocks:
+        return ()
+    pts: list[StreamPoint] = []
+
+    def point(k: int, block: int | None, name: str) -> StreamPoint:
+        rec = records.get(name)
+        if rec is None:
+            return StreamPoint(k=k, block=block, name=name, rms=None)
+        return StreamPoint(
+            k=k, block=block, name=name, rms=rec.rms, grad_rms=rec.grad_rms,
+            mean=rec.mean, std=rec.std, max_abs=rec.max_abs,
+        )  # fmt: skip
+
+    if input_name is not None:
+        pts.append(point(0, None, input_name))
+    k = 0
+    for b in layout.blocks:
+        k += b.adds
+        pts.append(point(k, b.index, b.name))
+    return tuple(pts)
+
+
+def _linfit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] | None:
+    """Least squares y = c + s·x → (c, s)."""
+    n = len(xs)
+    if n < 2:
+        return None
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    s = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return my - s * mx, s
+
+
+@dataclass(frozen=True)
+class GrowthFit:
+    """How the stream's scale changes with depth.
+
+    var_a, var_b: Var(x_k) ≈ a + b·k (the accumulator model; Var taken as mean(x²)).
+    exponent p: RMS ∝ k^p over k ≥ 1 (√k growth gives p ≈ 0.5).
+    gain γ: geometric per-block gain of the block outputs' RMS (γ^L is the total).
+    growth: RMS of the last stream point over the first (k = 0).
+    grad_ratio: activation-gradient RMS at the first block's input over the last block's output.
+    """
+
+    var_a: float | None = None
+    var_b: float | None = None
+    exponent: float | None = None
+    gain: float | None = None
+    growth: float | None = None
+    grad_ratio: float | None = None
+    n_points: int = 0
+
+
+def growth_fit(stream: Sequence[StreamPoint]) -> GrowthFit:
+    pts = [p for p in stream if _finite(p.rms)]
+    if len(pts) < 2:
+        return GrowthFit(n_points=len(pts))
+    var = _linfit([p.k for p in pts], [p.rms**2 for p in pts])  # type: ignore[operator]
+    pos = [p for p in pts if p.k >= 1 and p.rms and p.rms > 0]
+    p_fit = _linfit([math.log(p.k) for p in pos], [math.log(p.rms) for p in pos])  # type: ignore[arg-type]
+    blocks = [p for p in pos if p.block is not None]
+    g_fit = _linfit([p.block for p in blocks], [math.log(p.rms) for p in blocks])  # type: ignore[misc, arg-type]
+    first, last = pts[0], pts[-1]
+    growth = last.rms / first.rms if first.rms else None  # type: ignore[operator]
+    grads = [p for p in stream if _finite(p.grad_rms)]
+    grad_ratio = None
+    if len(grads) >= 2 and grads[-1].grad_rms:
+        grad_ratio = grads[0].grad_rms / grads[-1].grad_rms  # type: ignore[operator]
+    return GrowthFit(
+        var_a=var[0] if var else None,
+        var_b=var[1] if var else None,
+        exponent=p_fit[1] if p_fit and len(pos) >= 2 else None,
+        gain=math.exp(g_fit[1]) if g_fit else None,
+        growth=growth,
+        grad_ratio=grad_ratio,
+        n_points=len(pts),
+    )
+
+
+def branch_records(
+    layout: Layout, layers: Sequence[LayerRecord], stream: Sequence[StreamPoint]
+) -> tuple[BranchRecord, ...]:
+    """Attention/MLP branch outputs against the stream entering their block."""
+    by_name = {r.name: r for r in layers}
+    entering: dict[int, float | None] = {}
+    # stream[0] enters block 0; stream[i] (output of block i-1) enters block i
+    for i, b in enumerate(layout.blocks):
+        entering[b.index] = stream[i].rms if i < len(stream) else None
+    out: list[BranchRecord] = []
+    for b in layout.blocks:
+        for kind, name in (("attn", b.attn), ("mlp", b.mlp)):
+            if name is None or name not in by_name:
+                continue
+            rec = by_name[name]
+            sq = [
+                r.param_grad_norm**2
+                for r in layers
+                if (r.name == name or r.name.startswith(name + "."))
+                and r.param_grad_norm is not None
+            ]
+            s_rms = entering.get(b.index)
+            ratio = rec.rms / s_rms if rec.rms is not None and s_rms else None
+            out.append(
+                BranchRecord(
+                    block=b.index, kind=kind, name=name, rms=rec.rms, stream_rms=s_rms,
+                    ratio=ratio, max_abs=rec.max_abs, channel_max_ratio=rec.channel_max_ratio,
+                    grad_rms=rec.grad_rms, param_grad_norm=math.sqrt(sum(sq)) if sq else None,
+                )
+            )  # fmt: skip
+    return tuple(out)

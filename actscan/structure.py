@@ -1,0 +1,187 @@
+"""Find the residual stream: embedding, blocks, branches, norms, activations, head.
+
+Generic rule first (the blocks are the longest `nn.ModuleList` of same-class children);
+a small per-family map only where a family hides its branch outputs (post-LN encoders,
+whose attention module already contains the residual add and the norm).
+"""
+
+from __future__ import annotations
+
+import re
+
+from torch import nn
+
+from actscan.types import BlockInfo, Layout, Role
+
+# Branch output modules, relative to a block, for families whose branch module is not a
+# plain "attn"/"mlp" child. Keys are `config.model_type` values.
+_BERT_LIKE = ("attention.output.dense", "output.dense")
+FAMILY_BRANCHES: dict[str, tuple[str, str]] = {
+    "bert": _BERT_LIKE,
+    "roberta": _BERT_LIKE,
+    "xlm-roberta": _BERT_LIKE,
+    "electra": _BERT_LIKE,
+    "camembert": _BERT_LIKE,
+    "ernie": _BERT_LIKE,
+    "mpnet": ("attention.o", "output.dense"),
+}
+
+_ATTN_RE = re.compile(r"(^|_)(attn|attention|self_attn|self_attention|mixer|mha|sa)$", re.I)
+_MLP_RE = re.compile(
+    r"(^|_)(mlp|ffn|ff|feed_forward|feedforward|fc|mlp_block|ffn_block|moe|block_sparse_moe)$", re.I
+)
+_ACT_TYPES: tuple[type[nn.Module], ...] = (
+    nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Mish, nn.Softplus,
+    nn.ReLU6, nn.Hardswish, nn.SELU, nn.CELU, nn.GLU,
+)  # fmt: skip
+_ACT_NAME = re.compile(r"(gelu|relu|silu|swish|activation|tanh|sigmoid|mish)", re.I)
+_NORM_NAME = re.compile(r"norm", re.I)
+
+
+def is_norm(mod: nn.Module) -> bool:
+    return isinstance(mod, nn.LayerNorm | nn.GroupNorm | nn.RMSNorm) or bool(
+        _NORM_NAME.search(type(mod).__name__)
+    )
+
+
+def is_act(mod: nn.Module) -> bool:
+    if isinstance(mod, _ACT_TYPES):
+        return True
+    name = type(mod).__name__
+    return bool(_ACT_NAME.search(name)) and not list(mod.children())
+
+
+def _has_children(mod: nn.Module) -> bool:
+    return next(mod.children(), None) is not None
+
+
+def find_blocks(model: nn.Module) -> tuple[str, list[str]] | None:
+    """The longest ModuleList (or Sequential) of same-class composite children."""
+    best: tuple[tuple[int, int, int], str, list[str]] | None = None
+    for order, (name, mod) in enumerate(model.named_modules()):
+        if not isinstance(mod, nn.ModuleList | nn.Sequential):
+            continue
+        kids = list(mod.named_children())
+        if len(kids) < 2 and not (isinstance(mod, nn.ModuleList) and len(kids) == 1):
+            continue
+        if len({type(m) for _, m in kids}) != 1 or not _has_children(kids[0][1]):
+            continue
+        score = (len(kids), int(isinstance(mod, nn.ModuleList)), -order)
+        names = [f"{name}.{k}" if name else k for k, _ in kids]
+        if best is None or score > best[0]:
+            best = (score, name, names)
+    return None if best is None else (best[1], best[2])
+
+
+def _find_branch(block: nn.Module, pattern: re.Pattern[str]) -> str | None:
+    """Shallowest submodule of the block whose own name matches the pattern."""
+    hits = [
+        name
+        for name, _ in block.named_modules()
+        if name and pattern.search(name.rsplit(".", 1)[-1])
+    ]
+    return min(hits, key=lambda n: (n.count("."), n)) if hits else None
+
+
+def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
+    modules = dict(model.named_modules())
+    order = {name: i for i, name in enumerate(modules)}
+    roles: dict[str, str] = {}
+    block_of: dict[str, int] = {}
+    found = find_blocks(model)
+    blocks: list[BlockInfo] = []
+    container = None
+    note = None
+    family_map = FAMILY_BRANCHES.get((model_type or "").lower())
+
+    if found is None:
+        note = (
+            "no repeated blocks found (no nn.ModuleList of same-class modules): "
+            "per-module statistics only, no residual stream"
+        )
+    else:
+        container, names = found
+        for i, bname in enumerate(names):
+            block = modules[bname]
+            if family_map:
+                attn_rel, mlp_rel = family_map
+                sub = dict(block.named_modules())
+                attn_rel = attn_rel if attn_rel in sub else None
+                mlp_rel = mlp_rel if mlp_rel in sub else None
+            else:
+                attn_rel = _find_branch(block, _ATTN_RE)
+                mlp_rel = _find_branch(block, _MLP_RE)
+                if mlp_rel and attn_rel and mlp_rel.startswith(attn_rel + "."):
+                    mlp_rel = None
+            attn = f"{bname}.{attn_rel}" if attn_rel else None
+            mlp = f"{bname}.{mlp_rel}" if mlp_rel else None
+            adds = int(attn is not None) + int(mlp is not None) or 1
+            blocks.append(BlockInfo(index=i, name=bname, attn=attn, mlp=mlp, adds=adds))
+            roles[bname] = Role.STREAM.value
+            for sub_name, sub in block.named_modules(prefix=bname):
+                block_of[sub_name] = i
+                if sub_name == bname:
+                    continue
+                if attn and (sub_name == attn or sub_name.startswith(attn + ".")):
+                    roles[sub_name] = Role.ATTN.value
+                elif mlp and (sub_name == mlp or sub_name.startswith(mlp + ".")):
+                    roles[sub_name] = Role.MLP.value
+                # In family maps the branch is a leaf inside a wrapper: give its parents roles.
+                if family_map and attn and attn.startswith(sub_name + "."):
+                    roles[sub_name] = Role.ATTN.value
+                if is_norm(sub):
+                    roles[sub_name] = Role.NORM.value
+                elif is_act(sub):
+                    roles[sub_name] = Role.ACT.value
+
+    first_block = order[blocks[0].name] if blocks else None
+    last_block_end = max(order[n] for n in block_of) if block_of else None
+    embed = head = final_norm = None
+    for name, mod in modules.items():
+        if name in block_of or not name:
+            continue
+        if isinstance(mod, nn.Embedding) or type(mod).__name__.endswith("Embedding"):
+            roles[name] = Role.EMBED.value
+            embed = embed or name
+        elif is_norm(mod):
+            roles[name] = Role.NORM.value
+            if last_block_end is not None and order[name] > last_block_end:
+                final_norm = final_norm or name
+        elif is_act(mod):
+            roles[name] = Role.ACT.value
+        elif isinstance(mod, nn.Linear) and (
+            last_block_end is None or order[name] > last_block_end
+        ):
+            head = name  # the last Linear after the blocks
+    if head is not None:
+        roles[head] = Role.HEAD.value
+    # Embedding modules (word/position) are the wrapper's embed when a container holds them.
+    if embed is not None and first_block is not None:
+        parent = embed.rsplit(".", 1)[0] if "." in embed else None
+        if (
+            parent
+            and parent in modules
+            and order[parent] < first_block
+            and parent not in block_of
+            and "embed" in parent.rsplit(".", 1)[-1].lower()
+        ):
+            roles[parent] = Role.EMBED.value
+    return Layout(
+        blocks=tuple(blocks),
+        embed=embed,
+        head=head,
+        final_norm=final_norm,
+        container=container,
+        roles=roles,
+        block_of=block_of,
+        note=note,
+    )
+
+
+def stream_ks(layout: Layout) -> list[int]:
+    """k after each block: cumulative residual additions (2 per attention+MLP block)."""
+    ks, k = [], 0
+    for b in layout.blocks:
+        k += b.adds
+        ks.append(k)
+    return ks

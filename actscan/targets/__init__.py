@@ -1,0 +1,1 @@
+"""TARGET → (nn.Module, ModelInfo, input source): see resolve.resolve()."""
