@@ -279,7 +279,7 @@ class Recorder:
                 channel_max=chan_lists[i],
                 grad_sumsq=(gsq[i] / batches) if self._gnumel[i] else None,
                 grad_numel=self._gnumel[i],
-                param_grad_sumsq=(pgsq[i] / batches) if self._has_params[i] else None,
+                param_grad_sumsq=(pgsq[i] / batches) if self._has_params[i] and self.backward else None,
                 order=self._order[i],
             )
         return out

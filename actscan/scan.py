@@ -55,7 +55,7 @@ def infer_info(model: nn.Module, source: str = "python") -> ModelInfo:
         return ModelInfo(
             source=source, family="actscan-gpt", n_params=n_params, n_blocks=cfg.n_layers,
             d_model=cfg.d_model, vocab_size=cfg.vocab_size, task="causal-lm",
-            arch=arch_facts(cfg),
+            arch={**arch_facts(cfg), "max_positions": cfg.seq_len},
         )  # fmt: skip
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
