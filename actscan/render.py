@@ -122,14 +122,19 @@ def branch_table(report: Report) -> Table | None:
 
 
 def modules_table(report: Report) -> Table:
-    t = Table(title="All modules", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-    for col in ("module", "type", "role", "blk", "calls", "mean", "std", "RMS", "max|x|", "zero%",
-                "nonfin", "ch ratio", "grad RMS", "‖∇θ‖"):  # fmt: skip
-        t.add_column(col, justify="left" if col in ("module", "type", "role") else "right")
+    t = Table(
+        title="All modules", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
+        collapse_padding=True, padding=(0, 1),
+    )  # fmt: skip
+    t.add_column("module", no_wrap=True)
+    t.add_column("role", no_wrap=True)
+    for col in ("blk", "calls", "mean", "RMS", "max|x|", "zero%", "nonfin", "ch ratio",
+                "grad RMS", "‖∇θ‖"):  # fmt: skip
+        t.add_column(col, justify="right", no_wrap=True)
     for r in report.layers:
         t.add_row(
-            r.name, r.type, r.role, "" if r.block is None else str(r.block), str(r.calls),
-            num(r.mean), num(r.std), num(r.rms), num(r.max_abs),
+            r.name, r.role, "" if r.block is None else str(r.block), str(r.calls),
+            num(r.mean), num(r.rms), num(r.max_abs),
             "—" if r.zero_frac is None else f"{100 * r.zero_frac:.1f}",
             str(r.nonfinite) if r.nonfinite else "", num(r.channel_max_ratio), num(r.grad_rms),
             num(r.param_grad_norm),

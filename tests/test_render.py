@@ -1,0 +1,137 @@
+"""Golden files for the rendered profile tables, and the `profile` command end to end."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from actscan.arch import ArchConfig
+from actscan.cli import app
+from actscan.model import build_model
+from actscan.render import num, render_report, spark
+from actscan.scan import scan
+
+GOLDEN = Path(__file__).parent / "golden"
+SMALL = dict(n_layers=3, d_model=32, n_heads=2, vocab_size=64, seq_len=8)
+
+
+def _render(report, **kw) -> str:
+    buf = io.StringIO()
+    render_report(report, Console(file=buf, width=120, color_system=None), **kw)
+    return buf.getvalue()
+
+
+def _golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("ACTSCAN_UPDATE_GOLDEN") or not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def _report():
+    report = scan(build_model(ArchConfig(**SMALL)), batch=2, seq_len=8)
+    # the findings panel has its own golden files; here the tables are under test
+    return replace(report, model=replace(report.model, source="tiny.yaml"), findings=())
+
+
+def test_profile_tables_golden() -> None:
+    _golden("profile_tables.txt", _render(_report()))
+
+
+def test_all_modules_table_golden() -> None:
+    text = _render(_report(), all_modules=True)
+    assert "All modules" in text and "blocks.2.mlp.act" in text
+    _golden("profile_all.txt", text)
+
+
+def test_quiet_prints_only_findings() -> None:
+    text = _render(_report(), quiet=True)
+    assert "Residual stream" not in text and "Findings" in text
+
+
+def test_number_and_sparkline_formatting() -> None:
+    assert [num(x) for x in (None, 0.0, 1.23456, 0.0123456, 123456.0, float("nan"))] == [
+        "—", "0", "1.23", "0.0123", "1.23e+05", "nan",
+    ]  # fmt: skip
+    assert spark([1, 2, 3, 4]) == "▁▃▆█"
+    assert spark([1e-6, 1.0])[0] == "▁" and spark([0.0, 1.0])[0] == "·"
+
+
+runner = CliRunner()
+
+
+def test_profile_config_json_contract(tmp_path: Path) -> None:
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("".join(f"{k}: {v}\n" for k, v in SMALL.items()))
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["profile", str(cfg), "--json", str(out), "--batch", "2"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["schema_version"] == 1
+    assert data["model"]["family"] == "actscan-gpt" and data["model"]["n_blocks"] == 3
+    assert data["run"] == {**data["run"], "batch": 2, "seq_len": 8, "dtype": "fp32", "batches": 1}
+    assert [p["k"] for p in data["stream"]] == [0, 2, 4, 6]
+    layer = next(r for r in data["layers"] if r["name"] == "blocks.1.mlp")
+    assert layer["role"] == "mlp" and layer["block"] == 1 and layer["calls"] == 1
+    for key in ("mean", "std", "rms", "max_abs", "zero_frac", "nonfinite", "channel_max_ratio",
+                "outlier_channels", "grad_rms", "grad_norm", "param_grad_norm"):  # fmt: skip
+        assert key in layer
+    assert "growth_exponent" in data["summary"] and "gain_per_block" in data["summary"]
+    assert "Residual stream" in res.output
+
+
+def test_profile_options_reach_the_run(tmp_path: Path) -> None:
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text("".join(f"{k} = {v}\n" for k, v in SMALL.items()))
+    res = runner.invoke(
+        app,
+        ["profile", str(cfg), "--json", "-", "--dtype", "bf16", "--batches", "2", "--seed", "3",
+         "--set", "n_layers=2", "--init", "fan-in", "--modules", r"^blocks\.\d+$", "--quiet"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["run"]["dtype"] == "bf16" and data["run"]["batches"] == 2
+    assert data["run"]["seed"] == 3 and data["run"]["init"] == "fan-in"
+    assert data["model"]["n_blocks"] == 2
+    assert {r["name"] for r in data["layers"]} == {"blocks.0", "blocks.1"}
+
+
+def test_profile_by_shipped_name_and_configs_command() -> None:
+    res = runner.invoke(app, ["configs"])
+    assert res.exit_code == 0 and "gpt-48-naive" in res.output and "fan-in" in res.output
+    res = runner.invoke(app, ["profile", "gpt-12-preln", "--set", "n_layers=2", "--no-backward"])
+    assert res.exit_code == 0, res.output
+    assert "forward only" in res.output
+
+
+def test_usage_errors_exit_2() -> None:
+    res = runner.invoke(app, ["profile", "no/such/file.yaml"])
+    assert res.exit_code == 2 and "no such file" in res.output
+    res = runner.invoke(app, ["profile", "gpt-12-preln", "--set", "n_layerz=2"])
+    assert res.exit_code == 2 and "unknown key 'n_layerz'" in res.output
+    res = runner.invoke(app, ["profile", "gpt-12-preln", "--dtype", "fp64"])
+    assert res.exit_code == 2
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"]])
+def test_help_does_not_import_torch(args: list[str]) -> None:
+    code = (
+        f"import sys, runpy; sys.argv = ['actscan', *{args!r}]\n"
+        "try:\n    runpy.run_module('actscan', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+        "print('IMPORTED', bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "IMPORTED []" in out.stdout, out.stdout + out.stderr
