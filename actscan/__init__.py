@@ -6,6 +6,8 @@ lazily so that `actscan --help` and report tooling start fast.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -31,3 +33,16 @@ def __getattr__(name: str) -> Any:
 
         return getattr(types, name)
     raise AttributeError(f"module 'actscan' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """Keeps `actscan.scan` the function: importing the submodule `actscan.scan` makes the
+    import system bind the module object here, which would shadow the API's name."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "scan" and isinstance(value, types.ModuleType):
+            value = value.scan
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

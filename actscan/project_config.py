@@ -117,7 +117,7 @@ def _thresholds(v: Any) -> Any:
     for name, x in v.items():
         if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
             raise ValueError(f"entry {name!r} must be a finite number, got {x!r}")
-        out[name] = float(x)
+        out[str(name).replace("_", "-")] = float(x)  # one spelling, so the CLI can override
     return out
 
 

@@ -220,6 +220,8 @@ def settings(cli: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], Proje
     from actscan.project_config import effective_settings, find_project_config
 
     project = find_project_config()
+    if cli.get("thresholds"):  # one spelling per name, so the command line overrides the file
+        cli = {**cli, "thresholds": {k.replace("_", "-"): v for k, v in cli["thresholds"].items()}}
     eff = effective_settings(cli, project, DEFAULTS)
     values = {k: v for k, (v, _) in eff.items() if "." not in k}
     sources = {k: src for k, (_, src) in eff.items()}
@@ -228,7 +230,38 @@ def settings(cli: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], Proje
             values[key] = str(
                 values[key].value if isinstance(values[key], StrEnum) else values[key]
             )
+    _check_thresholds(values.get("thresholds") or {}, sources)
     return values, sources, project
+
+
+def _check_thresholds(thresholds: dict[str, Any], sources: dict[str, str]) -> None:
+    """Fail before building the model on a threshold name or value scan() would refuse,
+    naming where it came from (a project file or the command line)."""
+    from actscan.thresholds import DEFAULT
+
+    for name, value in thresholds.items():
+        try:
+            DEFAULT.with_overrides({name: value})
+        except UsageError as err:
+            where = sources.get(f"thresholds.{name}", "command line")
+            where = "--threshold" if where == "command line" else f"{where} [thresholds]"
+            raise UsageError(f"{where}: {err}") from None
+
+
+def check_outputs(fmt: FormatOpt, output: str | None, json_path: str | None) -> None:
+    """Refuse output combinations that would mix two documents in one stream or file,
+    before any work is done (stdout must stay parseable)."""
+    if fmt is not FormatOpt.table and json_path == "-" and output in (None, "-"):
+        raise UsageError(
+            f"--json - and --format {fmt.value} both write to stdout: give one of them a file "
+            "(--json PATH or -o PATH)"
+        )
+    if (
+        json_path not in (None, "-")
+        and output not in (None, "-")
+        and Path(json_path).resolve() == Path(output).resolve()
+    ):
+        raise UsageError(f"--json and -o name the same file: {output}")
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -257,6 +290,7 @@ def emit(
     """Write --json, --format/-o, and the human table, keeping stdout clean for data."""
     from actscan.formats import to_junit, to_markdown, write_atomic
 
+    check_outputs(fmt, output, json_path)
     data_to_stdout = json_path == "-" or (fmt is not FormatOpt.table and output in (None, "-"))
     jt = json_text or (lambda: reports[0].to_json())
     if json_path is not None:

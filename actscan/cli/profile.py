@@ -123,6 +123,7 @@ def profile(
         raise typer.Exit(c.EXIT_OK)
     if dtype is not None and amp is not None and dtype is not c.DTypeOpt.fp32:
         raise c.fail("--dtype and --amp together: autocast runs fp32 weights (drop --dtype)")
+    c.check_outputs(fmt, output, json_out)
 
     with c.ProgressSink(enabled=not quiet) as progress:
         report = build_and_scan(
@@ -149,16 +150,31 @@ def profile(
 
 
 def _print_settings(values: dict[str, Any], sources: dict[str, str], project: Any) -> None:
+    """One row per setting and per threshold (defaults included), with where it came from."""
     from rich.table import Table
 
+    from actscan.thresholds import DEFAULT
+
     console = c.make_console()
+    path = getattr(project, "path", None)
+    console.print(f"project config: {path if path is not None else 'none found'}")
+
+    def where(src: str) -> str:  # the file's name: its full path is on the line above
+        return path.name if path is not None and src == str(path) else src
+
     table = Table(title="Effective settings", title_justify="left")
     table.add_column("setting")
     table.add_column("value")
     table.add_column("from")
     for key, value in values.items():
+        if key == "thresholds":
+            continue
         shown = "—" if value in (None, {}) else str(value)
-        table.add_row(key.replace("_", "-"), shown, sources.get(key, "default"))
+        table.add_row(key.replace("_", "-"), shown, where(sources.get(key, "default")))
+    overrides = values.get("thresholds") or {}
+    for name, value in DEFAULT.with_overrides(overrides).as_dict().items():
+        src = sources.get(f"thresholds.{name}", "default") if name in overrides else "default"
+        table.add_row(f"threshold {name}", f"{value:g}", where(src))
     console.print(table)
     for ig in getattr(project, "ignores", ()):
         console.print(f"ignore {ig.check}" + (f" at /{ig.layers}/" if ig.layers else "")

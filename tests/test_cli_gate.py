@@ -1,0 +1,466 @@
+"""The CI gate end to end through `actscan profile`: exit codes, --quiet, plain output,
+machine-readable reports (JSON schema, JUnit, Markdown), atomic writes, and project
+configuration ([tool.actscan] / actscan.toml) reaching the scan and the checks.
+
+Most tests plant findings by replacing the check runner that `scan()` calls, so the gate
+logic is tested independently of which real checks fire; `test_naive_model_*` uses the
+real checks on the built-in broken-on-purpose config.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import actscan.scan  # noqa: F401  (the module whose check runner the tests replace)
+from actscan.cli import app
+from actscan.schema import validate_report
+from actscan.types import Finding, Severity
+
+pytest.importorskip("jsonschema")
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p for p in (REPO / "configs").iterdir() if p.suffix in {".yaml", ".toml"})
+SAMPLES = sorted(
+    [*(REPO / "sample_models").glob("*.safetensors")]
+    + [p.parent for p in (REPO / "sample_models").glob("*/config.json")]
+)
+# A 2-block built-in model: builds and runs in well under a second.
+TINY = ["gpt-12-preln", "--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2"]
+SMALL_RUN = ["--seq-len", "8", "--batch", "2"]
+ANSI = re.compile(r"\x1b\[")
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> Any:
+    """Run `actscan ARGS` in-process; result.stdout and result.stderr are separate."""
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+def profile(*extra: str, target: list[str] = TINY) -> Any:
+    return cli("profile", *target, *SMALL_RUN, *extra)
+
+
+def finding(
+    check: str = "dead-branch", severity: str = "warn", layers: tuple[str, ...] = ("blocks.1.mlp",)
+) -> Finding:
+    return Finding(
+        check=check, severity=Severity(severity), layers=layers, value=0.0, threshold=1e-3,
+        message=f"planted {check} {severity}", hint="planted by the test",
+    )  # fmt: skip
+
+
+Planted = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def plant(monkeypatch: pytest.MonkeyPatch) -> Planted:
+    """plant(*findings_or_fns) → the findings scan() reports (a fn gets the CheckContext).
+
+    Returns a dict that records the CheckContext of the last scan ("ctx").
+    """
+    seen: dict[str, Any] = {}
+
+    def install(*items: Finding | Callable[[Any], Finding]) -> dict[str, Any]:
+        def run_checks(ctx: Any) -> tuple[Finding, ...]:
+            seen["ctx"] = ctx
+            return tuple(item(ctx) if callable(item) else item for item in items)
+
+        monkeypatch.setattr(sys.modules["actscan.scan"], "run_checks", run_checks)
+        return seen
+
+    return install
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Any:
+    """Intra-op threads only spin on a small shared machine: tiny models run 10-20× faster."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def isolated_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run in an empty folder so no project config on the way up interferes."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("ACTSCAN_DEBUG", raising=False)
+    return work
+
+
+# -- exit codes ---------------------------------------------------------------------------
+GATE = {  # planted severity → the --fail-on values that make the run exit 1
+    None: set(),
+    "info": {"info"},
+    "warn": {"info", "warn"},
+    "error": {"info", "warn", "error", "default"},
+}
+
+
+@pytest.mark.parametrize("severity", list(GATE))
+@pytest.mark.parametrize("fail_on", ["info", "warn", "error", "never", "default"])
+def test_exit_code_matrix(plant: Planted, severity: str | None, fail_on: str) -> None:
+    seen = plant(*([finding(severity=severity)] if severity else []))
+    args = [] if fail_on == "default" else ["--fail-on", fail_on]
+    result = profile("--quiet", *args)
+    assert "ctx" in seen, "scan() no longer calls the planted check runner"
+    want = 1 if fail_on in GATE[severity] else 0
+    assert result.exit_code == want, result.output
+    if severity:
+        assert f"planted dead-branch {severity}" in result.stdout
+
+
+def test_worst_finding_decides(plant: Planted) -> None:
+    plant(finding("sqrt-growth", "info"), finding("dead-branch", "error"))
+    assert profile("-q", "--fail-on", "error").exit_code == 1
+    plant(finding("sqrt-growth", "info"), finding("dead-branch", "warn"))
+    assert profile("-q", "--fail-on", "error").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["profile", "no/such/model.safetensors"], "no/such/model.safetensors"),
+        (["profile", *TINY, "--threshold", "no-such=1"], "no-such"),
+        (["profile", *TINY, "--threshold", "outlier-ratio"], "NAME=VALUE"),
+        (["profile", *TINY, "--json", "-", "--format", "junit"], "stdout"),
+        (["profile", *TINY, "--format", "markdown", "-o", "missing/dir/out.md"], "missing/dir"),
+        (["profile", *TINY, "--modules", "("], "regex"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(args: list[str], message: str) -> None:
+    result = cli(*args, *SMALL_RUN)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("actscan: error: "), result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("args", [["--fail-on", "sometimes"], ["--no-such-option"]])
+def test_bad_options_exit_2(args: list[str]) -> None:
+    result = profile(*args)
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+
+
+# -- human output -------------------------------------------------------------------------
+def test_quiet_prints_only_findings(plant: Planted) -> None:
+    plant(finding("dead-branch", "warn"))
+    loud, quiet = profile(), profile("--quiet")
+    assert loud.exit_code == quiet.exit_code == 0
+    assert "Residual stream" in loud.stdout and "planted dead-branch warn" in loud.stdout
+    assert "planted dead-branch warn" in quiet.stdout
+    for noise in ("Residual stream", "Branches", "Stream:", "actscan gpt-12-preln"):
+        assert noise not in quiet.stdout
+    assert quiet.stderr == ""
+
+
+def test_non_tty_output_is_plain() -> None:
+    result = profile()
+    assert result.exit_code == 0
+    assert not ANSI.search(result.output)
+    assert "\r" not in result.output  # no progress bar redraws
+
+
+class _FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _run_on_tty(monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str]:
+    """Run the CLI with stdout/stderr that claim to be terminals (as in a shell)."""
+    out = _FakeTTY()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", out)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    for var in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(var, raising=False)
+    code = typer.main.get_command(app).main(list(args), standalone_mode=False)
+    return int(code or 0), out.getvalue()
+
+
+def test_no_color_on_a_terminal_is_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, colored = _run_on_tty(monkeypatch, "profile", *TINY, *SMALL_RUN)
+    assert code == 0
+    assert ANSI.search(colored), "control: a terminal without NO_COLOR gets styles"
+    monkeypatch.setenv("NO_COLOR", "1")
+    code, plain = _run_on_tty(monkeypatch, "profile", *TINY, *SMALL_RUN)
+    assert code == 0
+    assert "Residual stream" in plain
+    assert not ANSI.search(plain) and "\r" not in plain
+
+
+# -- reports ------------------------------------------------------------------------------
+def test_json_to_stdout_is_parseable_and_table_goes_to_stderr(plant: Planted) -> None:
+    plant(finding("dead-branch", "warn"))
+    result = profile("--json", "-")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    validate_report(data)
+    assert [f["check"] for f in data["findings"]] == ["dead-branch"]
+    assert "Residual stream" in result.stderr and "planted dead-branch" in result.stderr
+
+
+@pytest.mark.parametrize("fmt", ["json", "markdown", "junit"])
+def test_format_to_stdout_keeps_stdout_clean(plant: Planted, fmt: str) -> None:
+    plant(finding("dead-branch", "error"))
+    result = profile("--format", fmt)
+    assert result.exit_code == 1
+    if fmt == "json":
+        validate_report(json.loads(result.stdout))
+    elif fmt == "junit":
+        assert ET.fromstring(result.stdout.encode()).get("failures") == "1"
+    else:
+        assert result.stdout.startswith("### actscan:") and "#### Residual stream" in result.stdout
+    assert "RMS vs depth" not in result.stdout
+    assert "RMS vs depth" in result.stderr  # the human table, on stderr
+    quiet = profile("--format", fmt, "--quiet")
+    assert quiet.stdout == result.stdout and quiet.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("fail_on", "failures", "code"),
+    [("info", 3, 1), ("warn", 2, 1), ("error", 0, 0), ("never", 0, 0)],
+)
+def test_junit_file_failure_count(
+    plant: Planted, isolated_cwd: Path, fail_on: str, failures: int, code: int
+) -> None:
+    plant(
+        finding("dead-branch", "warn"),
+        finding("dead-branch", "info", layers=("blocks.0.mlp",)),
+        finding("outlier-channels", "warn"),
+        finding("sqrt-growth", "info", layers=()),
+    )
+    result = profile("--fail-on", fail_on, "--format", "junit", "-o", "actscan.xml")
+    assert result.exit_code == code
+    root = ET.parse(isolated_cwd / "actscan.xml").getroot()
+    suites = root.findall("testsuite")
+    assert len(suites) == 1
+    cases = suites[0].findall("testcase")
+    failed = sorted(c.get("name") for c in cases if c.find("failure") is not None)
+    assert len(failed) == failures == int(root.get("failures"))
+    assert len(cases) == len({c.get("name") for c in cases}) >= 11  # one case per check
+    assert failures == 0 or "dead-branch" in failed
+    assert "Residual stream" in result.stdout  # -o PATH: the table still goes to stdout
+
+
+def test_markdown_file(plant: Planted, isolated_cwd: Path) -> None:
+    plant(finding("dead-branch", "warn"))
+    result = profile("--fail-on", "warn", "--format", "markdown", "-o", "report.md", "-q")
+    assert result.exit_code == 1
+    text = (isolated_cwd / "report.md").read_text()
+    assert text.startswith("### actscan: `gpt-12-preln`") or text.startswith("### actscan: `")
+    assert "| warn | dead-branch | `blocks.1.mlp` | planted dead-branch warn |" in text
+    assert "#### Residual stream" in text and "| 0 | - | `blocks.0:input` |" in text
+    assert "**FAIL** at `--fail-on warn`: 1 finding(s)" in text
+
+
+def test_json_file_and_format_file_together(plant: Planted, isolated_cwd: Path) -> None:
+    plant(finding("outlier-channels", "info"))
+    result = profile("--json", "r.json", "--format", "junit", "-o", "r.xml", "-q")
+    assert result.exit_code == 0
+    validate_report(json.loads((isolated_cwd / "r.json").read_text()))
+    ET.parse(isolated_cwd / "r.xml")
+    assert sorted(p.name for p in isolated_cwd.iterdir()) == ["r.json", "r.xml"]  # no temp files
+
+
+def test_output_write_is_atomic(isolated_cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    old = isolated_cwd / "actscan.xml"
+    old.write_text("previous report\n")
+
+    def refuse(src: Any, dst: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    result = profile("--format", "junit", "-o", "actscan.xml")
+    assert result.exit_code == 2
+    assert "cannot write actscan.xml" in result.stderr
+    assert old.read_text() == "previous report\n"
+    assert [p.name for p in isolated_cwd.iterdir()] == ["actscan.xml"]
+
+
+def test_failed_scan_leaves_existing_report(isolated_cwd: Path) -> None:
+    old = isolated_cwd / "report.json"
+    old.write_text("{}")
+    result = cli("profile", "missing.safetensors", "--json", "report.json")
+    assert result.exit_code == 2
+    assert old.read_text() == "{}"
+
+
+def _validate_cli_json(target: list[str], out: Path, *extra: str) -> dict[str, Any]:
+    result = cli("profile", *target, "--json", str(out), "--fail-on", "never", "-q", *extra)
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    validate_report(data)
+    assert data["layers"] and data["stream"]
+    return data
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_report_validates(config: Path, isolated_cwd: Path) -> None:
+    # Narrow and at most 12 blocks: fast, and still the config's layout and init.
+    shrink = ["--set", "d_model=32", "--set", "n_heads=2", "--set", "vocab_size=128"]
+    shrink += ["--set", "n_layers=12"]
+    data = _validate_cli_json([str(config), *shrink], isolated_cwd / "r.json", *SMALL_RUN)
+    assert data["model"]["family"] == "actscan-gpt"
+
+
+@pytest.mark.skipif(not SAMPLES, reason="no sample models generated yet (sample_models/)")
+@pytest.mark.parametrize("sample", SAMPLES, ids=[p.name for p in SAMPLES])
+def test_every_sample_report_validates(sample: Path, isolated_cwd: Path) -> None:
+    _validate_cli_json([str(sample)], isolated_cwd / "r.json", *SMALL_RUN)
+
+
+@pytest.mark.parametrize("fail_on", ["info", "error"])
+def test_naive_model_real_checks_gate(fail_on: str, isolated_cwd: Path) -> None:
+    """No planting: the real checks on a 48-block unscaled model. The exit code must
+    agree with the findings in the JSON, for every gate."""
+    target = ["gpt-48-naive", "--set", "d_model=64", "--set", "vocab_size=128"]
+    result = cli("profile", *target, *SMALL_RUN, "--fail-on", fail_on, "--json", "r.json", "-q")
+    data = json.loads((isolated_cwd / "r.json").read_text())
+    assert data["findings"], "the broken-on-purpose config must produce findings"
+    rank = {"info": 0, "warn": 1, "error": 2}
+    tripped = any(rank[f["severity"]] >= rank[fail_on] for f in data["findings"])
+    assert result.exit_code == int(tripped), result.output
+    if fail_on == "info":
+        assert result.exit_code == 1
+
+
+# -- project configuration ----------------------------------------------------------------
+def _project(tmp_path: Path, body: str, name: str = "pyproject.toml") -> Path:
+    """tmp_path/proj/<name> holding `body`; returns proj/src/deep (created) to chdir into."""
+    proj = tmp_path / "proj"
+    deep = proj / "src" / "deep"
+    deep.mkdir(parents=True)
+    (proj / name).write_text(body, encoding="utf-8")
+    return deep
+
+
+@pytest.mark.parametrize("name", ["pyproject.toml", "actscan.toml"])
+def test_project_fail_on_found_from_nested_folder_and_cli_wins(
+    plant: Planted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    body = 'fail-on = "warn"\n'
+    if name == "pyproject.toml":
+        body = f'[project]\nname = "m"\n\n[tool.actscan]\n{body}'
+    deep = _project(tmp_path, body, name)
+    plant(finding("dead-branch", "warn"))
+    assert profile("-q").exit_code == 0  # outside the project: default gate is error
+    monkeypatch.chdir(deep)
+    assert profile("-q").exit_code == 1  # the file's fail-on = warn applies
+    assert profile("-q", "--fail-on", "error").exit_code == 0  # the command line wins
+
+
+def test_project_run_settings_reach_the_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(_project(tmp_path, '[tool.actscan]\nbatch = 3\nseq-len = 12\ndtype = "bf16"\n'
+                                          'modules = "blocks\\\\.1"\n'))  # fmt: skip
+    result = cli("profile", *TINY, "--json", "-", "-q")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["run"]["batch"], data["run"]["seq_len"], data["run"]["dtype"]) == (3, 12, "bf16")
+    assert data["layers"] and all(x["name"].startswith("blocks.1") for x in data["layers"])
+    result = cli("profile", *TINY, "--json", "-", "-q", "--batch", "2", "--dtype", "fp32")
+    data = json.loads(result.stdout)
+    assert (data["run"]["batch"], data["run"]["seq_len"], data["run"]["dtype"]) == (2, 12, "fp32")
+
+
+def test_project_thresholds_reach_the_checks(
+    plant: Planted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(_project(tmp_path, "[tool.actscan]\nthresholds = { outlier-ratio = 7.5 }\n"))
+    seen = plant()
+    assert profile("-q").exit_code == 0
+    assert seen["ctx"].thresholds.outlier_ratio == 7.5
+    assert seen["ctx"].thresholds.outlier_abs == 6.0  # untouched: the default
+    result = profile("-q", "--threshold", "outlier-ratio=3", "--threshold", "outlier_abs=2")
+    assert result.exit_code == 0, result.output
+    assert (seen["ctx"].thresholds.outlier_ratio, seen["ctx"].thresholds.outlier_abs) == (3, 2)
+
+
+def test_show_config_prints_values_and_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    deep = _project(
+        tmp_path,
+        '[tool.actscan]\nfail-on = "warn"\nseq-len = 16\nthresholds = { outlier-ratio = 9 }\n'
+        'ignore = [{ check = "dead-branch", layers = "rezero", reason = "zero at init" }]\n',
+    )
+    monkeypatch.chdir(deep)
+    pyproject = str((tmp_path / "proj" / "pyproject.toml").resolve())
+    result = cli("profile", "anything", "--show-config", "--seq-len", "8")
+    assert result.exit_code == 0, result.output
+    rows = {}
+    for line in result.stdout.splitlines():
+        cells = [c.strip() for c in re.split(r"[│┃|]", line) if c.strip()]
+        if len(cells) == 3:
+            rows[cells[0]] = (cells[1], cells[2])
+    assert f"project config: {pyproject}" in result.stdout
+    assert rows["fail-on"] == ("warn", "pyproject.toml")
+    assert rows["seq-len"] == ("8", "command line")
+    assert rows["seed"] == ("0", "default")
+    assert rows["threshold outlier-ratio"] == ("9", "pyproject.toml")
+    assert rows["threshold outlier-abs"] == ("6", "default")
+    assert "ignore dead-branch at /rezero/: zero at init" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("body", "names"),
+    [
+        ('[tool.actscan]\nfail_on = "warn"\n', ["fail_on", "fail-on"]),
+        ("[tool.actscan]\nbatchsize = 2\n", ["batchsize"]),
+        ("[tool.actscan]\nthresholds = { no-such = 1.0 }\n", ["no-such"]),
+        ('[tool.actscan]\nfail-on = "sometimes"\n', ["fail-on", "sometimes"]),
+        ('[tool.actscan]\nignore = [{ check = "dead-branch" }]\n', ["reason"]),
+    ],
+)
+def test_bad_project_config_exits_2_naming_file_and_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, names: list[str]
+) -> None:
+    monkeypatch.chdir(_project(tmp_path, body))
+    for args in (["profile", *TINY, *SMALL_RUN], ["profile", "x", "--show-config"]):
+        result = cli(*args)
+        assert result.exit_code == 2, result.output
+        line = result.stderr.strip()
+        assert line.startswith("actscan: error: ") and "\n" not in line
+        assert "pyproject.toml" in line
+        for name in names:
+            assert name in line
+
+
+def test_ignores_remove_findings_from_the_gate(
+    plant: Planted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ignore = (
+        '{ check = "dead-branch", layers = "blocks\\\\.1\\\\.", reason = "ReZero: zero at init" }'
+    )
+    monkeypatch.chdir(
+        _project(tmp_path, f'[tool.actscan]\nfail-on = "warn"\nignore = [{ignore}]\n')
+    )
+    plant(finding("dead-branch", "error", layers=("blocks.1.mlp",)), finding("sqrt-growth", "info"))
+    result = profile()
+    assert result.exit_code == 0, result.output
+    assert "ignored dead-branch" in result.stdout and ": ReZero: zero at init" in result.stdout
+    data = json.loads(profile("--json", "-", "-q").stdout)
+    assert [f["check"] for f in data["findings"]] == ["sqrt-growth"]
+    junit = ET.fromstring(profile("--format", "junit", "-q").stdout.encode())
+    assert junit.get("failures") == "0"
+    # The same check on a layer the ignore does not name still trips the gate.
+    plant(finding("dead-branch", "warn", layers=("blocks.0.mlp",)))
+    result = profile("-q")
+    assert result.exit_code == 1 and "ignored" not in result.stdout
