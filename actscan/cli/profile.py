@@ -32,6 +32,7 @@ def build_and_scan(
     opts = TargetOptions(
         config=config, init=init, overrides=parse_set(overrides), seed=int(values["seed"]),
         input_shape=c.parse_shape(input_shape), allow_nonfinite=allow_nonfinite,
+        batch=int(values["batch"]), seq_len=values["seq_len"],
     )  # fmt: skip
     if progress:
         progress.stage(f"building {target}")
@@ -40,7 +41,7 @@ def build_and_scan(
     if input_file is not None:
         from actscan.targets.inputs_file import load_input_file
 
-        inputs = load_input_file(input_file, resolved)
+        inputs = load_input_file(input_file, resolved, opts)
     report = scan(
         resolved.model,
         inputs=inputs,

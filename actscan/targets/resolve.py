@@ -38,6 +38,10 @@ class TargetOptions:
     input_shape: tuple[int, ...] | None = None
     allow_nonfinite: bool = False
     allow_pickle: bool = False
+    # --batch/--seq-len, for resolvers that must invent inputs themselves (module:callable
+    # models with an nn.Embedding, --input FILE.txt); None: the resolver's default.
+    batch: int | None = None
+    seq_len: int | None = None
 
 
 def shipped_configs() -> dict[str, Path]:
