@@ -158,6 +158,27 @@ def _finding_text(f: Finding) -> str:
     return line
 
 
+def _suite_names(reports: Sequence[Report]) -> list[str]:
+    """Each report's source; reports that share one (a sweep, a compare of one target with
+    itself) get the facts that tell them apart, so CI shows distinct suites."""
+    facts = (
+        lambda r: f"{r.model.n_blocks} blocks",
+        lambda r: f"d={r.model.d_model}",
+        lambda r: r.run.dtype + (f" amp {r.run.amp}" if r.run.amp else ""),
+        lambda r: f"init {r.run.init}" if r.run.init else "as built",
+    )
+    names = [r.model.source for r in reports]
+    for i, r in enumerate(reports):
+        group = [o for o in reports if o.model.source == r.model.source]
+        if len(group) > 1:
+            differ = [f(r) for f in facts if len({f(o) for o in group}) > 1]
+            names[i] = f"{r.model.source} [{', '.join(differ)}]" if differ else names[i]
+    for i, name in enumerate(names):
+        if names.count(name) > 1:
+            names[i] = f"{name} #{names[:i].count(name) + 1}"
+    return names
+
+
 def to_junit(reports: Sequence[Report], fail_on: str | FailOn = FailOn.ERROR) -> str:
     """A JUnit XML <testsuites> document: one suite per report, one case per check id.
 
@@ -168,8 +189,7 @@ def to_junit(reports: Sequence[Report], fail_on: str | FailOn = FailOn.ERROR) ->
     gate = FailOn(fail_on)
     root = ET.Element("testsuites", name="actscan")
     total_tests = total_failures = 0
-    for report in reports:
-        source = report.model.source
+    for report, source in zip(reports, _suite_names(reports), strict=True):
         suite = ET.SubElement(root, "testsuite", name=_xml_text(source))
         by_check: dict[str, list[Finding]] = {c.value: [] for c in CheckId}
         for f in report.findings:

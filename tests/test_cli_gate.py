@@ -161,6 +161,27 @@ def test_bad_options_exit_2(args: list[str]) -> None:
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["compare", *TINY, "--vs-init", "fan-in"],
+        ["sweep", "gpt-12-preln", "--depth", "2,3", "--set", "d_model=32", "--set", "n_heads=2"],
+    ],
+    ids=["compare", "sweep"],
+)
+@pytest.mark.parametrize(("fail_on", "code"), [("warn", 1), ("error", 0), ("never", 0)])
+def test_compare_and_sweep_share_the_gate(
+    plant: Planted, command: list[str], fail_on: str, code: int
+) -> None:
+    plant(finding("dead-branch", "warn"))
+    result = cli(*command, *SMALL_RUN, "-q", "--fail-on", fail_on, "--format", "junit")
+    assert result.exit_code == code, result.output
+    root = ET.fromstring(result.stdout.encode())
+    suites = root.findall("testsuite")
+    assert len(suites) == 2 and len({s.get("name") for s in suites}) == 2  # told apart
+    assert int(root.get("failures")) == 2 * code  # the planted finding, once per model
+
+
 # -- human output -------------------------------------------------------------------------
 def test_quiet_prints_only_findings(plant: Planted) -> None:
     plant(finding("dead-branch", "warn"))
