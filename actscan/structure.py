@@ -24,7 +24,14 @@ FAMILY_BRANCHES: dict[str, tuple[str, str]] = {
     "camembert": _BERT_LIKE,
     "ernie": _BERT_LIKE,
     "mpnet": ("attention.o", "output.dense"),
+    # OPT-style layers hold fc1/fc2 directly (no MLP wrapper module).
+    "opt": ("self_attn", "fc2"),
+    "xglm": ("self_attn", "fc2"),
+    "biogpt": ("self_attn", "fc2"),
 }
+# Modules (first path component inside a block) that belong to the MLP branch but sit
+# beside its output module in family-mapped layouts: BERT's `intermediate`, OPT's `fc1`.
+FAMILY_MLP_PARTS: tuple[str, ...] = ("intermediate", "fc1")
 
 _ATTN_RE = re.compile(r"(^|_)(attn|attention|self_attn|self_attention|mixer|mha|sa)$", re.I)
 _MLP_RE = re.compile(
@@ -36,6 +43,10 @@ _ACT_TYPES: tuple[type[nn.Module], ...] = (
 )  # fmt: skip
 _ACT_NAME = re.compile(r"(gelu|relu|silu|swish|activation|tanh|sigmoid|mish)", re.I)
 _NORM_NAME = re.compile(r"norm", re.I)
+_FINAL_NORM_NAME = re.compile(r"(final|norm_f|ln_f)", re.I)
+# Not the token embedding: rotary tables return (cos, sin); poolers are not output heads.
+_NOT_EMBED = re.compile(r"rotary", re.I)
+_NOT_HEAD = re.compile(r"(^|\.)pooler(\.|$)", re.I)
 
 
 def is_norm(mod: nn.Module) -> bool:
@@ -126,9 +137,16 @@ def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
                     roles[sub_name] = Role.ATTN.value
                 elif mlp and (sub_name == mlp or sub_name.startswith(mlp + ".")):
                     roles[sub_name] = Role.MLP.value
-                # In family maps the branch is a leaf inside a wrapper: give its parents roles.
+                # In family maps the branch is a leaf inside a wrapper: give its parents,
+                # the wrapper's subtree (BERT's attention.self) and the MLP's parts roles.
                 if family_map and attn and attn.startswith(sub_name + "."):
                     roles[sub_name] = Role.ATTN.value
+                if family_map and sub_name not in roles:
+                    first = sub_name[len(bname) + 1 :].split(".", 1)[0]
+                    if attn and attn[len(bname) + 1 :].split(".", 1)[0] == first:
+                        roles[sub_name] = Role.ATTN.value
+                    elif mlp and first in FAMILY_MLP_PARTS:
+                        roles[sub_name] = Role.MLP.value
                 if is_norm(sub):
                     roles[sub_name] = Role.NORM.value
                 elif is_act(sub):
@@ -140,7 +158,9 @@ def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
     for name, mod in modules.items():
         if name in block_of or not name:
             continue
-        if isinstance(mod, nn.Embedding) or type(mod).__name__.endswith("Embedding"):
+        if (
+            isinstance(mod, nn.Embedding) or type(mod).__name__.endswith("Embedding")
+        ) and not _NOT_EMBED.search(type(mod).__name__):
             roles[name] = Role.EMBED.value
             embed = embed or name
         elif is_norm(mod):
@@ -149,10 +169,22 @@ def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
                 final_norm = final_norm or name
         elif is_act(mod):
             roles[name] = Role.ACT.value
-        elif isinstance(mod, nn.Linear) and (
-            last_block_end is None or order[name] > last_block_end
+        elif (
+            isinstance(mod, nn.Linear)
+            and (last_block_end is None or order[name] > last_block_end)
+            and not _NOT_HEAD.search(name)
         ):
             head = name  # the last Linear after the blocks
+    if final_norm is None and blocks:
+        # Some families register the final norm before the blocks (OPT's decoder).
+        final_norm = next(
+            (
+                n
+                for n, r in roles.items()
+                if r == Role.NORM.value and n not in block_of and _FINAL_NORM_NAME.search(n)
+            ),
+            None,
+        )
     if head is not None:
         roles[head] = Role.HEAD.value
     # Embedding modules (word/position) are the wrapper's embed when a container holds them.
