@@ -29,7 +29,8 @@ from actscan.schema import validate_report
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 BIN = Path(sys.executable).parent
-# The user's model in the examples: a small, properly scaled pre-norm transformer.
+# The user's model in the examples: a small, properly scaled pre-norm transformer
+# (fan-in init, 1/sqrt(2L) residual projections, untied head)…
 MODEL_YAML = """\
 family: actscan-gpt
 n_layers: 4
@@ -39,6 +40,18 @@ vocab_size: 256
 seq_len: 32
 branch_scale: depth
 init: fan-in
+tie_embeddings: false
+"""
+# …and the same model after a bad change: 48 blocks, flat 0.02 init, no branch scaling.
+BROKEN_YAML = """\
+family: actscan-gpt
+n_layers: 48
+d_model: 64
+n_heads: 4
+vocab_size: 256
+seq_len: 32
+branch_scale: none
+init: gpt2
 """
 SHELL_OPS = {"|", ">", ">>", "||", "&&", ";", "2>", "2>&1"}
 
@@ -188,6 +201,11 @@ def test_pre_commit_hook_runs(project: Path) -> None:
     check_outputs(result, args, project)
     assert result.exit_code == 0, result.output
     assert "Findings" in result.stdout and "Residual stream" not in result.stdout  # --quiet
+    # The hook blocks the commit once a change breaks the model.
+    (project / "configs" / "model.yaml").write_text(BROKEN_YAML)
+    result, args = run_actscan_line(hook["entry"], project)
+    assert result.exit_code == 1, result.output
+    assert "WARN" in result.stdout or "ERROR" in result.stdout
 
 
 # -- pytest -----------------------------------------------------------------------------
