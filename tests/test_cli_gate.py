@@ -318,6 +318,17 @@ def test_output_write_is_atomic(isolated_cwd: Path, monkeypatch: pytest.MonkeyPa
     assert [p.name for p in isolated_cwd.iterdir()] == ["actscan.xml"]
 
 
+@pytest.mark.parametrize(
+    "opt", [["--json", "no/dir/r.json"], ["--format", "junit", "-o", "no/dir/r.xml"]]
+)
+def test_missing_output_folder_fails_before_the_scan(plant: Planted, opt: list[str]) -> None:
+    seen = plant()
+    result = profile(*opt)
+    assert result.exit_code == 2
+    assert "folder no/dir does not exist" in result.stderr
+    assert "ctx" not in seen  # refused up front, not after a long scan
+
+
 def test_failed_scan_leaves_existing_report(isolated_cwd: Path) -> None:
     old = isolated_cwd / "report.json"
     old.write_text("{}")

@@ -262,6 +262,9 @@ def check_outputs(fmt: FormatOpt, output: str | None, json_path: str | None) -> 
         and Path(json_path).resolve() == Path(output).resolve()
     ):
         raise UsageError(f"--json and -o name the same file: {output}")
+    for path in (json_path, output):  # fail now, not after a long scan
+        if path not in (None, "-") and not Path(path).absolute().parent.is_dir():
+            raise UsageError(f"cannot write {path}: folder {Path(path).parent} does not exist")
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
