@@ -21,6 +21,12 @@ class Thresholds:
     # …and at least this large in absolute value: LLM.int8()'s outlier threshold |x| ≥ 6.
     outlier_abs: float = 6.0
 
+    # ---- compare: precision divergence (not a check: reported, not gated) ----------------
+    # Relative RMS error ‖a−b‖/‖a‖ of a layer's output against the higher precision. One
+    # bf16 rounding is ≤ 2^-8 ≈ 0.4% per element (RMS ≈ 0.2%); at init the shipped configs
+    # stay ≲ 3% at every module in bf16, so 5% means amplified rounding error.
+    divergence_rel_err: float = 0.05
+
     def with_overrides(self, overrides: Mapping[str, float | str] | None) -> Thresholds:
         if not overrides:
             return self

@@ -39,8 +39,10 @@ def _root(
     """actscan: activation and gradient scale, before you train."""
 
 
+from actscan.cli import compare as _compare  # noqa: E402,F401
 from actscan.cli import configs as _configs  # noqa: E402,F401  (registers commands)
 from actscan.cli import profile as _profile  # noqa: E402,F401
+from actscan.cli import sweep as _sweep  # noqa: E402,F401
 
 
 def main() -> None:

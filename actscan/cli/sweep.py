@@ -1,0 +1,144 @@
+"""`actscan sweep TARGET --depth … --width …`: one row per size (mup's coordinate check)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from actscan.cli import app
+from actscan.cli import common as c
+from actscan.cli.compare import Plot, Side, VsAmp, VsDType, VsInit, VsSet, side_b
+
+Depth = Annotated[str | None, typer.Option("--depth", help="Blocks per model, e.g. 6,12,24,48.")]
+Width = Annotated[
+    str | None, typer.Option("--width", help="Model width (d_model), e.g. 128,256,512.")
+]
+
+
+@app.command("sweep")
+@c.handle_errors
+def sweep(
+    target: Annotated[
+        str, typer.Argument(help="A config file (built-in or Hugging Face) or a shipped name.")
+    ],
+    depth: Depth = None,
+    width: Width = None,
+    dtype: c.DType = None,
+    vs_dtype: VsDType = None,
+    amp: c.Amp = None,
+    vs_amp: VsAmp = None,
+    init: c.Init = None,
+    vs_init: VsInit = None,
+    set_: c.SetOpt = None,
+    vs_set: VsSet = None,
+    batch: c.BatchOpt = None,
+    seq_len: c.SeqLen = None,
+    batches: c.Batches = None,
+    seed: c.Seed = None,
+    input_file: c.InputFile = None,
+    device: c.Device = None,
+    modules: c.Modules = None,
+    no_backward: c.NoBackward = False,
+    json_out: c.JsonOut = None,
+    fmt: c.Format = c.FormatOpt.table,
+    output: c.Output = None,
+    fail_on: c.FailOn = None,
+    threshold: c.ThresholdOpt = None,
+    quiet: c.Quiet = False,
+    plot: Plot = None,
+) -> None:
+    """Measure TARGET at several depths and/or widths: flat rows mean it transfers.
+
+    One row per size (a grid if both axes are given): mup's coordinate check as a table.
+
+    A --vs-* option measures each size twice (A and B). Exit 1 if any row trips --fail-on.
+
+    [bold]Examples[/bold]
+
+      actscan sweep gpt-48-naive --depth 6,12,24,48
+      actscan sweep gpt-48-naive --depth 6,12,24,48 --vs-set branch_scale=depth
+      actscan sweep configs/gpt-12-preln.yaml --width 128,256,512,1024 --plot width.png
+    """
+    from actscan.arch import parse_set
+    from actscan.cli.compare import check_precision, scan_side
+    from actscan.sweep import base_config, parse_sizes, plan, run_sweep, size_notes
+    from actscan.thresholds import parse_threshold_options
+
+    depths, widths = parse_sizes(depth, "--depth"), parse_sizes(width, "--width")
+    cli = {
+        "fail_on": fail_on, "dtype": dtype, "amp": amp, "batch": batch, "seq_len": seq_len,
+        "batches": batches, "seed": seed, "device": device, "modules": modules,
+        "thresholds": parse_threshold_options(threshold) or None,
+    }  # fmt: skip
+    values, _, project = c.settings(cli)
+    side_a = Side("a", target, None, init, tuple(set_ or ()), values["dtype"], values["amp"])
+    sides = [side_a]
+    if vs_init or vs_set or vs_dtype or vs_amp:
+        sides.append(
+            side_b(side_a, target=None, config=None, init=vs_init, sets=vs_set, dtype=vs_dtype,
+                   amp=vs_amp)
+        )  # fmt: skip
+    for s in sides:
+        check_precision(s)
+    c.check_outputs(fmt, output, json_out)
+    bases = [
+        (s.tag, base_config(target, parse_set(list(s.sets))), parse_set(list(s.sets)))
+        for s in sides
+    ]
+    points = plan(bases, depths, widths)
+    by_tag = {s.tag: s for s in sides}
+    base_a = bases[0][1]
+    notes = size_notes(base_a, widths)
+
+    with c.ProgressSink(enabled=not quiet) as progress:
+
+        def scan_point(point):  # type: ignore[no-untyped-def]
+            from dataclasses import replace
+
+            s = by_tag[point.side]
+            sized = replace(s, sets=tuple(f"{k}={v}" for k, v in point.overrides))
+            progress.stage(f"{point.side.upper()} {point.size}")
+            return scan_side(
+                sized, values, input_file=input_file, input_shape=None,
+                backward=not no_backward, allow_nonfinite=False, progress=None,
+                ignores=project.ignores,
+            )  # fmt: skip
+
+        result = run_sweep(
+            target, points, scan_point,
+            labels=[(s.tag, s.label() if s.tag == "a" else s.label_vs(side_a, vs_set))
+                    for s in sides],
+            depths=depths, widths=widths, keys=(base_a.depth_key, base_a.width_key), notes=notes,
+        )  # fmt: skip
+
+    if plot is not None:
+        from actscan.plot import Series, plot_streams
+
+        two = len(sides) > 1
+        sizes = list(dict.fromkeys((r.depth, r.width) for r in result.rows))
+        plot_streams(
+            [
+                Series(
+                    (f"{r.side.upper()} " if two else "") + r.size,
+                    tuple(p.k for p in r.report.stream),
+                    tuple(p.rms for p in r.report.stream),
+                    linestyle="-" if r.side == "a" else "--",
+                    shade=sizes.index((r.depth, r.width)) / max(len(sizes) - 1, 1),
+                )
+                for r in result.rows
+            ],
+            plot,
+            title=f"Residual stream RMS vs k: {target}",
+        )
+
+    from actscan.render_compare import render_sweep
+
+    reports = [r.report for r in result.rows]
+    c.emit(
+        reports, fmt=fmt, output=output, json_path=json_out, fail_on=values["fail_on"],
+        render=lambda con: render_sweep(result, con, quiet=quiet), quiet=quiet,
+        json_text=result.to_json,
+    )  # fmt: skip
+    findings = [f for r in reports for f in r.findings]
+    raise typer.Exit(c.gate_exit(findings, values["fail_on"]))

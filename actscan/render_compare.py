@@ -1,0 +1,309 @@
+"""Rich rendering of a Comparison (compare) and a Sweep (sweep). Formatting only."""
+
+from __future__ import annotations
+
+import math
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from actscan.compare import Comparison, Divergence, FindingDiff
+from actscan.render import SEVERITY_STYLE, findings_panel, num, spark
+from actscan.report import Report
+from actscan.sweep import Sweep
+from actscan.types import Finding
+
+A_STYLE, B_STYLE = "cyan", "magenta"
+
+
+def ratio_text(x: float | None) -> Text:
+    """×1 plain; far from 1 (beyond ×1.25 either way) highlighted."""
+    if x is None:
+        return Text("—")
+    if isinstance(x, float) and math.isfinite(x) and x > 0:
+        far = abs(math.log(x)) > math.log(1.25)
+        return Text(f"×{num(x)}", style="bold yellow" if far else "")
+    return Text(f"×{num(x)}", style="bold red")
+
+
+def run_details(report: Report) -> str:
+    m, r = report.model, report.run
+    bits = [m.family, f"{m.n_params / 1e6:.2f}M params"]
+    if m.n_blocks:
+        bits.append(f"{m.n_blocks} blocks")
+    if m.d_model:
+        bits.append(f"d={m.d_model}")
+    bits += [r.dtype + (f" amp {r.amp}" if r.amp else ""), r.device, f"batch {r.batch}×{r.seq_len}"]
+    return " · ".join(bits)  # the init scheme is in the side's label
+
+
+def legend(cmp: Comparison) -> Group:
+    lines = []
+    for tag, label, report, style in (
+        ("A", cmp.label_a, cmp.a, A_STYLE),
+        ("B", cmp.label_b, cmp.b, B_STYLE),
+    ):
+        t = Text(f"{tag}: ", style=f"bold {style}")
+        t.append(label, style="bold")
+        t.append(f"  {run_details(report)}", style="dim")
+        lines.append(t)
+    return Group(*lines)
+
+
+def stream_table(cmp: Comparison) -> Table | None:
+    if not cmp.stream:
+        return None
+    t = Table(
+        title="Residual stream (ratio = B ÷ A)",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+    )
+    for col in ("k", "block", "RMS A", "RMS B", "ratio", "grad RMS A", "grad RMS B", "grad ratio"):
+        t.add_column(col, justify="right")
+    for p in cmp.stream:
+        t.add_row(
+            str(p.k), "—" if p.block is None else str(p.block), num(p.rms_a), num(p.rms_b),
+            ratio_text(p.ratio), num(p.grad_rms_a), num(p.grad_rms_b), ratio_text(p.grad_ratio),
+        )  # fmt: skip
+    return t
+
+
+def branch_table(cmp: Comparison) -> Table | None:
+    if not cmp.branches:
+        return None
+    t = Table(
+        title="Branches",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+    )
+    for col in ("block", "branch", "÷stream A", "÷stream B", "RMS B÷A"):
+        t.add_column(col, justify="left" if col == "branch" else "right")
+    for b in cmp.branches:
+        t.add_row(
+            str(b.block), b.kind, num(b.ratio_a), num(b.ratio_b), ratio_text(b.rms_ratio)
+        )  # fmt: skip
+    return t
+
+
+def fit_table(cmp: Comparison) -> Table:
+    """The growth fit of each side: Var ≈ a + b·k, RMS ∝ k^p, γ per block, total growth."""
+    t = Table(title="Growth fit", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    t.add_column("")
+    t.add_column("A", justify="right", style=A_STYLE)
+    t.add_column("B", justify="right", style=B_STYLE)
+    t.add_column("stream RMS vs k (own scale)", justify="left")
+    sa, sb = cmp.a.summary, cmp.b.summary
+    rows = (
+        ("a (Var intercept)", "var_intercept"),
+        ("b (Var slope per k)", "var_slope"),
+        ("p (RMS ∝ k^p)", "growth_exponent"),
+        ("γ (gain per block)", "gain_per_block"),
+        ("growth over embedding", "growth"),
+        ("grad RMS first/last", "grad_ratio"),
+    )
+    # Each side on its own scale: the shape of the growth is what compares.
+    sparks = [
+        Text("A " + spark([p.rms_a for p in cmp.stream if p.name_a]), style=A_STYLE),
+        Text("B " + spark([p.rms_b for p in cmp.stream if p.name_b]), style=B_STYLE),
+    ]
+    for i, (label, key) in enumerate(rows):
+        t.add_row(label, num(sa.get(key)), num(sb.get(key)), sparks[i] if i < len(sparks) else "")
+    return t
+
+
+def layers_table(cmp: Comparison) -> Table:
+    t = Table(
+        title=f"Matched layers (by {cmp.match})",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+    )
+    for col in ("A", "B", "role", "blk", "RMS A", "RMS B", "ratio", "grad ratio"):
+        t.add_column(col, justify="left" if col in ("A", "B", "role") else "right")
+    for p in cmp.layers:
+        t.add_row(
+            p.name_a, "=" if p.name_b == p.name_a else p.name_b, p.role,
+            "" if p.block is None else str(p.block), num(p.rms_a), num(p.rms_b),
+            ratio_text(p.ratio), ratio_text(p.grad_ratio),
+        )  # fmt: skip
+    return t
+
+
+def divergence_table(d: Divergence, *, all_layers: bool) -> Table:
+    """Per block: the stream's divergence and its branches' (every layer with --all)."""
+    title = f"Divergence of {d.other} from {d.reference} (one batch, forward)"
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    mark = lambda x: "bold red" if x is None or not x <= d.threshold else ""  # noqa: E731
+    if all_layers or d.scope == "all":
+        for col in ("module", "role", "blk", "rel err", "cos", "RMS"):
+            t.add_column(col, justify="left" if col in ("module", "role") else "right")
+        for x in d.layers:
+            t.add_row(
+                x.name, x.role, "" if x.block is None else str(x.block),
+                Text(num(x.rel_err), style=mark(x.rel_err)), _cos(x.cosine), num(x.rms),
+            )  # fmt: skip
+        return t
+    branch = {(x.block, x.role): x for x in d.layers if x.role in ("attn", "mlp")}
+    for col in ("module", "blk", "rel err", "cos", "attn rel err", "mlp rel err"):
+        t.add_column(col, justify="left" if col == "module" else "right")
+    for x in d.layers:
+        if x.role in ("attn", "mlp"):
+            continue
+        at, ml = branch.get((x.block, "attn")), branch.get((x.block, "mlp"))
+        is_block = x.role == "stream" and not x.name.endswith(":input")
+        t.add_row(
+            x.name, "" if x.block is None else str(x.block),
+            Text(num(x.rel_err), style=mark(x.rel_err)), _cos(x.cosine),
+            Text(num(at.rel_err), style=mark(at.rel_err)) if at and is_block else "",
+            Text(num(ml.rel_err), style=mark(ml.rel_err)) if ml and is_block else "",
+        )  # fmt: skip
+    return t
+
+
+def _cos(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return num(x)
+    return f"{x:.6f}"
+
+
+def _finding_line(f: Finding, other: Finding | None = None) -> Text:
+    line = Text()
+    line.append(f"{f.severity.value.upper():5}", style=SEVERITY_STYLE[f.severity])
+    if other is not None and other.severity is not f.severity:
+        line.append(" → ")
+        line.append(other.severity.value.upper(), style=SEVERITY_STYLE[other.severity])
+    line.append(f" {f.check}", style="bold")
+    line.append(f"  {(other or f).message}")
+    return line
+
+
+def findings_diff(fd: FindingDiff) -> Panel:
+    if not (fd.a_only or fd.b_only or fd.both):
+        return findings_panel((), title="Findings (A only / B only / both)")
+    body: list[Text] = []
+    for title, items, style in (
+        ("A only", [(f, None) for f in fd.a_only], A_STYLE),
+        ("B only", [(f, None) for f in fd.b_only], B_STYLE),
+        ("both (A → B)", list(fd.both), "bold"),
+    ):
+        body.append(Text(f"{title}: {len(items)}", style=f"bold {style}"))
+        body += [_finding_line(a, b) for a, b in items]
+    return Panel(Group(*body), title="Findings", title_align="left", box=box.ROUNDED)
+
+
+def render_comparison(
+    cmp: Comparison, console: Console, *, quiet: bool = False, all_layers: bool = False
+) -> None:
+    """Legend, stream, branches, fit, (matched layers), divergence, findings, verdict."""
+    if not quiet:
+        console.print(legend(cmp))
+        for note in (*cmp.notes, *cmp.a.notes, *cmp.b.notes):
+            console.print(Text(f"note: {note}", style="yellow"))
+        for table in (stream_table(cmp), branch_table(cmp)):
+            if table is not None:
+                console.print(table)
+        if all_layers or not cmp.stream:
+            console.print(layers_table(cmp))
+        if cmp.unmatched_a or cmp.unmatched_b:
+            for tag, names in (("A", cmp.unmatched_a), ("B", cmp.unmatched_b)):
+                if names:
+                    shown = ", ".join(names[:8]) + (
+                        f" (+{len(names) - 8} more)" if len(names) > 8 else ""
+                    )
+                    console.print(Text(f"no partner in {tag}: {shown}", style="dim"))
+        console.print(fit_table(cmp))
+        if cmp.divergence is not None:
+            console.print(divergence_table(cmp.divergence, all_layers=all_layers))
+    console.print(findings_diff(cmp.findings))
+    console.print(Text("Verdict: ", style="bold").append(cmp.verdict, style=""))
+
+
+# -- sweep --------------------------------------------------------------------------------
+def sweep_table(sw: Sweep) -> Table:
+    t = Table(
+        title=f"Sweep of {sw.target} (flat rows: the parameterization transfers across size)",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+    )
+    two = len(sw.sides) > 1
+    cols = (["side"] if two else []) + [
+        "size", "final RMS", "growth", "p", "γ/block", "grad first/last", "findings", "worst",
+        "stream RMS vs k",
+    ]  # fmt: skip
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("side", "size", "worst", cols[-1]) else "right")
+    finite = [
+        p.rms
+        for r in sw.rows
+        for p in r.report.stream
+        if isinstance(p.rms, float) and math.isfinite(p.rms) and p.rms > 0
+    ]
+    lo, hi = (min(finite), max(finite)) if finite else (None, None)
+    for i, r in enumerate(sw.rows):
+        counts = dict(r.counts)
+        found = " ".join(f"{n}{s[0]}" for s, n in counts.items() if n) or "0"
+        worst = (
+            Text(r.worst_check, style=SEVERITY_STYLE.get(r.report.worst(), ""))
+            if r.worst_check
+            else Text("—")
+        )
+        cells = [
+            r.size, num(r.final_rms), f"×{num(r.growth)}", num(r.growth_exponent),
+            num(r.gain_per_block), f"×{num(r.grad_ratio)}", found, worst,
+            spark(_thin([p.rms for p in r.report.stream]), lo, hi),
+        ]  # fmt: skip
+        style = (A_STYLE if r.side == "a" else B_STYLE) if two else None
+        if two and i and sw.rows[i - 1].side != r.side:
+            t.add_section()
+        t.add_row(*([Text(r.side.upper(), style=style)] if two else []), *cells)
+    return t
+
+
+def _thin(values: list[float | None], most: int = 16) -> list[float | None]:
+    """At most `most` evenly spaced points (first and last kept) for a sparkline."""
+    if len(values) <= most:
+        return values
+    step = (len(values) - 1) / (most - 1)
+    return [values[round(i * step)] for i in range(most)]
+
+
+def trend_lines(sw: Sweep) -> list[Text]:
+    labels = dict(sw.labels)
+    axis = " × ".join(
+        f"{name} {'→'.join(str(v) for v in vals)}"
+        for name, vals in (("depth", sw.depths), ("width", sw.widths))
+        if vals
+    )
+    out = []
+    for tr in sw.trends():
+        t = Text(f"{tr.side.upper()}: {labels.get(tr.side, tr.side)}  ", style="bold")
+        t.append(
+            f"growth ×{num(tr.growth_first)} → ×{num(tr.growth_last)} over {axis} "
+            f"(max/min ×{num(tr.growth_spread)}); final RMS max/min ×{num(tr.final_rms_spread)}",
+            style="",
+        )
+        out.append(t)
+    return out
+
+
+def render_sweep(sw: Sweep, console: Console, *, quiet: bool = False) -> None:
+    if not quiet:
+        for note in sw.notes:
+            console.print(Text(f"note: {note}", style="yellow"))
+        console.print(sweep_table(sw))
+    for line in trend_lines(sw):
+        console.print(line)
+    for r in sw.rows:
+        if not r.report.findings:
+            continue
+        t = Text(f"{r.side.upper()} {r.size}: ", style="bold")
+        for i, f in enumerate(r.report.findings):
+            t.append(", " if i else "")
+            t.append(f"{f.check} ({f.severity.value})", style=SEVERITY_STYLE[f.severity])
+        console.print(t)

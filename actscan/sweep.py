@@ -1,0 +1,342 @@
+"""`actscan sweep`: the same architecture at several depths and widths, one row per size.
+
+This is mup's coordinate check as a table: if the parameterization transfers across
+size, the rows are flat (final stream RMS, growth, exponent and per-block gain barely
+move as depth or width grows). Pure orchestration: the caller supplies the function that
+builds and scans one size, so nothing here imports torch or prints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from actscan import __version__
+from actscan.errors import BadInputError, UsageError
+from actscan.report import SCHEMA_VERSION, Report
+from actscan.types import Severity
+
+# Hugging Face config keys, in the order they are tried (GPT-2 style names second).
+HF_DEPTH = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+HF_WIDTH = ("hidden_size", "n_embd", "d_model", "dim")
+HF_HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+HF_FF = ("intermediate_size", "n_inner", "ffn_dim", "d_ff")
+
+
+@dataclass(frozen=True)
+class BaseConfig:
+    """The architecture being swept, after the side's own --set overrides."""
+
+    kind: str  # "builtin" | "hf"
+    values: Mapping[str, Any]
+    depth_key: str | None
+    width_key: str | None
+    heads_key: str | None
+    ff_key: str | None
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One model to build: a side (a/b) at one size, as --set overrides."""
+
+    side: str
+    depth: int | None
+    width: int | None
+    overrides: tuple[tuple[str, str], ...]
+
+    @property
+    def size(self) -> str:
+        bits = []
+        if self.depth is not None:
+            bits.append(f"depth {self.depth}")
+        if self.width is not None:
+            bits.append(f"width {self.width}")
+        return " · ".join(bits)
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    side: str
+    depth: int | None
+    width: int | None
+    overrides: tuple[tuple[str, str], ...]
+    final_rms: float | None
+    growth: float | None  # last stream RMS ÷ first (the embedding as the blocks see it)
+    growth_exponent: float | None  # p in RMS ∝ k^p
+    gain_per_block: float | None  # γ
+    grad_ratio: float | None  # grad RMS first ÷ last
+    counts: tuple[tuple[str, int], ...]  # findings per severity: info, warn, error
+    worst_check: str | None
+    worst_severity: str | None
+    report: Report
+
+    @property
+    def size(self) -> str:
+        return SweepPoint(self.side, self.depth, self.width, self.overrides).size
+
+    @property
+    def n_findings(self) -> int:
+        return sum(n for _, n in self.counts)
+
+
+@dataclass(frozen=True)
+class Trend:
+    """How one side's rows move across sizes (flat ≈ ×1 means the scheme transfers)."""
+
+    side: str
+    growth_first: float | None
+    growth_last: float | None
+    growth_spread: float | None  # max ÷ min of growth over the rows
+    final_rms_spread: float | None  # max ÷ min of final stream RMS
+
+
+@dataclass(frozen=True)
+class Sweep:
+    target: str
+    labels: tuple[tuple[str, str], ...]  # (side, label)
+    depths: tuple[int, ...]
+    widths: tuple[int, ...]
+    depth_key: str | None
+    width_key: str | None
+    rows: tuple[SweepRow, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.side for r in self.rows))
+
+    def trends(self) -> tuple[Trend, ...]:
+        return tuple(trend(self.rows, s) for s in self.sides)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `--json` document of `actscan sweep` (docs/interface-extensions.md)."""
+        from actscan.compare import json_safe
+
+        return json_safe(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "kind": "sweep",
+                "tool": {"name": "actscan", "version": __version__},
+                "target": self.target,
+                "labels": dict(self.labels),
+                "axes": {"depth": list(self.depths) or None, "width": list(self.widths) or None},
+                "keys": {"depth": self.depth_key, "width": self.width_key},
+                "rows": [
+                    {
+                        "side": r.side,
+                        "depth": r.depth,
+                        "width": r.width,
+                        "overrides": dict(r.overrides),
+                        "final_rms": r.final_rms,
+                        "growth": r.growth,
+                        "growth_exponent": r.growth_exponent,
+                        "gain_per_block": r.gain_per_block,
+                        "grad_ratio": r.grad_ratio,
+                        "findings": dict(r.counts),
+                        "worst_check": r.worst_check,
+                        "worst_severity": r.worst_severity,
+                        "report": r.report.to_dict(),
+                    }
+                    for r in self.rows
+                ],
+                "trends": [
+                    {
+                        "side": t.side,
+                        "growth_first": t.growth_first,
+                        "growth_last": t.growth_last,
+                        "growth_spread": t.growth_spread,
+                        "final_rms_spread": t.final_rms_spread,
+                    }
+                    for t in self.trends()
+                ],
+                "notes": list(self.notes),
+            }
+        )
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+
+# -- planning -------------------------------------------------------------------------------
+def parse_sizes(text: str | None, option: str) -> tuple[int, ...]:
+    """ "6,12,24" → (6, 12, 24); positive ints, no repeats."""
+    if text is None:
+        return ()
+    try:
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise UsageError(f"{option} expects comma-separated ints, got '{text}'") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise UsageError(f"{option} expects positive ints, got '{text}'")
+    if len(set(sizes)) != len(sizes):
+        raise UsageError(f"{option} lists a size twice: '{text}'")
+    return sizes
+
+
+def _first_key(values: Mapping[str, Any], keys: Sequence[str]) -> str | None:
+    return next((k for k in keys if k in values), None)
+
+
+def base_config(target: str, overrides: Mapping[str, str]) -> BaseConfig:
+    """Read TARGET's architecture (a config file or a shipped config name) without
+    building it: a sweep rebuilds it at every size, at initialization."""
+    from actscan.arch import apply_overrides, build_config, is_actscan_config, read_config_file
+    from actscan.targets.resolve import CONFIG_SUFFIXES, shipped_configs
+
+    path = Path(target)
+    if ":" in target and not path.exists():
+        raise UsageError(
+            f"sweep needs a config to rebuild at each size, not a module:callable ({target})"
+        )
+    shipped = shipped_configs()
+    if not path.exists() and target in shipped:
+        path = shipped[target]
+    if path.is_dir():
+        raise UsageError(
+            f"sweep builds models at initialization from a config: pass {path / 'config.json'}"
+        )
+    if not path.exists():
+        hint = f" (shipped configs: {', '.join(shipped)})" if shipped else ""
+        raise BadInputError(f"no such file or folder: {target}{hint}")
+    if path.suffix.lower() not in CONFIG_SUFFIXES:
+        raise UsageError(
+            f"sweep builds models at initialization from a config (.yaml/.toml/.json), "
+            f"not {path.name}"
+        )
+    data = read_config_file(path)
+    if is_actscan_config(data):
+        cfg = build_config(data, str(path))
+        if overrides:
+            cfg = apply_overrides(cfg, dict(overrides))
+        return BaseConfig("builtin", cfg.to_dict(), "n_layers", "d_model", "n_heads", "d_ff")
+    values = {**data, **overrides}
+    return BaseConfig(
+        "hf", values, _first_key(values, HF_DEPTH), _first_key(values, HF_WIDTH),
+        _first_key(values, HF_HEADS), _first_key(values, HF_FF),
+    )  # fmt: skip
+
+
+def size_overrides(base: BaseConfig, depth: int | None, width: int | None) -> dict[str, str]:
+    """--set values that give `base` this depth and width.
+
+    Width keeps the head count dividing d_model (largest common divisor with the old
+    count), scales an explicit MLP width with d_model (the default 4·d follows by
+    itself), and keeps an explicit head_dim / KV-head count consistent (HF configs).
+    """
+    out: dict[str, str] = {}
+    v = base.values
+    if depth is not None:
+        if base.depth_key is None:
+            raise UsageError(f"--depth: no depth key in the config (tried {', '.join(HF_DEPTH)})")
+        out[base.depth_key] = str(depth)
+    if width is None:
+        return out
+    if base.width_key is None:
+        raise UsageError(f"--width: no width key in the config (tried {', '.join(HF_WIDTH)})")
+    old_width = int(v[base.width_key])
+    out[base.width_key] = str(width)
+    heads = None
+    if base.heads_key is not None and v.get(base.heads_key):
+        heads = math.gcd(width, int(v[base.heads_key]))
+        if heads != int(v[base.heads_key]):
+            out[base.heads_key] = str(heads)
+    if base.ff_key is not None and v.get(base.ff_key):
+        out[base.ff_key] = str(max(1, round(int(v[base.ff_key]) * width / old_width)))
+    if base.kind == "hf" and heads is not None:
+        if v.get("num_key_value_heads"):
+            out["num_key_value_heads"] = str(math.gcd(heads, int(v["num_key_value_heads"])))
+        if v.get("head_dim"):
+            out["head_dim"] = str(width // heads)
+    return out
+
+
+def size_notes(base: BaseConfig, widths: Sequence[int]) -> tuple[str, ...]:
+    """What the width overrides changed beyond the width itself, said once."""
+    if not widths or base.heads_key is None or not base.values.get(base.heads_key):
+        return ()
+    heads = int(base.values[base.heads_key])
+    odd = [w for w in widths if w % heads]
+    if not odd:
+        return ()
+    return (
+        f"{base.heads_key} {heads} does not divide width {', '.join(map(str, odd))}: "
+        "lowered to the largest common divisor there",
+    )
+
+
+def plan(
+    bases: Sequence[tuple[str, BaseConfig, Mapping[str, str]]],
+    depths: Sequence[int],
+    widths: Sequence[int],
+) -> tuple[SweepPoint, ...]:
+    """Every side at every size (the grid when both axes are given), side by side.
+
+    bases: (side, its base config, its own --set overrides).
+    """
+    if not depths and not widths:
+        raise UsageError("sweep needs --depth and/or --width, e.g. --depth 6,12,24,48")
+    sizes = list(product(depths or [None], widths or [None]))
+    points = []
+    for side, base, own in bases:  # side-major: each side's rows read down as a trend
+        for depth, width in sizes:
+            merged = {**own, **size_overrides(base, depth, width)}
+            points.append(SweepPoint(side, depth, width, tuple(merged.items())))
+    return tuple(points)
+
+
+# -- running --------------------------------------------------------------------------------
+def row(point: SweepPoint, report: Report) -> SweepRow:
+    s = report.summary
+    counts = tuple(
+        (sev.value, sum(1 for f in report.findings if f.severity is sev)) for sev in Severity
+    )
+    worst = max(report.findings, key=lambda f: f.severity.rank, default=None)
+    final = next((p.rms for p in reversed(report.stream) if p.rms is not None), None)
+    return SweepRow(
+        side=point.side, depth=point.depth, width=point.width, overrides=point.overrides,
+        final_rms=final, growth=s.get("growth"), growth_exponent=s.get("growth_exponent"),
+        gain_per_block=s.get("gain_per_block"), grad_ratio=s.get("grad_ratio"), counts=counts,
+        worst_check=worst.check if worst else None,
+        worst_severity=worst.severity.value if worst else None, report=report,
+    )  # fmt: skip
+
+
+def run_sweep(
+    target: str,
+    points: Sequence[SweepPoint],
+    scan_point: Callable[[SweepPoint], Report],
+    *,
+    labels: Sequence[tuple[str, str]],
+    depths: Sequence[int] = (),
+    widths: Sequence[int] = (),
+    keys: tuple[str | None, str | None] = (None, None),
+    notes: Sequence[str] = (),
+) -> Sweep:
+    """Scan every point in order (the caller's `scan_point` builds and measures one)."""
+    rows = tuple(row(p, scan_point(p)) for p in points)
+    return Sweep(
+        target=target, labels=tuple(labels), depths=tuple(depths), widths=tuple(widths),
+        depth_key=keys[0], width_key=keys[1], rows=rows, notes=tuple(notes),
+    )  # fmt: skip
+
+
+def _spread(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if isinstance(v, float) and math.isfinite(v) and v > 0]
+    return max(vals) / min(vals) if len(vals) >= 2 else None
+
+
+def trend(rows: Sequence[SweepRow], side: str) -> Trend:
+    mine = [r for r in rows if r.side == side]
+    growth = [r.growth for r in mine]
+    return Trend(
+        side=side,
+        growth_first=growth[0] if growth else None,
+        growth_last=growth[-1] if growth else None,
+        growth_spread=_spread(growth),
+        final_rms_spread=_spread([r.final_rms for r in mine]),
+    )
