@@ -1,7 +1,9 @@
 """Checks: pure rules from measurements to findings (theory in shared/seeds/).
 
-Each check is a function CheckContext -> list[Finding]; `run_checks` runs them all and
-sorts the findings worst first. Thresholds come from actscan.thresholds only.
+Each check is a function CheckContext -> list[Finding] (actscan/checks/); `run_checks`
+runs them all and sorts the findings worst first, then in CHECK_ORDER (numerics, measured
+depth pathologies, per-component, static init last), so the most explanatory finding leads.
+Thresholds come from actscan.thresholds only.
 """
 
 from __future__ import annotations
@@ -30,7 +32,31 @@ Check = Callable[[CheckContext], list[Finding]]
 CHECKS: dict[str, Check] = {}
 
 
+def _register() -> None:
+    from actscan.checks import branches, channels, depth, init, numerics
+
+    CHECKS.update(
+        {
+            "overflow": numerics.overflow,
+            "exp-growth/collapse": depth.exp_growth_collapse,
+            "sqrt-growth": depth.sqrt_growth,
+            "vanishing/exploding-grad": depth.gradients,
+            "dead-branch": branches.dead_branch,
+            "dead-units": channels.dead_units,
+            "outlier-channels": channels.outlier_channels,
+            "logit-scale": numerics.logit_scale,
+            "init-scale": init.init_scale,
+        }
+    )
+
+
+_register()
+
+
 def run_checks(ctx: CheckContext) -> tuple[Finding, ...]:
+    from actscan.checks.common import CHECK_ORDER
+
+    rank = {c: i for i, c in enumerate(CHECK_ORDER)}
     findings = [f for check in CHECKS.values() for f in check(ctx)]
-    findings.sort(key=lambda f: (-f.severity.rank, f.check))
+    findings.sort(key=lambda f: (-f.severity.rank, rank.get(f.check, len(rank))))
     return tuple(findings)

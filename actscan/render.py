@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -147,21 +147,23 @@ def findings_panel(findings: Iterable[Finding], title: str = "Findings") -> Pane
     if not items:
         ok = Text("No findings: activations and gradients keep a sane scale.", style="green")
         return Panel(ok, title=title, title_align="left", box=box.ROUNDED)
-    body = []
+    # Two columns so wrapped messages and hints stay indented under their finding.
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
     for f in items:
         line = Text()
-        line.append(f"{f.severity.value.upper():5}", style=SEVERITY_STYLE[f.severity])
-        line.append(f" {f.check}", style="bold")
+        line.append(f.check, style="bold")
         line.append(f"  {f.message}")
         if f.layers:
             shown = ", ".join(f.layers[:4]) + (
                 f" (+{len(f.layers) - 4} more)" if len(f.layers) > 4 else ""
             )
-            line.append(f"\n      at {shown}", style="dim")
+            line.append(f"\nat {shown}", style="dim")
         if f.hint:
-            line.append(f"\n      → {f.hint}", style="italic")
-        body.append(line)
-    return Panel(Group(*body), title=title, title_align="left", box=box.ROUNDED)
+            line.append(f"\n→ {f.hint}", style="italic")
+        grid.add_row(Text(f"{f.severity.value.upper():5}", style=SEVERITY_STYLE[f.severity]), line)
+    return Panel(grid, title=title, title_align="left", box=box.ROUNDED)
 
 
 def summary_line(report: Report) -> Text | None:

@@ -1,7 +1,9 @@
 """Every threshold actscan uses, in one place, with the theory that sets its default.
 
 Override with `--threshold NAME=VALUE`, a `thresholds` table in `[tool.actscan]`, or the
-`thresholds=` argument of `scan()`. Names are kebab-case.
+`thresholds=` argument of `scan()`. Names are kebab-case. Defaults were calibrated on the
+matrix in tests/test_calibration.py (healthy configs quiet, planted pathologies loud); the
+comment on each field gives the theory (shared/seeds/) and the measured margin.
 """
 
 from __future__ import annotations
@@ -14,12 +16,106 @@ from actscan.errors import UsageError
 
 @dataclass(frozen=True)
 class Thresholds:
-    # outlier-channels: a channel whose max-abs is this many times the median channel's.
-    # Gaussian channels differ by < 2× at these token counts; emergent LLM outlier
-    # features are tens to hundreds of × the median, "massive activations" ~1000×.
+    # ---- outlier-channels -------------------------------------------------------------
+    # A channel whose max-abs is this many times the median channel's. Gaussian channels
+    # differ by < 2× at these token counts; emergent LLM outlier features are tens to
+    # hundreds of × the median, "massive activations" ~1000×. At 20× per-tensor int8
+    # (s = max/127) leaves a typical value ≈ 127/20 ≈ 6 levels.
     outlier_ratio: float = 20.0
     # …and at least this large in absolute value: LLM.int8()'s outlier threshold |x| ≥ 6.
     outlier_abs: float = 6.0
+    # error (models at init only: trained LLMs grow such channels on purpose) when per-tensor
+    # int8 rounds a median-channel value to zero: ratio ≥ 2·127.
+    outlier_ratio_error: float = 254.0
+
+    # ---- sqrt-growth (Var(x_k) ≈ a + b·k: the residual stream is an accumulator) -------
+    # Fitted exponent of RMS ∝ k^p at or above which the stream is branch-dominated
+    # (pure accumulation gives p = 0.5; a stream held by its embedding or by 1/√(2L)
+    # branch scaling fits p ≤ 0.38 on every healthy config measured, naive stacks ≥ 0.47).
+    sqrt_exponent: float = 0.4
+    # Stream RMS growth from the first block's output to the last block's ("drift"):
+    # ×4 = the variance of 16 unit branches on a unit stream, the √k drift of an unscaled
+    # stack past ~16 blocks, where the seeds' "harmless at 6 layers" stops holding. Healthy
+    # 1/√(2L) stacks drift ≤ ×3.0 (48 blocks), naive 48-block stacks ×5.4–8.7.
+    growth_warn: float = 4.0
+    # ×16 (variance ×256): √k accumulation needs ~256 unscaled blocks to get here.
+    growth_error: float = 16.0
+    # Depth checks (fits, gains, gradient trends) need this many block outputs.
+    min_blocks: float = 4
+
+    # ---- exp-growth / collapse (per-block gain γ compounds to γ^L) --------------------
+    # γ^L above this (or below its inverse) is an order of magnitude across the stack; the
+    # seeds' γ = 1.2, L = 32 example reaches 470×. √k accumulation through L blocks stays
+    # ≤ √L (×7 at 48), so 10 does not confuse the two.
+    exp_gain_warn: float = 10.0
+    exp_gain_error: float = 100.0
+    # Exponential growth keeps its pace through depth; √k growth slows down. Growth counts
+    # as exponential when the second half of the stack grows (in log) at least this
+    # fraction of the first half (√k over 48 blocks: 0.22; geometric: 1.0).
+    exp_sustain: float = 0.5
+
+    # ---- vanishing-grad / exploding-grad ------------------------------------------------
+    # Ratio of the relative activation gradient r = RMS(∂L/∂x)·RMS(x) at the first block's
+    # input vs the last block's output. r is invariant to the stream's scale (norms make
+    # the loss scale-free, so ∂L/∂x ∝ 1/|x|): raw gradient RMS would false-alarm on every
+    # pre-LN model with a small embedding. r stays within ×1.3 on every healthy stack
+    # measured; an order of magnitude mirrors exp-gain-warn.
+    grad_ratio_warn: float = 10.0
+    grad_ratio_error: float = 100.0
+
+    # ---- dead-branch -------------------------------------------------------------------
+    # A branch whose output RMS (or output-gradient RMS) is below this fraction of the
+    # stream's writes nothing that survives bf16 rounding (2^-8 ≈ 4e-3 relative): 1e-3 is
+    # below half a bf16 ulp. Smallest healthy branch measured: post-LN attention at 0.02
+    # init, 7e-3 of the stream.
+    dead_branch_ratio: float = 1e-3
+
+    # ---- dead-units ----------------------------------------------------------------------
+    # Fraction of an activation layer's channels that are zero on every token. A ReLU with
+    # centred pre-activations is zero on all N tokens with probability 2^-N (≈ 1e-77 at 256
+    # tokens), so any real fraction means shifted pre-activations; 5% tolerates the few dead
+    # units trained ReLU nets carry and units that fire only on tokens the batch lacks.
+    dead_units_warn: float = 0.05
+    # Half the layer's width gets no gradient and never recovers.
+    dead_units_error: float = 0.5
+
+    # ---- overflow ------------------------------------------------------------------------
+    # Warn when max|x| is within this factor of the run dtype's largest finite value (fp16
+    # 65504): ×16 is a few blocks of growth, or normal activation growth in training; fp16
+    # values above 4096 already have an ulp of 4, and their squares overflow above 256.
+    headroom: float = 16.0
+
+    # ---- init-scale (models at initialization) --------------------------------------------
+    # Weight std above this multiple of the fan-in rule √(1/fan_in): each such layer
+    # multiplies variance by > 2.56 (1.6² ), beyond He's √(2/fan_in) (×1.41, compensating
+    # ReLU's halving) — the largest classical rule. A flat 0.02 crosses it at fan_in > 6400
+    # (the MLP down-projection of d_model 1600+).
+    init_scale_high: float = 1.6
+    # error at ×4 (variance ×16 per layer: 10 such layers compound to 1e12).
+    init_scale_error: float = 4.0
+    # info below this multiple of √(1/fan_in) (output projections excluded: they are
+    # down-scaled on purpose): the layer passes on ≤ 0.25% of its input variance.
+    init_scale_low: float = 0.05
+    # Bias at init above this many standard deviations of the pre-activation it shifts
+    # (std(W)·√fan_in for unit inputs): a −1σ shift leaves a ReLU unit active on 16% of
+    # tokens; zero biases are the classical init.
+    init_bias_sigma: float = 1.0
+    # Norm gains off 1 (mean or spread) by more than this at init: the gain alone sets the
+    # branch input scale.
+    init_gain_tol: float = 0.1
+    # Residual output projections not down-scaled: the 2L branches of a pre-norm stack add
+    # 2L·s² unit branch variances (s = output/input projection std). Info at ≥ 16 (the
+    # variance behind growth-warn's ×4); 1/√(2L) scaling makes it 1 at any depth.
+    residual_budget: float = 16.0
+
+    # ---- logit-scale ---------------------------------------------------------------------------
+    # Logit std as a multiple of √(2 ln V): above it the softmax over V outcomes is
+    # dominated by its top logit ("frozen": log Z ≈ max, not ln V + s²/2), so the initial
+    # loss is far above ln V and the gradient goes to a few classes. Also used for attention
+    # scores over T keys. Healthy heads at init: std ≤ 1 (V = 512: limit 3.5).
+    logit_freeze: float = 1.0
+    # error at init at 4× (loss at init ≳ 8 ln V, z-loss (log Z)² in the thousands).
+    logit_freeze_error: float = 4.0
 
     # ---- compare: precision divergence (not a check: reported, not gated) ----------------
     # Relative RMS error ‖a−b‖/‖a‖ of a layer's output against the higher precision. One
@@ -37,9 +133,12 @@ class Thresholds:
             if name is None:
                 raise UsageError(f"unknown threshold '{key}' (known: {', '.join(sorted(known))})")
             try:
-                values[name] = float(raw)
+                value = float(raw)
             except (TypeError, ValueError):
                 raise UsageError(f"threshold '{key}' must be a number, got {raw!r}") from None
+            if value != value or value < 0:
+                raise UsageError(f"threshold '{key}' must be a non-negative number, got {raw!r}")
+            values[name] = value
         return replace(self, **values)
 
     def as_dict(self) -> dict[str, float]:

@@ -1,0 +1,181 @@
+"""dead-branch: residual branches that write (or receive) nothing, told apart from branch
+gains that are zero by design at init (ReZero α = 0, LayerScale ε)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from actscan.checks.common import GAIN_NAME, branch_projections, finding, finite, listing, n
+from actscan.stats import branch_records
+from actscan.types import BranchRecord, CheckId, Finding, LayerRecord, ParamRecord, Severity
+
+if TYPE_CHECKING:
+    from actscan.diagnose import CheckContext
+
+KIND_NAME = {"attn": "attention", "mlp": "MLP"}
+
+
+@dataclass(frozen=True)
+class _Branch:
+    rec: BranchRecord
+    gain: LayerRecord | None
+    gain_params: tuple[ParamRecord, ...]
+    ratio: float | None  # what reaches the stream (after the gain) / stream RMS
+    grad_ratio: float | None  # branch-output gradient / stream gradient at the block
+
+
+def _gain_for(
+    rec: BranchRecord, branch: LayerRecord, block: list[LayerRecord]
+) -> LayerRecord | None:
+    """The gain module applied right after this branch (next gain in execution order)."""
+    later = [
+        r for r in block
+        if r.order > branch.order and GAIN_NAME.search(r.name.rsplit(".", 1)[-1])
+        and not r.name.startswith(rec.name + ".") and r.role not in ("attn", "mlp", "norm")
+    ]  # fmt: skip
+    return min(later, key=lambda r: r.order) if later else None
+
+
+def _branches(ctx: CheckContext) -> list[_Branch]:
+    by_name = {r.name: r for r in ctx.layers}
+    in_block: dict[int, list[LayerRecord]] = {}
+    for r in ctx.layers:
+        if r.block is not None:
+            in_block.setdefault(r.block, []).append(r)
+    grad_at = {p.block: p.grad_rms for p in ctx.stream if p.block is not None}
+    params_of: dict[str, list[ParamRecord]] = {}
+    for p in ctx.params:
+        params_of.setdefault(p.module, []).append(p)
+    out = []
+    for rec in branch_records(ctx.layout, ctx.layers, ctx.stream):
+        own = by_name[rec.name]
+        gain = _gain_for(rec, own, in_block.get(rec.block, []))
+        written = gain.rms if gain is not None else rec.rms
+        ratio = None
+        if written == 0:
+            ratio = 0.0
+        elif finite(written) and finite(rec.stream_rms) and rec.stream_rms:
+            ratio = written / rec.stream_rms  # type: ignore[operator]
+        g_stream = grad_at.get(rec.block)
+        grad_ratio = None
+        if ctx.run.backward and finite(rec.grad_rms) and finite(g_stream) and g_stream:
+            grad_ratio = rec.grad_rms / g_stream  # type: ignore[operator]
+        gp = tuple(params_of.get(gain.name, ())) if gain is not None else ()
+        out.append(_Branch(rec, gain, gp, ratio, grad_ratio))
+    return out
+
+
+def _by_design(b: _Branch, ctx: CheckContext) -> str | None:
+    """Why a silent branch is silent on purpose, or None."""
+    if b.gain is None:
+        return None
+    own_alive = b.rec.ratio is not None and b.rec.ratio > ctx.thresholds.dead_branch_ratio
+    constant = bool(b.gain_params) and all(p.std == 0 for p in b.gain_params)
+    scheme = str(ctx.info.arch.get("branch_scale", ""))
+    if not (own_alive and (constant or scheme in ("rezero", "layerscale"))):
+        return None
+    value = b.gain_params[0].mean if b.gain_params else None
+    if scheme == "rezero" or value == 0:
+        return "ReZero: α = 0"
+    return f"LayerScale: ε = {n(value)}" if value is not None else "a branch gain at init"
+
+
+def dead_branch(ctx: CheckContext) -> list[Finding]:
+    th = ctx.thresholds
+    branches = _branches(ctx)
+    dead = [
+        b for b in branches
+        if (b.ratio is not None and b.ratio <= th.dead_branch_ratio)
+        or (b.grad_ratio is not None and b.grad_ratio <= th.dead_branch_ratio)
+    ]  # fmt: skip
+    if not dead:
+        return []
+    out: list[Finding] = []
+    designed = [(b, why) for b in dead if (why := _by_design(b, ctx)) is not None]
+    if designed:
+        whys = sorted({why for _, why in designed})
+        gains = [b.gain.name for b, _ in designed if b.gain is not None]
+        worst = max((b.ratio for b, _ in designed if b.ratio is not None), default=None)
+        out.append(
+            finding(
+                CheckId.DEAD_BRANCH,
+                Severity.INFO,
+                gains,
+                worst,
+                th.dead_branch_ratio,
+                f"{len(designed)} of {len(branches)} residual branches are multiplied by a "
+                f"gain that is ~0 at init ({'; '.join(whys)}): every block starts as the "
+                f"identity by design, and the branches' own outputs are alive "
+                f"(÷stream up to {n(max(b.rec.ratio or 0 for b, _ in designed))}).",
+                "Nothing to fix at init: the gains learn to open. If they are still ~0 after "
+                "training, the gain parameters get too small a learning rate.",
+            )
+        )
+    rest = [b for b in dead if all(b is not d for d, _ in designed)]
+    if not rest:
+        return out
+    # Every branch of one kind zeroed at init through an all-zero output projection: a
+    # deliberate zero-init (Fixup / SkipInit), not an accident.
+    zero_out = {o.module for _, o, _ in branch_projections(ctx) if o.std == 0 and o.mean == 0}
+    for kind in ("attn", "mlp"):
+        of_kind = [b for b in branches if b.rec.kind == kind]
+        dead_kind = [b for b in rest if b.rec.kind == kind]
+        zeroed = all(any(m.startswith(b.rec.name + ".") for m in zero_out) for b in dead_kind)
+        if ctx.info.at_init and len(of_kind) >= 2 and len(dead_kind) == len(of_kind) and zeroed:
+            out.append(
+                finding(
+                    CheckId.DEAD_BRANCH,
+                    Severity.INFO,
+                    [b.rec.name for b in dead_kind],
+                    0.0,
+                    th.dead_branch_ratio,
+                    f"All {len(of_kind)} {KIND_NAME[kind]} branches write ~0 into the stream at "
+                    f"init: a zero-initialized output projection in every block (Fixup / "
+                    f"SkipInit style) starts each block as the identity.",
+                    "Fine if deliberate: the zeroed projections still get gradients and grow. "
+                    "If not, initialize them (std √(1/fan_in), times 1/√(2L)).",
+                )
+            )
+            rest = [b for b in rest if b.rec.kind != kind]
+    if not rest:
+        return out
+    stuck = [
+        b for b in rest
+        if ctx.run.backward and b.rec.param_grad_norm is not None and b.rec.param_grad_norm == 0
+    ]  # fmt: skip
+    severity = Severity.ERROR if stuck else Severity.WARN
+    dead_acts = {
+        r.name
+        for r in ctx.layers
+        if r.role == "act" and r.n_channels and r.dead_channels == r.n_channels
+    }
+    parts = []
+    for b in rest:
+        what = f"{KIND_NAME.get(b.rec.kind, b.rec.kind)} of block {b.rec.block} ({b.rec.name}: "
+        if b.ratio is not None and b.ratio <= th.dead_branch_ratio:
+            written = b.gain.rms if b.gain else b.rec.rms
+            what += f"RMS {n(written)} vs stream {n(b.rec.stream_rms)}"
+        else:
+            what += f"output gradient {n(b.grad_ratio)} of the stream's"
+        if any(a.startswith(b.rec.name + ".") for a in dead_acts):
+            what += "; all its activation units are dead, see dead-units"
+        parts.append(what + ")")
+    values = [v for b in rest for v in (b.ratio, b.grad_ratio) if v is not None]
+    value = min(values) if values else None
+    noun = "branch writes" if len(rest) == 1 else f"{len(rest)} branches write"
+    message = (
+        f"The {noun} ~nothing into the residual stream (≤ {n(th.dead_branch_ratio)} of its RMS "
+        f"or gradient): {listing(parts, 3)}"
+        + (f"; {len(stuck)} of them get no parameter gradient at all." if stuck else ".")
+    )
+    hint = (
+        "Check that branch's output projection and gain (all-zero or tiny weights: a failed "
+        "or partial load, a stray zero-init, masking). A zero-initialized projection only "
+        "makes sense in every block at once, with weights that can learn (Fixup/SkipInit)."
+    )
+    out.append(
+        finding(CheckId.DEAD_BRANCH, severity, [b.rec.name for b in rest], value,
+                th.dead_branch_ratio, message, hint)
+    )  # fmt: skip
+    return out

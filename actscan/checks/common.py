@@ -1,0 +1,156 @@
+"""Small helpers shared by the checks: number formatting, finite filters, stream views."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from actscan.types import CheckId, Finding, ParamRecord, Severity, StreamPoint
+
+if TYPE_CHECKING:
+    from actscan.diagnose import CheckContext
+
+# Largest finite value per run dtype; ln(65504) is where exp() overflows fp16.
+DTYPE_MAX = {"fp16": 65504.0, "bf16": 3.3895e38, "fp32": 3.4028e38}
+FP16_MAX = DTYPE_MAX["fp16"]
+FP16_EXP_LIMIT = math.log(FP16_MAX)  # 11.09
+
+# A module that multiplies a branch by a learned gain: attn_gain, ls1, gamma_1, alpha, …
+GAIN_NAME = re.compile(r"(gain|alpha|gamma|rezero|layer_?scale|^ls\d*$|_ls$|scale)", re.I)
+
+# Findings of equal severity are listed in this order: numerics make everything else moot,
+# measured depth pathologies explain most others, static init observations come last.
+CHECK_ORDER: tuple[str, ...] = (
+    CheckId.OVERFLOW,
+    CheckId.EXP_GROWTH,
+    CheckId.COLLAPSE,
+    CheckId.SQRT_GROWTH,
+    CheckId.VANISHING_GRAD,
+    CheckId.EXPLODING_GRAD,
+    CheckId.DEAD_BRANCH,
+    CheckId.DEAD_UNITS,
+    CheckId.OUTLIER_CHANNELS,
+    CheckId.LOGIT_SCALE,
+    CheckId.INIT_SCALE,
+)
+
+
+def n(x: float | None, digits: int = 3) -> str:
+    """3 significant digits for messages: 1.23, 0.0123, 1.2e+05, nan."""
+    if x is None:
+        return "—"
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == 0:
+        return "0"
+    ax = abs(x)
+    if ax >= 1e5 or ax < 1e-3:
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}g}"
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.0f}%" if x >= 0.01 else f"{100 * x:.2g}%"
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def positive(x: float | None) -> bool:
+    return finite(x) and x > 0  # type: ignore[operator]
+
+
+def block_points(stream: Sequence[StreamPoint]) -> list[StreamPoint]:
+    """Block outputs (k ≥ 1) with a usable RMS, in depth order."""
+    return [p for p in stream if p.block is not None and positive(p.rms)]
+
+
+def severity_for(value: float, warn: float, error: float, *, above: bool = True) -> Severity | None:
+    """warn/error/None for a value against a pair of thresholds (above or below)."""
+    if above:
+        if value >= error:
+            return Severity.ERROR
+        return Severity.WARN if value >= warn else None
+    if value <= error:
+        return Severity.ERROR
+    return Severity.WARN if value <= warn else None
+
+
+def listing(items: Iterable[str], limit: int = 4) -> str:
+    """'a, b, c and 5 more' for messages."""
+    items = list(items)
+    if len(items) <= limit:
+        return ", ".join(items)
+    return f"{', '.join(items[:limit])} and {len(items) - limit} more"
+
+
+def finding(
+    check: str,
+    severity: Severity,
+    layers: Iterable[str],
+    value: float | None,
+    threshold: float | None,
+    message: str,
+    hint: str = "",
+) -> Finding:
+    return Finding(
+        check=str(check), severity=severity, layers=tuple(dict.fromkeys(layers)),
+        value=value, threshold=threshold, message=message, hint=hint,
+    )  # fmt: skip
+
+
+def branch_projections(ctx: CheckContext) -> list[tuple[ParamRecord, ParamRecord, str]]:
+    """(input projection, output projection, kind) weight pairs per branch, by call order."""
+    order = {r.name: r.order for r in ctx.layers}
+    index = {p.name: i for i, p in enumerate(ctx.params)}
+    pairs = []
+    for b in ctx.layout.blocks:
+        for kind, branch in (("attn", b.attn), ("mlp", b.mlp)):
+            if branch is None:
+                continue
+            ws = [
+                p for p in ctx.params
+                if p.kind == "weight" and (p.module == branch or p.module.startswith(branch + "."))
+            ]  # fmt: skip
+            if len(ws) < 2:
+                continue
+            ws.sort(key=lambda p: (order.get(p.module, 10**9), index[p.name]))
+            pairs.append((ws[0], ws[-1], kind))
+    return pairs
+
+
+def residual_budget(
+    ctx: CheckContext,
+) -> tuple[float, int, float, list[tuple[ParamRecord, ParamRecord]]] | None:
+    """(s, 2L, 2L·s², attention (in, out) pairs) for a pre-norm stack at init, else None.
+
+    s = median over blocks of std(attention output projection) / std(its input projection):
+    both have fan_in = d_model, so s is the residual down-scaling whatever the init rule
+    (1 when not down-scaled, 1/√(2L) for GPT-2). 2L·s² is how many unit branch variances
+    the branches add to the stream.
+    """
+    arch = ctx.info.arch
+    if not ctx.info.at_init or arch.get("placement", "pre") != "pre":
+        return None
+    if arch.get("branch_scale") in ("rezero", "layerscale", "deepnorm"):
+        return None
+    if any(
+        p.block is not None
+        and GAIN_NAME.search(p.module.rsplit(".", 1)[-1])
+        and p.kind in ("scalar", "other")
+        for p in ctx.params
+    ):
+        return None  # branch gains carry the depth scaling
+    pairs = [(i, o) for i, o, kind in branch_projections(ctx) if kind == "attn"]
+    scales = [o.std / i.std for i, o in pairs if i.std > 0]
+    if len(scales) < ctx.thresholds.min_blocks:
+        return None
+    s = statistics.median(scales)
+    adds = sum(b.adds for b in ctx.layout.blocks)
+    return s, adds, adds * s * s, pairs

@@ -1,0 +1,251 @@
+"""Depth pathologies of the residual stream: √k accumulation, geometric growth or decay,
+and the gradient's trend through depth (theory: shared/seeds/, "The residual stream is an
+accumulator", "Depth changes everything", "Pre-LN versus Post-LN")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from actscan.checks.common import (
+    FP16_MAX,
+    block_points,
+    finding,
+    finite,
+    n,
+    positive,
+    residual_budget,
+)
+from actscan.types import CheckId, Finding, Severity, StreamPoint
+
+if TYPE_CHECKING:
+    from actscan.diagnose import CheckContext
+
+
+def total_gain(ctx: CheckContext, pts: Sequence[StreamPoint]) -> float | None:
+    """γ^L: the fitted per-block gain compounded over the L blocks measured."""
+    g = ctx.fit.gain
+    if not positive(g) or not pts:
+        return None
+    try:
+        return g ** len(pts)  # type: ignore[operator]
+    except OverflowError:
+        return math.inf
+
+
+def sustained(pts: Sequence[StreamPoint], fraction: float) -> bool:
+    """True when the second half of the stack grows (in log) ≥ `fraction` of the first half.
+
+    Geometric growth keeps its pace (ratio ≈ 1); √k accumulation slows (≈ 0.2 at 48 blocks).
+    """
+    if len(pts) < 3:
+        return False
+    mid = len(pts) // 2
+    first = math.log(pts[mid].rms / pts[0].rms)  # type: ignore[operator]
+    second = math.log(pts[-1].rms / pts[mid].rms)  # type: ignore[operator]
+    return first > 0 and second >= fraction * first
+
+
+def _is_exponential(ctx: CheckContext, pts: Sequence[StreamPoint]) -> bool:
+    total = total_gain(ctx, pts)
+    th = ctx.thresholds
+    return total is not None and total >= th.exp_gain_warn and sustained(pts, th.exp_sustain)
+
+
+def _first_crossing(pts: Sequence[StreamPoint], ref: float, factor: float) -> StreamPoint | None:
+    """First block whose RMS is ≥ factor·ref (factor > 1) or ≤ factor·ref (factor < 1)."""
+    for p in pts:
+        r = p.rms / ref  # type: ignore[operator]
+        if (factor >= 1 and r >= factor) or (factor < 1 and r <= factor):
+            return p
+    return None
+
+
+def sqrt_growth(ctx: CheckContext) -> list[Finding]:
+    """Stream RMS ∝ k^p with p near ½ and a large drift: unscaled branches accumulating."""
+    th = ctx.thresholds
+    pts = block_points(ctx.stream)
+    p = ctx.fit.exponent
+    if len(pts) < th.min_blocks or not finite(p) or _is_exponential(ctx, pts):
+        return []
+    first, last = pts[0], pts[-1]
+    drift = last.rms / first.rms  # type: ignore[operator]
+    if p < th.sqrt_exponent or drift < th.growth_warn:  # type: ignore[operator]
+        return []
+    severity = Severity.ERROR if drift >= th.growth_error else Severity.WARN
+    cross = _first_crossing(pts, first.rms, th.growth_warn) or last  # type: ignore[arg-type]
+    k = last.k
+    over_embedding = (
+        f"; ×{n(ctx.fit.growth)} over the embedding" if positive(ctx.fit.growth) else ""
+    )
+    var_fit = (
+        f", Var(x_k) ≈ {n(ctx.fit.var_a)} + {n(ctx.fit.var_b)}·k"
+        if finite(ctx.fit.var_a) and finite(ctx.fit.var_b)
+        else ""
+    )
+    message = (
+        f"The residual stream's RMS grows ×{n(drift)} from block {first.block}'s output to "
+        f"block {last.block}'s ({n(first.rms)} → {n(last.rms)}{over_embedding}), "
+        f"RMS ∝ k^{n(p)}{var_fit}: each of the {k} residual branches adds its full variance "
+        f"(×{n(th.growth_warn)} is crossed at block {cross.block})."
+    )
+    hint = (
+        f"Scale the residual output projections (attention out, MLP down) by 1/√(2L) = "
+        f"1/√{k} ≈ {n(1 / math.sqrt(k))} as GPT-2 does, or gate each branch with a learned "
+        f"gain (ReZero α = 0, LayerScale) or use DeepNorm: the stream then stays ≈ a + b."
+    )
+    budget = residual_budget(ctx)
+    if budget is not None and budget[2] < th.residual_budget:
+        # At init with measurably down-scaled projections, √k growth is the embedding being
+        # small next to the branches (a global branch scale cancels behind the norms).
+        s, adds = budget[0], budget[1]
+        severity = Severity.INFO
+        message = message[:-1] + (
+            f"; the output projections are already down-scaled (out/in std {n(s)}, 1/√{adds} = "
+            f"{n(1 / math.sqrt(adds))}), so this is a small embedding next to the branches."
+        )
+        hint = (
+            "Nothing to fix in the branches: the embedding's share of the stream's variance "
+            "is small; a larger embedding init (or a norm on the embedding) would raise it."
+        )
+    top = last.max_abs
+    fp16_run = ctx.run.dtype == "fp16" or ctx.run.amp == "fp16"
+    if positive(top) and (fp16_run or top * drift >= FP16_MAX):  # type: ignore[operator]
+        hint += (
+            f" In fp16 the top of the stream (max|x| {n(top)}) keeps ×{n(FP16_MAX / top)} "  # type: ignore[operator]
+            f"headroom below 65504."
+        )
+    return [
+        finding(
+            CheckId.SQRT_GROWTH,
+            severity,
+            (cross.name, last.name),
+            drift,
+            th.growth_error if severity is Severity.ERROR else th.growth_warn,
+            message,
+            hint,
+        )
+    ]
+
+
+def exp_growth_collapse(ctx: CheckContext) -> list[Finding]:
+    """γ^L far above 1 with sustained growth (exp-growth) or far below 1 (collapse)."""
+    th = ctx.thresholds
+    pts = block_points(ctx.stream)
+    total = total_gain(ctx, pts)
+    if len(pts) < th.min_blocks or total is None:
+        return []
+    first, last = pts[0], pts[-1]
+    actual = last.rms / first.rms  # type: ignore[operator]
+    gamma = ctx.fit.gain
+    L = len(pts)
+    if total >= th.exp_gain_warn and sustained(pts, th.exp_sustain):
+        severity = Severity.ERROR if total >= th.exp_gain_error else Severity.WARN
+        cross = _first_crossing(pts, first.rms, th.exp_gain_warn) or last  # type: ignore[arg-type]
+        message = (
+            f"Each block multiplies the stream's RMS by γ = {n(gamma)} (geometric fit over "
+            f"{L} blocks), γ^L = {n(total)}: RMS {n(first.rms)} at block {first.block} → "
+            f"{n(last.rms)} at block {last.block}, past ×{n(th.exp_gain_warn)} at block "
+            f"{cross.block}."
+        )
+        hint = (
+            "Growth compounds through depth: make each block variance-preserving — fan-in "
+            "init (std √(1/fan_in); He √(2/fan_in) before ReLU), a residual path x + F(LN(x)) "
+            "with the norm on the branch (pre-norm), or a normalization on the stream."
+        )
+        threshold = th.exp_gain_error if severity is Severity.ERROR else th.exp_gain_warn
+        return [
+            finding(CheckId.EXP_GROWTH, severity, (cross.name, last.name), total, threshold,
+                    message, hint)
+        ]  # fmt: skip
+    shrink = min(total, actual)
+    if shrink <= 1 / th.exp_gain_warn:
+        severity = Severity.ERROR if shrink <= 1 / th.exp_gain_error else Severity.WARN
+        cross = _first_crossing(pts, first.rms, 1 / th.exp_gain_warn) or last  # type: ignore[arg-type]
+        message = (
+            f"The stream's RMS shrinks by γ = {n(gamma)} per block (γ^L = {n(total)} over {L} "
+            f"blocks): {n(first.rms)} at block {first.block} → {n(last.rms)} at block "
+            f"{last.block}, below 1/{n(th.exp_gain_warn)} of its start from block {cross.block}."
+        )
+        hint = (
+            "The signal decays toward zero through depth: initialize so each layer preserves "
+            "variance (std √(1/fan_in), He √(2/fan_in) before ReLU), keep a residual path "
+            "x + F(x) around each block, and check norm gains and placement."
+        )
+        threshold = 1 / (th.exp_gain_error if severity is Severity.ERROR else th.exp_gain_warn)
+        return [
+            finding(CheckId.COLLAPSE, severity, (cross.name, last.name), shrink, threshold,
+                    message, hint)
+        ]  # fmt: skip
+    return []
+
+
+def gradients(ctx: CheckContext) -> list[Finding]:
+    """Relative activation gradient r = RMS(∂L/∂x)·RMS(x), first block's input vs last output.
+
+    r is what survives a change of the stream's scale (behind a norm, ∂L/∂x ∝ 1/|x|), so a
+    small embedding in a pre-LN model — large raw gradient at k = 0 — reads as healthy.
+    """
+    th = ctx.thresholds
+    if not ctx.run.backward:
+        return []
+    pts = [p for p in ctx.stream if positive(p.rms) and positive(p.grad_rms)]
+    if len(pts) < th.min_blocks + 1:
+        return []
+    r = [p.grad_rms * p.rms for p in pts]  # type: ignore[operator]
+    top = r[-1]
+    ratio = r[0] / top
+    first, last = pts[0], pts[-1]
+    where = "the first block's input" if first.block is None else f"block {first.block}'s output"
+    if ratio <= 1 / th.grad_ratio_warn:
+        severity = Severity.ERROR if ratio <= 1 / th.grad_ratio_error else Severity.WARN
+        # the highest block below which the gradient stays under the threshold
+        cross = next(
+            (p for p, v in zip(reversed(pts), reversed(r), strict=True)
+             if v / top <= 1 / th.grad_ratio_warn),
+            first,
+        )  # fmt: skip
+        message = (
+            f"The gradient reaching {where} is {n(1 / ratio)}× weaker than at block "
+            f"{last.block}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
+            f"{n(r[0])} vs {n(top)}); it falls below 1/{n(th.grad_ratio_warn)} at "
+            f"{_place(cross)}."
+        )
+        hint = (
+            "Early blocks barely learn: pre-norm (x + F(LN(x))) keeps an identity path for the "
+            "gradient; a post-norm stack needs DeepNorm (α = (2N)^¼ on the identity, "
+            "β = (2N)^−¼ on the branch init) or Admin, and learning-rate warmup."
+        )
+        threshold = 1 / (th.grad_ratio_error if severity is Severity.ERROR else th.grad_ratio_warn)
+        return [
+            finding(CheckId.VANISHING_GRAD, severity, (cross.name, last.name), ratio, threshold,
+                    message, hint)
+        ]  # fmt: skip
+    if ratio >= th.grad_ratio_warn:
+        severity = Severity.ERROR if ratio >= th.grad_ratio_error else Severity.WARN
+        cross = next(
+            (p for p, v in zip(reversed(pts), reversed(r), strict=True)
+             if v / top >= th.grad_ratio_warn),
+            first,
+        )  # fmt: skip
+        message = (
+            f"The gradient reaching {where} is {n(ratio)}× stronger than at block "
+            f"{last.block}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
+            f"{n(r[0])} vs {n(top)}); it passes ×{n(th.grad_ratio_warn)} at {_place(cross)}."
+        )
+        hint = (
+            "The backward pass amplifies through depth: lower the per-block gain (fan-in init, "
+            "1/√(2L) output projections), prefer pre-norm, clip gradients, and check the "
+            "logit scale (a saturated softmax concentrates the gradient)."
+        )
+        threshold = th.grad_ratio_error if severity is Severity.ERROR else th.grad_ratio_warn
+        return [
+            finding(CheckId.EXPLODING_GRAD, severity, (cross.name, last.name), ratio, threshold,
+                    message, hint)
+        ]  # fmt: skip
+    return []
+
+
+def _place(p: StreamPoint) -> str:
+    return "the first block's input" if p.block is None else f"block {p.block}"

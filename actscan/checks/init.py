@@ -1,0 +1,175 @@
+"""init-scale: weight statistics of a model at initialization against the variance rules
+(seeds: "The fan-in rule", Xavier, He, "The 1/sqrt(2N) residual scaling", "Pitfalls")."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from actscan.checks.common import branch_projections, finding, listing, n, residual_budget
+from actscan.types import CheckId, Finding, ParamRecord, Severity
+
+if TYPE_CHECKING:
+    from actscan.diagnose import CheckContext
+
+_INDEX = re.compile(r"\.\d+\.")
+
+
+def pattern(name: str) -> str:
+    """'blocks.3.mlp.down.weight' → 'blocks.*.mlp.down.weight' (group across blocks)."""
+    return _INDEX.sub(".*.", name)
+
+
+def _groups(params: list[ParamRecord]) -> dict[str, list[ParamRecord]]:
+    out: dict[str, list[ParamRecord]] = defaultdict(list)
+    for p in params:
+        out[pattern(p.name)].append(p)
+    return out
+
+
+def init_scale(ctx: CheckContext) -> list[Finding]:
+    if not ctx.info.at_init:
+        return []
+    th = ctx.thresholds
+    out: list[Finding] = []
+    weights = [p for p in ctx.params if p.kind == "weight" and p.fan_in and p.std > 0]
+    out_proj = {o.name for _, o, _ in branch_projections(ctx)}
+
+    def ratio(p: ParamRecord) -> float:
+        return p.std * math.sqrt(p.fan_in)  # type: ignore[arg-type]  # std / √(1/fan_in)
+
+    big = [p for p in weights if ratio(p) >= th.init_scale_high]
+    if big:
+        groups = _groups(big)
+        worst_key = max(groups, key=lambda k: max(ratio(p) for p in groups[k]))
+        w = max(groups[worst_key], key=ratio)
+        r = ratio(w)
+        severity = Severity.ERROR if r >= th.init_scale_error else Severity.WARN
+        others = [k for k in groups if k != worst_key]
+        more = f"; also {listing(others, 3)}" if others else ""
+        flat = statistics.median(p.std for p in big)
+        count = len(groups[worst_key])
+        message = (
+            f"{worst_key} ({count} matri{'ces' if count > 1 else 'x'}) "
+            f"has std {n(w.std)} = {n(r)}× the fan-in rule √(1/{w.fan_in}) = "
+            f"{n(1 / math.sqrt(w.fan_in))} (He √(2/fan_in) = {n(math.sqrt(2 / w.fan_in))}): "  # type: ignore[operator]
+            f"each such layer multiplies its input variance by {n(r * r)} at init{more}."
+        )
+        hint = (
+            "Initialize with std = √(1/fan_in) (He √(2/fan_in) before ReLU-like activations, "
+            "Xavier √(2/(fan_in+fan_out)) for linear projections) rather than a flat value: "
+            f"a flat {n(flat)} matches √(1/fan_in) only at fan_in ≈ {round(1 / flat**2)}; "
+            "residual output projections also take 1/√(2L)."
+        )
+        threshold = th.init_scale_error if severity is Severity.ERROR else th.init_scale_high
+        out.append(finding(CheckId.INIT_SCALE, severity, sorted({p.module for p in big}), r,
+                           threshold, message, hint))  # fmt: skip
+
+    small = [p for p in weights if ratio(p) <= th.init_scale_low and p.name not in out_proj]
+    if small:
+        groups = _groups(small)
+        w = min(small, key=ratio)
+        out.append(
+            finding(
+                CheckId.INIT_SCALE,
+                Severity.INFO,
+                sorted({p.module for p in small}),
+                ratio(w),
+                th.init_scale_low,
+                f"{pattern(w.name)} has std {n(w.std)} = {n(ratio(w))}× √(1/{w.fan_in}): each "
+                f"such layer passes on {n(ratio(w) ** 2)} of its input variance at init "
+                f"({len(groups)} weight group{'s' if len(groups) > 1 else ''} this small: "
+                f"{listing(list(groups), 3)}).",
+                "Deliberately small inits (T-Fixup, small-init) are fine behind norms; "
+                "otherwise use std √(1/fan_in).",
+            )
+        )
+
+    out.extend(_residual_budget(ctx))
+    out.extend(_gains_and_biases(ctx))
+    return out
+
+
+def _residual_budget(ctx: CheckContext) -> list[Finding]:
+    """Pre-norm stacks whose residual output projections are not down-scaled."""
+    th = ctx.thresholds
+    found = residual_budget(ctx)
+    if found is None:
+        return []
+    s, adds, budget, pairs = found
+    if budget < th.residual_budget:
+        return []
+    outs = sorted({pattern(o.name) for _, o, _ in branch_projections(ctx)})
+    return [
+        finding(
+            CheckId.INIT_SCALE,
+            Severity.INFO,
+            [o.module for _, o in pairs],
+            budget,
+            th.residual_budget,
+            f"Residual output projections are not down-scaled: attention out/in std ratio "
+            f"{n(s)} (1/√(2L) = {n(1 / math.sqrt(adds))} would hold the stream), so the {adds} "
+            f"branches add ≈ {n(budget)} unit branch variances to the stream "
+            f"({listing(outs, 2)}).",
+            f"Multiply the output projections' init by 1/√(2L) = 1/√{adds} (GPT-2), or gate "
+            f"the branches (ReZero/LayerScale); sqrt-growth shows the measured drift.",
+        )
+    ]
+
+
+def _gains_and_biases(ctx: CheckContext) -> list[Finding]:
+    th = ctx.thresholds
+    out: list[Finding] = []
+    gains = [
+        p
+        for p in ctx.params
+        if p.kind == "norm-gain" and max(abs(p.mean - 1), p.std) > th.init_gain_tol
+    ]
+    if gains:
+        g = max(gains, key=lambda p: abs(p.mean - 1) + p.std)
+        out.append(
+            finding(
+                CheckId.INIT_SCALE,
+                Severity.WARN,
+                [p.module for p in gains],
+                g.mean,
+                th.init_gain_tol,
+                f"{len(gains)} norm gain{'s' if len(gains) > 1 else ''} are not 1 at init "
+                f"(worst {g.name}: mean {n(g.mean)}, std {n(g.std)}): the gain alone sets the "
+                f"scale of what the branch reads.",
+                "Initialize norm gains to 1 and norm biases to 0 (and keep them out of weight "
+                "decay).",
+            )
+        )
+    weight_of = {p.module: p for p in ctx.params if p.kind == "weight" and p.fan_in}
+    shifted: list[tuple[ParamRecord, float]] = []
+    for p in ctx.params:
+        if p.kind != "bias":
+            continue
+        size = math.sqrt(p.mean * p.mean + p.std * p.std)  # RMS of the bias vector
+        w = weight_of.get(p.module)
+        # against the pre-activation std it shifts; norm biases: the unit scale of the norm
+        has_w = w is not None and w.std > 0
+        sigma = size / (w.std * math.sqrt(w.fan_in)) if has_w else size  # type: ignore[union-attr, arg-type]
+        if sigma >= th.init_bias_sigma:
+            shifted.append((p, sigma))
+    if shifted:
+        b, sigma = max(shifted, key=lambda t: t[1])
+        groups = sorted({pattern(p.name) for p, _ in shifted})
+        out.append(
+            finding(
+                CheckId.INIT_SCALE,
+                Severity.WARN,
+                [p.module for p, _ in shifted],
+                sigma,
+                th.init_bias_sigma,
+                f"Biases are not 0 at init: {pattern(b.name)} has mean {n(b.mean)}, "
+                f"{n(sigma)}σ of the pre-activation it shifts ({listing(groups, 3)}).",
+                "Initialize biases to 0: a shifted pre-activation leaves ReLU units dead "
+                "(or saturates the nonlinearity) from step 0.",
+            )
+        )
+    return out

@@ -1,0 +1,270 @@
+"""Numerics: non-finite values and dtype headroom (overflow), softmax logit scale
+(logit-scale). Theory: seeds, "The output head: logit scale and z-loss" and "Attention
+logits and the 1/sqrt(d_k) factor"."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from actscan.checks.common import (
+    DTYPE_MAX,
+    FP16_EXP_LIMIT,
+    FP16_MAX,
+    finding,
+    finite,
+    listing,
+    n,
+    positive,
+)
+from actscan.types import CheckId, Finding, Severity
+
+if TYPE_CHECKING:
+    from actscan.diagnose import CheckContext
+
+ATTN_LOGITS = "AttentionLogits"
+
+
+def _fp16(ctx: CheckContext) -> bool:
+    return ctx.run.dtype == "fp16" or ctx.run.amp == "fp16"
+
+
+def overflow(ctx: CheckContext) -> list[Finding]:
+    th = ctx.thresholds
+    out: list[Finding] = []
+    fp16 = _fp16(ctx)
+    dtype = "fp16" if fp16 else ctx.run.dtype
+    bad_params = [p for p in ctx.params if p.nonfinite]
+    if bad_params:
+        out.append(
+            finding(
+                CheckId.OVERFLOW,
+                Severity.ERROR,
+                [p.module for p in bad_params],
+                float(sum(p.nonfinite for p in bad_params)),
+                0.0,
+                f"{len(bad_params)} parameter tensor{'s' if len(bad_params) > 1 else ''} hold "
+                f"non-finite values before the run (first: {bad_params[0].name}, "
+                f"{bad_params[0].nonfinite} inf/nan).",
+                "The weights themselves are broken: reload the checkpoint, or find the step "
+                "where training diverged (lower the learning rate, clip gradients).",
+            )
+        )
+    bad = sorted((r for r in ctx.layers if r.nonfinite > 0), key=lambda r: r.order)
+    if bad:
+        first = bad[0]
+        before = [r.max_abs for r in ctx.layers if r.order < first.order and finite(r.max_abs)]
+        prior = f"; the largest finite |x| before it was {n(max(before))}" if before else ""
+        where = f"in {dtype}" + (f" (largest finite value {n(FP16_MAX)})" if fp16 else "")
+        message = (
+            f"{first.name} is the first module (in execution order) whose output is non-finite "
+            f"{where}: {first.nonfinite} inf/nan values{prior}; {len(bad) - 1} later "
+            f"module{'s' if len(bad) != 2 else ''} inherit them."
+        )
+        if fp16:
+            hint = (
+                f"fp16 tops out at 65504: run in bf16 (fp32's range) or fp32, or bring the "
+                f"activations feeding {first.name} down (smaller weights, a norm before it)."
+            )
+        else:
+            hint = (
+                f"Check the weights and inputs feeding {first.name}: an inf/nan weight, a log "
+                f"or division of zero, or a scale that exploded."
+            )
+        out.append(finding(CheckId.OVERFLOW, Severity.ERROR, [r.name for r in bad],
+                           float(first.nonfinite), 0.0, message, hint))  # fmt: skip
+    elif ctx.run.backward:
+        bad_grad = sorted(
+            (r for r in ctx.layers if r.grad_rms is not None and not math.isfinite(r.grad_rms)),
+            key=lambda r: -r.order,
+        )
+        if bad_grad:
+            last = bad_grad[0]
+            out.append(
+                finding(
+                    CheckId.OVERFLOW,
+                    Severity.ERROR,
+                    [r.name for r in bad_grad],
+                    None,
+                    0.0,
+                    f"The forward pass is finite but the gradient overflows in {dtype}: "
+                    f"{len(bad_grad)} modules get a non-finite output gradient, starting "
+                    f"(backward order) at {last.name}.",
+                    "Use loss scaling that backs off (torch.amp.GradScaler) or bf16, and check "
+                    "the loss for log(0).",
+                )
+            )
+    if bad:
+        return out
+    ceiling = DTYPE_MAX.get(dtype, DTYPE_MAX["fp32"])
+    near = [r for r in ctx.layers if positive(r.max_abs) and r.max_abs >= ceiling / th.headroom]  # type: ignore[operator]
+    if near:
+        worst = max(near, key=lambda r: r.max_abs)  # type: ignore[arg-type, return-value]
+        near.sort(key=lambda r: r.order)
+        out.append(
+            finding(
+                CheckId.OVERFLOW,
+                Severity.WARN,
+                [r.name for r in near],
+                worst.max_abs,
+                ceiling / th.headroom,
+                f"max|x| = {n(worst.max_abs)} at {worst.name} is within ×{n(th.headroom)} of "
+                f"{dtype}'s largest value {n(ceiling)} (headroom ×{n(ceiling / worst.max_abs)}); "  # type: ignore[operator]
+                f"{len(near)} module{'s' if len(near) > 1 else ''} are this close "
+                f"(first: {near[0].name}).",
+                "A little more growth (depth, training) overflows to Inf: run in bf16, or "
+                "rescale what feeds these modules (1/√(2L) output projections, a norm).",
+            )
+        )
+    elif not fp16:
+        over16 = sorted(
+            (r for r in ctx.layers if positive(r.max_abs) and r.max_abs > FP16_MAX),  # type: ignore[operator]
+            key=lambda r: r.order,
+        )
+        if over16:
+            worst = max(over16, key=lambda r: r.max_abs)  # type: ignore[arg-type, return-value]
+            out.append(
+                finding(
+                    CheckId.OVERFLOW,
+                    Severity.INFO,
+                    [r.name for r in over16],
+                    worst.max_abs,
+                    FP16_MAX,
+                    f"max|x| = {n(worst.max_abs)} at {worst.name} exceeds fp16's 65504 "
+                    f"(first: {over16[0].name}): this model overflows if run in fp16.",
+                    "Fine in fp32/bf16. For fp16 inference, rescale what feeds these modules "
+                    "or keep them in fp32.",
+                )
+            )
+    if fp16:
+        hot = [
+            r for r in ctx.layers
+            if (r.role == "head" or r.type == ATTN_LOGITS) and positive(r.max_abs)
+            and r.max_abs > FP16_EXP_LIMIT  # type: ignore[operator]
+        ]  # fmt: skip
+        if hot:
+            worst = max(hot, key=lambda r: r.max_abs)  # type: ignore[arg-type, return-value]
+            out.append(
+                finding(
+                    CheckId.OVERFLOW,
+                    Severity.INFO,
+                    [r.name for r in hot],
+                    worst.max_abs,
+                    FP16_EXP_LIMIT,
+                    f"Logits reach |z| = {n(worst.max_abs)} at {worst.name}: exp(z) overflows "
+                    f"fp16 above {n(FP16_EXP_LIMIT)}, so their softmax is finite only because "
+                    f"it subtracts the max first.",
+                    "Keep softmax/cross-entropy max-subtracted (PyTorch's are) and never "
+                    "exponentiate these logits by hand in half precision.",
+                )
+            )
+    return out
+
+
+def _freeze(size: int) -> float:
+    """√(2 ln V): logit std above which a softmax over V outcomes is max-dominated."""
+    return math.sqrt(2 * math.log(max(size, 2)))
+
+
+def _log_z(mean: float, std: float, size: int) -> float:
+    """Gaussian-logit estimate of log Σ exp(z): ln V + s²/2 below freezing, s·√(2 ln V) above."""
+    f = _freeze(size)
+    return mean + (math.log(size) + std * std / 2 if std < f else std * f)
+
+
+def logit_scale(ctx: CheckContext) -> list[Finding]:
+    th = ctx.thresholds
+    out: list[Finding] = []
+    heads = [r for r in ctx.layers if r.role == "head" and positive(r.std) and not r.nonfinite]
+    vocab = ctx.info.vocab_size
+    tied = bool(ctx.info.arch.get("tie_embeddings"))
+    for head in heads[-1:]:
+        size = int(vocab or head.n_channels or 0)
+        if size < 2:
+            continue
+        f = _freeze(size)
+        factor = head.std / f  # type: ignore[operator]
+        if ctx.info.at_init:
+            sev = (Severity.ERROR if factor >= th.logit_freeze_error
+                   else Severity.WARN if factor >= th.logit_freeze else None)  # fmt: skip
+        else:
+            sev = Severity.INFO if factor >= th.logit_freeze else None
+        if sev is None:
+            continue
+        log_z = _log_z(head.mean or 0.0, head.std, size)  # type: ignore[arg-type]
+        state = "at init " if ctx.info.at_init else ""
+        upper = (head.max_abs or 0.0) + math.log(size)
+        message = (
+            f"The head's logits {state}have std {n(head.std)} (max |z| {n(head.max_abs)}) over "
+            f"V = {size} outcomes, {n(factor)}× the softmax freezing point √(2 ln V) = {n(f)}: "
+            f"predictions collapse onto the top logit, log Z ≈ {n(log_z)} (Gaussian estimate; "
+            f"up to max |z| + ln V = {n(upper)}) vs ln V = {n(math.log(size))} for a uniform "
+            f"start, a z-loss term (log Z)² ≳ {n(log_z**2)}."
+        )
+        hint = (
+            "Initialize the head with std ≈ 1/√d_model (fan-in) or multiply the logits by "
+            "1/√d (μP), keep a final norm before it, and add z-loss 1e-4·(log Z)² to hold "
+            "log Z near 0."
+        )
+        if tied:
+            hint = (
+                "The head shares the embedding matrix (tied), so an embedding of std σ gives "
+                "logits of std ≈ σ·√d_model: init the embedding with std ≈ 1/√d_model (and "
+                "scale its input by √d_model as the original Transformer does) or untie the "
+                "head. " + hint
+            )
+        threshold = th.logit_freeze_error if sev is Severity.ERROR else th.logit_freeze
+        out.append(finding(CheckId.LOGIT_SCALE, sev, [head.name], factor, threshold, message,
+                           hint))  # fmt: skip
+    out.extend(_attention_logits(ctx))
+    return out
+
+
+def _attention_logits(ctx: CheckContext) -> list[Finding]:
+    th = ctx.thresholds
+    scores = [
+        r for r in ctx.layers if r.type == ATTN_LOGITS and positive(r.std) and not r.nonfinite
+    ]
+    keys = int(ctx.run.seq_len or (scores[0].n_channels if scores else 0) or 0)
+    scale = str(ctx.info.arch.get("attn_scale", ""))
+    head_dim = ctx.info.arch.get("head_dim")
+    if scale == "none":
+        worst = max(scores, key=lambda r: r.std, default=None)  # type: ignore[arg-type, return-value]
+        measured = f" (std up to {n(worst.std)} now, at {worst.name})" if worst else ""
+        grow = f"√d_k = {n(math.sqrt(head_dim))}× " if isinstance(head_dim, int) else ""
+        value = float(head_dim) if isinstance(head_dim, int) else None
+        return [
+            finding(
+                CheckId.LOGIT_SCALE,
+                Severity.WARN,
+                [r.name for r in scores],
+                value,
+                None,
+                f"Attention scores are not scaled by 1/√d_k (d_k = {head_dim}): their std is "
+                f"{grow}that of scaled scores{measured}, and softmax saturates once q and k "
+                f"reach unit scale.",
+                "Multiply QKᵀ by 1/√d_k before the softmax (1/d_k under μP).",
+            )
+        ]
+    if keys < 2 or not scores:
+        return []
+    f = _freeze(keys)
+    hot = [r for r in scores if r.std / f >= th.logit_freeze]  # type: ignore[operator]
+    if not hot:
+        return []
+    worst = max(hot, key=lambda r: r.std)  # type: ignore[arg-type, return-value]
+    return [
+        finding(
+            CheckId.LOGIT_SCALE,
+            Severity.WARN,
+            [r.name for r in hot],
+            worst.std / f,  # type: ignore[operator]
+            th.logit_freeze,
+            f"Attention scores have std up to {n(worst.std)} at {worst.name} over T = {keys} keys "
+            f"({n(worst.std / f)}× √(2 ln T) = {n(f)}; {len(hot)} layer"  # type: ignore[operator]
+            f"{'s' if len(hot) > 1 else ''}: {listing([r.name for r in hot], 3)}): each softmax "
+            f"is near one-hot and passes almost no gradient.",
+            "Check the attention scale (1/√d_k) and the q/k projections' init; QK-norm or a "
+            "lower init keeps the scores near unit scale.",
+        )
+    ]

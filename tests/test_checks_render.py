@@ -1,0 +1,70 @@
+"""Golden files for the findings panel (regenerate: ACTSCAN_UPDATE_GOLDEN=1 pytest ...)."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+from rich.console import Console
+from test_checks import (
+    act,
+    ctx,
+    flat_stream,
+    geometric,
+    head,
+    outlier_rec,
+    stream,
+    with_gains,
+)
+
+from actscan.diagnose import run_checks
+from actscan.render import findings_panel
+from actscan.types import Severity
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def render(findings) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None).print(findings_panel(findings))
+    return buf.getvalue()
+
+
+def golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("ACTSCAN_UPDATE_GOLDEN") or not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_findings_panel_empty() -> None:
+    text = render(())
+    assert "No findings" in text
+    golden("findings_empty.txt", text)
+
+
+def test_findings_panel_worst_first() -> None:
+    layers = [
+        act("blocks.0.mlp.act", 600, order=3),
+        act("blocks.1.mlp.act", 100, order=9),
+        outlier_rec("tok_emb", 100.0, role="embed", type="Embedding", order=0),
+        head(17.8, 219.0),
+    ]
+    found = run_checks(ctx(points=stream(geometric(24, 1.2)), layers=layers, at_init=True))
+    text = render(found)
+    order = [text.index(f.check) for f in found]
+    assert order == sorted(order)  # the panel keeps run_checks' order
+    assert text.index("ERROR") < text.index("WARN")
+    assert "(+" in text or all(len(f.layers) <= 4 for f in found)
+    golden("findings_mixed.txt", text)
+
+
+def test_findings_panel_info_only() -> None:
+    layers, params = with_gains(4, 0.0, 0.0)
+    found = run_checks(ctx(points=flat_stream(4), layers=layers, params=params, at_init=True))
+    assert [f.severity for f in found] == [Severity.INFO]
+    text = render(found)
+    assert "INFO" in text and "ReZero" in text and "+4 more" in text
+    golden("findings_rezero.txt", text)
