@@ -66,11 +66,15 @@ def dead_branch() -> torch.nn.Module:
 
 
 def gpt_48_naive() -> torch.nn.Module:
-    """48 pre-LN blocks at a flat normal(0, 0.02) with no branch scaling: the stream grows like
-    √k. d = 32 and fp16 storage keep the file under 2 MB."""
+    """48 pre-LN blocks with a flat init and no branch scaling: the stream grows like √k.
+
+    d = 32 and fp16 storage keep the file under 2 MB. The flat std is GPT-2's 0.02 carried to
+    this width (0.02·√(256/32) ≈ 0.056, so σ²·d matches d = 256), the embedding keeps 0.02:
+    each branch then adds as much variance, relative to the embedding, as in
+    configs/gpt-48-naive.yaml. Its 1/√(2L) twin (`--set branch_scale=depth`) stays flat."""
     cfg = ArchConfig(
         name="gpt-48-naive", n_layers=48, d_model=32, n_heads=4, vocab_size=256, seq_len=64,
-        init="gpt2", init_std=0.02, branch_scale="none",
+        init="gpt2", init_std=0.056, embed_std=0.02, branch_scale="none",
     )  # fmt: skip
     return build_model(cfg, seed=SEED)
 
