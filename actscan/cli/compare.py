@@ -136,28 +136,18 @@ def _divergence(
 ) -> Divergence:
     """Same weights, two precisions: rebuild A's model once more (deterministic: same
     config, seed and file) and run the capture pass on deep copies of it."""
-    from actscan.arch import parse_set
+    from actscan.cli.profile import resolve_target
     from actscan.compare import Precision, default_inputs, precision_divergence
-    from actscan.targets.resolve import TargetOptions, resolve
     from actscan.thresholds import DEFAULT
 
     pa = Precision(ra.run.dtype, ra.run.amp)
     pb = Precision(rb.run.dtype, rb.run.amp)
     high, low, ref = (pa, pb, "a") if pa.bits >= pb.bits else (pb, pa, "b")
-    # Mirrors build_and_scan's resolve step (it returns only the Report).
-    opts = TargetOptions(
-        config=a.config, init=a.init, overrides=parse_set(list(a.sets)), seed=int(shared["seed"]),
-        input_shape=c.parse_shape(input_shape), allow_nonfinite=allow_nonfinite,
-        batch=int(shared["batch"]), seq_len=shared["seq_len"],
+    resolved, source = resolve_target(
+        a.target, shared, config=a.config, init=a.init, overrides=list(a.sets),
+        input_file=input_file, input_shape=input_shape, allow_nonfinite=allow_nonfinite,
     )  # fmt: skip
-    resolved = resolve(a.target, opts)
-    if input_file is not None:
-        from actscan.targets.inputs_file import load_input_file
-
-        source = load_input_file(input_file, resolved, opts)
-    elif resolved.inputs is not None:
-        source = resolved.inputs
-    else:
+    if source is None:
         source = default_inputs(resolved.info, ra.run.batch, ra.run.seq_len, int(shared["seed"]))
     th = DEFAULT.with_overrides(shared["thresholds"] or None)
     return precision_divergence(

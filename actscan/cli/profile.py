@@ -11,6 +11,35 @@ from actscan.cli import app
 from actscan.cli import common as c
 
 
+def resolve_target(
+    target: str,
+    values: dict[str, Any],
+    *,
+    config: Path | None,
+    init: str | None,
+    overrides: list[str] | None,
+    input_file: Path | None,
+    input_shape: str | None,
+    allow_nonfinite: bool,
+) -> tuple[Any, Any]:
+    """TARGET → (Resolved, input source or None). Shared by profile, compare and sweep."""
+    from actscan.arch import parse_set
+    from actscan.targets.resolve import TargetOptions, resolve
+
+    opts = TargetOptions(
+        config=config, init=init, overrides=parse_set(overrides), seed=int(values["seed"]),
+        input_shape=c.parse_shape(input_shape), allow_nonfinite=allow_nonfinite,
+        batch=int(values["batch"]), seq_len=values["seq_len"],
+    )  # fmt: skip
+    resolved = resolve(target, opts)
+    inputs: Any = resolved.inputs
+    if input_file is not None:
+        from actscan.targets.inputs_file import load_input_file
+
+        inputs = load_input_file(input_file, resolved, opts)
+    return resolved, inputs
+
+
 def build_and_scan(
     target: str,
     values: dict[str, Any],
@@ -25,23 +54,14 @@ def build_and_scan(
     progress: c.ProgressSink | None = None,
 ) -> Any:
     """Resolve TARGET and scan it with effective settings. Shared by compare and sweep."""
-    from actscan.arch import parse_set
     from actscan.scan import scan
-    from actscan.targets.resolve import TargetOptions, resolve
 
-    opts = TargetOptions(
-        config=config, init=init, overrides=parse_set(overrides), seed=int(values["seed"]),
-        input_shape=c.parse_shape(input_shape), allow_nonfinite=allow_nonfinite,
-        batch=int(values["batch"]), seq_len=values["seq_len"],
-    )  # fmt: skip
     if progress:
         progress.stage(f"building {target}")
-    resolved = resolve(target, opts)
-    inputs: Any = resolved.inputs
-    if input_file is not None:
-        from actscan.targets.inputs_file import load_input_file
-
-        inputs = load_input_file(input_file, resolved, opts)
+    resolved, inputs = resolve_target(
+        target, values, config=config, init=init, overrides=overrides, input_file=input_file,
+        input_shape=input_shape, allow_nonfinite=allow_nonfinite,
+    )  # fmt: skip
     report = scan(
         resolved.model,
         inputs=inputs,
