@@ -28,7 +28,7 @@ def reference(model: nn.Module, ids: torch.Tensor) -> dict[str, dict[str, float]
     grads: dict[str, torch.Tensor] = {}
     handles = []
 
-    def make(name: str):  # noqa: ANN202
+    def make(name: str):
         def hook(_m: nn.Module, _a: object, out: object) -> None:
             t = first_tensor(out)
             if t is None:
@@ -230,7 +230,7 @@ def test_modules_regex_filters_recording() -> None:
         scan(tiny(), modules="(")
 
 
-def _stream(report):  # noqa: ANN001, ANN202
+def _stream(report):
     return [(p.k, p.rms) for p in report.stream]
 
 
