@@ -9,9 +9,11 @@ init rule are one config field. Attention logits pass through an identity module
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from actscan.arch import ArchConfig
 
@@ -37,7 +39,8 @@ class BranchGain(nn.Module):
 
     def __init__(self, shape: tuple[int, ...], init: float) -> None:
         super().__init__()
-        self.gain = nn.Parameter(torch.full(shape, float(init)))
+        self.init_value = float(init)  # build_model refills it after a meta-device build
+        self.gain = nn.Parameter(torch.full(shape, self.init_value))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.gain * x
@@ -213,13 +216,121 @@ def init_weights(model: ActscanGPT, cfg: ArchConfig) -> None:
 
 
 def build_model(cfg: ArchConfig, seed: int = 0) -> ActscanGPT:
-    """Build deterministically: the same config and seed give the same weights."""
+    """Build deterministically: the same config and seed give the same weights.
+
+    Bit-identical to `torch.manual_seed(seed); ActscanGPT(cfg)`, initialised once: the
+    model is built on the meta device, so PyTorch's default initialisers (which
+    init_weights overwrites) never run; the random stream is advanced by exactly the
+    draws they would have taken, so init_weights draws the same numbers. ~20 % faster
+    at 124M parameters. Falls back to the plain constructor for a module whose default
+    draws are not known, or if this torch draws differently (checked once per process).
+    """
+    if not _fast_build_ok():
+        return _plain_build(cfg, seed)
+    return _fast_build(cfg, seed)
+
+
+def _plain_build(cfg: ArchConfig, seed: int) -> ActscanGPT:
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
         return ActscanGPT(cfg)
     finally:
         torch.random.set_rng_state(gen_state)
+
+
+_FAST_OK: list[bool] = []
+
+
+def _fast_build_ok() -> bool:
+    """Does the fast build reproduce the plain one with this torch? (a 2-layer check)"""
+    if not _FAST_OK:
+        cfg = ArchConfig(n_layers=2, d_model=24, n_heads=2, vocab_size=37, seq_len=9)
+        fast, plain = _fast_build(cfg, 0), _plain_build(cfg, 0)
+        _FAST_OK.append(
+            all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(),
+                                                  plain.state_dict().values(), strict=True))
+        )  # fmt: skip
+    return _FAST_OK[0]
+
+
+def _fast_build(cfg: ArchConfig, seed: int) -> ActscanGPT:
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        with torch.device("meta"), _NoMetaNormal():
+            model = ActscanGPT(cfg)  # draws nothing: meta tensors hold no values
+        draws = _default_init_draws(model)
+        if draws is None:
+            return ActscanGPT(cfg)
+        _materialize(model)
+        if cfg.tie_embeddings:
+            model.head.weight = model.tok_emb.weight
+        with torch.no_grad():
+            for mod in model.modules():
+                if isinstance(mod, BranchGain):
+                    mod.gain.fill_(mod.init_value)
+        _skip_draws(draws)
+        init_weights(model, cfg)
+        return model
+    finally:
+        torch.random.set_rng_state(gen_state)
+
+
+def _materialize(model: nn.Module) -> None:
+    """Uninitialised CPU storage for every meta parameter and buffer (to_empty is 0.3 s
+    slower at 124M: empty_like from meta takes a slow path); ties are made afresh."""
+    for mod in model.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            setattr(mod, name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype),
+                                            requires_grad=p.requires_grad))  # fmt: skip
+        for name, b in list(mod.named_buffers(recurse=False)):
+            setattr(mod, name, torch.empty(b.shape, dtype=b.dtype))
+
+
+class _NoMetaNormal(TorchFunctionMode):
+    """normal_ of a meta tensor as a no-op: its meta kernel imports torch._dynamo (1.5 s)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.normal_ or func is nn.init.normal_:
+            t = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                return t
+        return func(*args, **kwargs)
+
+
+def _default_init_draws(model: nn.Module) -> int | None:
+    """32-bit draws of the CPU generator PyTorch's default initialisers take for
+    `model` (kaiming_uniform_/uniform_: one per value; normal_ of n ≥ 16 values: n, plus
+    16 when n is not a multiple of 16), or None for a module not known to draw so."""
+    total = 0
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear):
+            total += mod.weight.numel() + (mod.bias.numel() if mod.bias is not None else 0)
+        elif isinstance(mod, nn.Embedding):
+            n = mod.weight.numel()
+            if n < 16:  # normal_ of < 16 values draws differently
+                return None
+            total += n + (16 if n % 16 else 0)
+        elif not isinstance(mod, nn.LayerNorm | RMSNorm | BranchGain) and any(
+            True for _ in mod.parameters(recurse=False)
+        ):
+            return None
+    return total
+
+
+def _skip_draws(count: int) -> None:
+    """Advance the default CPU generator by `count` 32-bit draws (int64 random_ takes
+    two per value), through a 1M-value scratch."""
+    buf = torch.empty(min(count // 2, 1 << 20), dtype=torch.int64)
+    left = count
+    while left >= 2:
+        k = min(left // 2, buf.numel())
+        buf[:k].random_()
+        left -= 2 * k
+    if left:
+        torch.empty(1).uniform_()
 
 
 def arch_facts(cfg: ArchConfig) -> dict[str, object]:

@@ -1,23 +1,43 @@
 """Forward/backward hooks that reduce every recorded output on the device.
 
-Design (see shared/docs/design.md, "Measuring without disturbing"):
-- A forward hook reduces the module's output (first floating tensor) in fp32: var_mean
-  (one Welford pass), per-channel aminmax over the last dim, non-zero and finite counts.
-  The results stay on the device as 0-d tensors; nothing is transferred in a hook.
-- With backward on, the hook attaches `output.register_hook` to measure the gradient
-  w.r.t. that output (sum of squares), which works with in-place ops where
-  `register_full_backward_hook` does not.
-- At the end of each batch the pending per-call results are merged into per-module
+Design (see shared/docs/design.md, "Measuring without disturbing"), tuned so that the
+instrumented step costs little more than reading each activation a few times:
+- A forward hook reduces the module's output in fp32 (fp64 stays fp64; fp16/bf16 are
+  upcast chunk by chunk into a scratch buffer before anything is squared) with
+  memory-bound passes that vectorise, and no host transfer:
+    sum Σx; the L2 norm of every row (last dim), squared and summed in fp64 at batch end
+    (Σx² to ~1e-8 where one long fp32 accumulation drifts by 1e-4); per-channel amax and
+    amin (max-abs = max(amax, -amin), exact); and two counts read off maps written into
+    a preallocated scratch: x/x is 1 exactly where x is finite and non-zero (NaN where
+    x is ±0, ±inf or NaN) and 1 + 0·x is 1 exactly where x is finite, so nansum of each
+    is an exact count (every partial sum is an integer < 2**24), giving
+    zeros = finite − finite non-zero and non-finite = n − finite with no branch and no
+    host sync. (Welford `var_mean`, `aminmax(dim)`, `isfinite().sum()` and
+    `count_nonzero` are 3-100× slower on CPU.)
+- Large outputs are processed in row chunks of at most `_CHUNK` elements, so the scratch
+  (the only extra memory) stays cache-sized and nothing the size of an activation is
+  allocated, except a contiguous copy of a non-contiguous output.
+- A tensor that is the output of several modules (Identity, a wrapper returning its last
+  child's output) is reduced once: the hook sees the same object at the same version and
+  reuses the pending results; its gradient hook fans out to every module.
+- With backward on, `output.register_hook` measures the gradient w.r.t. that output (row
+  norms again); it works with in-place ops where `register_full_backward_hook` does not.
+- At the end of each batch the pending per-chunk results are merged into per-module
   running accumulators with Chan's parallel formula, vectorised over all modules (a few
   kernels per batch, not per module). Memory stays flat in the number of batches.
 - One host transfer at the very end (`result()`).
+Limits: values above ~1.8e19 overflow the fp32 squares (the variance reads inf), as
+they did with Welford in fp32; flushing denormals to zero (torch.set_flush_denormal)
+makes subnormals count as zeros.
 Hooks are removed in `__exit__`, also when the forward raises.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,6 +45,11 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 _ACC = torch.float64  # merged scalars: exact counts beyond 2**24, tiny tensors
+_CHUNK = 1 << 20  # elements per chunk (4 MiB in fp32): cache-sized; counts stay < 2**24
+_SMALL = 1 << 14  # outputs this small sum in fp64 (+2 µs): exact means of tiny models
+_WIDE_ROW = 1024  # row length for the norms of outputs too wide for per-channel stats
+_WORK = (torch.float32, torch.float64)  # reduced as they are; others upcast to fp32
+_vnorm = torch.linalg.vector_norm
 
 
 @dataclass(frozen=True)
@@ -89,15 +114,19 @@ class Recorder:
         m = len(self.names)
         zeros = lambda: torch.zeros(m, dtype=_ACC, device=self.device)  # noqa: E731
         self._n, self._mean, self._m2 = zeros(), zeros(), zeros()
-        self._zeros, self._nonfinite, self._amax = zeros(), zeros(), zeros()
+        self._zeros, self._nonfinite = zeros(), zeros()
+        self._amax = torch.full((m,), float("-inf"), dtype=_ACC, device=self.device)
         self._gsq, self._pgsq = zeros(), zeros()
         self._calls = [0] * m
         self._gnumel = [0] * m
         self._order: list[int] = [-1] * m
         self._seen = 0
-        self._chan: list[torch.Tensor | None] = [None] * m
+        # running per-channel (amax, amin) of each module, while its width is constant
+        self._chan: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * m
         self._chan_ok = [True] * m
         self._handles: list[RemovableHandle] = []
+        self._scratch: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
+        self._ones: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._reset_pending()
         # Parameters owned (recurse=False) by each recorded module, for param-grad norms.
         self._param_owner: list[tuple[nn.Parameter, int]] = [
@@ -112,83 +141,171 @@ class Recorder:
 
     # -- hooks ---------------------------------------------------------------------
     def _reset_pending(self) -> None:
-        self._p_idx: list[int] = []
-        self._p_n: list[int] = []
-        self._p_mean: list[torch.Tensor] = []
-        self._p_var: list[torch.Tensor] = []
-        self._p_nz: list[torch.Tensor] = []
-        self._p_fin: list[torch.Tensor] = []
-        self._p_amax: list[torch.Tensor] = []
-        self._g_idx: list[int] = []
-        self._g_sq: list[torch.Tensor] = []
+        # One entry per reduced chunk: (module, element count, Σx, fp32 row norms (1-d),
+        # [finite count, finite non-zero count]); the tensors stay on the device.
+        self._pend: list[tuple[Any, ...]] = []
+        # Global amax/amin of calls not kept per channel (channels off, width changed).
+        self._c_idx: list[int] = []
+        self._c_hi: list[torch.Tensor] = []
+        self._c_lo: list[torch.Tensor] = []
+        # One entry per gradient: the modules sharing that output, and its row norms.
+        self._g_mods: list[list[int]] = []
+        self._g_rows: list[torch.Tensor] = []
+        # The last reduced tensor, to reduce an output shared by nested modules once:
+        # (weakref, version, first entry, end entry, amax, amin, per-channel, grad mods)
+        self._last: tuple[Any, ...] | None = None
 
-    def _record(self, i: int, out: Any) -> None:
-        t = first_tensor(out)
+    def _buffer(self, key: tuple[torch.dtype, torch.device], slot: int, n: int) -> torch.Tensor:
+        """The first n elements of a preallocated scratch (grown if ever too small)."""
+        buf = self._scratch.get((*key, slot))
+        if buf is None or buf.numel() < n:
+            buf = torch.empty(max(n, _CHUNK), dtype=key[0], device=key[1])
+            self._scratch[(*key, slot)] = buf
+        return buf[:n]
+
+    def _record(self, i: int, t: torch.Tensor | None) -> None:
         self._calls[i] += 1
         if self._order[i] < 0:
             self._order[i] = self._seen
             self._seen += 1
-        if t is None or t.numel() == 0 or t.device.type == "meta":
+        if t is None or t.is_meta or not t.numel():
             return
-        x = t.detach()
-        xf = x if x.dtype == torch.float32 else x.float()  # upcast before squaring
-        var, mean = torch.var_mean(xf, correction=0)
-        n = xf.numel()
-        c = xf.shape[-1] if xf.dim() else 1
-        lo, hi = torch.aminmax(xf.reshape(-1, c), dim=0)
-        chan = torch.maximum(hi, lo.neg())  # (C,) per-channel max-abs
-        self._p_idx.append(i)
-        self._p_n.append(n)
-        self._p_mean.append(mean)
-        self._p_var.append(var)
-        self._p_nz.append(torch.count_nonzero(xf))
-        self._p_fin.append(torch.isfinite(xf).sum())
-        self._p_amax.append(chan.max())
-        if self.channels and self._chan_ok[i]:
+        last = self._last
+        if last is not None and last[0]() is t and last[1] == t._version:
+            self._repeat(i, last)
+            return
+        start = len(self._pend)
+        hi, lo, per_channel = self._reduce(i, t.detach())
+        mods = [i]
+        if self.backward and t.requires_grad and torch.is_grad_enabled():
+            t.register_hook(partial(self._grad_hook, mods))
+        self._last = (weakref.ref(t), t._version, start, len(self._pend), hi, lo,
+                      per_channel, mods)  # fmt: skip
+        self._update_channels(i, hi, lo, per_channel, owned=True)
+
+    def _reduce(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """Queue Σx, row norms and the two counts of x, chunk by chunk; (amax, amin)."""
+        if x.dim() < 2:
+            x = x.reshape(1, -1)
+        elif not x.is_contiguous():
+            x = x.contiguous()  # rare (a permuted output): one temporary copy
+        c = x.shape[-1]
+        per_channel = self.channels and c <= _CHUNK
+        work = x.dtype if x.dtype in _WORK else torch.float32
+        key = (work, x.device)
+        one = self._ones.get(key)
+        if one is None:
+            one = self._ones[key] = torch.ones((), dtype=work, device=x.device)
+        if c <= _CHUNK:
+            x2 = x.view(-1, c)
+            rows, per = x2.shape[0], _CHUNK // c
+            chunks = (x2,) if rows <= per else [x2[r : r + per] for r in range(0, rows, per)]
+        else:  # too wide for per-channel stats: rows of _WIDE_ROW, then the remainder
+            flat = x.view(-1)
+            cut = flat.numel() - flat.numel() % _WIDE_ROW
+            x2 = flat[:cut].view(-1, _WIDE_ROW)
+            per = max(1, _CHUNK // _WIDE_ROW)
+            chunks = [x2[r : r + per] for r in range(0, x2.shape[0], per)]
+            if cut < flat.numel():
+                chunks.append(flat[cut:].view(1, -1))
+        hi = lo = None
+        for ch in chunks:
+            m = ch.numel()
+            if ch.dtype != work:  # upcast into the scratch before anything is squared
+                ch = self._buffer(key, 0, m).view(ch.shape).copy_(ch)
+            maps = self._buffer(key, 1, 2 * m).view(2, *ch.shape)
+            torch.add(one, ch, alpha=0, out=maps[0])  # 1 where finite, else NaN
+            torch.div(ch, ch, out=maps[1])  # 1 where finite and non-zero, else NaN
+            counts = torch.nansum(maps.view(2, m), dim=1)  # exact: integers < 2**24
+            s = ch.sum(dtype=_ACC) if m <= _SMALL else ch.sum()  # fp64 where it is free
+            self._pend.append((i, m, s, _vnorm(ch, dim=-1), counts))
+            if per_channel:
+                h, low = ch.amax(0), ch.amin(0)
+            else:
+                h, low = ch.amax(), ch.amin()
+            if hi is None or lo is None:
+                hi, lo = h, low
+            else:
+                torch.maximum(hi, h, out=hi)
+                torch.minimum(lo, low, out=lo)
+        assert hi is not None and lo is not None
+        return hi, lo, per_channel
+
+    def _update_channels(
+        self, i: int, hi: torch.Tensor, lo: torch.Tensor, per_channel: bool, *, owned: bool
+    ) -> None:
+        """Per-channel running amax/amin; the module's max-abs is read off it at the end."""
+        if per_channel and self._chan_ok[i]:
             acc = self._chan[i]
             if acc is None:
-                self._chan[i] = chan.clone()
-            elif acc.shape == chan.shape:
-                torch.maximum(acc, chan, out=acc)
-            else:  # the module was called with another width: per-channel stats are void
-                self._chan_ok[i] = False
-                self._chan[i] = None
-        if self.backward and t.requires_grad and torch.is_grad_enabled():
-            t.register_hook(self._grad_hook(i))
+                self._chan[i] = (hi, lo) if owned else (hi.clone(), lo.clone())
+                return
+            if acc[0].shape == hi.shape:
+                torch.maximum(acc[0], hi, out=acc[0])
+                torch.minimum(acc[1], lo, out=acc[1])
+                return
+        if self._chan_ok[i] and self._chan[i] is not None:
+            # another width (or too wide): per-channel stats of this module are void
+            acc = self._chan[i]
+            assert acc is not None
+            self._c_idx.append(i)
+            self._c_hi.append(acc[0].amax())
+            self._c_lo.append(acc[1].amin())
+            self._chan[i] = None
+        if per_channel or self.channels:
+            self._chan_ok[i] = False
+        self._c_idx.append(i)  # global amax/amin of this call
+        self._c_hi.append(hi.amax() if hi.dim() else hi)
+        self._c_lo.append(lo.amin() if lo.dim() else lo)
 
-    def _grad_hook(self, i: int) -> Callable[[torch.Tensor], None]:
-        def hook(g: torch.Tensor) -> None:
-            self._g_idx.append(i)
+    def _repeat(self, i: int, last: tuple[Any, ...]) -> None:
+        """Module i returned the tensor just reduced for another module: reuse it."""
+        _, _, start, stop, hi, lo, per_channel, grad_mods = last
+        self._pend += [(i, *e[1:]) for e in self._pend[start:stop]]
+        self._update_channels(i, hi, lo, per_channel, owned=False)
+        grad_mods.append(i)  # used only if a gradient hook was registered for it
+
+    def _grad_hook(self, mods: list[int], g: torch.Tensor) -> None:
+        g = g.detach()
+        if g.dim() < 2:
+            g = g.reshape(1, -1)
+        if g.dtype not in _WORK:
+            g = g.float()  # rare (low-precision gradients): one upcast copy
+        if g.shape[-1] > _CHUNK and g.is_contiguous() and g.numel() % _WIDE_ROW == 0:
+            g = g.view(-1, _WIDE_ROW)  # short rows keep the fp32 norms accurate
+        for i in mods:
             self._gnumel[i] += g.numel()
-            self._g_sq.append(torch.linalg.vector_norm(g.detach(), dtype=torch.float32))
-
-        return hook
+        self._g_mods.append(mods)
+        self._g_rows.append(_vnorm(g, dim=-1))
 
     def __enter__(self) -> Recorder:
         try:
             for i, (_, mod) in enumerate(self.targets):
-
-                def fwd(_m: nn.Module, _a: Any, out: Any, i: int = i) -> None:
-                    self._record(i, out)
-
-                self._handles.append(mod.register_forward_hook(fwd))
+                self._handles.append(mod.register_forward_hook(partial(self._fwd_hook, i)))
             if self.stream_input is not None:
                 j = len(self.targets)
-
-                def pre(_m: nn.Module, args: Any, kwargs: dict[str, Any], j: int = j) -> None:
-                    hidden = first_tensor(args)
-                    if hidden is None:
-                        hidden = kwargs.get("hidden_states")
-                        hidden = hidden if hidden is not None else first_tensor(kwargs)
-                    self._record(j, hidden)
-
                 self._handles.append(
-                    self.stream_input[1].register_forward_pre_hook(pre, with_kwargs=True)
+                    self.stream_input[1].register_forward_pre_hook(
+                        partial(self._pre_hook, j), with_kwargs=True
+                    )
                 )
         except BaseException:
             self.remove()
             raise
         return self
+
+    def _fwd_hook(self, i: int, _m: nn.Module, _a: Any, out: Any) -> None:
+        if type(out) is torch.Tensor:
+            self._record(i, out if out.is_floating_point() else None)
+        else:
+            self._record(i, first_tensor(out))
+
+    def _pre_hook(self, j: int, _m: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        hidden = first_tensor(args)
+        if hidden is None:
+            hidden = kwargs.get("hidden_states")
+            hidden = hidden if hidden is not None else first_tensor(kwargs)
+        self._record(j, hidden)
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
@@ -209,24 +326,24 @@ class Recorder:
             [g.float() if g.dtype != torch.float32 else g for g, _ in pairs]
         )
         sq = torch.stack(norms).to(_ACC).square()
-        idx = torch.tensor([i for _, i in pairs], device=sq.device)
-        self._pgsq.index_add_(0, idx.to(self.device), sq.to(self.device))
+        self._pgsq.index_add_(0, _ix([i for _, i in pairs], self.device), sq.to(self.device))
 
     def end_batch(self) -> None:
         """Merge this batch's pending results into the running accumulators (Chan)."""
         dev, m = self.device, len(self.names)
-        if self._p_idx:
-            idx = torch.tensor(self._p_idx, device=dev)
-            n = torch.tensor(self._p_n, dtype=_ACC, device=dev)
-            mean = torch.stack(self._p_mean).to(dev, _ACC)
-            var = torch.stack(self._p_var).to(dev, _ACC)
-            nz = torch.stack(self._p_nz).to(dev, _ACC)
-            fin = torch.stack(self._p_fin).to(dev, _ACC)
-            amax = torch.stack(self._p_amax).to(dev, _ACC)
+        if self._pend:
+            mods, sizes, sums, rows, counts = zip(*self._pend, strict=True)
+            idx = _ix(mods, dev)
+            n = _ix(sizes, dev).to(_ACC)
+            s = torch.stack(sums).to(dev, _ACC)
+            fin, nzf = torch.stack(counts, dim=1).to(dev, _ACC)
+            q = _segment_sumsq(rows, dev)
             z = lambda: torch.zeros(m, dtype=_ACC, device=dev)  # noqa: E731
             bn = z().index_add_(0, idx, n)
-            bmean = z().index_add_(0, idx, n * mean) / bn.clamp_min(1)
-            bm2 = z().index_add_(0, idx, n * var + n * (mean - bmean[idx]).square())
+            bs = z().index_add_(0, idx, s)
+            bq = z().index_add_(0, idx, q)
+            bmean = bs / bn.clamp_min(1)
+            bm2 = (bq - bs * bmean).clamp_min(0)
             # Chan: merge (run_n, run_mean, run_m2) with (bn, bmean, bm2)
             tot = self._n + bn
             delta = torch.where(bn > 0, bmean - self._mean, torch.zeros_like(bmean))
@@ -234,36 +351,52 @@ class Recorder:
             self._m2 += bm2 + delta.square() * self._n * w
             self._mean += delta * w
             self._n = tot
-            self._zeros.index_add_(0, idx, n - nz)
+            self._zeros.index_add_(0, idx, fin - nzf)
             self._nonfinite.index_add_(0, idx, n - fin)
-            self._amax.scatter_reduce_(0, idx, amax, reduce="amax")
-        if self._g_idx:
-            gidx = torch.tensor(self._g_idx, device=dev)
-            gsq = torch.stack(self._g_sq).to(dev, _ACC).square()
-            self._gsq.index_add_(0, gidx, gsq)
+        if self._c_idx:
+            hi = torch.stack(self._c_hi).to(dev, _ACC)
+            lo = torch.stack(self._c_lo).to(dev, _ACC)
+            self._amax.scatter_reduce_(
+                0, _ix(self._c_idx, dev), torch.maximum(hi, lo.neg()), reduce="amax"
+            )
+        if self._g_rows:
+            gsq = _segment_sumsq(self._g_rows, dev)
+            gidx = [i for mods in self._g_mods for i in mods]
+            src = [k for k, mods in enumerate(self._g_mods) for _ in mods]
+            self._gsq.index_add_(0, _ix(gidx, dev), gsq[_ix(src, dev)])
         self._reset_pending()
 
     # -- results --------------------------------------------------------------------
     def result(self, batches: int) -> dict[str, RawStats]:
         """One host transfer of everything; per-batch norms averaged as root-mean-square."""
         self.end_batch()
-        chans = [c for c in self._chan if c is not None]
-        flat = torch.cat(
-            [
-                torch.stack([self._n, self._mean, self._m2, self._zeros, self._nonfinite,
-                             self._amax, self._gsq, self._pgsq]).flatten(),
-                *[c.to(_ACC) for c in chans],
-            ]
-        ).cpu()  # fmt: skip
-        m = len(self.names)
-        n, mean, m2, zeros, nonfin, amax, gsq, pgsq = flat[: 8 * m].view(8, m).tolist()
-        pos, chan_lists = 8 * m, []
-        for c in self._chan:
-            if c is None:
-                chan_lists.append(None)
-            else:
-                chan_lists.append(tuple(flat[pos : pos + c.numel()].tolist()))
-                pos += c.numel()
+        dev, m = self.device, len(self.names)
+        # per-channel max-abs = max(amax, -amin), a few kernels per distinct width
+        groups: dict[tuple[int, torch.device], list[int]] = {}
+        for i, acc in enumerate(self._chan):
+            if acc is not None:
+                groups.setdefault((acc[0].numel(), acc[0].device), []).append(i)
+        blocks, kept, widths = [], [], []
+        amax = self._amax.clone()
+        for (width, _), members in groups.items():
+            hi = torch.stack([self._chan[i][0] for i in members])  # type: ignore[index]
+            lo = torch.stack([self._chan[i][1] for i in members])  # type: ignore[index]
+            both = torch.maximum(hi, lo.neg()).to(dev, _ACC)
+            at = _ix(members, dev)
+            amax[at] = torch.maximum(amax[at], both.amax(1))
+            blocks.append(both.flatten())
+            kept += members
+            widths += [width] * len(members)
+        head = torch.stack([self._n, self._mean, self._m2, self._zeros, self._nonfinite,
+                            amax, self._gsq, self._pgsq]).flatten()  # fmt: skip
+        flat = torch.cat([head, *blocks]).cpu().tolist()
+        n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq = (
+            flat[k * m : (k + 1) * m] for k in range(8)
+        )
+        pos, chan_lists = 8 * m, [None] * m
+        for i, width in zip(kept, widths, strict=True):
+            chan_lists[i] = tuple(flat[pos : pos + width])  # type: ignore[call-overload]
+            pos += width
         out: dict[str, RawStats] = {}
         for i, name in enumerate(self.names):
             cnt = int(n[i])
@@ -275,14 +408,71 @@ class Recorder:
                 var=m2[i] / cnt if cnt else float("nan"),
                 zeros=int(zeros[i]),
                 nonfinite=int(nonfin[i]),
-                max_abs=amax[i] if cnt else float("nan"),
+                max_abs=amax_l[i] if cnt else float("nan"),
                 channel_max=chan_lists[i],
                 grad_sumsq=(gsq[i] / batches) if self._gnumel[i] else None,
                 grad_numel=self._gnumel[i],
-                param_grad_sumsq=(pgsq[i] / batches) if self._has_params[i] and self.backward else None,
+                param_grad_sumsq=(pgsq[i] / batches)
+                if self._has_params[i] and self.backward
+                else None,
                 order=self._order[i],
             )
         return out
+
+
+def _ix(values: Sequence[int], dev: torch.device) -> torch.Tensor:
+    """Host ints -> device int64 without a blocking copy (no host sync on CUDA)."""
+    t = torch.tensor(values, dtype=torch.int64)
+    return t if dev.type == "cpu" else t.to(dev, non_blocking=True)
+
+
+def _segment_sumsq(rows: Sequence[torch.Tensor], dev: torch.device) -> torch.Tensor:
+    """Σ r² in fp64 of each 1-d fp32 row-norm vector: a handful of kernels per batch."""
+    lens = [r.numel() for r in rows]
+    vals = torch.cat([r if r.dim() == 1 else r.reshape(-1) for r in rows]).to(dev, _ACC).square()
+    seg = torch.repeat_interleave(
+        torch.arange(len(rows), device=dev), _ix(lens, dev), output_size=sum(lens)
+    )  # output_size given: no host sync
+    return torch.zeros(len(rows), dtype=_ACC, device=dev).index_add_(0, seg, vals)
+
+
+def moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
+    """(mean, std, non-finite count) of each tensor, e.g. every parameter of a model.
+
+    Large tensors (weights, embeddings: mean ≈ 0) take two vectorised passes (Σx and row
+    norms, ~10× faster than Welford); small ones (norm gains, biases: possibly far from
+    0, where Σx² − n·mean² would cancel) take Welford's var_mean. One host transfer; the
+    exact non-finite count only for the rare tensors whose sums are not finite (outside
+    any hook, a host-side decision is free).
+    """
+    parts: list[torch.Tensor] = []
+    for t in tensors:
+        t = t.detach()
+        if t.device.type == "meta" or t.numel() == 0 or not t.is_floating_point():
+            parts.append(torch.zeros(2, dtype=_ACC))
+            continue
+        x = t if t.dtype in _WORK else t.float()
+        if x.numel() <= _CHUNK:
+            var, mean = torch.var_mean(x, correction=0)
+            parts.append(torch.stack([mean, var]).to("cpu", _ACC))
+            continue
+        x = x.reshape(1, -1) if x.dim() < 2 else x
+        if x.shape[-1] > _CHUNK and x.is_contiguous() and x.numel() % _WIDE_ROW == 0:
+            x = x.view(-1, _WIDE_ROW)
+        mean = x.sum().to(_ACC) / x.numel()
+        q = _vnorm(_vnorm(x, dim=-1), dtype=_ACC)
+        parts.append(torch.stack([mean, q * q / x.numel() - mean * mean]).cpu())
+    host = torch.stack(parts).tolist() if parts else []
+    out = []
+    for t, (mean, var) in zip(tensors, host, strict=True):
+        if not t.numel() or t.device.type == "meta" or not t.is_floating_point():
+            out.append((0.0, 0.0, 0))
+            continue
+        bad = 0
+        if not (abs(mean) < float("inf") and abs(var) < float("inf")):  # NaN or inf
+            bad = int((~torch.isfinite(t.detach())).sum())
+        out.append((mean, max(var, 0.0) ** 0.5 if var == var else var, bad))
+    return out
 
 
 def iter_named(model: nn.Module, pattern: str | None) -> Iterator[tuple[str, nn.Module]]:

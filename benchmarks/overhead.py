@@ -1,0 +1,424 @@
+"""What measuring costs: the actscan overhead benchmark (stdlib + torch only).
+
+    python benchmarks/overhead.py [--quick] [--device cpu|cuda] [--only overhead,rss,...]
+
+Measures, and prints as a table (raw samples and machine facts go to
+benchmarks/results/<timestamp>.json so runs can be compared across commits):
+  overhead  instrumented ÷ plain forward+backward, in this process, interleaved, median
+            of ≥ 5 runs after a warm-up: every module hooked, per-channel statistics and
+            gradients on, the Recorder driven exactly as actscan.scan drives it. Models:
+            configs/gpt2-124m.yaml (12 × 768, seq 256, batch 4) and configs/gpt-48-naive
+            .yaml (48 × 256, seq 64, batch 4: small tensors, many hooks: hook-bound).
+  rss       peak RSS (resource.getrusage) of an instrumented ÷ a plain 12 × 768 step,
+            each in its own process.
+  batches   peak RSS of scan(batches=N) for N = 1, 4, 16 (48 × 256): must stay flat.
+  help      wall time of `actscan --help`, and that it imports neither torch nor
+            transformers.
+  e2e       `actscan profile configs/gpt2-124m.yaml` end to end vs benchmarks/
+            handwritten_gpt2.py (build the same model + one forward/backward, same batch).
+Wall time is what the targets are about; process CPU time is recorded alongside, as it
+is less disturbed by other processes sharing the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+SECTIONS = ("overhead", "rss", "batches", "help", "e2e")
+# name -> (config file, batch, seq_len)
+MODELS = {
+    "12x768": ("configs/gpt2-124m.yaml", 4, 256),
+    "48x256": ("configs/gpt-48-naive.yaml", 4, 64),
+}
+TARGETS = {  # upper bounds, from the performance issue
+    "overhead 12x768": 1.05,
+    "overhead 48x256": 1.20,
+    "peak RSS 12x768": 1.10,
+    "actscan --help (s)": 0.30,
+    "profile end-to-end": 1.00,
+    "RSS batches 16 / 1": 1.05,
+}
+
+
+# -- the measured steps (shared by this process and the child processes) ----------------
+def build(name: str, device: str) -> tuple[Any, Any]:
+    """The model of MODELS[name] and one batch of random token ids on `device`."""
+    import torch
+
+    from actscan.arch import build_config, read_config_file
+    from actscan.model import build_model
+
+    path, batch, seq = MODELS[name]
+    cfg = build_config(read_config_file(ROOT / path), path)
+    model = build_model(cfg, seed=0).to(device).eval()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
+    return model, ids
+
+
+class Steps:
+    """plain and instrumented forward+backward of one batch.
+
+    instrumented = one iteration of actscan.scan's batch loop: every module hooked (and
+    the stream input), per-channel statistics and gradients on, add_param_grads and
+    end_batch; the Recorder lives across batches as in a scan with --batches N (its
+    hooks are registered and removed around each batch, since plain runs interleave).
+    What a scan pays once (building the Recorder, reading result()) is `per_scan()`.
+    """
+
+    def __init__(self, model: Any, ids: Any, device: str) -> None:
+        from actscan.structure import detect_layout
+
+        self.model, self.ids, self.device = model, ids, device
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        first = detect_layout(model, "actscan-gpt").blocks[0].name
+        self.stream = (f"{first}:input", model.get_submodule(first))
+        self.batches = 0
+        self.rec = self.recorder()
+
+    def recorder(self) -> Any:
+        from actscan.recorder import Recorder, iter_named
+
+        targets = list(iter_named(self.model, None))
+        return Recorder(targets, stream_input=self.stream, backward=True, channels=True,
+                        device=self.device)  # fmt: skip
+
+    def plain(self) -> None:
+        import torch
+
+        from actscan.inputs import next_token_loss
+
+        loss = next_token_loss(self.model(self.ids), self.ids)
+        torch.autograd.grad(loss, self.params, allow_unused=True)
+
+    def instrumented(self) -> None:
+        import torch
+
+        from actscan.inputs import next_token_loss
+
+        with self.rec as rec:
+            loss = next_token_loss(self.model(self.ids), self.ids)
+            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+            rec.add_param_grads(dict(zip(self.params, grads, strict=True)))
+            del loss, grads
+            rec.end_batch()
+        self.batches += 1
+
+    def per_scan(self) -> float:
+        """Seconds a scan spends once: a Recorder built, and result() read at the end."""
+        t = time.perf_counter()
+        self.recorder()
+        built = time.perf_counter() - t
+        t = time.perf_counter()
+        self.rec.result(max(self.batches, 1))
+        sync(self.device)
+        return built + time.perf_counter() - t
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+# -- child processes ----------------------------------------------------------------------
+def child(argv: list[str]) -> None:
+    """`--child rss NAME MODE DEVICE` or `--child batches N DEVICE`: print one JSON line."""
+    kind = argv[0]
+    if kind == "rss":
+        name, mode, device = argv[1:4]
+        model, ids = build(name, device)
+        base = peak_rss_mb()
+        st = Steps(model, ids, device)
+        for _ in range(2):
+            getattr(st, mode)()
+        if mode == "instrumented":
+            st.per_scan()
+        print(json.dumps({"peak_mb": peak_rss_mb(), "after_build_mb": base}))
+    elif kind == "batches":
+        n, device = int(argv[1]), argv[2]
+        from actscan.scan import scan
+
+        model, _ = build("48x256", device)
+        _, batch, seq = MODELS["48x256"]
+        scan(model, batches=n, batch=batch, seq_len=seq, device=device)
+        print(json.dumps({"peak_mb": peak_rss_mb()}))
+    else:
+        raise SystemExit(f"unknown child {kind!r}")
+
+
+def run_child(args: list[str], threads: int | None) -> dict[str, Any]:
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", *args], capture_output=True, text=True,
+        env=env, cwd=ROOT, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- sections -------------------------------------------------------------------------------
+def time_once(fn: Callable[[], None], device: str) -> tuple[float, float]:
+    gc.collect()
+    sync(device)
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    sync(device)
+    return time.perf_counter() - w, time.process_time() - c
+
+
+def bench_overhead(name: str, device: str, reps: int, warmup: int) -> dict[str, Any]:
+    """Interleaved (plain, instrumented) pairs, alternating which goes first."""
+    model, ids = build(name, device)
+    st = Steps(model, ids, device)
+    fns = {"plain": st.plain, "instrumented": st.instrumented}
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    samples: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in fns}
+    gpu_peak: dict[str, float] = {}
+    for r in range(reps):
+        order = ("plain", "instrumented") if r % 2 == 0 else ("instrumented", "plain")
+        for k in order:
+            if device.startswith("cuda"):
+                import torch
+
+                torch.cuda.reset_peak_memory_stats()
+            w, c = time_once(fns[k], device)
+            samples[k]["wall"].append(w)
+            samples[k]["cpu"].append(c)
+            if device.startswith("cuda"):
+                gpu_peak[k] = max(gpu_peak.get(k, 0.0), torch.cuda.max_memory_allocated() / 2**20)
+    per_scan = st.per_scan()
+    med = {k: {m: statistics.median(v) for m, v in s.items()} for k, s in samples.items()}
+    # per-pair ratios too: robust to slow drifts of the machine's load
+    pairs = [i / p for i, p in zip(samples["instrumented"]["wall"], samples["plain"]["wall"],
+                                   strict=True)]  # fmt: skip
+    _, batch, seq = MODELS[name]
+    return {
+        "model": name, "batch": batch, "seq_len": seq, "reps": reps, "warmup": warmup,
+        "samples": samples, "median": med,
+        "ratio": med["instrumented"]["wall"] / med["plain"]["wall"],
+        "ratio_cpu": med["instrumented"]["cpu"] / med["plain"]["cpu"],
+        "ratio_pairs_median": statistics.median(pairs),
+        "per_scan_s": per_scan,
+        "gpu_peak_mb": gpu_peak or None,
+        "ratio_one_batch_scan": (med["instrumented"]["wall"] + per_scan) / med["plain"]["wall"],
+    }  # fmt: skip
+
+
+def bench_rss(device: str, threads: int | None) -> dict[str, Any]:
+    plain = run_child(["rss", "12x768", "plain", device], threads)
+    instr = run_child(["rss", "12x768", "instrumented", device], threads)
+    return {"plain": plain, "instrumented": instr,
+            "ratio": instr["peak_mb"] / plain["peak_mb"]}  # fmt: skip
+
+
+def bench_batches(device: str, threads: int | None, ns: tuple[int, ...]) -> dict[str, Any]:
+    peaks = {n: run_child(["batches", str(n), device], threads)["peak_mb"] for n in ns}
+    return {"peak_mb": peaks, "ratio": peaks[ns[-1]] / peaks[ns[0]]}
+
+
+def actscan_cmd() -> list[str]:
+    exe = Path(sys.executable).with_name("actscan")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "actscan"]
+
+
+def bench_help(reps: int) -> dict[str, Any]:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        subprocess.run([*actscan_cmd(), "--help"], capture_output=True, check=True, cwd=ROOT)
+        times.append(time.perf_counter() - t)
+    probe = (
+        "import sys\nsys.argv = ['actscan', '--help']\nfrom actscan.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('IMPORTED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout  # fmt: skip
+    imported = out.rsplit("IMPORTED", 1)[-1].strip()
+    return {"samples": times, "median": statistics.median(times), "heavy_imports": imported}
+
+
+def bench_e2e(device: str, reps: int, threads: int | None) -> dict[str, Any]:
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    cmds = {
+        "profile": [*actscan_cmd(), "profile", "configs/gpt2-124m.yaml", "--quiet",
+                    "--fail-on", "never", "--device", device],
+        "handwritten": [sys.executable, str(ROOT / "benchmarks" / "handwritten_gpt2.py"),
+                        "--device", device],
+    }  # fmt: skip
+    samples: dict[str, list[float]] = {k: [] for k in cmds}
+    for r in range(reps):
+        order = list(cmds) if r % 2 == 0 else list(cmds)[::-1]
+        for k in order:
+            t = time.perf_counter()
+            subprocess.run(cmds[k], capture_output=True, check=True, cwd=ROOT, env=env)
+            samples[k].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return {"samples": samples, "median": med, "ratio": med["profile"] / med["handwritten"]}
+
+
+# -- report ---------------------------------------------------------------------------------
+def machine(device: str) -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+        "platform": platform.platform(), "device": device,
+    }  # fmt: skip
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(measure, value, target, verdict) for the table."""
+    out = []
+
+    def add(key: str, value: float, shown: str) -> None:
+        limit = TARGETS[key]
+        ok = "ok" if value <= limit else f"MISSED by {value / limit - 1:.0%}"
+        out.append((key, shown, f"≤ {limit:g}", ok))
+
+    for name in MODELS:
+        o = res.get(f"overhead {name}")
+        if o:
+            med = o["median"]
+            shown = (
+                f"{o['ratio']:.3f}×  ({med['plain']['wall']:.3f} s → "
+                f"{med['instrumented']['wall']:.3f} s; cpu-time {o['ratio_cpu']:.3f}×; "
+                f"+{o['per_scan_s'] * 1000:.0f} ms once per scan)"
+            )
+            add(f"overhead {name}", o["ratio"], shown)  # fmt: skip
+    if "rss" in res:
+        r = res["rss"]
+        shown = (f"{r['ratio']:.3f}×  ({r['plain']['peak_mb']:.0f} → "
+                 f"{r['instrumented']['peak_mb']:.0f} MB)")  # fmt: skip
+        add("peak RSS 12x768", r["ratio"], shown)
+    if "batches" in res:
+        b = res["batches"]
+        shown = f"{b['ratio']:.3f}×  (" + ", ".join(
+            f"N={n}: {v:.0f} MB" for n, v in b["peak_mb"].items()) + ")"  # fmt: skip
+        add("RSS batches 16 / 1", b["ratio"], shown)
+    if "help" in res:
+        h = res["help"]
+        shown = f"{h['median']:.3f} s  (imports torch/transformers: {h['heavy_imports']})"
+        add("actscan --help (s)", h["median"] + (1e9 if h["heavy_imports"] != "[]" else 0),
+            shown)  # fmt: skip
+    if "e2e" in res:
+        e = res["e2e"]
+        shown = (f"{e['ratio']:.3f}×  ({e['median']['handwritten']:.2f} s → "
+                 f"{e['median']['profile']:.2f} s)")  # fmt: skip
+        add("profile end-to-end", e["ratio"], shown)
+    return out
+
+
+def print_table(table: list[tuple[str, str, str, str]]) -> None:
+    widths = [max(len(r[i]) for r in [("measure", "value", "target", ""), *table])
+              for i in range(4)]  # fmt: skip
+    for r in [("measure", "value", "target", "verdict"), *table]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        sys.path.insert(0, str(ROOT))
+        child(sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="5 runs everywhere, 3 end-to-end pairs, N = 1, 16 only (~2 min)",
+    )
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"subset of {SECTIONS}")
+    ap.add_argument("--reps", type=int, default=None, help="timed runs per side (≥ 5)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here")
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    reps = max(5, args.reps or (5 if args.quick else 7))
+    t0 = time.perf_counter()
+    res: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(args.device),
+        "load_before": os.getloadavg(), "args": vars(args) | {"out": str(args.out)},
+    }  # fmt: skip
+    if "overhead" in only:
+        for name in MODELS:
+            big = name == "12x768"
+            n = 5 if big and args.quick else reps if not big else max(5, reps - 2)
+            print(f"overhead {name}: {n} interleaved pairs ...", flush=True)
+            res[f"overhead {name}"] = bench_overhead(name, args.device, n, 1 if big else 2)
+    if "rss" in only and not args.device.startswith("cuda"):
+        print("peak RSS (2 processes) ...", flush=True)
+        res["rss"] = bench_rss(args.device, args.threads)
+    if "batches" in only and not args.device.startswith("cuda"):
+        ns = (1, 16) if args.quick else (1, 4, 16)
+        print(f"peak RSS of scan(batches=N), N = {ns} ...", flush=True)
+        res["batches"] = bench_batches(args.device, args.threads, ns)
+    if "help" in only:
+        print("actscan --help ...", flush=True)
+        res["help"] = bench_help(reps)
+    if "e2e" in only:
+        n = 3 if args.quick else 5
+        print(f"actscan profile vs hand-written: {n} interleaved pairs ...", flush=True)
+        res["e2e"] = bench_e2e(args.device, n, args.threads)
+    res["load_after"] = os.getloadavg()
+    res["seconds"] = time.perf_counter() - t0
+    table = rows(res)
+    res["table"] = [dict(zip(("measure", "value", "target", "verdict"), r, strict=True))
+                    for r in table]  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    m = res["machine"]
+    print(f"\n{m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} "
+          f"threads) · {args.device} · load {res['load_before'][0]:.1f} → "
+          f"{res['load_after'][0]:.1f} · {res['seconds']:.0f} s")  # fmt: skip
+    print_table(table)
+    print(f"\nwritten {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,417 @@
+"""The recorder's fast path against an independent fp64 reference.
+
+The reference keeps a float64 copy of every recorded output and gradient (hooks of its
+own) and computes each statistic directly; the Recorder must agree to 1e-5 relative
+(mean, std, RMS, gradient RMS) and exactly (max-abs, per-channel max-abs, zero and
+non-finite counts). Planted tensors cover what the fast path special-cases: -0.0, NaN,
+±inf, fp16/bf16, non-contiguous outputs, 0-d and 1-d outputs, outputs split into chunks,
+outputs shared by nested modules and in-place changes between two hooks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import actscan.recorder as recmod
+from actscan.arch import ArchConfig
+from actscan.model import build_model
+from actscan.recorder import RawStats, Recorder, iter_named
+
+REL = 1e-5
+
+
+# -- an independent fp64 reference ------------------------------------------------------
+class Reference:
+    """Keeps float64 copies of outputs and output-gradients; statistics computed directly."""
+
+    def __init__(self, targets: Sequence[tuple[str, nn.Module]]) -> None:
+        self.outs: dict[str, list[torch.Tensor]] = {n: [] for n, _ in targets}
+        self.grads: dict[str, list[torch.Tensor]] = {n: [] for n, _ in targets}
+        self.handles = [m.register_forward_hook(self._hook(n)) for n, m in targets]
+
+    def _hook(self, name: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, _a: Any, out: Any) -> None:
+            t = recmod.first_tensor(out)
+            if t is None:
+                return
+            self.outs[name].append(t.detach().to(torch.float64).clone())
+            if t.requires_grad:
+                t.register_hook(lambda g: self.grads[name].append(g.to(torch.float64).clone()))
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def stats(self, name: str) -> dict[str, Any]:
+        xs = self.outs[name]
+        flat = torch.cat([x.reshape(-1) for x in xs])
+        fin = flat[torch.isfinite(flat)]
+        out: dict[str, Any] = {
+            "numel": flat.numel(),
+            "mean": flat.mean().item(),
+            "std": flat.var(correction=0).sqrt().item(),
+            "rms": flat.square().mean().sqrt().item(),
+            "zeros": int((flat == 0).sum()),
+            "nonfinite": flat.numel() - fin.numel(),
+            "max_abs": flat.abs().max().item(),
+        }
+        widths = {x.shape[-1] if x.dim() else 1 for x in xs}
+        if len(widths) == 1:
+            c = widths.pop()
+            rows = torch.cat([x.reshape(-1, c) for x in xs])
+            out["channel_max"] = tuple(rows.abs().amax(0).tolist())
+        gs = self.grads[name]
+        if gs:
+            g = torch.cat([x.reshape(-1) for x in gs])
+            out["grad_rms"] = g.square().mean().sqrt().item()
+        return out
+
+
+def close(a: float, b: float, rel: float = REL) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=0.0) or (math.isnan(a) and math.isnan(b))
+
+
+def check_against(
+    raw: RawStats, ref: dict[str, Any], *, batches: int = 1, channels: bool = True
+) -> None:
+    """The whole contract of one RawStats vs the fp64 reference."""
+    where = raw.name
+    assert raw.numel == ref["numel"], where
+    assert raw.zeros == ref["zeros"], where
+    assert raw.nonfinite == ref["nonfinite"], where
+    std = math.sqrt(raw.var) if raw.var >= 0 else float("nan")
+    rms = math.sqrt(raw.var + raw.mean * raw.mean)
+    if ref["nonfinite"]:
+        assert not math.isfinite(raw.mean) and not math.isfinite(raw.max_abs), where
+        return
+    assert raw.max_abs == ref["max_abs"], where  # exact: a max is a value of the tensor
+    # mean: relative to its magnitude, or to the RMS when it is ~0 by construction
+    assert abs(raw.mean - ref["mean"]) <= REL * max(abs(ref["mean"]), 1e-3 * ref["rms"]), where
+    assert close(std, ref["std"]), (where, std, ref["std"])
+    assert close(rms, ref["rms"]), (where, rms, ref["rms"])
+    if channels and "channel_max" in ref:
+        assert raw.channel_max == ref["channel_max"], where
+    elif not channels:
+        assert raw.channel_max is None, where
+    if "grad_rms" in ref:
+        assert raw.grad_sumsq is not None, where  # per batch: Σ over batches / batches
+        grad_rms = math.sqrt(raw.grad_sumsq * batches / raw.grad_numel)
+        assert close(grad_rms, ref["grad_rms"]), (where, grad_rms, ref["grad_rms"])
+
+
+def run_recorder(
+    model: nn.Module,
+    batches: Sequence[Any],
+    *,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+    channels: bool = True,
+    reference: bool = True,
+) -> tuple[dict[str, RawStats], Reference | None]:
+    """Drive the Recorder exactly as scan() does (one batch = fwd, grads, end_batch)."""
+    targets = list(iter_named(model, None))
+    params = [p for p in model.parameters() if p.requires_grad]
+    ref = Reference(targets) if reference else None
+    try:
+        with Recorder(targets, channels=channels) as rec:
+            for b in batches:
+                out = model(b)
+                if params:
+                    value = loss(out) if loss else recmod.first_tensor(out).float().square().mean()
+                    grads = torch.autograd.grad(value, params, allow_unused=True)
+                    rec.add_param_grads(dict(zip(params, grads, strict=True)))
+                rec.end_batch()
+            raw = rec.result(len(batches))
+    finally:
+        if ref:
+            ref.remove()
+    return raw, ref
+
+
+# -- the built-in transformer, end to end --------------------------------------------------
+def tiny_gpt(**kw: Any) -> nn.Module:
+    cfg = ArchConfig(n_layers=3, d_model=64, n_heads=4, vocab_size=128, seq_len=32, **kw)
+    return build_model(cfg, seed=0).eval()
+
+
+def lm_loss(logits: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.zeros(
+        logits.shape[0] * logits.shape[1], dtype=torch.long))  # fmt: skip
+
+
+@pytest.mark.parametrize("kw", [{}, {"activation": "relu", "mlp_bias_init": -0.05}])
+def test_gpt_matches_fp64_reference_over_batches(kw: dict[str, Any]) -> None:
+    model = tiny_gpt(**kw)
+    gen = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 128, (2, 32), generator=gen) for _ in range(3)]
+    raw, ref = run_recorder(model, batches, loss=lm_loss)
+    assert ref is not None
+    for name, outs in ref.outs.items():
+        if not outs:  # containers (ModuleList) are never called
+            assert raw[name].calls == 0 and raw[name].numel == 0
+            continue
+        assert raw[name].calls == len(outs) == 3
+        check_against(raw[name], ref.stats(name), batches=3)
+    assert raw["blocks.0.mlp.up"].param_grad_sumsq > 0
+    if kw:  # relu with a negative bias: many exact zeros, counted exactly
+        assert raw["blocks.0.mlp.act"].zeros > 0.3 * raw["blocks.0.mlp.act"].numel
+
+
+def test_hooks_do_not_change_outputs_or_gradients() -> None:
+    model = tiny_gpt()
+    ids = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(2))
+    params = list(model.parameters())
+
+    def step() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        out = model(ids)
+        return out.detach(), torch.autograd.grad(lm_loss(out), params)
+
+    plain_out, plain_g = step()
+    with Recorder(list(iter_named(model, None))):
+        hooked_out, hooked_g = step()
+    assert torch.equal(plain_out, hooked_out)
+    assert all(torch.equal(a, b) for a, b in zip(plain_g, hooked_g, strict=True))
+
+
+# -- planted tensors ---------------------------------------------------------------------
+class Emit(nn.Module):
+    """Returns a planted tensor (times a weight, so there is a gradient)."""
+
+    def __init__(self, make: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.make = make
+        self.w = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.make(x * self.w)
+
+
+def planted(x: torch.Tensor) -> torch.Tensor:
+    y = x.clone()
+    y[0, 0, :5] = torch.tensor([0.0, -0.0, 0.0, -0.0, 1e-42])  # ±0 and a subnormal
+    y[1, 3, 7] = 3e4  # its square overflows fp16, not the fp32 the recorder squares in
+    return y
+
+
+OFFSET = 3.0
+
+
+@pytest.mark.parametrize(
+    ("label", "make"),
+    [
+        ("zeros-and-big", planted),
+        ("offset-mean", lambda x: x + OFFSET),  # mean = 3·std: Σx² must be accurate
+        ("non-contiguous", lambda x: x.transpose(0, 2)),
+        ("one-d", lambda x: x.reshape(-1)),
+        ("scalar", lambda x: x.sum()),
+        ("relu", torch.relu),
+        ("fp16", lambda x: x.half()),
+        ("bf16", lambda x: x.bfloat16()),
+        ("fp64", lambda x: x.double()),
+    ],
+)
+@pytest.mark.parametrize("chunk", [recmod._CHUNK, 96, 7])  # whole, row chunks, rows > chunk
+def test_planted_tensor_matches_fp64(
+    label: str, make: Callable[[torch.Tensor], torch.Tensor], chunk: int, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(recmod, "_CHUNK", chunk)
+    model = nn.Sequential(Emit(make))
+    gen = torch.Generator().manual_seed(3)
+    batches = [torch.randn(4, 6, 16, generator=gen) for _ in range(2)]
+    raw, ref = run_recorder(model, batches)
+    assert ref is not None
+    out = make(batches[0])
+    width = out.shape[-1] if out.dim() else 1
+    # rows wider than a chunk are reduced flat: no per-channel statistics
+    check_against(raw["0"], ref.stats("0"), batches=2, channels=width <= chunk)
+
+
+def test_nonfinite_counts_are_exact(monkeypatch: Any) -> None:
+    monkeypatch.setattr(recmod, "_CHUNK", 40)  # the counts are summed over chunks
+
+    def poison(x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        y[0, 0, 0] = float("nan")
+        y[0, 2, 1] = float("inf")
+        y[3, 5, 15] = float("-inf")
+        y[2, 1, :3] = 0.0
+        return y
+
+    model = nn.Sequential(Emit(poison))
+    batches = [torch.randn(4, 6, 16) for _ in range(3)]
+    raw, ref = run_recorder(model, batches)
+    assert ref is not None
+    r = raw["0"]
+    assert r.nonfinite == 9 == ref.stats("0")["nonfinite"]
+    assert r.zeros == 9 == ref.stats("0")["zeros"]
+    assert math.isnan(r.mean) and r.channel_max is not None
+    assert math.isnan(r.channel_max[0]) and r.channel_max[1] == math.inf
+    assert r.channel_max[15] == math.inf and math.isfinite(r.channel_max[2])
+
+
+def test_shared_output_is_reduced_once_but_counted_for_every_module() -> None:
+    class Wrap(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(16, 16)
+            self.ident = nn.Identity()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.ident(self.inner(x))
+
+    model = nn.Sequential(Wrap())
+    raw, ref = run_recorder(model, [torch.randn(4, 16) for _ in range(2)])
+    assert ref is not None
+    for name in ("0", "0.inner", "0.ident"):
+        check_against(raw[name], ref.stats(name), batches=2)
+        assert raw[name].calls == 2
+    assert raw["0"].grad_sumsq == raw["0.inner"].grad_sumsq == raw["0.ident"].grad_sumsq
+    assert raw["0.inner"].param_grad_sumsq and raw["0"].param_grad_sumsq is None
+
+
+def test_in_place_change_between_hooks_is_not_mistaken_for_a_shared_output() -> None:
+    class Doubler(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x).mul_(2.0)  # same object, new version
+
+    model = nn.Sequential(Doubler())
+    x = torch.randn(5, 8)
+    raw, ref = run_recorder(model, [x])
+    assert ref is not None
+    # the reference copied the inner output before mul_ (it hooks after the Recorder)
+    assert raw["0"].max_abs == pytest.approx(2 * raw["0.inner"].max_abs, rel=1e-6)
+    check_against(raw["0"], ref.stats("0"))
+
+
+def test_channels_off_and_width_change() -> None:
+    model = nn.Sequential(Emit(lambda x: x))
+    batches = [torch.randn(3, 16), torch.randn(3, 24)]
+    raw, ref = run_recorder(model, batches, channels=True)
+    assert ref is not None
+    assert raw["0"].channel_max is None  # two widths: per-channel stats are void
+    assert raw["0"].max_abs == ref.stats("0")["max_abs"]
+    raw_off, _ = run_recorder(model, batches[:1], channels=False, reference=False)
+    assert raw_off["0"].channel_max is None
+    assert raw_off["0"].max_abs == batches[0].abs().max().item()
+
+
+# -- batches: Chan merge and flat memory ----------------------------------------------------
+def test_chan_merge_over_batches_equals_the_whole() -> None:
+    """Element-wise model: 4 batches of 2 rows give the stats of 1 batch of 8 rows.
+
+    Element-wise, so the activations are bit-identical however the rows are batched
+    (a matmul over 2 rows and over 8 may differ in the last bit); the sums are not
+    grouped the same way (fp32 partial sums), hence 1e-6 for mean and variance.
+    """
+    model = nn.Sequential(Emit(lambda x: 1.5 * x + 1), nn.GELU(), nn.Tanh())
+    whole = torch.randn(8, 5, 16) * 3 + 1
+    loss = lambda out: out.square().sum()  # noqa: E731  (gradients independent of batching)
+    split, _ = run_recorder(model, list(whole.split(2)), loss=loss, reference=False)
+    one, _ = run_recorder(model, [whole], loss=loss, reference=False)
+    for name in one:
+        a, b = split[name], one[name]
+        assert a.numel == b.numel and a.calls == 4 and b.calls == 1
+        assert a.mean == pytest.approx(b.mean, rel=1e-6)
+        assert a.var == pytest.approx(b.var, rel=1e-6)
+        assert a.max_abs == b.max_abs and a.channel_max == b.channel_max
+        assert a.zeros == b.zeros and a.nonfinite == b.nonfinite
+        assert a.grad_sumsq * 4 == pytest.approx(b.grad_sumsq, rel=1e-6)  # per-batch mean
+
+
+def _held_bytes(obj: Any) -> int:
+    """Bytes of every tensor reachable through lists, tuples and dicts (and the Recorder)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Recorder):
+        return _held_bytes(list(vars(obj).values()))
+    if isinstance(obj, dict):
+        return _held_bytes(list(obj.values()))
+    if isinstance(obj, list | tuple):
+        return sum(_held_bytes(o) for o in obj)
+    return 0
+
+
+def test_memory_is_flat_in_the_number_of_batches() -> None:
+    model = tiny_gpt()
+    params = list(model.parameters())
+    held = []
+    with Recorder(list(iter_named(model, None))) as rec:
+        for i in range(16):
+            ids = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(i))
+            grads = torch.autograd.grad(lm_loss(model(ids)), params)
+            rec.add_param_grads(dict(zip(params, grads, strict=True)))
+            rec.end_batch()
+            assert not rec._pend and not rec._g_rows and not rec._c_idx
+            held.append(_held_bytes(rec))
+        raw = rec.result(16)
+    assert held[0] == held[-1] == max(held)
+    assert raw["head"].calls == 16
+
+
+# -- scan's other fast paths: parameter moments, the model build -------------------------
+def test_moments_match_fp64_and_count_nonfinite_exactly() -> None:
+    gen = torch.Generator().manual_seed(5)
+    bad = torch.randn(40, 24, generator=gen)
+    bad[3, 4], bad[7, 0], bad[9, 9] = float("nan"), float("inf"), float("-inf")
+    tensors = [
+        torch.randn(300, 64, generator=gen) * 0.02 + 0.5,  # far from 0: the Welford path
+        torch.randn(1200, 1000, generator=gen) * 0.02 + 0.01,  # large: the fast path
+        torch.randn(7, generator=gen),  # 1-d
+        torch.tensor(2.5),  # 0-d
+        torch.randn(16, 8, generator=gen).to(torch.bfloat16),
+        bad,
+        torch.zeros(0),
+        torch.arange(6),  # integer: skipped
+    ]
+    got = recmod.moments(tensors)
+    for t, (mean, std, nonfinite) in zip(tensors[:5], got[:5], strict=True):
+        ref = t.detach().to(torch.float64)
+        assert mean == pytest.approx(ref.mean().item(), rel=REL)
+        assert std == pytest.approx(ref.var(correction=0).sqrt().item(), rel=REL, abs=1e-12)
+        assert nonfinite == 0
+    assert got[5][2] == 3 and not math.isfinite(got[5][0])
+    assert got[6] == got[7] == (0.0, 0.0, 0)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"branch_scale": "rezero", "tie_embeddings": False},
+        {"branch_scale": "layerscale", "norm": "rmsnorm", "position": "rope"},
+        {"branch_scale": "deepnorm", "placement": "post", "activation": "swiglu", "bias": False},
+        {"branch_scale": "depth", "init": "kaiming", "mlp_bias_init": -0.5, "embed_std": 0.3},
+    ],
+)
+def test_fast_build_is_bit_identical_to_the_plain_constructor(kw: dict[str, Any]) -> None:
+    """build_model skips PyTorch's default init but must draw the very same weights
+    (the fast path itself is compared: build_model would fall back if it drifted)."""
+    from actscan import model as modelmod
+
+    assert modelmod._fast_build_ok()  # with this torch the fast path is the one in use
+    cfg = ArchConfig(n_layers=2, d_model=32, n_heads=2, vocab_size=37, seq_len=17, **kw)
+    for seed in (0, 3):
+        before = torch.random.get_rng_state()
+        fast = modelmod._fast_build(cfg, seed)
+        assert torch.equal(before, torch.random.get_rng_state())  # caller's stream untouched
+        torch.manual_seed(seed)
+        plain = modelmod.ActscanGPT(cfg)
+        a, b = fast.state_dict(), plain.state_dict()
+        assert list(a) == list(b)
+        assert all(torch.equal(a[k], b[k]) for k in a), [
+            k for k in a if not torch.equal(a[k], b[k])
+        ]
+        assert (fast.head.weight is fast.tok_emb.weight) == cfg.tie_embeddings
+        assert all(p.device.type == "cpu" and p.requires_grad for p in fast.parameters())
