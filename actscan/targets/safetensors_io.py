@@ -764,6 +764,9 @@ def save_tensors(
         except Exception as err:
             raise _bad(p, f"safetensors could not write it: {_first_line(err)}", "output") from err
         read_header(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # the Rust writer creates 0600; follow the umask
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
