@@ -519,7 +519,7 @@ def precision_divergence(
     import torch
 
     from actscan.recorder import first_tensor
-    from actscan.scan import TORCH_DTYPES, _cast_batch, resolve_device
+    from actscan.scanner import TORCH_DTYPES, _cast_batch, resolve_device
     from actscan.structure import detect_layout
 
     dev = resolve_device(device, model)

@@ -6,7 +6,7 @@ Measures, and prints as a table (raw samples and machine facts go to
 benchmarks/results/<timestamp>.json so runs can be compared across commits):
   overhead  instrumented ÷ plain forward+backward, in this process, interleaved, median
             of ≥ 5 runs after a warm-up: every module hooked, per-channel statistics and
-            gradients on, the Recorder driven exactly as actscan.scan drives it. Models:
+            gradients on, the Recorder driven exactly as actscan.scanner drives it. Models:
             configs/gpt2-124m.yaml (12 × 768, seq 256, batch 4) and configs/gpt-48-naive
             .yaml (48 × 256, seq 64, batch 4: small tensors, many hooks: hook-bound).
   rss       peak RSS (resource.getrusage) of an instrumented ÷ a plain 12 × 768 step,
@@ -73,7 +73,7 @@ def build(name: str, device: str) -> tuple[Any, Any]:
 class Steps:
     """plain and instrumented forward+backward of one batch.
 
-    instrumented = one iteration of actscan.scan's batch loop: every module hooked (and
+    instrumented = one iteration of actscan.scanner's batch loop: every module hooked (and
     the stream input), per-channel statistics and gradients on, add_param_grads and
     end_batch; the Recorder lives across batches as in a scan with --batches N (its
     hooks are registered and removed around each batch, since plain runs interleave).
@@ -156,7 +156,7 @@ def child(argv: list[str]) -> None:
         print(json.dumps({"peak_mb": peak_rss_mb(), "after_build_mb": base}))
     elif kind == "batches":
         n, device = int(argv[1]), argv[2]
-        from actscan.scan import scan
+        from actscan.scanner import scan
 
         model, _ = build("48x256", device)
         _, batch, seq = MODELS["48x256"]

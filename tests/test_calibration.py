@@ -18,7 +18,7 @@ from torch import nn
 from actscan.arch import build_config, read_config_file
 from actscan.model import build_model
 from actscan.report import Report
-from actscan.scan import infer_info, scan
+from actscan.scanner import infer_info, scan
 from actscan.types import CheckId, Finding, Severity
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -23,7 +23,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import actscan.scan  # noqa: F401  (the module whose check runner the tests replace)
+import actscan.scanner  # noqa: F401  (the module whose check runner the tests replace)
 from actscan.cli import app
 from actscan.schema import validate_report
 from actscan.types import Finding, Severity
@@ -76,7 +76,7 @@ def plant(monkeypatch: pytest.MonkeyPatch) -> Planted:
             seen["ctx"] = ctx
             return tuple(item(ctx) if callable(item) else item for item in items)
 
-        monkeypatch.setattr(sys.modules["actscan.scan"], "run_checks", run_checks)
+        monkeypatch.setattr(sys.modules["actscan.scanner"], "run_checks", run_checks)
         return seen
 
     return install

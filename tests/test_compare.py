@@ -21,7 +21,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import actscan.scan  # noqa: F401  (the module whose check runner some tests replace)
+import actscan.scanner  # noqa: F401  (the module whose check runner some tests replace)
 from actscan.cli import app
 from actscan.compare import (
     Precision,
@@ -33,7 +33,7 @@ from actscan.compare import (
 )
 from actscan.errors import ActscanError
 from actscan.report import Report
-from actscan.scan import scan
+from actscan.scanner import scan
 from actscan.targets.resolve import TargetOptions, resolve
 from actscan.types import Finding, Severity
 
@@ -70,7 +70,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def plant(monkeypatch: pytest.MonkeyPatch, rule: Any) -> None:
     """Findings from rule(ctx) instead of the real checks."""
-    monkeypatch.setattr(sys.modules["actscan.scan"], "run_checks", lambda ctx: tuple(rule(ctx)))
+    monkeypatch.setattr(sys.modules["actscan.scanner"], "run_checks", lambda ctx: tuple(rule(ctx)))
 
 
 def finding(check: str, severity: str = "warn", layers: tuple[str, ...] = ()) -> Finding:

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from actscan.cli import app
 from actscan.inputs import random_tokens
-from actscan.scan import scan
+from actscan.scanner import scan
 from actscan.targets.resolve import TargetOptions, resolve
 
 transformers = pytest.importorskip("transformers")

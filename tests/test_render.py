@@ -18,7 +18,7 @@ from actscan.arch import ArchConfig
 from actscan.cli import app
 from actscan.model import build_model
 from actscan.render import num, render_report, spark
-from actscan.scan import scan
+from actscan.scanner import scan
 
 GOLDEN = Path(__file__).parent / "golden"
 SMALL = dict(n_layers=3, d_model=32, n_heads=2, vocab_size=64, seq_len=8)

@@ -13,7 +13,7 @@ from actscan.arch import ArchConfig
 from actscan.inputs import random_tokens
 from actscan.model import build_model
 from actscan.recorder import Recorder, first_tensor, iter_named
-from actscan.scan import scan
+from actscan.scanner import scan
 
 SMALL = dict(n_layers=4, d_model=64, n_heads=4, vocab_size=128, seq_len=16)
 

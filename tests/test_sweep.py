@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import actscan.scan  # noqa: F401  (the module whose check runner a test replaces)
+import actscan.scanner  # noqa: F401  (the module whose check runner a test replaces)
 from actscan.cli import app
 from actscan.errors import BadInputError, UsageError
 from actscan.sweep import BaseConfig, base_config, parse_sizes, plan, size_overrides
@@ -194,7 +194,7 @@ def test_gate_trips_on_any_row(isolated: Path, monkeypatch: pytest.MonkeyPatch) 
             return (Finding("exp-growth", Severity.ERROR, ("blocks.3",), 9.0, 4.0, "planted"),)
         return ()
 
-    monkeypatch.setattr(sys.modules["actscan.scan"], "run_checks", checks)
+    monkeypatch.setattr(sys.modules["actscan.scanner"], "run_checks", checks)
     args = ["sweep", "gpt-12-preln", "--set", "d_model=32", "--json", "-", *RUN]
     res = cli(*args, "--depth", "2,4")
     assert res.exit_code == 1, res.output

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from actscan.arch import ArchConfig
 from actscan.cli import app
 from actscan.model import build_model
-from actscan.scan import scan
+from actscan.scanner import scan
 from actscan.targets.checkpoint import CONFIG_KEY, save_builtin
 from actscan.targets.resolve import resolve
 from actscan.targets.safetensors_io import read_header

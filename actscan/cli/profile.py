@@ -54,7 +54,7 @@ def build_and_scan(
     progress: c.ProgressSink | None = None,
 ) -> Any:
     """Resolve TARGET and scan it with effective settings. Shared by compare and sweep."""
-    from actscan.scan import scan
+    from actscan.scanner import scan
 
     if progress:
         progress.stage(f"building {target}")

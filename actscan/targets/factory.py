@@ -88,7 +88,7 @@ def resolve_factory(target: str, opts: TargetOptions) -> Resolved:
     from torch import nn
 
     from actscan.inputs import tensor_source, user_source
-    from actscan.scan import infer_info
+    from actscan.scanner import infer_info
 
     fn = load_callable(target)
     try:
