@@ -78,14 +78,14 @@ def header(report: Report) -> Text:
         bits.append(f"{m.n_blocks} blocks")
     if m.d_model:
         bits.append(f"d={m.d_model}")
-    run = [r.dtype + (f" amp {r.amp}" if r.amp else ""), r.device, f"batch {r.batch}×{r.seq_len}"]
+    run = [r.dtype + (f" amp {r.amp}" if r.amp else ""), r.device, f"{r.batch}×{r.seq_len} tokens"]
     if r.batches > 1:
         run.append(f"{r.batches} batches")
     if not r.backward:
         run.append("forward only")
     if r.init:
         run.append(f"init {r.init}")
-    text.append("  " + " · ".join(bits) + "  │  " + " · ".join(run), style="dim")
+    text.append("\n" + " · ".join(bits) + "  │  " + " · ".join(run), style="dim")
     return text
 
 
