@@ -7,16 +7,16 @@ instrumented step costs little more than reading each activation a few times:
   memory-bound passes that vectorise, and no host transfer:
     sum Σx; the L2 norm of every row (last dim), squared and summed in fp64 at batch end
     (Σx² to ~1e-8 where one long fp32 accumulation drifts by 1e-4); per-channel amax and
-    amin (max-abs = max(amax, -amin), exact); and two counts read off maps written into
-    a preallocated scratch: x/x is 1 exactly where x is finite and non-zero (NaN where
-    x is ±0, ±inf or NaN) and 1 + 0·x is 1 exactly where x is finite, so nansum of each
-    is an exact count (every partial sum is an integer < 2**24), giving
-    zeros = finite − finite non-zero and non-finite = n − finite with no branch and no
-    host sync. (Welford `var_mean`, `aminmax(dim)`, `isfinite().sum()` and
-    `count_nonzero` are 3-100× slower on CPU.)
-- Large outputs are processed in row chunks of at most `_CHUNK` elements, so the scratch
-  (the only extra memory) stays cache-sized and nothing the size of an activation is
-  allocated, except a contiguous copy of a non-contiguous output.
+    amin (max-abs = max(amax, -amin), exact); and two counts read off two maps written
+    into a preallocated scratch: `x == 0` as 1.0/0.0 (±0 are zeros) and 1 + 0·x, which
+    is 1 where x is finite and NaN where it is not; one nansum of both is exact (every
+    partial sum is an integer < 2**24): zeros, and non-finite = n − finite, with no
+    branch and no host sync. (Welford `var_mean`, `aminmax(dim)`, `isfinite().sum()`,
+    `count_nonzero` and a division map are 2-100× slower on CPU.)
+- Outputs above `_WHOLE` elements are processed in row chunks of about `_CHUNK`, so an
+  output chunk and its maps stay in L2 (half the overhead at 12 × 768 of 1M-element
+  chunks) and the scratch, the only extra memory, stays small: nothing the size of an
+  activation is allocated, except a contiguous copy of a non-contiguous output.
 - A tensor that is the output of several modules (Identity, a wrapper returning its last
   child's output) is reduced once: the hook sees the same object at the same version and
   reuses the pending results; its gradient hook fans out to every module.
@@ -45,7 +45,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 _ACC = torch.float64  # merged scalars: exact counts beyond 2**24, tiny tensors
-_CHUNK = 1 << 20  # elements per chunk (4 MiB in fp32): cache-sized; counts stay < 2**24
+_CHUNK = 1 << 17  # elements per chunk of a large output: x and the maps fit in L2
+_WHOLE = 1 << 18  # outputs up to this size are reduced in one go (fewer kernel calls)
+_MAX_CHANNELS = 1 << 20  # widest last dim kept per channel; every chunk is < 2**24 values
 _SMALL = 1 << 14  # outputs this small sum in fp64 (+2 µs): exact means of tiny models
 _WIDE_ROW = 1024  # row length for the norms of outputs too wide for per-channel stats
 _WORK = (torch.float32, torch.float64)  # reduced as they are; others upcast to fp32
@@ -142,7 +144,7 @@ class Recorder:
     # -- hooks ---------------------------------------------------------------------
     def _reset_pending(self) -> None:
         # One entry per reduced chunk: (module, element count, Σx, fp32 row norms (1-d),
-        # [finite count, finite non-zero count]); the tensors stay on the device.
+        # [finite count, zero count]); the tensors stay on the device.
         self._pend: list[tuple[Any, ...]] = []
         # Global amax/amin of calls not kept per channel (channels off, width changed).
         self._c_idx: list[int] = []
@@ -190,16 +192,19 @@ class Recorder:
         elif not x.is_contiguous():
             x = x.contiguous()  # rare (a permuted output): one temporary copy
         c = x.shape[-1]
-        per_channel = self.channels and c <= _CHUNK
+        per_channel = self.channels and c <= _MAX_CHANNELS
         work = x.dtype if x.dtype in _WORK else torch.float32
         key = (work, x.device)
         one = self._ones.get(key)
         if one is None:
             one = self._ones[key] = torch.ones((), dtype=work, device=x.device)
-        if c <= _CHUNK:
+        if c <= _MAX_CHANNELS:
             x2 = x.view(-1, c)
-            rows, per = x2.shape[0], _CHUNK // c
-            chunks = (x2,) if rows <= per else [x2[r : r + per] for r in range(0, rows, per)]
+            rows, per = x2.shape[0], max(1, _CHUNK // c)
+            if x2.numel() <= _WHOLE or rows <= per:
+                chunks: Sequence[torch.Tensor] = (x2,)
+            else:
+                chunks = [x2[r : r + per] for r in range(0, rows, per)]
         else:  # too wide for per-channel stats: rows of _WIDE_ROW, then the remainder
             flat = x.view(-1)
             cut = flat.numel() - flat.numel() % _WIDE_ROW
@@ -214,8 +219,8 @@ class Recorder:
             if ch.dtype != work:  # upcast into the scratch before anything is squared
                 ch = self._buffer(key, 0, m).view(ch.shape).copy_(ch)
             maps = self._buffer(key, 1, 2 * m).view(2, *ch.shape)
-            torch.add(one, ch, alpha=0, out=maps[0])  # 1 where finite, else NaN
-            torch.div(ch, ch, out=maps[1])  # 1 where finite and non-zero, else NaN
+            torch.add(one, ch, alpha=0, out=maps[0])  # 1 where finite, else NaN (0·inf)
+            torch.eq(ch, 0, out=maps[1])  # 1.0 where ±0, else 0.0
             counts = torch.nansum(maps.view(2, m), dim=1)  # exact: integers < 2**24
             s = ch.sum(dtype=_ACC) if m <= _SMALL else ch.sum()  # fp64 where it is free
             self._pend.append((i, m, s, _vnorm(ch, dim=-1), counts))
@@ -271,7 +276,7 @@ class Recorder:
             g = g.reshape(1, -1)
         if g.dtype not in _WORK:
             g = g.float()  # rare (low-precision gradients): one upcast copy
-        if g.shape[-1] > _CHUNK and g.is_contiguous() and g.numel() % _WIDE_ROW == 0:
+        if g.shape[-1] > _MAX_CHANNELS and g.is_contiguous() and g.numel() % _WIDE_ROW == 0:
             g = g.view(-1, _WIDE_ROW)  # short rows keep the fp32 norms accurate
         for i in mods:
             self._gnumel[i] += g.numel()
@@ -336,7 +341,7 @@ class Recorder:
             idx = _ix(mods, dev)
             n = _ix(sizes, dev).to(_ACC)
             s = torch.stack(sums).to(dev, _ACC)
-            fin, nzf = torch.stack(counts, dim=1).to(dev, _ACC)
+            fin, zer = torch.stack(counts, dim=1).to(dev, _ACC)
             q = _segment_sumsq(rows, dev)
             z = lambda: torch.zeros(m, dtype=_ACC, device=dev)  # noqa: E731
             bn = z().index_add_(0, idx, n)
@@ -351,7 +356,7 @@ class Recorder:
             self._m2 += bm2 + delta.square() * self._n * w
             self._mean += delta * w
             self._n = tot
-            self._zeros.index_add_(0, idx, fin - nzf)
+            self._zeros.index_add_(0, idx, zer)
             self._nonfinite.index_add_(0, idx, n - fin)
         if self._c_idx:
             hi = torch.stack(self._c_hi).to(dev, _ACC)
@@ -452,12 +457,12 @@ def moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
             parts.append(torch.zeros(2, dtype=_ACC))
             continue
         x = t if t.dtype in _WORK else t.float()
-        if x.numel() <= _CHUNK:
+        if x.numel() <= _MAX_CHANNELS:
             var, mean = torch.var_mean(x, correction=0)
             parts.append(torch.stack([mean, var]).to("cpu", _ACC))
             continue
         x = x.reshape(1, -1) if x.dim() < 2 else x
-        if x.shape[-1] > _CHUNK and x.is_contiguous() and x.numel() % _WIDE_ROW == 0:
+        if x.shape[-1] > _MAX_CHANNELS and x.is_contiguous() and x.numel() % _WIDE_ROW == 0:
             x = x.view(-1, _WIDE_ROW)
         mean = x.sum().to(_ACC) / x.numel()
         q = _vnorm(_vnorm(x, dim=-1), dtype=_ACC)

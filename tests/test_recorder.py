@@ -218,11 +218,15 @@ OFFSET = 3.0
         ("fp64", lambda x: x.double()),
     ],
 )
-@pytest.mark.parametrize("chunk", [recmod._CHUNK, 96, 7])  # whole, row chunks, rows > chunk
+@pytest.mark.parametrize("chunk", [0, 96, 7])  # default, row chunks, rows wider than a chunk
 def test_planted_tensor_matches_fp64(
     label: str, make: Callable[[torch.Tensor], torch.Tensor], chunk: int, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(recmod, "_CHUNK", chunk)
+    if chunk:
+        for name in ("_CHUNK", "_WHOLE", "_MAX_CHANNELS"):
+            monkeypatch.setattr(recmod, name, chunk)
+    else:
+        chunk = recmod._MAX_CHANNELS
     model = nn.Sequential(Emit(make))
     gen = torch.Generator().manual_seed(3)
     batches = [torch.randn(4, 6, 16, generator=gen) for _ in range(2)]
@@ -235,7 +239,8 @@ def test_planted_tensor_matches_fp64(
 
 
 def test_nonfinite_counts_are_exact(monkeypatch: Any) -> None:
-    monkeypatch.setattr(recmod, "_CHUNK", 40)  # the counts are summed over chunks
+    for name in ("_CHUNK", "_WHOLE"):  # the counts are summed over chunks
+        monkeypatch.setattr(recmod, name, 40)
 
     def poison(x: torch.Tensor) -> torch.Tensor:
         y = x.clone()
