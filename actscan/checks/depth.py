@@ -93,7 +93,8 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding]:
     hint = (
         f"Scale the residual output projections (attention out, MLP down) by 1/√(2L) = "
         f"1/√{k} ≈ {n(1 / math.sqrt(k))} as GPT-2 does, or gate each branch with a learned "
-        f"gain (ReZero α = 0, LayerScale) or use DeepNorm: the 2L branches then add O(1) variance in total, not O(L)."
+        f"gain (ReZero α = 0, LayerScale) or use DeepNorm: the 2L branches then add O(1) "
+        f"variance in total, not O(L)."
     )
     budget = residual_budget(ctx)
     if budget is not None and budget[2] < th.residual_budget:
