@@ -31,4 +31,3 @@ def __getattr__(name: str) -> Any:
 
         return getattr(types, name)
     raise AttributeError(f"module 'actscan' has no attribute {name!r}")
-
