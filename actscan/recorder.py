@@ -49,6 +49,7 @@ _CHUNK = 1 << 17  # elements per chunk of a large output: x and the maps fit in 
 _WHOLE = 1 << 18  # outputs up to this size are reduced in one go (fewer kernel calls)
 _MAX_CHANNELS = 1 << 20  # widest last dim kept per channel; every chunk is < 2**24 values
 _SMALL = 1 << 14  # outputs this small sum in fp64 (+2 µs): exact means of tiny models
+_WIDE_CHANNELS = 1 << 15  # per-channel results this wide (128 KB) go to reused buffers
 _WIDE_ROW = 1024  # row length for the norms of outputs too wide for per-channel stats
 _WORK = (torch.float32, torch.float64)  # reduced as they are; others upcast to fp32
 _vnorm = torch.linalg.vector_norm
@@ -183,7 +184,7 @@ class Recorder:
             t.register_hook(partial(self._grad_hook, mods))
         self._last = (weakref.ref(t), t._version, start, len(self._pend), hi, lo,
                       per_channel, mods)  # fmt: skip
-        self._update_channels(i, hi, lo, per_channel, owned=True)
+        self._update_channels(i, hi, lo, per_channel)
 
     def _reduce(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """Queue Σx, row norms and the two counts of x, chunk by chunk; (amax, amin)."""
@@ -224,10 +225,16 @@ class Recorder:
             counts = torch.nansum(maps.view(2, m), dim=1)  # exact: integers < 2**24
             s = ch.sum(dtype=_ACC) if m <= _SMALL else ch.sum()  # fp64 where it is free
             self._pend.append((i, m, s, _vnorm(ch, dim=-1), counts))
-            if per_channel:
-                h, low = ch.amax(0), ch.amin(0)
-            else:
+            if not per_channel:
                 h, low = ch.amax(), ch.amin()
+            elif c < _WIDE_CHANNELS:
+                h, low = ch.amax(0), ch.amin(0)
+            elif hi is None:  # (C,) results of a wide row go to the scratch: fresh 200 KB
+                h = torch.amax(ch, 0, out=self._buffer(key, 2, c))  # blocks would be mapped
+                low = torch.amin(ch, 0, out=self._buffer(key, 3, c))  # and faulted in each time
+            else:
+                h = torch.amax(ch, 0, out=self._buffer(key, 4, c))
+                low = torch.amin(ch, 0, out=self._buffer(key, 5, c))
             if hi is None or lo is None:
                 hi, lo = h, low
             else:
@@ -237,13 +244,13 @@ class Recorder:
         return hi, lo, per_channel
 
     def _update_channels(
-        self, i: int, hi: torch.Tensor, lo: torch.Tensor, per_channel: bool, *, owned: bool
+        self, i: int, hi: torch.Tensor, lo: torch.Tensor, per_channel: bool
     ) -> None:
         """Per-channel running amax/amin; the module's max-abs is read off it at the end."""
         if per_channel and self._chan_ok[i]:
             acc = self._chan[i]
-            if acc is None:
-                self._chan[i] = (hi, lo) if owned else (hi.clone(), lo.clone())
+            if acc is None:  # copies: hi and lo may be in the scratch, or shared outputs
+                self._chan[i] = (hi.clone(), lo.clone())
                 return
             if acc[0].shape == hi.shape:
                 torch.maximum(acc[0], hi, out=acc[0])
@@ -260,14 +267,14 @@ class Recorder:
         if per_channel or self.channels:
             self._chan_ok[i] = False
         self._c_idx.append(i)  # global amax/amin of this call
-        self._c_hi.append(hi.amax() if hi.dim() else hi)
-        self._c_lo.append(lo.amin() if lo.dim() else lo)
+        self._c_hi.append(hi.amax())  # a new tensor, never the scratch
+        self._c_lo.append(lo.amin())
 
     def _repeat(self, i: int, last: tuple[Any, ...]) -> None:
         """Module i returned the tensor just reduced for another module: reuse it."""
         _, _, start, stop, hi, lo, per_channel, grad_mods = last
         self._pend += [(i, *e[1:]) for e in self._pend[start:stop]]
-        self._update_channels(i, hi, lo, per_channel, owned=False)
+        self._update_channels(i, hi, lo, per_channel)
         grad_mods.append(i)  # used only if a gradient hook was registered for it
 
     def _grad_hook(self, mods: list[int], g: torch.Tensor) -> None:

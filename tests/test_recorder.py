@@ -225,6 +225,7 @@ def test_planted_tensor_matches_fp64(
     if chunk:
         for name in ("_CHUNK", "_WHOLE", "_MAX_CHANNELS"):
             monkeypatch.setattr(recmod, name, chunk)
+        monkeypatch.setattr(recmod, "_WIDE_CHANNELS", 8)  # channel results via the scratch
     else:
         chunk = recmod._MAX_CHANNELS
     model = nn.Sequential(Emit(make))
@@ -262,7 +263,13 @@ def test_nonfinite_counts_are_exact(monkeypatch: Any) -> None:
     assert r.channel_max[15] == math.inf and math.isfinite(r.channel_max[2])
 
 
-def test_shared_output_is_reduced_once_but_counted_for_every_module() -> None:
+@pytest.mark.parametrize("wide", [False, True])
+def test_shared_output_is_reduced_once_but_counted_for_every_module(
+    wide: bool, monkeypatch: Any
+) -> None:
+    if wide:  # per-channel results in the scratch, read by the module that shares them
+        monkeypatch.setattr(recmod, "_WIDE_CHANNELS", 8)
+
     class Wrap(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -272,12 +279,12 @@ def test_shared_output_is_reduced_once_but_counted_for_every_module() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.ident(self.inner(x))
 
-    model = nn.Sequential(Wrap())
+    model = nn.Sequential(Wrap(), nn.Linear(16, 16))  # "1" reuses the scratch after "0"
     raw, ref = run_recorder(model, [torch.randn(4, 16) for _ in range(2)])
     assert ref is not None
-    for name in ("0", "0.inner", "0.ident"):
+    for name in ("0", "0.inner", "0.ident", "1"):
         check_against(raw[name], ref.stats(name), batches=2)
-        assert raw[name].calls == 2
+        assert raw[name].calls == 2 and raw[name].channel_max is not None
     assert raw["0"].grad_sumsq == raw["0.inner"].grad_sumsq == raw["0.ident"].grad_sumsq
     assert raw["0.inner"].param_grad_sumsq and raw["0"].param_grad_sumsq is None
 
