@@ -14,29 +14,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from actscan.numfmt import num
 from actscan.report import Report
 from actscan.types import Finding, Severity
 
 SPARK = "▁▂▃▄▅▆▇█"
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARN: "yellow", Severity.INFO: "cyan"}
-
-
-def num(x: float | None, digits: int = 3) -> str:
-    """Compact 3-significant-digit numbers: 1.23, 0.0123, 1.2e+05, nan, —."""
-    if x is None:
-        return "—"
-    if isinstance(x, str):
-        return x
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x == 0:
-        return "0"
-    ax = abs(x)
-    if ax >= 1e5 or ax < 1e-3:
-        return f"{x:.{digits - 1}e}"
-    return f"{x:.{digits}g}"
 
 
 def spark(values: Sequence[float | None], lo: float | None = None, hi: float | None = None) -> str:

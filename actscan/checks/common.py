@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from actscan.numfmt import num as n  # noqa: F401  (re-exported for the checks)
 from actscan.types import CheckId, Finding, ParamRecord, Severity, StreamPoint
 
 if TYPE_CHECKING:
@@ -36,22 +37,6 @@ CHECK_ORDER: tuple[str, ...] = (
     CheckId.LOGIT_SCALE,
     CheckId.INIT_SCALE,
 )
-
-
-def n(x: float | None, digits: int = 3) -> str:
-    """3 significant digits for messages: 1.23, 0.0123, 1.2e+05, nan."""
-    if x is None:
-        return "—"
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x == 0:
-        return "0"
-    ax = abs(x)
-    if ax >= 1e5 or ax < 1e-3:
-        return f"{x:.{digits - 1}e}"
-    return f"{x:.{digits}g}"
 
 
 def pct(x: float) -> str:
