@@ -9,8 +9,8 @@ benchmarks/results/<timestamp>.json so runs can be compared across commits):
             gradients on, the Recorder driven exactly as actscan.scanner drives it. Models:
             configs/gpt2-124m.yaml (12 × 768, seq 256, batch 4) and configs/gpt-48-naive
             .yaml (48 × 256, seq 64, batch 4: small tensors, many hooks: hook-bound).
-  rss       peak RSS (resource.getrusage) of an instrumented ÷ a plain 12 × 768 step,
-            each in its own process.
+  rss       peak RSS (resource.getrusage) of an instrumented ÷ a plain 12 × 768 batch
+            (model built, one forward+backward), each in its own process.
   batches   peak RSS of scan(batches=N) for N = 1, 4, 16 (48 × 256): must stay flat.
   help      wall time of `actscan --help`, and that it imports neither torch nor
             transformers.
@@ -151,8 +151,7 @@ def child(argv: list[str]) -> None:
         model, ids = build(name, device)
         base = peak_rss_mb()
         st = Steps(model, ids, device)
-        for _ in range(2):
-            getattr(st, mode)()
+        getattr(st, mode)()  # one batch, as `actscan profile` runs
         if mode == "instrumented":
             st.per_scan()
         print(json.dumps({"peak_mb": peak_rss_mb(), "after_build_mb": base}))
