@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 __all__ = ["Finding", "LayerRecord", "Report", "Severity", "__version__", "scan"]
 
 if TYPE_CHECKING:
-    from actscan.report import Report
+    from actscan.report.report import Report
     from actscan.scanner import scan
     from actscan.types import Finding, LayerRecord, Severity
 
@@ -23,7 +23,7 @@ def __getattr__(name: str) -> Any:
 
         return scan
     if name == "Report":
-        from actscan.report import Report
+        from actscan.report.report import Report
 
         return Report
     if name in {"Finding", "LayerRecord", "Severity"}:

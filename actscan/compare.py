@@ -23,13 +23,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from actscan import __version__
-from actscan.report import SCHEMA_VERSION, Report
+from actscan.report.report import SCHEMA_VERSION, Report
 from actscan.types import Finding, LayerRecord, Layout, ModelInfo, StreamPoint
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from actscan.inputs import InputSource
+    from actscan.measure.inputs import InputSource
 
 # Mantissa bits: "higher precision" is the side with more of them (fp16 beats bf16).
 _MANTISSA = {"fp32": 23, "fp16": 10, "bf16": 7}
@@ -473,7 +473,7 @@ def verdict(cmp: Comparison) -> str:
 def default_inputs(info: ModelInfo, batch: int, seq_len: int, seed: int) -> InputSource:
     """The random token ids scan() invents for `info` (same seed → the same ids)."""
     from actscan.errors import UsageError
-    from actscan.inputs import token_source
+    from actscan.measure.inputs import token_source
 
     if not (info.vocab_size and info.task in ("causal-lm", "encoder")):
         raise UsageError("cannot invent inputs for this model: pass --input or --input-shape")
@@ -518,9 +518,9 @@ def precision_divergence(
     """
     import torch
 
-    from actscan.recorder import first_tensor
+    from actscan.measure.recorder import first_tensor
+    from actscan.measure.structure import detect_layout
     from actscan.scanner import TORCH_DTYPES, _cast_batch, resolve_device
-    from actscan.structure import detect_layout
 
     dev = resolve_device(device, model)
     layout = layout or detect_layout(model, model_type)

@@ -16,13 +16,13 @@ import torch
 from torch import nn
 
 from actscan.diagnose import CheckContext, run_checks
+from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.errors import UsageError
-from actscan.inputs import Batch, InputSource, default_loss, token_source, user_source
-from actscan.recorder import Recorder, iter_named, moments
-from actscan.report import Report
-from actscan.stats import branch_records, growth_fit, layer_record, stream_points
-from actscan.structure import detect_layout, is_norm
-from actscan.thresholds import DEFAULT, Thresholds
+from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
+from actscan.measure.recorder import Recorder, iter_named, moments
+from actscan.measure.stats import branch_records, growth_fit, layer_record, stream_points
+from actscan.measure.structure import detect_layout, is_norm
+from actscan.report.report import Report
 from actscan.types import Layout, ModelInfo, ParamRecord, RunInfo
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -47,7 +47,7 @@ def resolve_device(device: str | torch.device | None, model: nn.Module) -> torch
 
 def infer_info(model: nn.Module, source: str = "python") -> ModelInfo:
     """What can be read off an nn.Module without a resolver's help."""
-    from actscan.model import ActscanGPT, arch_facts
+    from actscan.models.gpt import ActscanGPT, arch_facts
 
     n_params = sum(p.numel() for p in model.parameters())
     if isinstance(model, ActscanGPT):
@@ -321,7 +321,7 @@ def _first_shape(source: InputSource) -> tuple[int, ...]:
     b = source(0)
     t = b.token_ids
     if t is None:
-        from actscan.recorder import first_tensor
+        from actscan.measure.recorder import first_tensor
 
         t = first_tensor((b.args, b.kwargs))
     return tuple(t.shape) if t is not None else ()

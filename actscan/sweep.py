@@ -18,7 +18,7 @@ from typing import Any
 
 from actscan import __version__
 from actscan.errors import BadInputError, UsageError
-from actscan.report import SCHEMA_VERSION, Report
+from actscan.report.report import SCHEMA_VERSION, Report
 from actscan.types import Severity
 
 # Hugging Face config keys, in the order they are tried (GPT-2 style names second).
@@ -185,7 +185,12 @@ def _first_key(values: Mapping[str, Any], keys: Sequence[str]) -> str | None:
 def base_config(target: str, overrides: Mapping[str, str]) -> BaseConfig:
     """Read TARGET's architecture (a config file or a shipped config name) without
     building it: a sweep rebuilds it at every size, at initialization."""
-    from actscan.arch import apply_overrides, build_config, is_actscan_config, read_config_file
+    from actscan.models.arch import (
+        apply_overrides,
+        build_config,
+        is_actscan_config,
+        read_config_file,
+    )
     from actscan.targets.resolve import CONFIG_SUFFIXES, shipped_configs
 
     path = Path(target)

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 import torch.nn.functional as F
 
-from actscan.arch import ArchConfig
-from actscan.model import ActscanGPT
+from actscan.models.arch import ArchConfig
+from actscan.models.gpt import ActscanGPT
 
 
 def main() -> None:

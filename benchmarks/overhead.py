@@ -59,8 +59,8 @@ def build(name: str, device: str) -> tuple[Any, Any]:
     """The model of MODELS[name] and one batch of random token ids on `device`."""
     import torch
 
-    from actscan.arch import build_config, read_config_file
-    from actscan.model import build_model
+    from actscan.models.arch import build_config, read_config_file
+    from actscan.models.gpt import build_model
 
     path, batch, seq = MODELS[name]
     cfg = build_config(read_config_file(ROOT / path), path)
@@ -81,7 +81,7 @@ class Steps:
     """
 
     def __init__(self, model: Any, ids: Any, device: str) -> None:
-        from actscan.structure import detect_layout
+        from actscan.measure.structure import detect_layout
 
         self.model, self.ids, self.device = model, ids, device
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -91,7 +91,7 @@ class Steps:
         self.rec = self.recorder()
 
     def recorder(self) -> Any:
-        from actscan.recorder import Recorder, iter_named
+        from actscan.measure.recorder import Recorder, iter_named
 
         targets = list(iter_named(self.model, None))
         return Recorder(targets, stream_input=self.stream, backward=True, channels=True,
@@ -100,7 +100,7 @@ class Steps:
     def plain(self) -> None:
         import torch
 
-        from actscan.inputs import next_token_loss
+        from actscan.measure.inputs import next_token_loss
 
         loss = next_token_loss(self.model(self.ids), self.ids)
         torch.autograd.grad(loss, self.params, allow_unused=True)
@@ -108,7 +108,7 @@ class Steps:
     def instrumented(self) -> None:
         import torch
 
-        from actscan.inputs import next_token_loss
+        from actscan.measure.inputs import next_token_loss
 
         with self.rec as rec:
             loss = next_token_loss(self.model(self.ids), self.ids)

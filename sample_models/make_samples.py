@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from actscan.arch import ArchConfig
-from actscan.model import build_model
+from actscan.models.arch import ArchConfig
+from actscan.models.gpt import build_model
 from actscan.targets.checkpoint import save_builtin
 
 OUT = Path(__file__).resolve().parent

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from actscan import Finding, LayerRecord, Report, Severity, scan
-from actscan.schema import validate_report
+from actscan.report.schema import validate_report
 
 
 @pytest.fixture(autouse=True, scope="module")

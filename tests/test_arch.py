@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from actscan.arch import (
+from actscan.errors import ConfigError
+from actscan.measure.structure import detect_layout, stream_ks
+from actscan.models.arch import (
     ArchConfig,
     apply_overrides,
     build_config,
     parse_set,
     read_config_file,
 )
-from actscan.errors import ConfigError
-from actscan.model import build_model
-from actscan.structure import detect_layout, stream_ks
+from actscan.models.gpt import build_model
 from actscan.targets.resolve import shipped_configs
 
 SMALL = dict(n_layers=4, d_model=64, n_heads=4, vocab_size=128, seq_len=16)

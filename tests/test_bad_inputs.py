@@ -14,9 +14,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from actscan.arch import ArchConfig
 from actscan.cli import app
-from actscan.model import build_model
+from actscan.models.arch import ArchConfig
+from actscan.models.gpt import build_model
 from actscan.targets.checkpoint import CONFIG_KEY, save_builtin
 from actscan.targets.safetensors_io import load_tensors, save_tensors
 

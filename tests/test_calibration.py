@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from actscan.arch import build_config, read_config_file
-from actscan.model import build_model
-from actscan.report import Report
+from actscan.models.arch import build_config, read_config_file
+from actscan.models.gpt import build_model
+from actscan.report.report import Report
 from actscan.scanner import infer_info, scan
 from actscan.types import CheckId, Finding, Severity
 
@@ -279,7 +279,7 @@ def test_reports_with_findings_validate_and_gate(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from actscan.cli import app
-    from actscan.schema import validate_report
+    from actscan.report.schema import validate_report
 
     model = builtin(n_layers=2, d_model=64, vocab_size=256, activation="relu", mlp_bias_init=-5)
     validate_report(json.loads(profile(model).to_json()))

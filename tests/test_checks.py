@@ -11,11 +11,11 @@ from dataclasses import replace
 
 import pytest
 
-import actscan.thresholds as thresholds_module
+import actscan.diagnose.thresholds as thresholds_module
 from actscan.diagnose import CHECKS, CheckContext, run_checks
+from actscan.diagnose.thresholds import DEFAULT, Thresholds, parse_threshold_options
 from actscan.errors import UsageError
-from actscan.stats import growth_fit
-from actscan.thresholds import DEFAULT, Thresholds, parse_threshold_options
+from actscan.measure.stats import growth_fit
 from actscan.types import (
     BlockInfo,
     CheckId,

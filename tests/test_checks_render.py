@@ -19,7 +19,7 @@ from test_checks import (
 )
 
 from actscan.diagnose import run_checks
-from actscan.render import findings_panel
+from actscan.report.render import findings_panel
 from actscan.types import Severity
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 import actscan.scanner  # noqa: F401  (the module whose check runner the tests replace)
 from actscan.cli import app
-from actscan.schema import validate_report
+from actscan.report.schema import validate_report
 from actscan.types import Finding, Severity
 
 pytest.importorskip("jsonschema")

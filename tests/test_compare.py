@@ -32,7 +32,7 @@ from actscan.compare import (
     precision_divergence,
 )
 from actscan.errors import ActscanError
-from actscan.report import Report
+from actscan.report.report import Report
 from actscan.scanner import scan
 from actscan.targets.resolve import TargetOptions, resolve
 from actscan.types import Finding, Severity
@@ -319,7 +319,7 @@ COMPARE_SCHEMA: dict[str, Any] = {
 
 def test_cli_dtype_compare_json_has_the_documented_shape(isolated: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    from actscan.schema import validate_report
+    from actscan.report.schema import validate_report
 
     out = isolated / "cmp.json"
     res = cli(
@@ -416,7 +416,7 @@ def test_plot_is_a_png(isolated: Path) -> None:
 def test_plot_without_matplotlib_says_how_to_install(
     isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from actscan.plot import Series, plot_streams
+    from actscan.report.plot import Series, plot_streams
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ActscanError, match=r"actscan\[plot\]"):

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
-from actscan.arch import ArchConfig
-from actscan.inputs import next_token_loss
-from actscan.model import build_model
-from actscan.recorder import Recorder, iter_named
-from actscan.structure import detect_layout
+from actscan.measure.inputs import next_token_loss
+from actscan.measure.recorder import Recorder, iter_named
+from actscan.measure.structure import detect_layout
+from actscan.models.arch import ArchConfig
+from actscan.models.gpt import build_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -23,8 +23,8 @@ import yaml
 from typer.testing import CliRunner
 
 from actscan.cli import app
-from actscan.project_config import load_project_config
-from actscan.schema import validate_report
+from actscan.report.schema import validate_report
+from actscan.settings import load_project_config
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

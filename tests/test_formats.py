@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from actscan.errors import UsageError
-from actscan.formats import fmt_num, to_junit, to_markdown, write_atomic
-from actscan.report import Report
-from actscan.schema import load_schema, validate_report
+from actscan.report.formats import fmt_num, to_junit, to_markdown, write_atomic
+from actscan.report.report import Report
+from actscan.report.schema import load_schema, validate_report
 from actscan.types import CheckId, Finding, LayerRecord, ModelInfo, RunInfo, Severity, StreamPoint
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -388,7 +388,7 @@ def test_no_torch_import():
     import subprocess
 
     code = (
-        "import sys, actscan.formats, actscan.schema, actscan.project_config; "
+        "import sys, actscan.report.formats, actscan.report.schema, actscan.settings; "
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

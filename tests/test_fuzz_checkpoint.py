@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from actscan.arch import ArchConfig
 from actscan.cli import app
-from actscan.model import build_model
+from actscan.models.arch import ArchConfig
+from actscan.models.gpt import build_model
 from actscan.targets.checkpoint import save_builtin
 from actscan.targets.safetensors_io import read_header
 

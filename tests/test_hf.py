@@ -18,7 +18,7 @@ import torch
 from typer.testing import CliRunner
 
 from actscan.cli import app
-from actscan.inputs import random_tokens
+from actscan.measure.inputs import random_tokens
 from actscan.scanner import scan
 from actscan.targets.resolve import TargetOptions, resolve
 
@@ -195,7 +195,7 @@ def test_structure_of_families(
     resolved = resolve(str(path))
     assert resolved.info.at_init and resolved.info.family == model_type
     assert resolved.info.task == "causal-lm"
-    from actscan.structure import detect_layout
+    from actscan.measure.structure import detect_layout
 
     layout = detect_layout(resolved.model, model_type)
     assert len(layout.blocks) == 3

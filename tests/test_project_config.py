@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from actscan.errors import ConfigError
-from actscan.project_config import (
+from actscan.settings import (
     Ignore,
     ProjectConfig,
     apply_ignores,

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import actscan.recorder as recmod
-from actscan.arch import ArchConfig
-from actscan.model import build_model
-from actscan.recorder import RawStats, Recorder, iter_named
+import actscan.measure.recorder as recmod
+from actscan.measure.recorder import RawStats, Recorder, iter_named
+from actscan.models.arch import ArchConfig
+from actscan.models.gpt import build_model
 
 REL = 1e-5
 
@@ -410,7 +410,7 @@ def test_moments_match_fp64_and_count_nonfinite_exactly() -> None:
 def test_fast_build_is_bit_identical_to_the_plain_constructor(kw: dict[str, Any]) -> None:
     """build_model skips PyTorch's default init but must draw the very same weights
     (the fast path itself is compared: build_model would fall back if it drifted)."""
-    from actscan import model as modelmod
+    from actscan.models import gpt as modelmod
 
     assert modelmod._fast_build_ok()  # with this torch the fast path is the one in use
     cfg = ArchConfig(n_layers=2, d_model=32, n_heads=2, vocab_size=37, seq_len=17, **kw)

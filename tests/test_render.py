@@ -14,10 +14,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from actscan.arch import ArchConfig
 from actscan.cli import app
-from actscan.model import build_model
-from actscan.render import num, render_report, spark
+from actscan.models.arch import ArchConfig
+from actscan.models.gpt import build_model
+from actscan.report.render import num, render_report, spark
 from actscan.scanner import scan
 
 GOLDEN = Path(__file__).parent / "golden"

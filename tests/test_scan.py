@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from actscan.arch import ArchConfig
-from actscan.inputs import random_tokens
-from actscan.model import build_model
-from actscan.recorder import Recorder, first_tensor, iter_named
+from actscan.measure.inputs import random_tokens
+from actscan.measure.recorder import Recorder, first_tensor, iter_named
+from actscan.models.arch import ArchConfig
+from actscan.models.gpt import build_model
 from actscan.scanner import scan
 
 SMALL = dict(n_layers=4, d_model=64, n_heads=4, vocab_size=128, seq_len=16)

@@ -145,7 +145,7 @@ SWEEP_SCHEMA: dict[str, Any] = {
 
 def test_depth_sweep_naive_grows_with_depth_scaled_does_not(isolated: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    from actscan.schema import validate_report
+    from actscan.report.schema import validate_report
 
     out = isolated / "sweep.json"
     res = cli(

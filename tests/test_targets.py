@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from actscan.arch import ArchConfig
 from actscan.cli import app
-from actscan.model import build_model
+from actscan.models.arch import ArchConfig
+from actscan.models.gpt import build_model
 from actscan.scanner import scan
 from actscan.targets.checkpoint import CONFIG_KEY, save_builtin
 from actscan.targets.resolve import resolve
@@ -222,8 +222,8 @@ def test_callable_with_embedding_gets_token_ids(tmp_path, monkeypatch) -> None:
 
 def test_callable_returning_builtin_model(tmp_path, monkeypatch) -> None:
     mod = write_module(tmp_path, monkeypatch, "fac_builtin", """
-        from actscan.arch import ArchConfig
-        from actscan.model import build_model
+        from actscan.models.arch import ArchConfig
+        from actscan.models.gpt import build_model
 
         def gpt():
             return build_model(ArchConfig(n_layers=2, d_model=32, n_heads=4, vocab_size=64,

@@ -18,8 +18,8 @@ from rich.console import Console
 from actscan.errors import ActscanError, UsageError
 
 if TYPE_CHECKING:
-    from actscan.project_config import ProjectConfig
-    from actscan.report import Report
+    from actscan.report.report import Report
+    from actscan.settings import ProjectConfig
     from actscan.types import Finding
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -217,7 +217,7 @@ DEFAULTS: dict[str, Any] = {
 
 def settings(cli: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], ProjectConfig]:
     """Effective settings (CLI > [tool.actscan] > defaults), their sources, the project."""
-    from actscan.project_config import effective_settings, find_project_config
+    from actscan.settings import effective_settings, find_project_config
 
     project = find_project_config()
     if cli.get("thresholds"):  # one spelling per name, so the command line overrides the file
@@ -237,7 +237,7 @@ def settings(cli: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], Proje
 def _check_thresholds(thresholds: dict[str, Any], sources: dict[str, str]) -> None:
     """Fail before building the model on a threshold name or value scan() would refuse,
     naming where it came from (a project file or the command line)."""
-    from actscan.thresholds import DEFAULT
+    from actscan.diagnose.thresholds import DEFAULT
 
     for name, value in thresholds.items():
         try:
@@ -291,7 +291,7 @@ def emit(
     json_text: Callable[[], str] | None = None,
 ) -> None:
     """Write --json, --format/-o, and the human table, keeping stdout clean for data."""
-    from actscan.formats import to_junit, to_markdown, write_atomic
+    from actscan.report.formats import to_junit, to_markdown, write_atomic
 
     check_outputs(fmt, output, json_path)
     data_to_stdout = json_path == "-" or (fmt is not FormatOpt.table and output in (None, "-"))

@@ -13,7 +13,7 @@ from actscan.cli import common as c
 
 if TYPE_CHECKING:
     from actscan.compare import Divergence
-    from actscan.report import Report
+    from actscan.report.report import Report
 
 VsDType = Annotated[
     c.DTypeOpt | None, typer.Option("--vs-dtype", help="B runs in this dtype (same weights).")
@@ -112,7 +112,7 @@ def scan_side(
 ) -> Report:
     """build_and_scan for one side, then the project's ignores (as profile applies them)."""
     from actscan.cli.profile import build_and_scan
-    from actscan.project_config import apply_ignores
+    from actscan.settings import apply_ignores
 
     report = build_and_scan(
         side.target, side.values(shared), config=side.config, init=side.init,
@@ -138,7 +138,7 @@ def _divergence(
     config, seed and file) and run the capture pass on deep copies of it."""
     from actscan.cli.profile import resolve_target
     from actscan.compare import Precision, default_inputs, precision_divergence
-    from actscan.thresholds import DEFAULT
+    from actscan.diagnose.thresholds import DEFAULT
 
     pa = Precision(ra.run.dtype, ra.run.amp)
     pb = Precision(rb.run.dtype, rb.run.amp)
@@ -206,7 +206,7 @@ def compare(
       actscan compare gpt2-124m --dtype fp32 --vs-dtype bf16
       actscan compare model.safetensors --vs-amp bf16 --json compare.json
     """
-    from actscan.thresholds import parse_threshold_options
+    from actscan.diagnose.thresholds import parse_threshold_options
 
     cli = {
         "fail_on": fail_on, "dtype": dtype, "amp": amp, "batch": batch, "seq_len": seq_len,
@@ -262,7 +262,7 @@ def compare(
             ),
         )
     if plot is not None:
-        from actscan.plot import Series, plot_streams
+        from actscan.report.plot import Series, plot_streams
 
         plot_streams(
             [
@@ -274,7 +274,7 @@ def compare(
             plot, title="Residual stream RMS vs k",
         )  # fmt: skip
 
-    from actscan.render_compare import render_comparison
+    from actscan.report.render_compare import render_comparison
 
     c.emit(
         [ra, rb], fmt=fmt, output=output, json_path=json_out, fail_on=values["fail_on"],

@@ -12,7 +12,7 @@ def configs_cmd() -> None:
     """List shipped configs (usable by name as TARGET) and the init schemes."""
     from rich.table import Table
 
-    from actscan.arch import INITS, build_config, read_config_file
+    from actscan.models.arch import INITS, build_config, read_config_file
     from actscan.targets.resolve import shipped_configs
 
     console = make_console()

@@ -23,7 +23,7 @@ def resolve_target(
     allow_nonfinite: bool,
 ) -> tuple[Any, Any]:
     """TARGET → (Resolved, input source or None). Shared by profile, compare and sweep."""
-    from actscan.arch import parse_set
+    from actscan.models.arch import parse_set
     from actscan.targets.resolve import TargetOptions, resolve
 
     opts = TargetOptions(
@@ -131,7 +131,7 @@ def profile(
       actscan profile path/to/hf-model --dtype bf16 --json report.json
       actscan profile mypkg.models:build --input-shape 8,128 --fail-on warn
     """
-    from actscan.thresholds import parse_threshold_options
+    from actscan.diagnose.thresholds import parse_threshold_options
 
     cli = {
         "fail_on": fail_on, "dtype": dtype, "amp": amp, "batch": batch, "seq_len": seq_len,
@@ -154,8 +154,8 @@ def profile(
         )  # fmt: skip
     from dataclasses import replace
 
-    from actscan.project_config import apply_ignores
-    from actscan.render import render_report
+    from actscan.report.render import render_report
+    from actscan.settings import apply_ignores
 
     kept, ignored = apply_ignores(report.findings, project.ignores)
     report = replace(report, findings=kept)
@@ -174,7 +174,7 @@ def _print_settings(values: dict[str, Any], sources: dict[str, str], project: An
     """One row per setting and per threshold (defaults included), with where it came from."""
     from rich.table import Table
 
-    from actscan.thresholds import DEFAULT
+    from actscan.diagnose.thresholds import DEFAULT
 
     console = c.make_console()
     path = getattr(project, "path", None)

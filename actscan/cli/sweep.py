@@ -60,10 +60,10 @@ def sweep(
       actscan sweep gpt-48-naive --depth 6,12,24,48 --vs-set branch_scale=depth
       actscan sweep configs/gpt-12-preln.yaml --width 128,256,512,1024 --plot width.png
     """
-    from actscan.arch import parse_set
     from actscan.cli.compare import check_precision, scan_side
+    from actscan.diagnose.thresholds import parse_threshold_options
+    from actscan.models.arch import parse_set
     from actscan.sweep import base_config, parse_sizes, plan, run_sweep, size_notes
-    from actscan.thresholds import parse_threshold_options
 
     depths, widths = parse_sizes(depth, "--depth"), parse_sizes(width, "--width")
     cli = {
@@ -113,7 +113,7 @@ def sweep(
         )  # fmt: skip
 
     if plot is not None:
-        from actscan.plot import Series, plot_streams
+        from actscan.report.plot import Series, plot_streams
 
         two = len(sides) > 1
         sizes = list(dict.fromkeys((r.depth, r.width) for r in result.rows))
@@ -132,7 +132,7 @@ def sweep(
             title=f"Residual stream RMS vs k: {target}",
         )
 
-    from actscan.render_compare import render_sweep
+    from actscan.report.render_compare import render_sweep
 
     reports = [r.report for r in result.rows]
     c.emit(

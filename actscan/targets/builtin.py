@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from actscan.arch import (
+from actscan.models.arch import (
     ArchConfig,
     apply_overrides,
     build_config,
@@ -25,7 +25,7 @@ def arch_from_mapping(data: dict[str, Any], where: str, opts: TargetOptions) -> 
 
 
 def build_builtin(cfg: ArchConfig, source: str, seed: int, *, at_init: bool) -> Resolved:
-    from actscan.model import arch_facts, build_model
+    from actscan.models.gpt import arch_facts, build_model
 
     model = build_model(cfg, seed=seed)
     info = ModelInfo(

@@ -22,8 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actscan.arch import ArchConfig, is_actscan_config, read_config_file
 from actscan.errors import BadInputError, ConfigError, UsageError
+from actscan.models.arch import ArchConfig, is_actscan_config, read_config_file
 from actscan.targets.builtin import arch_from_mapping, build_builtin
 from actscan.targets.resolve import Resolved, TargetOptions, shipped_configs
 from actscan.targets.safetensors_io import SafetensorsHeader, read_header
@@ -45,7 +45,7 @@ def save_builtin(model: nn.Module, path: str | Path, *, dtype: torch.dtype | Non
     other file. A tied output head is stored once (under the embedding's name). `dtype`
     casts floating-point tensors (e.g. fp16 to halve the file). Written atomically.
     """
-    from actscan.model import ActscanGPT
+    from actscan.models.gpt import ActscanGPT
     from actscan.targets.safetensors_io import save_tensors
 
     if not isinstance(model, ActscanGPT):
@@ -141,7 +141,7 @@ def _check_against(cfg: ArchConfig, header: SafetensorsHeader) -> None:
     """
     import torch
 
-    from actscan.model import ActscanGPT
+    from actscan.models.gpt import ActscanGPT
 
     indices = {int(m.group(1)) for n in header.tensors if (m := _BLOCK_RE.match(n))}
     # Distinct ints ≥ 0 with len n and max n-1 are exactly 0..n-1.

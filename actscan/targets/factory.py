@@ -87,7 +87,7 @@ def resolve_factory(target: str, opts: TargetOptions) -> Resolved:
     import torch
     from torch import nn
 
-    from actscan.inputs import tensor_source, user_source
+    from actscan.measure.inputs import tensor_source, user_source
     from actscan.scanner import infer_info
 
     fn = load_callable(target)
@@ -137,8 +137,8 @@ def _token_inputs(target: str, model: Any, info: Any, opts: TargetOptions) -> Re
     import torch
     from torch import nn
 
-    from actscan.inputs import token_source
-    from actscan.recorder import first_tensor
+    from actscan.measure.inputs import token_source
+    from actscan.measure.recorder import first_tensor
 
     sizes = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
     if not sizes:

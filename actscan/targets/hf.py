@@ -293,9 +293,9 @@ def reinit(model: nn.Module, scheme: str, init_std: float, seed: int) -> None:
     import torch
     from torch import nn
 
-    from actscan.arch import INITS, ArchConfig
-    from actscan.model import _linear_std
-    from actscan.structure import is_norm
+    from actscan.measure.structure import is_norm
+    from actscan.models.arch import INITS, ArchConfig
+    from actscan.models.gpt import _linear_std
 
     if scheme not in INITS:
         raise ConfigError(f"--init must be one of {'|'.join(INITS)}, got '{scheme}'")
@@ -531,7 +531,7 @@ def hf_info(
     extra: Mapping[str, Any] | None = None,
 ) -> ModelInfo:
     """ModelInfo for a transformers model; `arch` keys mirror the built-in family's facts."""
-    from actscan.structure import is_norm
+    from actscan.measure.structure import is_norm
 
     mt = str(config.model_type)
     n_layers = _first_attr(config, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -592,7 +592,7 @@ def _inputs(opts: TargetOptions, info: ModelInfo):
             f"--input-shape gives a float tensor, but this {info.family} model takes token ids "
             "(use --batch and --seq-len, or --input FILE)"
         )
-    from actscan.inputs import tensor_source
+    from actscan.measure.inputs import tensor_source
 
     return tensor_source(opts.input_shape, opts.seed)
 
@@ -631,7 +631,7 @@ def _no_init_with_weights(source: str, opts: TargetOptions) -> None:
 
 def resolve_folder(path: Path, opts: TargetOptions) -> Resolved:
     """A Hugging Face model folder: config.json + safetensors weights (single or sharded)."""
-    from actscan.arch import read_config_file
+    from actscan.models.arch import read_config_file
     from actscan.targets.safetensors_io import (
         PICKLE_SUFFIXES,
         load_pickle_weights_only,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actscan.errors import BadInputError
-from actscan.inputs import Batch, InputSource, file_tokens
+from actscan.measure.inputs import Batch, InputSource, file_tokens
 from actscan.targets.resolve import Resolved, TargetOptions
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from actscan.errors import BadInputError
-from actscan.inputs import InputSource
+from actscan.measure.inputs import InputSource
 from actscan.types import ModelInfo
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"

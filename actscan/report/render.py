@@ -14,8 +14,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from actscan.numfmt import num
-from actscan.report import Report
+from actscan.report.numfmt import num
+from actscan.report.report import Report
 from actscan.types import Finding, Severity
 
 SPARK = "▁▂▃▄▅▆▇█"

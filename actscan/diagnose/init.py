@@ -9,7 +9,7 @@ import statistics
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from actscan.checks.common import branch_projections, finding, listing, n, residual_budget
+from actscan.diagnose.common import branch_projections, finding, listing, n, residual_budget
 from actscan.types import CheckId, Finding, ParamRecord, Severity
 
 if TYPE_CHECKING:

@@ -108,7 +108,7 @@ class Report:
         )
 
     def to_markdown(self, fail_on: str | FailOn = FailOn.ERROR) -> str:
-        from actscan.formats import to_markdown
+        from actscan.report.formats import to_markdown
 
         return to_markdown(self, fail_on=fail_on)
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from actscan.arch import ArchConfig
+from actscan.models.arch import ArchConfig
 
 
 class RMSNorm(nn.Module):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from actscan.errors import BadInputError, UsageError
-from actscan.recorder import first_tensor
+from actscan.measure.recorder import first_tensor
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from actscan.checks.common import (
+from actscan.diagnose.common import (
     DTYPE_MAX,
     FP16_EXP_LIMIT,
     FP16_MAX,

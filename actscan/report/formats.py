@@ -20,7 +20,7 @@ from actscan.errors import UsageError
 from actscan.types import CheckId, FailOn, Finding, Severity
 
 if TYPE_CHECKING:
-    from actscan.report import Report
+    from actscan.report.report import Report
 
 __all__ = ["fmt_count", "fmt_num", "to_junit", "to_markdown", "write_atomic"]
 

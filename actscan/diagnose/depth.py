@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from actscan.checks.common import (
+from actscan.diagnose.common import (
     FP16_MAX,
     block_points,
     finding,

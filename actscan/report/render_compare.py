@@ -11,8 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from actscan.compare import Comparison, Divergence, FindingDiff
-from actscan.render import SEVERITY_STYLE, findings_panel, num, spark
-from actscan.report import Report
+from actscan.report.render import SEVERITY_STYLE, findings_panel, num, spark
+from actscan.report.report import Report
 from actscan.sweep import Sweep
 from actscan.types import Finding
 

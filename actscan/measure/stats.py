@@ -11,8 +11,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from actscan.recorder import RawStats
-from actscan.thresholds import Thresholds
+from actscan.diagnose.thresholds import Thresholds
+from actscan.measure.recorder import RawStats
 from actscan.types import BranchRecord, LayerRecord, Layout, StreamPoint
 
 

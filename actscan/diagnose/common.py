@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from actscan.numfmt import num as n  # noqa: F401  (re-exported for the checks)
+from actscan.report.numfmt import num as n  # noqa: F401  (re-exported for the checks)
 from actscan.types import CheckId, Finding, ParamRecord, Severity, StreamPoint
 
 if TYPE_CHECKING:

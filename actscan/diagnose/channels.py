@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from actscan.checks.common import finding, finite, listing, n, pct, positive
+from actscan.diagnose.common import finding, finite, listing, n, pct, positive
 from actscan.types import CheckId, Finding, LayerRecord, Severity
 
 if TYPE_CHECKING:

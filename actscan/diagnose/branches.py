@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from actscan.checks.common import GAIN_NAME, branch_projections, finding, finite, listing, n
-from actscan.stats import branch_records
+from actscan.diagnose.common import GAIN_NAME, branch_projections, finding, finite, listing, n
+from actscan.measure.stats import branch_records
 from actscan.types import BranchRecord, CheckId, Finding, LayerRecord, ParamRecord, Severity
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 Each check is a function CheckContext -> list[Finding] (actscan/checks/); `run_checks`
 runs them all and sorts the findings worst first, then in CHECK_ORDER (numerics, measured
 depth pathologies, per-component, static init last), so the most explanatory finding leads.
-Thresholds come from actscan.thresholds only.
+Thresholds come from actscan.diagnose.thresholds only.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from actscan.stats import GrowthFit
-from actscan.thresholds import Thresholds
+from actscan.diagnose.thresholds import Thresholds
+from actscan.measure.stats import GrowthFit
 from actscan.types import Finding, LayerRecord, Layout, ModelInfo, ParamRecord, RunInfo, StreamPoint
 
 
@@ -33,7 +33,7 @@ CHECKS: dict[str, Check] = {}
 
 
 def _register() -> None:
-    from actscan.checks import branches, channels, depth, init, numerics
+    from actscan.diagnose import branches, channels, depth, init, numerics
 
     CHECKS.update(
         {
@@ -54,7 +54,7 @@ _register()
 
 
 def run_checks(ctx: CheckContext) -> tuple[Finding, ...]:
-    from actscan.checks.common import CHECK_ORDER
+    from actscan.diagnose.common import CHECK_ORDER
 
     rank = {c: i for i, c in enumerate(CHECK_ORDER)}
     findings = [f for check in CHECKS.values() for f in check(ctx)]

@@ -1,0 +1,1 @@
+"""The built-in model family, actscan-gpt: its config (`arch`) and its `nn.Module` (`gpt`)."""
