@@ -182,13 +182,15 @@ def scan(
     channels: bool = True,
     progress: Progress | None = None,
 ) -> Report:
-    """Measure one forward+backward pass (× `batches`) of `model`; see interface.md.
+    """Measure one forward+backward pass (× `batches`) of `model`.
 
-    inputs: a tensor, a tuple of positional args, a dict of kwargs, a list of those (one
-      per batch) or a callable batch_index -> one of those. None: random token ids of
-      shape (batch, seq_len) for language models and encoders.
-    loss_fn(output) -> scalar tensor; default: next-token cross-entropy for language
-      models, a fixed random projection for encoders, else mean square of the output.
+    The API is in the README, "pytest".
+
+        inputs: a tensor, a tuple of positional args, a dict of kwargs, a list of those (one
+          per batch) or a callable batch_index -> one of those. None: random token ids of
+          shape (batch, seq_len) for language models and encoders.
+        loss_fn(output) -> scalar tensor; default: next-token cross-entropy for language
+          models, a fixed random projection for encoders, else mean square of the output.
     """
     if batches < 1:
         raise UsageError(f"batches must be ≥ 1, got {batches}")

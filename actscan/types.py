@@ -2,7 +2,7 @@
 
 Nothing here imports torch: the CLI, the renderers and the report writers work on these
 plain values, so `actscan --help` and report post-processing stay fast. Field names match
-the JSON report of `shared/docs/interface.md` (schema_version 1) one to one.
+the JSON report of docs/report-format.md (schema_version 1) one to one.
 """
 
 from __future__ import annotations

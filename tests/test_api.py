@@ -1,4 +1,4 @@
-"""The Python API as interface.md states it: `from actscan import scan` on a user's own
+"""The Python API as the README states it: `from actscan import scan` on a user's own
 nn.Module with the user's inputs and loss, a Report with the JSON's field names, and a
 model left exactly as it was (weights bit for bit, modes, hooks, requires_grad, .grad,
 dtype, device), also when the forward raises."""

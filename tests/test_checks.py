@@ -123,7 +123,7 @@ def run(c: CheckContext) -> tuple[Finding, ...]:
 
 
 def accumulator(n_blocks: int, a: float, v: float, scale: float = 1.0) -> list[float]:
-    """Var(x_k) = a + v·k·scale: the seeds' accumulator model, k = 2 per block."""
+    """Var(x_k) = a + v·k·scale: the residual accumulator model, k = 2 per block."""
     return [math.sqrt(a + v * scale * 2 * i) for i in range(n_blocks + 1)]
 
 

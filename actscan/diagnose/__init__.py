@@ -1,8 +1,9 @@
-"""Checks: pure rules from measurements to findings (theory in shared/seeds/).
+"""Checks: pure rules from measurements to findings (theory per check in docs/checks.md).
 
-Each check is a function CheckContext -> list[Finding] (actscan/checks/); `run_checks`
-runs them all and sorts the findings worst first, then in CHECK_ORDER (numerics, measured
-depth pathologies, per-component, static init last), so the most explanatory finding leads.
+Each check is a function CheckContext -> list[Finding] (the other modules of
+actscan/diagnose/); `run_checks` runs them all and sorts the findings worst first, then in
+CHECK_ORDER (numerics, measured depth pathologies, per-component, static init last),
+so the most explanatory finding leads.
 Thresholds come from actscan.diagnose.thresholds only.
 """
 

@@ -1,6 +1,6 @@
 """Depth pathologies of the residual stream: √k accumulation, geometric growth or decay,
-and the gradient's trend through depth (theory: shared/seeds/, "The residual stream is an
-accumulator", "Depth changes everything", "Pre-LN versus Post-LN")."""
+and the gradient's trend through depth (theory: docs/checks.md,
+sqrt-growth, exp-growth, collapse, vanishing-grad and exploding-grad)."""
 
 from __future__ import annotations
 

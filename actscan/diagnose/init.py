@@ -1,5 +1,6 @@
 """init-scale: weight statistics of a model at initialization against the variance rules
-(seeds: "The fan-in rule", Xavier, He, "The 1/sqrt(2N) residual scaling", "Pitfalls")."""
+(theory: docs/checks.md, "init-scale": the fan-in rule, Xavier, He, the 1/√(2N)
+residual scaling)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Numerics: non-finite values and dtype headroom (overflow), softmax logit scale
-(logit-scale). Theory: seeds, "The output head: logit scale and z-loss" and "Attention
-logits and the 1/sqrt(d_k) factor"."""
+(logit-scale). Theory: docs/checks.md, overflow and
+logit-scale (the z-loss, and the 1/√d_k attention scale)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Override with `--threshold NAME=VALUE`, a `thresholds` table in `[tool.actscan]`, or the
 `thresholds=` argument of `scan()`. Names are kebab-case. Defaults were calibrated on the
 matrix in tests/test_calibration.py (healthy configs quiet, planted pathologies loud); the
-comment on each field gives the theory (shared/seeds/) and the measured margin.
+comment on each field gives the theory (docs/checks.md) and the measured margin.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Thresholds:
     sqrt_exponent: float = 0.4
     # Stream RMS growth from the first block's output to the last block's ("drift"):
     # ×4 = the variance of 16 unit branches on a unit stream, the √k drift of an unscaled
-    # stack past ~16 blocks, where the seeds' "harmless at 6 layers" stops holding. Healthy
+    # stack past ~16 blocks, where the "harmless at 6 layers" rule of thumb stops holding. Healthy
     # 1/√(2L) stacks drift ≤ ×3.0 (48 blocks), naive 48-block stacks ×5.4–8.7.
     growth_warn: float = 4.0
     # ×16 (variance ×256): √k accumulation needs ~256 unscaled blocks to get here.
@@ -45,7 +45,7 @@ class Thresholds:
 
     # ---- exp-growth / collapse (per-block gain γ compounds to γ^L) --------------------
     # γ^L above this (or below its inverse) is an order of magnitude across the stack; the
-    # seeds' γ = 1.2, L = 32 example reaches 470×. √k accumulation through L blocks stays
+    # textbook γ = 1.2, L = 32 example reaches 470×. √k accumulation through L blocks stays
     # ≤ √L (×7 at 48), so 10 does not confuse the two.
     exp_gain_warn: float = 10.0
     exp_gain_error: float = 100.0

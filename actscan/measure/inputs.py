@@ -167,7 +167,7 @@ def mean_square_loss(output: Any) -> torch.Tensor:
 
 def default_loss(task: str, vocab_size: int | None) -> Callable[[Any, Batch], torch.Tensor]:
     """Next-token cross-entropy for language models, a projection loss for encoders,
-    else the mean square of the first output tensor (interface.md, "Python API")."""
+    else the mean square of the first output tensor (README, "pytest")."""
 
     def loss(output: Any, batch: Batch) -> torch.Tensor:
         ids = batch.token_ids

@@ -1,6 +1,6 @@
 """Forward/backward hooks that reduce every recorded output on the device.
 
-Design (see shared/docs/design.md, "Measuring without disturbing"), tuned so that the
+Design (docs/design.md, "The recorder"), tuned so that the
 instrumented step costs little more than reading each activation a few times:
 - A forward hook reduces the module's output in fp32 (fp64 stays fp64; fp16/bf16 are
   upcast chunk by chunk into a scratch buffer before anything is squared) with

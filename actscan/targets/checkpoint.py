@@ -1,6 +1,6 @@
 """A bare `.safetensors` file as a TARGET, and the checkpoints actscan writes itself.
 
-Where the architecture comes from, first match wins (interface.md):
+Where the architecture comes from, first match wins (docs/design.md, "Targets"):
   1. `--config PATH` (or a shipped config name): an actscan config, or a Hugging Face
      `config.json` (then the Hugging Face resolver builds the model);
   2. `config.json` in the file's folder;

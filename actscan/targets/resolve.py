@@ -1,4 +1,4 @@
-"""Turn a TARGET string into a model ready to scan (interface.md, "TARGET is any of").
+"""Turn a TARGET string into a model ready to scan (README, "Targets").
 
 Order: `package.module:callable` → shipped config name → path (.safetensors file, folder,
 config file). Each kind lives in its own module; this file only dispatches.
