@@ -45,7 +45,7 @@ class Thresholds:
 
     # ---- exp-growth / collapse (per-block gain γ compounds to γ^L) --------------------
     # γ^L above this (or below its inverse) is an order of magnitude across the stack; the
-    # textbook γ = 1.2, L = 32 example reaches 470×. √k accumulation through L blocks stays
+    # γ = 1.2 over L = 32 blocks reaches 1.2^32 ≈ 340×. √k accumulation through L blocks stays
     # ≤ √L (×7 at 48), so 10 does not confuse the two.
     exp_gain_warn: float = 10.0
     exp_gain_error: float = 100.0
