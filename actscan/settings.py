@@ -32,10 +32,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actscan.errors import ActscanError, ConfigError, UsageError
 from actscan.types import CheckId, DType, FailOn, Finding
+
+if TYPE_CHECKING:
+    from actscan.diagnose.thresholds import Thresholds
 
 __all__ = [
     "CONFIG_NAMES",
@@ -496,7 +499,7 @@ class Settings:
         """The run settings by key, in --show-config order (thresholds and ignores apart)."""
         return {k: getattr(self, k) for k in RUN_KEYS}
 
-    def threshold_set(self) -> Any:
+    def threshold_set(self) -> Thresholds:
         """Every threshold: the defaults with this run's overrides (a `Thresholds`)."""
         from actscan.diagnose.thresholds import DEFAULT
 
