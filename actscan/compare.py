@@ -520,7 +520,7 @@ def precision_divergence(
 
     from actscan.measure.recorder import first_tensor
     from actscan.measure.structure import detect_layout
-    from actscan.scanner import TORCH_DTYPES, _cast_batch, resolve_device
+    from actscan.scanner import TORCH_DTYPES, cast_batch, resolve_device
 
     dev = resolve_device(device, model)
     layout = layout or detect_layout(model, model_type)
@@ -531,7 +531,7 @@ def precision_divergence(
         m = copy.deepcopy(model).eval()
         dt = TORCH_DTYPES[p.dtype]
         m.to(device=dev, dtype=dt)
-        return m, _cast_batch(batch, dev, dt)
+        return m, cast_batch(batch, dev, dt)
 
     def run(p: Precision, m: nn.Module, b: Any) -> None:
         ctx = torch.autocast(dev.type, dtype=TORCH_DTYPES[p.amp]) if p.amp else None

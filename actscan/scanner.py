@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from actscan.measure.recorder import Recorder, iter_named, moments
 from actscan.measure.stats import branch_records, growth_fit, layer_record, stream_points
 from actscan.measure.structure import detect_layout, is_norm
 from actscan.report.report import Report
+from actscan.settings import Ignore, apply_ignores, parse_ignores
 from actscan.types import Layout, ModelInfo, ParamRecord, RunInfo
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -150,7 +151,7 @@ def preserved(model: nn.Module, device: torch.device, dtype: torch.dtype | None)
             m.training = mode
 
 
-def _cast_batch(batch: Batch, device: torch.device, dtype: torch.dtype | None) -> Batch:
+def cast_batch(batch: Batch, device: torch.device, dtype: torch.dtype | None) -> Batch:
     def move(v: Any) -> Any:
         if not isinstance(v, torch.Tensor):
             return v
@@ -181,6 +182,7 @@ def scan(
     init: str | None = None,
     channels: bool = True,
     progress: Progress | None = None,
+    ignore: Iterable[Ignore | Mapping[str, Any]] | None = None,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -191,7 +193,12 @@ def scan(
           shape (batch, seq_len) for language models and encoders.
         loss_fn(output) -> scalar tensor; default: next-token cross-entropy for language
           models, a fixed random projection for encoders, else mean square of the output.
+        ignore: findings you accept, as `[tool.actscan] ignore` lists them: rules
+          {"check": id, "reason": why, "layers": regex (optional)} or `Ignore`s. Matching
+          findings leave `report.findings`, so `assert_healthy` gates as the CLI does;
+          `find_project_config().ignores` (actscan.settings) gives the project's own.
     """
+    ignores = parse_ignores(ignore, origin="scan()") if ignore is not None else ()
     if batches < 1:
         raise UsageError(f"batches must be ≥ 1, got {batches}")
     if modules is not None:
@@ -257,7 +264,7 @@ def scan(
             for i in range(batches):
                 if progress:
                     progress("run", i, batches)
-                b = _cast_batch(source(i), dev, run_dtype)
+                b = cast_batch(source(i), dev, run_dtype)
                 with torch.set_grad_enabled(backward), autocast:
                     out = model(*b.args, **b.kwargs)
                     loss = compute_loss(out, b) if backward else None
@@ -306,8 +313,9 @@ def scan(
         "var_slope": fit.var_b,
         "grad_ratio": fit.grad_ratio,
     }
+    findings, _ = apply_ignores(run_checks(ctx), ignores)
     return Report(
-        model=info, run=run, layers=layers, stream=stream, findings=run_checks(ctx),
+        model=info, run=run, layers=layers, stream=stream, findings=findings,
         summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
         branches=branch_records(layout, layers, stream),
     )  # fmt: skip

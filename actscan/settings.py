@@ -1,4 +1,8 @@
-"""Project defaults from `actscan.toml` or `[tool.actscan]` in `pyproject.toml`.
+"""Settings, resolved once: command line > `[tool.actscan]` (or `actscan.toml`) > defaults.
+
+`Settings.resolve` merges the three sources into one frozen, validated `Settings` that
+keeps where each value came from (for `--show-config`); `profile`, `compare`, `sweep` and
+the library entry point (actscan.pipeline) all read that one object.
 
 Discovery works like ruff/pytest: walk up from the start folder to the filesystem root;
 in each folder `actscan.toml` is tried first, then `pyproject.toml` (skipped unless it has
@@ -25,20 +29,29 @@ import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
-from actscan.errors import ConfigError
+from actscan.errors import ActscanError, ConfigError, UsageError
 from actscan.types import CheckId, DType, FailOn, Finding
+
+if TYPE_CHECKING:
+    from actscan.diagnose.thresholds import Thresholds
 
 __all__ = [
     "CONFIG_NAMES",
+    "DEFAULTS",
+    "RUN_KEYS",
     "Ignore",
     "ProjectConfig",
+    "Settings",
     "apply_ignores",
     "effective_settings",
     "find_project_config",
     "load_project_config",
+    "parse_ignores",
 ]
 
 ACTSCAN_TOML = "actscan.toml"
@@ -47,6 +60,16 @@ CONFIG_NAMES = (ACTSCAN_TOML, PYPROJECT_TOML)  # tried in this order in each fol
 
 SOURCE_CLI = "command line"
 SOURCE_DEFAULT = "default"
+SOURCE_API = "python"  # a value passed to Settings(...) directly
+
+# The run settings a project file or the command line can set, in --show-config order.
+RUN_KEYS = ("fail_on", "dtype", "amp", "batch", "seq_len", "batches", "seed", "device", "modules")
+DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        "fail_on": "error", "dtype": None, "amp": None, "batch": 4, "seq_len": None,
+        "batches": 1, "seed": 0, "device": "auto", "modules": None,
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -137,42 +160,55 @@ KNOWN_KEYS = (*_VALIDATORS, "ignore")
 _IGNORE_KEYS = ("check", "layers", "reason")
 
 
-def _unknown(path: Path, where: str, key: str, known: Iterable[str]) -> ConfigError:
+def _unknown(origin: str | Path, where: str, key: str, known: Iterable[str]) -> ConfigError:
     known = list(known)
     close = difflib.get_close_matches(key.replace("_", "-"), known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
-    return ConfigError(f"{path}: unknown key {key!r} in {where}{hint}")
+    return ConfigError(f"{origin}: unknown key {key!r} in {where}{hint}")
 
 
-def _parse_ignores(path: Path, where: str, raw: Any) -> tuple[Ignore, ...]:
-    key = f"{where} ignore"
-    if not isinstance(raw, list):
-        raise ConfigError(f"{path}: {key} must be a list of tables, got {raw!r}")
+def parse_ignores(
+    raw: Any,
+    *,
+    origin: str | Path = "scan()",
+    key: str = "ignore",
+    error: type[ActscanError] = UsageError,
+) -> tuple[Ignore, ...]:
+    """Validate ignore rules: a list of {check, reason, layers?} tables (or `Ignore`s).
+
+    One parser for `[tool.actscan] ignore` and `scan(ignore=...)`, so both accept and
+    refuse the same rules. Errors are `error("<origin>: <key>[i] ...")`, one line.
+    """
+    if isinstance(raw, Mapping | str | Ignore) or not isinstance(raw, Iterable):
+        raise error(f"{origin}: {key} must be a list of tables, got {raw!r}")
     checks = [c.value for c in CheckId]
     out = []
     for i, entry in enumerate(raw):
         at = f"{key}[{i}]"
-        if not isinstance(entry, dict):
-            raise ConfigError(f"{path}: {at} must be a table like {{check = ..., reason = ...}}")
+        if isinstance(entry, Ignore):
+            entry = {"check": entry.check, "reason": entry.reason, "layers": entry.layers}
+        if not isinstance(entry, Mapping):
+            raise error(f"{origin}: {at} must be a table like {{check = ..., reason = ...}}")
         for k in entry:
             if k not in _IGNORE_KEYS:
-                raise _unknown(path, at, k, _IGNORE_KEYS)
+                raise error(str(_unknown(origin, at, k, _IGNORE_KEYS)))
         check = entry.get("check")
+        check = check.value if isinstance(check, Enum) else check
         if not isinstance(check, str):
-            raise ConfigError(f'{path}: {at} needs check = "<check id>"')
+            raise error(f'{origin}: {at} needs check = "<check id>"')
         if check not in checks:
-            raise ConfigError(
-                f"{path}: {at} check {check!r} is not a check id (known: {', '.join(checks)})"
+            raise error(
+                f"{origin}: {at} check {check!r} is not a check id (known: {', '.join(checks)})"
             )
         reason = entry.get("reason")
         if not isinstance(reason, str) or not reason.strip():
-            raise ConfigError(f'{path}: {at} needs reason = "…" (why {check} is ignored)')
+            raise error(f'{origin}: {at} needs reason = "…" (why {check} is ignored)')
         layers = entry.get("layers")
         if layers is not None:
             try:
                 _regex(layers)
             except ValueError as err:
-                raise ConfigError(f"{path}: {at} layers {err}") from None
+                raise error(f"{origin}: {at} layers {err}") from None
         out.append(Ignore(check=check, reason=reason.strip(), layers=layers))
     return tuple(out)
 
@@ -182,7 +218,7 @@ def _from_table(path: Path, where: str, table: Mapping[str, Any]) -> ProjectConf
     ignores: tuple[Ignore, ...] = ()
     for key, raw in table.items():
         if key == "ignore":
-            ignores = _parse_ignores(path, where, raw)
+            ignores = parse_ignores(raw, origin=path, key=f"{where} ignore", error=ConfigError)
             continue
         validate = _VALIDATORS.get(key)
         if validate is None:
@@ -341,3 +377,130 @@ def apply_ignores(
         else:
             ignored.append((f, hit.reason))
     return tuple(kept), tuple(ignored)
+
+
+# -- the one settings object ----------------------------------------------------------
+def _plain(value: Any) -> Any:
+    """Enum members (the CLI's choices) as their string values."""
+    return value.value if isinstance(value, Enum) else value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of a run, resolved and validated once, with where each came from.
+
+    Built by `Settings.resolve` (command line > project file > defaults) for the CLI, or
+    directly (`Settings(fail_on="warn", batch=2)`) from Python. `thresholds` holds only
+    the overrides (kebab-case name → value; `threshold_set()` gives all of them);
+    `ignores` are the project's accepted findings; `project` is the file that applied.
+    `sources` maps each run key, `thresholds.<name>` and `ignore` to "command line",
+    the project file's path, "default" or "python".
+    """
+
+    fail_on: str = "error"
+    dtype: str | None = None
+    amp: str | None = None
+    batch: int = 4
+    seq_len: int | None = None
+    batches: int = 1
+    seed: int = 0
+    device: str = "auto"
+    modules: str | None = None
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+    ignores: tuple[Ignore, ...] = ()
+    project: Path | None = None
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        sources = dict(self.sources)
+        for key in RUN_KEYS:
+            value = _plain(getattr(self, key))
+            object.__setattr__(self, key, value)
+            if key not in sources:
+                sources[key] = SOURCE_DEFAULT if value == DEFAULTS[key] else SOURCE_API
+            self._validate(key, value, sources[key])
+        object.__setattr__(self, "thresholds", self._checked_thresholds(sources))
+        if self.ignores:
+            ignores = parse_ignores(self.ignores, origin=sources.get("ignore", "settings"))
+            object.__setattr__(self, "ignores", ignores)
+        object.__setattr__(self, "sources", MappingProxyType(sources))
+
+    def _validate(self, key: str, value: Any, source: str) -> None:
+        kebab = key.replace("_", "-")
+        if source == SOURCE_CLI and key == "modules" and value is not None:
+            try:  # the message scan() gives, before any model is built
+                re.compile(value)
+            except re.error as err:
+                raise UsageError(f"--modules: invalid regex {value!r}: {err}") from None
+        if value is None or (source == SOURCE_DEFAULT and value == DEFAULTS[key]):
+            return
+        try:
+            _VALIDATORS[kebab](value)
+        except ValueError as err:
+            where = {SOURCE_CLI: f"--{kebab}", SOURCE_API: f"Settings({key}=...)"}.get(
+                source, f"{source} {kebab}"
+            )
+            raise UsageError(f"{where} {err}") from None
+
+    def _checked_thresholds(self, sources: dict[str, str]) -> Mapping[str, float]:
+        """Fail before any model is built on a name or value scan() would refuse, naming
+        where it came from; store each as a float under its kebab-case name."""
+        from actscan.diagnose.thresholds import DEFAULT
+
+        out: dict[str, float] = {}
+        for name, value in self.thresholds.items():
+            kebab = str(name).replace("_", "-")
+            where = sources.setdefault(f"thresholds.{kebab}", SOURCE_API)
+            try:
+                th = DEFAULT.with_overrides({kebab: value})
+            except UsageError as err:
+                where = "--threshold" if where == SOURCE_CLI else f"{where} [thresholds]"
+                raise UsageError(f"{where}: {err}") from None
+            out[kebab] = getattr(th, kebab.replace("-", "_"))
+        return MappingProxyType(out)
+
+    # -- building --------------------------------------------------------------------
+    @classmethod
+    def resolve(
+        cls, cli: Mapping[str, Any] | None = None, project: ProjectConfig | None = None
+    ) -> Settings:
+        """Command line (values that are not None) > `project` > defaults.
+
+        `cli` has snake- or kebab-case keys: the run keys and `thresholds` (a mapping
+        name → value, as `--threshold` gives). `project` None: find the one that applies
+        in the current folder.
+        """
+        project = find_project_config() if project is None else project
+        cli = {k.replace("-", "_"): _plain(v) for k, v in (cli or {}).items()}
+        if cli.get("thresholds"):  # one spelling per name: the command line overrides the file
+            cli["thresholds"] = {k.replace("_", "-"): v for k, v in cli["thresholds"].items()}
+        unknown = set(cli) - {*RUN_KEYS, "thresholds"}
+        if unknown:
+            raise TypeError(f"Settings.resolve: unknown keys {sorted(unknown)}")
+        eff = effective_settings(cli, project, {**DEFAULTS, "thresholds": {}})
+        sources = {k: src for k, (_, src) in eff.items()}
+        if project.ignores:
+            sources["ignore"] = str(project.path)
+        return cls(
+            **{k: eff[k][0] for k in RUN_KEYS},
+            thresholds=eff["thresholds"][0],  # defaults are {}: only file and CLI names
+            ignores=project.ignores,
+            project=project.path,
+            sources=sources,
+        )
+
+    # -- reading ---------------------------------------------------------------------
+    def source(self, key: str) -> str:
+        """Where `key` (a run key, `thresholds.<name>` or `ignore`) came from."""
+        key = key if key.startswith("thresholds.") else key.replace("-", "_")
+        return self.sources.get(key, SOURCE_DEFAULT)
+
+    def run_values(self) -> dict[str, Any]:
+        """The run settings by key, in --show-config order (thresholds and ignores apart)."""
+        return {k: getattr(self, k) for k in RUN_KEYS}
+
+    def threshold_set(self) -> Thresholds:
+        """Every threshold: the defaults with this run's overrides (a `Thresholds`)."""
+        from actscan.diagnose.thresholds import DEFAULT
+
+        return DEFAULT.with_overrides(dict(self.thresholds))

@@ -232,6 +232,68 @@ def test_planted_dead_branch_is_caught_by_assert_healthy() -> None:
     assert "dead-branch" in text and dead in text
 
 
+def test_ignore_takes_a_finding_out_of_assert_healthy() -> None:
+    """scan(ignore=...) gates as `[tool.actscan] ignore` does on the command line."""
+    net = make_net()
+    dead = kill_branch(net)
+    rule = {"check": "dead-branch", "layers": r"blocks\.2\.", "reason": "zeroed on purpose"}
+    report = scan(net, features(), mse, ignore=[rule])
+    assert not [f for f in report.findings if f.check == "dead-branch"]
+    report.assert_healthy()  # the only finding is ignored
+    # A rule for another layer leaves the planted branch in the gate.
+    other = scan(net, features(), mse, ignore=[{**rule, "layers": r"blocks\.0\."}])
+    with pytest.raises(AssertionError, match=r"dead-branch[^\n]*blocks\.2\.mlp"):
+        other.assert_healthy()
+    # The project's own rules (Ignore objects) are accepted as they are.
+    from actscan import Ignore
+
+    ignored = scan(net, features(), mse, ignore=(Ignore("dead-branch", "zeroed", dead),))
+    assert ignored.findings == report.findings
+
+
+@pytest.mark.parametrize(
+    ("ignore", "fragment"),
+    [
+        ([{"check": "dead-branch"}], "ignore[0] needs reason"),
+        ([{"check": "no-such", "reason": "r"}], "'no-such' is not a check id"),
+        ([{"check": "collapse", "reason": "r", "layers": "("}], "ignore[0] layers"),
+        ([{"check": "collapse", "reason": "r", "why": 1}], "unknown key 'why'"),
+        ({"check": "collapse", "reason": "r"}, "must be a list"),
+    ],
+)
+def test_bad_ignore_rules_are_refused_before_running(ignore: Any, fragment: str) -> None:
+    from actscan.errors import UsageError
+
+    class Boom(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise AssertionError("the model must not run")
+
+    with pytest.raises(UsageError) as err:
+        scan(Boom(), features(), mse, ignore=ignore)
+    assert str(err.value).startswith("scan(): ") and fragment in str(err.value)
+
+
+def test_scan_target_is_the_cli_path_from_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library entry point the CLI calls: target + Settings → report, ignores applied."""
+    from actscan import Ignore, Settings, TargetSpec, scan_target
+
+    planted = tuple(
+        Finding(check, Severity.WARN, (layer,), 0.0, 1e-3, f"planted {check}")
+        for check, layer in (("dead-branch", "blocks.1.mlp"), ("collapse", "blocks.0.mlp"))
+    )
+    monkeypatch.setattr(sys.modules["actscan.scanner"], "run_checks", lambda ctx: planted)
+    spec = TargetSpec("gpt-12-preln", overrides=("n_layers=2", "d_model=32", "n_heads=2"))
+    plain = scan_target(spec, Settings(batch=2, seq_len=8))
+    assert (plain.report.run.batch, plain.report.run.seq_len) == (2, 8)
+    assert plain.report.findings == planted and plain.ignored == ()
+    rule = Ignore("dead-branch", "LayerScale at 0", layers=r"\.1\.")
+    kept = scan_target(spec, Settings(batch=2, seq_len=8, ignores=(rule,)))
+    assert kept.report.findings == planted[1:]
+    assert kept.ignored == ((planted[0], "LayerScale at 0"),)
+    with pytest.raises(AssertionError, match="collapse"):
+        kept.report.assert_healthy()
+
+
 def _with(report: Report, *severities: str) -> Report:
     return replace(
         report,

@@ -496,3 +496,102 @@ def test_ignores_remove_findings_from_the_gate(
     plant(finding("dead-branch", "warn", layers=("blocks.0.mlp",)))
     result = profile("-q")
     assert result.exit_code == 1 and "ignored" not in result.stdout
+
+
+# -- one entry point: profile, compare and sweep all gate on the same findings -----------
+def test_every_command_goes_through_scan_target(
+    plant: Planted, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import actscan.pipeline as pipeline
+
+    real = pipeline.scan_target
+    calls: list[tuple[str, str | None]] = []
+
+    def spy(spec: Any, settings: Any, **kwargs: Any) -> Any:
+        calls.append((spec.target, settings.dtype))
+        return real(spec, settings, **kwargs)
+
+    monkeypatch.setattr(pipeline, "scan_target", spy)
+    plant()
+    assert profile("-q").exit_code == 0
+    assert calls == [("gpt-12-preln", None)]
+    calls.clear()
+    assert cli("compare", *TINY, "--vs-dtype", "bf16", *SMALL_RUN, "-q").exit_code == 0
+    assert calls == [("gpt-12-preln", None), ("gpt-12-preln", "bf16")]
+    calls.clear()
+    sweep = cli("sweep", *TINY, "--depth", "2,3", *SMALL_RUN, "-q")
+    assert sweep.exit_code == 0, sweep.output
+    assert calls == [("gpt-12-preln", None)] * 2
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["compare", *TINY, "--vs-init", "fan-in", *SMALL_RUN],
+        ["sweep", *TINY, "--depth", "2,3", *SMALL_RUN],
+    ],
+    ids=["compare", "sweep"],
+)
+def test_project_ignores_leave_the_compare_and_sweep_gate(
+    plant: Planted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    plant(finding("dead-branch", "error", layers=("blocks.1.mlp",)), finding("collapse", "info"))
+    assert cli(*command, "-q").exit_code == 1  # no project config: the error trips the gate
+    ignore = '{ check = "dead-branch", layers = "blocks\\\\.1\\\\.", reason = "ReZero" }'
+    monkeypatch.chdir(_project(tmp_path, f"[tool.actscan]\nignore = [{ignore}]\n"))
+    result = cli(*command, "-q", "--json", "-")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    reports = [data["a"], data["b"]] if "a" in data else [r["report"] for r in data["rows"]]
+    assert len(reports) == 2
+    assert all([f["check"] for f in r["findings"]] == ["collapse"] for r in reports)
+    assert cli(*command, "-q", "--fail-on", "info").exit_code == 1  # the rest still gates
+
+
+def _private_reaches(path: Path) -> list[str]:
+    """`from actscan.x import _y` and `module._y` where `module` is an actscan import."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    modules: set[str] = set()  # local names bound to actscan modules
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("actscan"):
+            for alias in node.names:
+                if alias.name.startswith("_") and alias.name != "__version__":
+                    out.append(f"from {node.module} import {alias.name}")
+                modules.add(alias.asname or alias.name)  # may be a submodule
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname or a.name for a in node.names if a.name.startswith("actscan")}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+        ):
+            out.append(f"{node.value.id}.{node.attr}")
+    return out
+
+
+def test_cli_modules_stay_apart(tmp_path: Path) -> None:
+    """Command modules never import each other; the CLI and the settings/pipeline layer
+    never reach into another module's private names."""
+    pkg = REPO / "actscan"
+    commands = {"profile", "compare", "sweep", "configs"}
+    for path in sorted((pkg / "cli").glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for other in commands - {path.stem} if path.stem in commands else ():
+            assert f"actscan.cli.{other}" not in text, f"{path.name} imports cli/{other}.py"
+            assert f"from actscan.cli import {other}" not in text, path.name
+    owned = [*(pkg / "cli").glob("*.py"), *(pkg / n for n in (
+        "settings.py", "pipeline.py", "scanner.py", "compare.py", "sweep.py"))]  # fmt: skip
+    reaches = {str(p.relative_to(REPO)): _private_reaches(p) for p in owned}
+    assert not {k: v for k, v in reaches.items() if v}
+    probe = tmp_path / "probe.py"  # the detector itself sees a reach when there is one
+    probe.write_text(
+        "from actscan.models.gpt import _linear_std, build_model\n"
+        "import actscan.scanner as sc\nsc._hidden()\nsc.scan()\n"
+    )
+    assert _private_reaches(probe) == ["from actscan.models.gpt import _linear_std", "sc._hidden"]

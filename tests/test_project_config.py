@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,85 @@ def test_ignore_with_layers_does_not_match_layerless_finding():
     )
     assert len(kept) == 1
     assert ignored == ()
+
+
+# -- the frozen Settings ----------------------------------------------------------------
+def test_settings_precedence_cli_over_file_over_default(tmp_path):
+    import dataclasses
+
+    from actscan.settings import Settings
+
+    path = write(
+        tmp_path / "pyproject.toml",
+        '[tool.actscan]\nfail-on = "warn"\ndtype = "bf16"\nseq-len = 16\n'
+        "thresholds = { outlier-ratio = 9, growth_warn = 5 }\n"
+        'ignore = [{ check = "collapse", reason = "known" }]\n',
+    )
+    cli = {"fail_on": None, "dtype": "fp16", "batch": None, "seq_len": None, "seed": 7,
+           "thresholds": {"outlier_ratio": "3"}}  # fmt: skip
+    s = Settings.resolve(cli, load_project_config(path))
+    src = str(path)
+    assert (s.fail_on, s.source("fail_on")) == ("warn", src)  # CLI gave None: the file
+    assert (s.dtype, s.source("dtype")) == ("fp16", "command line")  # CLI beats the file
+    assert (s.seq_len, s.source("seq-len")) == (16, src)
+    assert (s.seed, s.source("seed")) == (7, "command line")
+    assert (s.batch, s.source("batch")) == (4, "default")
+    assert (s.device, s.source("device")) == ("auto", "default")
+    # thresholds merge per name; each keeps its own source; values are floats
+    assert dict(s.thresholds) == {"outlier-ratio": 3.0, "growth-warn": 5.0}
+    assert s.source("thresholds.outlier-ratio") == "command line"
+    assert s.source("thresholds.growth-warn") == src
+    assert s.threshold_set().outlier_ratio == 3.0 and s.threshold_set().outlier_abs == 6.0
+    assert s.ignores == (Ignore(check="collapse", reason="known"),)
+    assert s.source("ignore") == src and s.project == path
+    assert list(s.run_values()) == [
+        "fail_on", "dtype", "amp", "batch", "seq_len", "batches", "seed", "device", "modules",
+    ]  # fmt: skip
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.batch = 2  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        s.thresholds["outlier-ratio"] = 1.0  # type: ignore[index]
+
+
+def test_settings_without_project_and_from_python():
+    from actscan.settings import Settings
+
+    s = Settings.resolve({"batch": 2}, ProjectConfig(path=None))
+    assert s.project is None and s.ignores == ()
+    assert (s.batch, s.source("batch")) == (2, "command line")
+    assert s.source("fail_on") == "default"
+    direct = Settings(fail_on="warn", thresholds={"outlier_abs": 2})
+    assert direct.source("fail_on") == "python" and direct.source("batch") == "default"
+    assert dict(direct.thresholds) == {"outlier-abs": 2.0}
+    assert direct.source("thresholds.outlier-abs") == "python"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"batch": 0}, "Settings(batch=...) must be at least 1"),
+        ({"fail_on": "sometimes"}, "Settings(fail_on=...) must be one of"),
+        ({"thresholds": {"no-such": 1}}, "unknown threshold 'no-such'"),
+        ({"thresholds": {"outlier-ratio": -1}}, "non-negative"),
+        ({"ignores": ({"check": "collapse"},)}, "needs reason"),
+    ],
+)
+def test_settings_validate_once_when_built(kwargs, fragment):
+    from actscan.errors import UsageError
+    from actscan.settings import Settings
+
+    with pytest.raises(UsageError, match=re.escape(fragment)):
+        Settings(**kwargs)
+
+
+def test_settings_errors_name_the_source(tmp_path):
+    from actscan.errors import UsageError
+    from actscan.settings import Settings
+
+    path = write(tmp_path / "actscan.toml", "thresholds = { no-such = 1.0 }\n")
+    with pytest.raises(UsageError, match=rf"^{re.escape(str(path))} \[thresholds\]: unknown"):
+        Settings.resolve({}, load_project_config(path))
+    with pytest.raises(UsageError, match=r"^--threshold: threshold 'outlier-ratio' must be a"):
+        Settings.resolve({"thresholds": {"outlier-ratio": "x"}}, ProjectConfig(path=None))
+    with pytest.raises(UsageError, match=r"^--modules: invalid regex"):
+        Settings.resolve({"modules": "("}, ProjectConfig(path=None))

@@ -1,5 +1,6 @@
-"""Shared CLI pieces: option aliases, the error-to-exit-code map, consoles, settings,
-report emission. No torch import at module level (`actscan --help` stays fast)."""
+"""Shared CLI pieces: every option alias (declared once, used by profile/compare/sweep),
+the error-to-exit-code map, consoles, settings resolution, report emission.
+No torch import at module level (`actscan --help` stays fast)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from actscan.errors import ActscanError, UsageError
 
 if TYPE_CHECKING:
     from actscan.report.report import Report
-    from actscan.settings import ProjectConfig
+    from actscan.settings import Settings
     from actscan.types import Finding
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -116,6 +117,20 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the findi
 AllowNonfinite = Annotated[
     bool, typer.Option("--allow-nonfinite", help="Run even if weights contain NaN/Inf.")
 ]
+Plot = Annotated[
+    str | None, typer.Option("--plot", help="Draw stream RMS vs k to PATH (.png/.svg/.pdf).")
+]
+# B's side of compare and sweep: what changes from A.
+VsDType = Annotated[
+    DTypeOpt | None, typer.Option("--vs-dtype", help="B runs in this dtype (same weights).")
+]
+VsAmp = Annotated[AmpOpt | None, typer.Option("--vs-amp", help="B autocasts to this dtype.")]
+VsInit = Annotated[str | None, typer.Option("--vs-init", help="B re-initializes with SCHEME.")]
+VsSet = Annotated[
+    list[str] | None,
+    typer.Option("--vs-set", help="Override a config field for B only: key=value (repeatable)."),
+]
+VsConfig = Annotated[Path | None, typer.Option("--vs-config", help="--config for B.")]
 
 
 # -- errors -------------------------------------------------------------------------------
@@ -209,43 +224,30 @@ class ProgressSink:
 
 
 # -- settings -----------------------------------------------------------------------------
-DEFAULTS: dict[str, Any] = {
-    "fail_on": "error", "dtype": None, "amp": None, "batch": 4, "seq_len": None,
-    "batches": 1, "seed": 0, "device": "auto", "modules": None, "thresholds": {},
-}  # fmt: skip
+def resolve_settings(
+    *,
+    fail_on: FailOnOpt | None,
+    dtype: DTypeOpt | None,
+    amp: AmpOpt | None,
+    batch: int | None,
+    seq_len: int | None,
+    batches: int | None,
+    seed: int | None,
+    device: DeviceOpt | None,
+    modules: str | None,
+    threshold: list[str] | None,
+) -> Settings:
+    """The shared run options (None: not given) > [tool.actscan] > defaults, validated."""
+    from actscan.diagnose.thresholds import parse_threshold_options
+    from actscan.settings import Settings
 
-
-def settings(cli: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], ProjectConfig]:
-    """Effective settings (CLI > [tool.actscan] > defaults), their sources, the project."""
-    from actscan.settings import effective_settings, find_project_config
-
-    project = find_project_config()
-    if cli.get("thresholds"):  # one spelling per name, so the command line overrides the file
-        cli = {**cli, "thresholds": {k.replace("_", "-"): v for k, v in cli["thresholds"].items()}}
-    eff = effective_settings(cli, project, DEFAULTS)
-    values = {k: v for k, (v, _) in eff.items() if "." not in k}
-    sources = {k: src for k, (_, src) in eff.items()}
-    for key in ("dtype", "amp", "fail_on", "device"):
-        if values.get(key) is not None:
-            values[key] = str(
-                values[key].value if isinstance(values[key], StrEnum) else values[key]
-            )
-    _check_thresholds(values.get("thresholds") or {}, sources)
-    return values, sources, project
-
-
-def _check_thresholds(thresholds: dict[str, Any], sources: dict[str, str]) -> None:
-    """Fail before building the model on a threshold name or value scan() would refuse,
-    naming where it came from (a project file or the command line)."""
-    from actscan.diagnose.thresholds import DEFAULT
-
-    for name, value in thresholds.items():
-        try:
-            DEFAULT.with_overrides({name: value})
-        except UsageError as err:
-            where = sources.get(f"thresholds.{name}", "command line")
-            where = "--threshold" if where == "command line" else f"{where} [thresholds]"
-            raise UsageError(f"{where}: {err}") from None
+    return Settings.resolve(
+        {
+            "fail_on": fail_on, "dtype": dtype, "amp": amp, "batch": batch, "seq_len": seq_len,
+            "batches": batches, "seed": seed, "device": device, "modules": modules,
+            "thresholds": parse_threshold_options(threshold) or None,
+        }
+    )  # fmt: skip
 
 
 def check_outputs(fmt: FormatOpt, output: str | None, json_path: str | None) -> None:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from actscan.cli import app
 from actscan.cli import common as c
-from actscan.cli.compare import Plot, Side, VsAmp, VsDType, VsInit, VsSet, side_b
+from actscan.cli.sides import check_precision, side_a, side_b
+
+if TYPE_CHECKING:
+    from actscan.report.report import Report
+    from actscan.sweep import SweepPoint
 
 Depth = Annotated[str | None, typer.Option("--depth", help="Blocks per model, e.g. 6,12,24,48.")]
 Width = Annotated[
@@ -25,13 +30,13 @@ def sweep(
     depth: Depth = None,
     width: Width = None,
     dtype: c.DType = None,
-    vs_dtype: VsDType = None,
+    vs_dtype: c.VsDType = None,
     amp: c.Amp = None,
-    vs_amp: VsAmp = None,
+    vs_amp: c.VsAmp = None,
     init: c.Init = None,
-    vs_init: VsInit = None,
+    vs_init: c.VsInit = None,
     set_: c.SetOpt = None,
-    vs_set: VsSet = None,
+    vs_set: c.VsSet = None,
     batch: c.BatchOpt = None,
     seq_len: c.SeqLen = None,
     batches: c.Batches = None,
@@ -46,7 +51,7 @@ def sweep(
     fail_on: c.FailOn = None,
     threshold: c.ThresholdOpt = None,
     quiet: c.Quiet = False,
-    plot: Plot = None,
+    plot: c.Plot = None,
 ) -> None:
     """Measure TARGET at several depths and/or widths: flat rows mean it transfers.
 
@@ -60,23 +65,20 @@ def sweep(
       actscan sweep gpt-48-naive --depth 6,12,24,48 --vs-set branch_scale=depth
       actscan sweep configs/gpt-12-preln.yaml --width 128,256,512,1024 --plot width.png
     """
-    from actscan.cli.compare import check_precision, scan_side
-    from actscan.diagnose.thresholds import parse_threshold_options
     from actscan.models.arch import parse_set
+    from actscan.pipeline import scan_target
     from actscan.sweep import base_config, parse_sizes, plan, run_sweep, size_notes
 
     depths, widths = parse_sizes(depth, "--depth"), parse_sizes(width, "--width")
-    cli = {
-        "fail_on": fail_on, "dtype": dtype, "amp": amp, "batch": batch, "seq_len": seq_len,
-        "batches": batches, "seed": seed, "device": device, "modules": modules,
-        "thresholds": parse_threshold_options(threshold) or None,
-    }  # fmt: skip
-    values, _, project = c.settings(cli)
-    side_a = Side("a", target, None, init, tuple(set_ or ()), values["dtype"], values["amp"])
-    sides = [side_a]
+    settings = c.resolve_settings(
+        fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
+        seed=seed, device=device, modules=modules, threshold=threshold,
+    )  # fmt: skip
+    a_side = side_a(target, None, init, set_, settings)
+    sides = [a_side]
     if vs_init or vs_set or vs_dtype or vs_amp:
         sides.append(
-            side_b(side_a, target=None, config=None, init=vs_init, sets=vs_set, dtype=vs_dtype,
+            side_b(a_side, target=None, config=None, init=vs_init, sets=vs_set, dtype=vs_dtype,
                    amp=vs_amp)
         )  # fmt: skip
     for s in sides:
@@ -93,21 +95,16 @@ def sweep(
 
     with c.ProgressSink(enabled=not quiet) as progress:
 
-        def scan_point(point):  # type: ignore[no-untyped-def]
-            from dataclasses import replace
-
-            s = by_tag[point.side]
-            sized = replace(s, sets=tuple(f"{k}={v}" for k, v in point.overrides))
+        def scan_point(point: SweepPoint) -> Report:
+            side = by_tag[point.side]
+            sized = replace(side, sets=tuple(f"{k}={v}" for k, v in point.overrides))
             progress.stage(f"{point.side.upper()} {point.size}")
-            return scan_side(
-                sized, values, input_file=input_file, input_shape=None,
-                backward=not no_backward, allow_nonfinite=False, progress=None,
-                ignores=project.ignores,
-            )  # fmt: skip
+            spec = sized.spec(input_file=input_file)
+            return scan_target(spec, side.settings(settings), backward=not no_backward).report
 
         result = run_sweep(
             target, points, scan_point,
-            labels=[(s.tag, s.label() if s.tag == "a" else s.label_vs(side_a, vs_set))
+            labels=[(s.tag, s.label() if s.tag == "a" else s.label_vs(a_side, vs_set))
                     for s in sides],
             depths=depths, widths=widths, keys=(base_a.depth_key, base_a.width_key), notes=notes,
         )  # fmt: skip
@@ -136,9 +133,9 @@ def sweep(
 
     reports = [r.report for r in result.rows]
     c.emit(
-        reports, fmt=fmt, output=output, json_path=json_out, fail_on=values["fail_on"],
+        reports, fmt=fmt, output=output, json_path=json_out, fail_on=settings.fail_on,
         render=lambda con: render_sweep(result, con, quiet=quiet), quiet=quiet,
         json_text=result.to_json,
     )  # fmt: skip
     findings = [f for r in reports for f in r.findings]
-    raise typer.Exit(c.gate_exit(findings, values["fail_on"]))
+    raise typer.Exit(c.gate_exit(findings, settings.fail_on))

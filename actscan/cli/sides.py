@@ -1,0 +1,107 @@
+"""A and B of `compare` and `sweep`: what B inherits from A, how each side is labelled.
+
+Not a command: compare and sweep both import it (command modules never import each other).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from actscan.cli import common as c
+
+if TYPE_CHECKING:
+    from actscan.pipeline import TargetSpec
+    from actscan.settings import Settings
+
+
+@dataclass(frozen=True)
+class Side:
+    """How one side is built and run, beyond the settings both sides share."""
+
+    tag: str  # "a" | "b"
+    target: str
+    config: Path | None
+    init: str | None
+    sets: tuple[str, ...]
+    dtype: str | None
+    amp: str | None
+
+    def settings(self, shared: Settings) -> Settings:
+        """The shared settings with this side's precision."""
+        return replace(shared, dtype=self.dtype, amp=self.amp)
+
+    def spec(
+        self,
+        *,
+        input_file: Path | None = None,
+        input_shape: tuple[int, ...] | None = None,
+        allow_nonfinite: bool = False,
+    ) -> TargetSpec:
+        from actscan.pipeline import TargetSpec
+
+        return TargetSpec(
+            target=self.target, config=self.config, init=self.init, overrides=self.sets,
+            input_file=input_file, input_shape=input_shape, allow_nonfinite=allow_nonfinite,
+        )  # fmt: skip
+
+    def label(self) -> str:
+        bits = [self.target]
+        if self.init:
+            bits.append(f"--init {self.init}")
+        bits += [f"--set {s}" for s in self.sets]
+        if self.dtype:
+            bits.append(f"--dtype {self.dtype}")
+        if self.amp:
+            bits.append(f"--amp {self.amp}")
+        return " ".join(bits) or self.target
+
+    def label_vs(self, a: Side, vs_sets: list[str] | None) -> str:
+        """B as "what changed from A" when both build the same TARGET."""
+        if self.target != a.target or self.config != a.config:
+            return self.label()
+        bits = ["A"]
+        if self.init != a.init:
+            bits.append(f"--init {self.init}")
+        bits += [f"--set {s}" for s in vs_sets or ()]
+        if (self.dtype, self.amp) != (a.dtype, a.amp):
+            bits.append(f"--dtype {self.dtype or 'model'}" if self.dtype or not self.amp else "")
+            bits.append(f"--amp {self.amp}" if self.amp else "")
+        return " ".join(b for b in bits if b)
+
+
+def side_a(
+    target: str, config: Path | None, init: str | None, sets: list[str] | None, shared: Settings
+) -> Side:
+    """A: the target with the shared settings' precision."""
+    return Side("a", target, config, init, tuple(sets or ()), shared.dtype, shared.amp)
+
+
+def side_b(
+    a: Side,
+    *,
+    target: str | None,
+    config: Path | None,
+    init: str | None,
+    sets: list[str] | None,
+    dtype: c.DTypeOpt | None,
+    amp: c.AmpOpt | None,
+) -> Side:
+    """B inherits everything from A except what a --vs-* option (or TARGET B) changes.
+    A --vs-amp alone runs B with the model's own weights (no inherited --dtype), and a
+    --vs-dtype alone drops an inherited --amp: autocast and a cast do not combine."""
+    b_dtype, b_amp = a.dtype, a.amp
+    if dtype is not None or amp is not None:
+        b_dtype = dtype.value if dtype is not None else None
+        b_amp = amp.value if amp is not None else None
+    return Side(
+        tag="b", target=target or a.target, config=config or a.config, init=init or a.init,
+        sets=a.sets + tuple(sets or ()), dtype=b_dtype, amp=b_amp,
+    )  # fmt: skip
+
+
+def check_precision(side: Side) -> None:
+    if side.dtype not in (None, "fp32") and side.amp is not None:
+        flag = "--dtype/--amp" if side.tag == "a" else "--vs-dtype/--vs-amp"
+        raise c.fail(f"{flag} together: autocast runs fp32 weights (drop the dtype)")

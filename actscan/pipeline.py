@@ -1,0 +1,142 @@
+"""From a target and settings to a Report: the one path `profile`, `compare` and `sweep` share.
+
+`scan_target(TargetSpec(...), Settings(...))` resolves the target (file, folder, config,
+shipped name or `module:callable`), builds its inputs, calls `scan()` with the settings
+and applies the ignores, so every command (and a Python caller) gates on the same
+findings. `precision_divergence_of` reruns a target for compare's same-weights,
+two-precisions pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from actscan.settings import Settings, apply_ignores
+
+if TYPE_CHECKING:
+    from actscan.compare import Divergence
+    from actscan.measure.inputs import InputSource
+    from actscan.report.report import Report
+    from actscan.targets.resolve import Resolved
+    from actscan.types import Finding
+
+__all__ = ["Progress", "Scanned", "TargetSpec", "build_target", "scan_target"]
+
+
+class Progress(Protocol):
+    """What a progress display offers: a stage name, and scan()'s (stage, done, total)."""
+
+    def stage(self, text: str) -> None: ...
+
+    def __call__(self, stage: str, done: int, total: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What to build: TARGET and the options that change the model or its inputs.
+
+    `overrides` are `--set key=value` strings; `input_file` is `--input` (token ids or
+    text); `input_shape` asks for random float inputs of that shape.
+    """
+
+    target: str
+    config: Path | None = None
+    init: str | None = None
+    overrides: tuple[str, ...] = ()
+    input_file: Path | None = None
+    input_shape: tuple[int, ...] | None = None
+    allow_nonfinite: bool = False
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """A target's report as the gate sees it (ignored findings removed) and what the
+    project's ignores took out, each with its reason (the table prints them)."""
+
+    report: Report
+    ignored: tuple[tuple[Finding, str], ...] = ()
+
+
+def build_target(spec: TargetSpec, settings: Settings) -> tuple[Resolved, InputSource | None]:
+    """TARGET → (the resolved model, its inputs or None: scan() invents token ids)."""
+    from actscan.models.arch import parse_set
+    from actscan.targets.resolve import TargetOptions, resolve
+
+    opts = TargetOptions(
+        config=spec.config, init=spec.init, overrides=parse_set(list(spec.overrides)),
+        seed=settings.seed, input_shape=spec.input_shape, allow_nonfinite=spec.allow_nonfinite,
+        batch=settings.batch, seq_len=settings.seq_len,
+    )  # fmt: skip
+    resolved = resolve(spec.target, opts)
+    inputs: Any = resolved.inputs
+    if spec.input_file is not None:
+        from actscan.targets.inputs_file import load_input_file
+
+        inputs = load_input_file(spec.input_file, resolved, opts)
+    return resolved, inputs
+
+
+def scan_target(
+    spec: TargetSpec | str,
+    settings: Settings | None = None,
+    *,
+    backward: bool = True,
+    progress: Progress | None = None,
+) -> Scanned:
+    """Resolve `spec`, scan it with `settings` (default: `Settings()`), apply the ignores.
+
+    The returned report carries the resolver's notes ahead of scan()'s and only the
+    findings no ignore matches, so `report.assert_healthy` and the CLI's `--fail-on`
+    gate on the same findings.
+    """
+    from actscan.scanner import scan  # looked up per call: tests may replace it
+
+    spec = TargetSpec(spec) if isinstance(spec, str) else spec
+    settings = Settings() if settings is None else settings
+    if progress is not None:
+        progress.stage(f"building {spec.target}")
+    resolved, inputs = build_target(spec, settings)
+    report = scan(
+        resolved.model,
+        inputs=inputs,
+        dtype=settings.dtype,
+        amp=settings.amp,
+        batches=settings.batches,
+        backward=backward,
+        modules=settings.modules,
+        thresholds=settings.threshold_set(),
+        device=settings.device,
+        seed=settings.seed,
+        batch=settings.batch,
+        seq_len=settings.seq_len,
+        info=resolved.info,
+        init=spec.init,
+        progress=progress,
+    )
+    if resolved.notes:
+        report = replace(report, notes=tuple(dict.fromkeys(resolved.notes + report.notes)))
+    kept, ignored = apply_ignores(report.findings, settings.ignores)
+    return Scanned(replace(report, findings=kept), ignored)
+
+
+def precision_divergence_of(
+    spec: TargetSpec, settings: Settings, a: Report, b: Report, *, scope: str
+) -> Divergence:
+    """Same weights, two precisions (those `a` and `b` ran in): rebuild the model of
+    `spec` once more (deterministic: same config, seed and file) and compare each chosen
+    module's output in the lower precision against the higher one."""
+    from actscan.compare import Precision, default_inputs, precision_divergence
+
+    pa = Precision(a.run.dtype, a.run.amp)
+    pb = Precision(b.run.dtype, b.run.amp)
+    high, low, ref = (pa, pb, "a") if pa.bits >= pb.bits else (pb, pa, "b")
+    resolved, source = build_target(spec, settings)
+    if source is None:
+        source = default_inputs(resolved.info, a.run.batch, a.run.seq_len, settings.seed)
+    return precision_divergence(
+        resolved.model, source, high=high, low=low, reference_side=ref,
+        threshold=settings.threshold_set().divergence_rel_err, scope=scope,
+        device=settings.device, model_type=resolved.info.family,
+    )  # fmt: skip
