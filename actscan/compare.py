@@ -15,7 +15,6 @@ end. Memory: one batch of the chosen outputs (meant for the small models one com
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +22,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from actscan import __version__
+from actscan.report.numfmt import num
+from actscan.report.output import dumps, json_safe
 from actscan.report.report import SCHEMA_VERSION, Report
 from actscan.types import Finding, LayerRecord, Layout, ModelInfo, StreamPoint
 
@@ -200,7 +201,7 @@ class Comparison:
         )
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+        return dumps(self.to_dict(), indent=indent)
 
 
 # -- numbers --------------------------------------------------------------------------------
@@ -219,19 +220,6 @@ def _sortable(x: float | None) -> float:
     if x is None or math.isnan(x):
         return math.inf  # non-finite divergence is the worst there is
     return x
-
-
-def json_safe(obj: Any) -> Any:
-    """JSON has no NaN/Inf: like Report.to_dict, non-finite floats become strings."""
-    if isinstance(obj, float):
-        if math.isfinite(obj):
-            return obj
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [json_safe(v) for v in obj]
-    return obj
 
 
 # -- matching ---------------------------------------------------------------------------------
@@ -399,17 +387,9 @@ def compare_reports(
 
 
 # -- verdict ---------------------------------------------------------------------------------
-def _fmt(x: float | None) -> str:
-    if x is None or isinstance(x, str):
-        return "—" if x is None else x
-    if not math.isfinite(x):
-        return str(x)
-    return f"{x:.3g}"
-
-
 def _pct(x: float | None) -> str:
-    if x is None or not math.isfinite(x):
-        return _fmt(x)
+    if x is None or isinstance(x, str) or not math.isfinite(x):
+        return num(x)
     return f"{100 * x:.2g}%"
 
 
@@ -430,7 +410,7 @@ def verdict(cmp: Comparison) -> str:
             rec = d.layer(d.first)
             return (
                 f"{lo} departs from {hi} by more than {_pct(d.threshold)} (relative RMS error) "
-                f"from {d.first} on ({_pct(rec.rel_err)}, cos {_fmt(rec.cosine)}): "
+                f"from {d.first} on ({_pct(rec.rel_err)}, cos {num(rec.cosine)}): "
                 f"run it in the precision you will actually train in."
             )
         w = d.worst
@@ -445,17 +425,17 @@ def verdict(cmp: Comparison) -> str:
     fd = cmp.findings
     if same and not fd.a_only and not fd.b_only and not cmp.unmatched_a and not cmp.unmatched_b:
         return "A and B measure the same: every matched ratio is 1 and the findings agree."
-    ga, gb = cmp.a.summary.get("growth"), cmp.b.summary.get("growth")
+    ga, gb = cmp.a.summary.growth, cmp.b.summary.growth
     parts = []
     if isinstance(ga, float) and isinstance(gb, float) and ga > 0 and gb > 0:
         flatter = "B" if abs(math.log(gb)) < abs(math.log(ga)) else "A"
         parts.append(
             f"{flatter} keeps the stream flatter (growth over the embedding "
-            f"×{_fmt(ga)} in A, ×{_fmt(gb)} in B)"
+            f"×{num(ga)} in A, ×{num(gb)} in B)"
         )
     last = next((p for p in reversed(cmp.stream) if p.ratio is not None), None)
     if last is not None:
-        parts.append(f"final stream RMS B/A ×{_fmt(last.ratio)}")
+        parts.append(f"final stream RMS B/A ×{num(last.ratio)}")
     checks = lambda fs: ", ".join(dict.fromkeys(f.check for f in fs))  # noqa: E731
     if fd.a_only:
         parts.append(f"B clears {len(fd.a_only)} finding(s) of A ({checks(fd.a_only)})")

@@ -24,7 +24,7 @@ from actscan.measure.stats import branch_records, growth_fit, layer_record, stre
 from actscan.measure.structure import detect_layout, is_norm
 from actscan.report.report import Report
 from actscan.settings import Ignore, apply_ignores, parse_ignores
-from actscan.types import Layout, ModelInfo, ParamRecord, RunInfo
+from actscan.types import Layout, ModelInfo, ParamRecord, RunInfo, Summary
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 Progress = Callable[[str, int, int], None]
@@ -305,14 +305,10 @@ def scan(
         info=info, run=run, layout=layout, layers=layers, stream=stream, fit=fit,
         params=params_before, thresholds=th,
     )  # fmt: skip
-    summary = {
-        "growth_exponent": fit.exponent,
-        "gain_per_block": fit.gain,
-        "growth": fit.growth,
-        "var_intercept": fit.var_a,
-        "var_slope": fit.var_b,
-        "grad_ratio": fit.grad_ratio,
-    }
+    summary = Summary(
+        growth_exponent=fit.exponent, gain_per_block=fit.gain, growth=fit.growth,
+        var_intercept=fit.var_a, var_slope=fit.var_b, grad_ratio=fit.grad_ratio,
+    )  # fmt: skip
     findings, _ = apply_ignores(run_checks(ctx), ignores)
     return Report(
         model=info, run=run, layers=layers, stream=stream, findings=findings,

@@ -8,7 +8,6 @@ builds and scans one size, so nothing here imports torch or prints.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 from actscan import __version__
 from actscan.errors import BadInputError, UsageError
+from actscan.report.output import dumps, json_safe
 from actscan.report.report import SCHEMA_VERSION, Report
 from actscan.types import Severity
 
@@ -115,8 +115,6 @@ class Sweep:
 
     def to_dict(self) -> dict[str, Any]:
         """The `--json` document of `actscan sweep` (docs/interface-extensions.md)."""
-        from actscan.compare import json_safe
-
         return json_safe(
             {
                 "schema_version": SCHEMA_VERSION,
@@ -159,7 +157,7 @@ class Sweep:
         )
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+        return dumps(self.to_dict(), indent=indent)
 
 
 # -- planning -------------------------------------------------------------------------------
@@ -304,8 +302,8 @@ def row(point: SweepPoint, report: Report) -> SweepRow:
     final = next((p.rms for p in reversed(report.stream) if p.rms is not None), None)
     return SweepRow(
         side=point.side, depth=point.depth, width=point.width, overrides=point.overrides,
-        final_rms=final, growth=s.get("growth"), growth_exponent=s.get("growth_exponent"),
-        gain_per_block=s.get("gain_per_block"), grad_ratio=s.get("grad_ratio"), counts=counts,
+        final_rms=final, growth=s.growth, growth_exponent=s.growth_exponent,
+        gain_per_block=s.gain_per_block, grad_ratio=s.grad_ratio, counts=counts,
         worst_check=worst.check if worst else None,
         worst_severity=worst.severity.value if worst else None, report=report,
     )  # fmt: skip

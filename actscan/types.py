@@ -7,7 +7,8 @@ the JSON report of docs/report-format.md (schema_version 1) one to one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -56,17 +57,31 @@ class DType(StrEnum):
 
 
 class CheckId(StrEnum):
-    SQRT_GROWTH = "sqrt-growth"
+    """Every check id, in the one check order (see CHECK_ORDER)."""
+
+    OVERFLOW = "overflow"
     EXP_GROWTH = "exp-growth"
     COLLAPSE = "collapse"
+    SQRT_GROWTH = "sqrt-growth"
+    VANISHING_GRAD = "vanishing-grad"
+    EXPLODING_GRAD = "exploding-grad"
     DEAD_BRANCH = "dead-branch"
     DEAD_UNITS = "dead-units"
     OUTLIER_CHANNELS = "outlier-channels"
-    OVERFLOW = "overflow"
-    VANISHING_GRAD = "vanishing-grad"
-    EXPLODING_GRAD = "exploding-grad"
-    INIT_SCALE = "init-scale"
     LOGIT_SCALE = "logit-scale"
+    INIT_SCALE = "init-scale"
+
+
+# Findings of equal severity are listed in this order everywhere (run_checks, the findings
+# panel, Markdown, JUnit cases): numerics make everything else moot, measured depth
+# pathologies explain most others, static init observations come last.
+CHECK_ORDER: tuple[CheckId, ...] = tuple(CheckId)
+_CHECK_RANK = {c.value: i for i, c in enumerate(CHECK_ORDER)}
+
+
+def finding_order(f: Finding) -> tuple[int, int]:
+    """Sort key: worst severity first, then CHECK_ORDER (unknown check ids last)."""
+    return -Severity(f.severity).rank, _CHECK_RANK.get(str(f.check), len(_CHECK_RANK))
 
 
 @dataclass(frozen=True)
@@ -185,6 +200,45 @@ class Finding:
     threshold: float | None
     message: str
     hint: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class Summary(Mapping[str, Any]):
+    """Whole-model figures of the residual stream (the report's "summary").
+
+    Typed fields for the code; read-only mapping access (`summary["growth"]`, `.get`,
+    `dict(summary)`) for users of the dict it replaces. Iterates in the JSON's key order.
+    After a JSON round trip a non-finite value is the string "nan", "inf" or "-inf".
+    """
+
+    growth_exponent: float | None = None  # p in stream RMS ∝ k^p
+    gain_per_block: float | None = None  # γ: geometric-mean RMS gain per block
+    growth: float | None = None  # last stream RMS ÷ first
+    var_intercept: float | None = None  # a in Var(x_k) ≈ a + b·k
+    var_slope: float | None = None  # b
+    grad_ratio: float | None = None  # grad RMS first ÷ last
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Summary:
+        """From a dict (a JSON report's "summary"); unknown keys are dropped, missing ones
+        are None."""
+        if isinstance(data, Summary):
+            return data
+        return cls(**{k: data[k] for k in _SUMMARY_KEYS if k in data})
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _SUMMARY_KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_SUMMARY_KEYS)
+
+    def __len__(self) -> int:
+        return len(_SUMMARY_KEYS)
+
+
+_SUMMARY_KEYS = tuple(f.name for f in fields(Summary))
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Checks: pure rules from measurements to findings (theory per check in docs/checks.md).
 
 Each check is a function CheckContext -> list[Finding] (the other modules of
-actscan/diagnose/); `run_checks` runs them all and sorts the findings worst first, then in
-CHECK_ORDER (numerics, measured depth pathologies, per-component, static init last),
-so the most explanatory finding leads.
+actscan/diagnose/), registered in CHECKS under the check ids it emits; `run_checks` runs
+them all and sorts the findings worst first, then in CHECK_ORDER (actscan.types: numerics,
+measured depth pathologies, per-component, static init last), so the most explanatory
+finding leads.
 Thresholds come from actscan.diagnose.thresholds only.
 """
 
@@ -14,7 +15,17 @@ from dataclasses import dataclass
 
 from actscan.diagnose.thresholds import Thresholds
 from actscan.measure.stats import GrowthFit
-from actscan.types import Finding, LayerRecord, Layout, ModelInfo, ParamRecord, RunInfo, StreamPoint
+from actscan.types import (
+    CheckId,
+    Finding,
+    LayerRecord,
+    Layout,
+    ModelInfo,
+    ParamRecord,
+    RunInfo,
+    StreamPoint,
+    finding_order,
+)
 
 
 @dataclass(frozen=True)
@@ -30,7 +41,10 @@ class CheckContext:
 
 
 Check = Callable[[CheckContext], list[Finding]]
-CHECKS: dict[str, Check] = {}
+
+# The registry: each check function under the check id(s) of the findings it emits.
+# Together the keys cover every CheckId once; run_checks orders findings by CHECK_ORDER.
+CHECKS: dict[tuple[CheckId, ...], Check] = {}
 
 
 def _register() -> None:
@@ -38,15 +52,15 @@ def _register() -> None:
 
     CHECKS.update(
         {
-            "overflow": numerics.overflow,
-            "exp-growth/collapse": depth.exp_growth_collapse,
-            "sqrt-growth": depth.sqrt_growth,
-            "vanishing/exploding-grad": depth.gradients,
-            "dead-branch": branches.dead_branch,
-            "dead-units": channels.dead_units,
-            "outlier-channels": channels.outlier_channels,
-            "logit-scale": numerics.logit_scale,
-            "init-scale": init.init_scale,
+            (CheckId.OVERFLOW,): numerics.overflow,
+            (CheckId.EXP_GROWTH, CheckId.COLLAPSE): depth.exp_growth_collapse,
+            (CheckId.SQRT_GROWTH,): depth.sqrt_growth,
+            (CheckId.VANISHING_GRAD, CheckId.EXPLODING_GRAD): depth.gradients,
+            (CheckId.DEAD_BRANCH,): branches.dead_branch,
+            (CheckId.DEAD_UNITS,): channels.dead_units,
+            (CheckId.OUTLIER_CHANNELS,): channels.outlier_channels,
+            (CheckId.LOGIT_SCALE,): numerics.logit_scale,
+            (CheckId.INIT_SCALE,): init.init_scale,
         }
     )
 
@@ -55,9 +69,7 @@ _register()
 
 
 def run_checks(ctx: CheckContext) -> tuple[Finding, ...]:
-    from actscan.diagnose.common import CHECK_ORDER
-
-    rank = {c: i for i, c in enumerate(CHECK_ORDER)}
+    """Every registered check's findings: worst first, then in CHECK_ORDER."""
     findings = [f for check in CHECKS.values() for f in check(ctx)]
-    findings.sort(key=lambda f: (-f.severity.rank, rank.get(f.check, len(rank))))
+    findings.sort(key=finding_order)
     return tuple(findings)

@@ -6,7 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from actscan.diagnose.common import GAIN_NAME, branch_projections, finding, finite, listing, n
+from actscan.diagnose.common import (
+    GAIN_NAME,
+    branch_projections,
+    finding,
+    finite,
+    listing,
+    n,
+    warn_or_error,
+)
 from actscan.measure.stats import branch_records
 from actscan.types import BranchRecord, CheckId, Finding, LayerRecord, ParamRecord, Severity
 
@@ -144,7 +152,7 @@ def dead_branch(ctx: CheckContext) -> list[Finding]:
         b for b in rest
         if ctx.run.backward and b.rec.param_grad_norm is not None and b.rec.param_grad_norm == 0
     ]  # fmt: skip
-    severity = Severity.ERROR if stuck else Severity.WARN
+    severity, threshold = warn_or_error(bool(stuck), th.dead_branch_ratio)
     dead_acts = {
         r.name
         for r in ctx.layers
@@ -175,7 +183,7 @@ def dead_branch(ctx: CheckContext) -> list[Finding]:
         "makes sense in every block at once, with weights that can learn (Fixup/SkipInit)."
     )
     out.append(
-        finding(CheckId.DEAD_BRANCH, severity, [b.rec.name for b in rest], value,
-                th.dead_branch_ratio, message, hint)
+        finding(CheckId.DEAD_BRANCH, severity, [b.rec.name for b in rest], value, threshold,
+                message, hint)
     )  # fmt: skip
     return out

@@ -5,8 +5,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from actscan.diagnose.common import finding, finite, listing, n, pct, positive
-from actscan.types import CheckId, Finding, LayerRecord, Severity
+from actscan.diagnose.common import (
+    finding,
+    finite,
+    grade,
+    listing,
+    n,
+    pct,
+    positive,
+    warn_or_error,
+)
+from actscan.types import CheckId, Finding, LayerRecord
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext
@@ -38,7 +47,7 @@ def dead_units(ctx: CheckContext) -> list[Finding]:
         return []
     hits.sort(key=lambda h: h[0].order)
     worst, frac = max(hits, key=lambda h: h[1])
-    severity = Severity.ERROR if frac >= th.dead_units_error else Severity.WARN
+    severity, threshold = grade(frac, th.dead_units_warn, th.dead_units_error)
     pre = _feeding(worst, ctx.layers)
     why = ""
     if pre is not None and finite(pre.mean) and finite(pre.std):
@@ -54,7 +63,6 @@ def dead_units(ctx: CheckContext) -> list[Finding]:
         "Dead ReLUs get no gradient and never recover: center the pre-activations (zero bias "
         "init, He init √(2/fan_in)), lower the learning rate, or use GELU/SiLU/leaky ReLU."
     )
-    threshold = th.dead_units_error if severity is Severity.ERROR else th.dead_units_warn
     return [finding(CheckId.DEAD_UNITS, severity, [r.name for r, _ in hits], frac, threshold,
                     message, hint)]  # fmt: skip
 
@@ -80,7 +88,9 @@ def outlier_channels(ctx: CheckContext) -> list[Finding]:
     # At init no random scheme makes such channels: past the error ratio it is a bug. In a
     # trained model they are an emergent feature and a quantization hazard: warn.
     extreme = ratio >= th.outlier_ratio_error  # type: ignore[operator]
-    severity = Severity.ERROR if extreme and ctx.info.at_init else Severity.WARN
+    severity, threshold = warn_or_error(
+        extreme and ctx.info.at_init, th.outlier_ratio, th.outlier_ratio_error
+    )
     label = "channel" if len(channels) == 1 else "channels"
     shown = listing([str(c) for c in channels], 8)
     message = (
@@ -97,6 +107,5 @@ def outlier_channels(ctx: CheckContext) -> list[Finding]:
     )
     if hits[0].role == "embed" or hits[0].type == "StreamInput":
         hint += " Here the channel starts at the embedding: check that column's values."
-    threshold = th.outlier_ratio_error if severity is Severity.ERROR else th.outlier_ratio
     return [finding(CheckId.OUTLIER_CHANNELS, severity, [r.name for r in hits], ratio,
                     threshold, message, hint)]  # fmt: skip

@@ -1,4 +1,5 @@
-"""Small helpers shared by the checks: number formatting, finite filters, stream views."""
+"""Small helpers shared by the checks: number formatting, finite filters, stream views,
+and the one warn/error choice (`grade`, `warn_or_error`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from actscan.report.numfmt import num as n  # noqa: F401  (re-exported for the checks)
-from actscan.types import CheckId, Finding, ParamRecord, Severity, StreamPoint
+from actscan.types import (  # noqa: F401  (CHECK_ORDER re-exported: its old home)
+    CHECK_ORDER,
+    CheckId,
+    Finding,
+    ParamRecord,
+    Severity,
+    StreamPoint,
+)
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext
@@ -21,22 +29,6 @@ FP16_EXP_LIMIT = math.log(FP16_MAX)  # 11.09
 
 # A module that multiplies a branch by a learned gain: attn_gain, ls1, gamma_1, alpha, …
 GAIN_NAME = re.compile(r"(gain|alpha|gamma|rezero|layer_?scale|^ls\d*$|_ls$|scale)", re.I)
-
-# Findings of equal severity are listed in this order: numerics make everything else moot,
-# measured depth pathologies explain most others, static init observations come last.
-CHECK_ORDER: tuple[str, ...] = (
-    CheckId.OVERFLOW,
-    CheckId.EXP_GROWTH,
-    CheckId.COLLAPSE,
-    CheckId.SQRT_GROWTH,
-    CheckId.VANISHING_GRAD,
-    CheckId.EXPLODING_GRAD,
-    CheckId.DEAD_BRANCH,
-    CheckId.DEAD_UNITS,
-    CheckId.OUTLIER_CHANNELS,
-    CheckId.LOGIT_SCALE,
-    CheckId.INIT_SCALE,
-)
 
 
 def pct(x: float) -> str:
@@ -56,15 +48,29 @@ def block_points(stream: Sequence[StreamPoint]) -> list[StreamPoint]:
     return [p for p in stream if p.block is not None and positive(p.rms)]
 
 
+def warn_or_error(
+    error: bool, warn_at: float, error_at: float | None = None
+) -> tuple[Severity, float]:
+    """The warn/error choice every check makes: (severity, the threshold the finding
+    reports). Without `error_at` both severities report `warn_at`."""
+    if error:
+        return Severity.ERROR, warn_at if error_at is None else error_at
+    return Severity.WARN, warn_at
+
+
+def grade(value: float, warn: float, error: float, *, above: bool = True) -> tuple[Severity, float]:
+    """(severity, threshold) of a value already past `warn`: ERROR with `error` once it
+    reaches `error` (at or above it, or at or below it with above=False), else WARN."""
+    return warn_or_error(value >= error if above else value <= error, warn, error)
+
+
 def severity_for(value: float, warn: float, error: float, *, above: bool = True) -> Severity | None:
     """warn/error/None for a value against a pair of thresholds (above or below)."""
-    if above:
-        if value >= error:
-            return Severity.ERROR
-        return Severity.WARN if value >= warn else None
-    if value <= error:
-        return Severity.ERROR
-    return Severity.WARN if value <= warn else None
+    if not (value >= warn if above else value <= warn) and not (
+        value >= error if above else value <= error
+    ):
+        return None
+    return grade(value, warn, error, above=above)[0]
 
 
 def listing(items: Iterable[str], limit: int = 4) -> str:
@@ -76,7 +82,7 @@ def listing(items: Iterable[str], limit: int = 4) -> str:
 
 
 def finding(
-    check: str,
+    check: CheckId,
     severity: Severity,
     layers: Iterable[str],
     value: float | None,

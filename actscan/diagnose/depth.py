@@ -13,6 +13,7 @@ from actscan.diagnose.common import (
     block_points,
     finding,
     finite,
+    grade,
     n,
     positive,
     residual_budget,
@@ -73,7 +74,7 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding]:
     drift = last.rms / first.rms  # type: ignore[operator]
     if p < th.sqrt_exponent or drift < th.growth_warn:  # type: ignore[operator]
         return []
-    severity = Severity.ERROR if drift >= th.growth_error else Severity.WARN
+    severity, threshold = grade(drift, th.growth_warn, th.growth_error)
     cross = _first_crossing(pts, first.rms, th.growth_warn) or last  # type: ignore[arg-type]
     k = last.k
     over_embedding = (
@@ -101,7 +102,7 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding]:
         # At init with measurably down-scaled projections, √k growth is the embedding being
         # small next to the branches (a global branch scale cancels behind the norms).
         s, adds = budget[0], budget[1]
-        severity = Severity.INFO
+        severity, threshold = Severity.INFO, th.growth_warn
         message = message[:-1] + (
             f"; the output projections are already down-scaled (out/in std {n(s)}, 1/√{adds} = "
             f"{n(1 / math.sqrt(adds))}), so this is a small embedding next to the branches."
@@ -123,7 +124,7 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding]:
             severity,
             (cross.name, last.name),
             drift,
-            th.growth_error if severity is Severity.ERROR else th.growth_warn,
+            threshold,
             message,
             hint,
         )
@@ -142,7 +143,7 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding]:
     gamma = ctx.fit.gain
     L = len(pts)
     if total >= th.exp_gain_warn and sustained(pts, th.exp_sustain):
-        severity = Severity.ERROR if total >= th.exp_gain_error else Severity.WARN
+        severity, threshold = grade(total, th.exp_gain_warn, th.exp_gain_error)
         cross = _first_crossing(pts, first.rms, th.exp_gain_warn) or last  # type: ignore[arg-type]
         message = (
             f"Each block multiplies the stream's RMS by γ = {n(gamma)} (geometric fit over "
@@ -155,14 +156,15 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding]:
             "init (std √(1/fan_in); He √(2/fan_in) before ReLU), a residual path x + F(LN(x)) "
             "with the norm on the branch (pre-norm), or a normalization on the stream."
         )
-        threshold = th.exp_gain_error if severity is Severity.ERROR else th.exp_gain_warn
         return [
             finding(CheckId.EXP_GROWTH, severity, (cross.name, last.name), total, threshold,
                     message, hint)
         ]  # fmt: skip
     shrink = min(total, actual)
     if shrink <= 1 / th.exp_gain_warn:
-        severity = Severity.ERROR if shrink <= 1 / th.exp_gain_error else Severity.WARN
+        severity, threshold = grade(
+            shrink, 1 / th.exp_gain_warn, 1 / th.exp_gain_error, above=False
+        )
         cross = _first_crossing(pts, first.rms, 1 / th.exp_gain_warn) or last  # type: ignore[arg-type]
         message = (
             f"The stream's RMS shrinks by γ = {n(gamma)} per block (γ^L = {n(total)} over {L} "
@@ -174,7 +176,6 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding]:
             "variance (std √(1/fan_in), He √(2/fan_in) before ReLU), keep a residual path "
             "x + F(x) around each block, and check norm gains and placement."
         )
-        threshold = 1 / (th.exp_gain_error if severity is Severity.ERROR else th.exp_gain_warn)
         return [
             finding(CheckId.COLLAPSE, severity, (cross.name, last.name), shrink, threshold,
                     message, hint)
@@ -200,7 +201,9 @@ def gradients(ctx: CheckContext) -> list[Finding]:
     first, last = pts[0], pts[-1]
     where = "the first block's input" if first.block is None else f"block {first.block}'s output"
     if ratio <= 1 / th.grad_ratio_warn:
-        severity = Severity.ERROR if ratio <= 1 / th.grad_ratio_error else Severity.WARN
+        severity, threshold = grade(
+            ratio, 1 / th.grad_ratio_warn, 1 / th.grad_ratio_error, above=False
+        )
         # the highest block below which the gradient stays under the threshold
         cross = next(
             (p for p, v in zip(reversed(pts), reversed(r), strict=True)
@@ -218,13 +221,12 @@ def gradients(ctx: CheckContext) -> list[Finding]:
             "gradient; a post-norm stack needs DeepNorm (α = (2N)^¼ on the identity, "
             "β = (2N)^−¼ on the branch init) or Admin, and learning-rate warmup."
         )
-        threshold = 1 / (th.grad_ratio_error if severity is Severity.ERROR else th.grad_ratio_warn)
         return [
             finding(CheckId.VANISHING_GRAD, severity, (cross.name, last.name), ratio, threshold,
                     message, hint)
         ]  # fmt: skip
     if ratio >= th.grad_ratio_warn:
-        severity = Severity.ERROR if ratio >= th.grad_ratio_error else Severity.WARN
+        severity, threshold = grade(ratio, th.grad_ratio_warn, th.grad_ratio_error)
         cross = next(
             (p for p, v in zip(reversed(pts), reversed(r), strict=True)
              if v / top >= th.grad_ratio_warn),
@@ -240,7 +242,6 @@ def gradients(ctx: CheckContext) -> list[Finding]:
             "1/√(2L) output projections), prefer pre-norm, clip gradients, and check the "
             "logit scale (a saturated softmax concentrates the gradient)."
         )
-        threshold = th.grad_ratio_error if severity is Severity.ERROR else th.grad_ratio_warn
         return [
             finding(CheckId.EXPLODING_GRAD, severity, (cross.name, last.name), ratio, threshold,
                     message, hint)

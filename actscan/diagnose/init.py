@@ -10,7 +10,14 @@ import statistics
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from actscan.diagnose.common import branch_projections, finding, listing, n, residual_budget
+from actscan.diagnose.common import (
+    branch_projections,
+    finding,
+    grade,
+    listing,
+    n,
+    residual_budget,
+)
 from actscan.types import CheckId, Finding, ParamRecord, Severity
 
 if TYPE_CHECKING:
@@ -48,7 +55,7 @@ def init_scale(ctx: CheckContext) -> list[Finding]:
         worst_key = max(groups, key=lambda k: max(ratio(p) for p in groups[k]))
         w = max(groups[worst_key], key=ratio)
         r = ratio(w)
-        severity = Severity.ERROR if r >= th.init_scale_error else Severity.WARN
+        severity, threshold = grade(r, th.init_scale_high, th.init_scale_error)
         others = [k for k in groups if k != worst_key]
         more = f"; also {listing(others, 3)}" if others else ""
         flat = statistics.median(p.std for p in big)
@@ -65,7 +72,6 @@ def init_scale(ctx: CheckContext) -> list[Finding]:
             f"a flat {n(flat)} matches √(1/fan_in) only at fan_in ≈ {round(1 / flat**2)}; "
             "residual output projections also take 1/√(2L)."
         )
-        threshold = th.init_scale_error if severity is Severity.ERROR else th.init_scale_high
         out.append(finding(CheckId.INIT_SCALE, severity, sorted({p.module for p in big}), r,
                            threshold, message, hint))  # fmt: skip
 

@@ -13,6 +13,7 @@ from actscan.diagnose.common import (
     FP16_MAX,
     finding,
     finite,
+    grade,
     listing,
     n,
     positive,
@@ -184,13 +185,14 @@ def logit_scale(ctx: CheckContext) -> list[Finding]:
             continue
         f = _freeze(size)
         factor = head.std / f  # type: ignore[operator]
-        if ctx.info.at_init:
-            sev = (Severity.ERROR if factor >= th.logit_freeze_error
-                   else Severity.WARN if factor >= th.logit_freeze else None)  # fmt: skip
-        else:
-            sev = Severity.INFO if factor >= th.logit_freeze else None
-        if sev is None:
+        if factor < th.logit_freeze:
             continue
+        # A trained model may have chosen sharp logits: information, not a defect.
+        sev, threshold = (
+            grade(factor, th.logit_freeze, th.logit_freeze_error)
+            if ctx.info.at_init
+            else (Severity.INFO, th.logit_freeze)
+        )
         log_z = _log_z(head.mean or 0.0, head.std, size)  # type: ignore[arg-type]
         state = "at init " if ctx.info.at_init else ""
         upper = (head.max_abs or 0.0) + math.log(size)
@@ -213,7 +215,6 @@ def logit_scale(ctx: CheckContext) -> list[Finding]:
                 "scale its input by √d_model as the original Transformer does) or untie the "
                 "head. " + hint
             )
-        threshold = th.logit_freeze_error if sev is Severity.ERROR else th.logit_freeze
         out.append(finding(CheckId.LOGIT_SCALE, sev, [head.name], factor, threshold, message,
                            hint))  # fmt: skip
     out.extend(_attention_logits(ctx))

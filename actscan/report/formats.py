@@ -1,23 +1,19 @@
-"""Report renderings for CI: Markdown (e.g. $GITHUB_STEP_SUMMARY), JUnit XML, atomic writes.
+"""Report renderings for CI: Markdown (e.g. $GITHUB_STEP_SUMMARY) and JUnit XML.
 
 Pure functions of a Report: nothing here computes statistics or imports torch.
+`write_atomic` (actscan.report.output) is re-exported here, where the CLI imports it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import os
 import re
-import sys
-import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from actscan.errors import UsageError
-from actscan.types import CheckId, FailOn, Finding, Severity
+from actscan.report.numfmt import NONE, num
+from actscan.report.output import write_atomic
+from actscan.types import CHECK_ORDER, FailOn, Finding, Severity, finding_order
 
 if TYPE_CHECKING:
     from actscan.report.report import Report
@@ -28,26 +24,7 @@ _MAX_LAYERS = 3
 
 
 # -- number formatting ----------------------------------------------------------------
-def fmt_num(x: object) -> str:
-    """Compact, 3 significant digits: 1.23, 0.0123, 1.2e+05; "-" for None.
-
-    Non-finite values print as nan/inf/-inf, whether floats or the strings a Report
-    rebuilt from JSON carries.
-    """
-    if x is None:
-        return "-"
-    if isinstance(x, str):
-        return x
-    if isinstance(x, bool):
-        return str(x).lower()
-    if isinstance(x, int | float):
-        v = float(x)
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return format(v, ".3g")
-    return str(x)
+fmt_num = num  # the one number format (actscan.report.numfmt), under its older name here
 
 
 def fmt_count(n: int) -> str:
@@ -74,12 +51,12 @@ def _layers_cell(layers: Sequence[str]) -> str:
     more = len(layers) - _MAX_LAYERS
     if more > 0:
         shown += f", … (+{more})"
-    return shown or "-"
+    return shown or NONE
 
 
 def _sorted_findings(findings: Iterable[Finding]) -> list[Finding]:
-    """Worst first; the report's order within one severity."""
-    return sorted(findings, key=lambda f: -Severity(f.severity).rank)
+    """Worst first, then in the one check order (what `run_checks` gives)."""
+    return sorted(findings, key=finding_order)
 
 
 def _gate_line(report: Report, gate: FailOn) -> str:
@@ -116,19 +93,18 @@ def to_markdown(report: Report, fail_on: str | FailOn = FailOn.ERROR) -> str:
     if report.stream:
         out += ["| k | block | name | RMS | grad RMS |", "| ---: | ---: | --- | ---: | ---: |"]
         for p in report.stream:
-            block = "-" if p.block is None else str(p.block)
-            out.append(
-                f"| {p.k} | {block} | {_code(p.name)} | {fmt_num(p.rms)} | {fmt_num(p.grad_rms)} |"
-            )
+            block = NONE if p.block is None else str(p.block)
+            out.append(f"| {p.k} | {block} | {_code(p.name)} | {num(p.rms)} | {num(p.grad_rms)} |")
     else:
         out.append("No residual stream found.")
+    s = report.summary
     summary = [
-        f"{label} {fmt_num(report.summary[key])}"
-        for key, label in (
-            ("growth_exponent", "growth exponent p ="),
-            ("gain_per_block", "gain per block"),
+        f"{label} {num(value)}"
+        for value, label in (
+            (s.growth_exponent, "growth exponent p ="),
+            (s.gain_per_block, "gain per block"),
         )
-        if key in report.summary
+        if value is not None
     ]
     if summary:
         out += ["", "Stream: " + ", ".join(summary) + "."]
@@ -152,7 +128,7 @@ def _finding_text(f: Finding) -> str:
     if f.layers:
         line += f"\n  layers: {', '.join(f.layers)}"
     if f.value is not None or f.threshold is not None:
-        line += f"\n  value: {fmt_num(f.value)}  threshold: {fmt_num(f.threshold)}"
+        line += f"\n  value: {num(f.value)}  threshold: {num(f.threshold)}"
     if f.hint:
         line += f"\n  hint: {f.hint}"
     return line
@@ -182,16 +158,17 @@ def _suite_names(reports: Sequence[Report]) -> list[str]:
 def to_junit(reports: Sequence[Report], fail_on: str | FailOn = FailOn.ERROR) -> str:
     """A JUnit XML <testsuites> document: one suite per report, one case per check id.
 
-    A case fails when its check has a finding at or above `fail_on`; findings below the
-    gate go into the case's <system-out>. Checks without a finding pass. Check ids that
-    are not in `CheckId` but occur in findings get a case too.
+    Cases follow the one check order (`CHECK_ORDER`). A case fails when its check has a
+    finding at or above `fail_on`; findings below the gate go into the case's
+    <system-out>. Checks without a finding pass. Check ids that are not in `CheckId` but
+    occur in findings get a case too, after the known ones.
     """
     gate = FailOn(fail_on)
     root = ET.Element("testsuites", name="actscan")
     total_tests = total_failures = 0
     for report, source in zip(reports, _suite_names(reports), strict=True):
         suite = ET.SubElement(root, "testsuite", name=_xml_text(source))
-        by_check: dict[str, list[Finding]] = {c.value: [] for c in CheckId}
+        by_check: dict[str, list[Finding]] = {c.value: [] for c in CHECK_ORDER}
         for f in report.findings:
             by_check.setdefault(str(f.check), []).append(f)
         failures = 0
@@ -225,46 +202,3 @@ def to_junit(reports: Sequence[Report], fail_on: str | FailOn = FailOn.ERROR) ->
     root.set("errors", "0")
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
-
-
-# -- writing --------------------------------------------------------------------------
-def _new_file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` (UTF-8) to `path` so readers never see a partial file; "-" = stdout.
-
-    Writes a temporary file in the same folder, fsyncs it and renames it over `path`.
-    On failure the temporary file is removed and UsageError("cannot write PATH: reason")
-    is raised.
-    """
-    if str(path) == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    target = Path(path)
-    tmp: str | None = None
-    try:
-        try:
-            mode = target.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            mode = _new_file_mode()
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-            if hasattr(os, "fchmod"):
-                os.fchmod(fh.fileno(), mode)
-        os.replace(tmp, target)
-        tmp = None
-    except (OSError, UnicodeError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
-        raise UsageError(f"cannot write {path}: {reason}") from err
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)

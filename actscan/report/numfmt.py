@@ -1,16 +1,30 @@
-"""One number format for tables and finding messages: 3 significant digits."""
+"""The one number format of every table, finding message, Markdown and JUnit output.
+
+Three significant digits, an exponent outside [1e-3, 1e5), and "—" for a missing value,
+so the same measurement reads the same wherever it is shown.
+"""
 
 from __future__ import annotations
 
 import math
 
+NONE = "—"  # a missing value (None), in every output
 
-def num(x: float | str | None, digits: int = 3) -> str:
-    """1.23, 0.0123, 1.23e+05, nan, inf, — (None); strings (JSON's "nan") pass through."""
+
+def num(x: object, digits: int = 3) -> str:
+    """1.23, 0.0123, 1.20e+05, 5.00e-04, nan, inf, -inf, — (None).
+
+    Strings pass through: a Report rebuilt from JSON carries non-finite values as "nan",
+    "inf" and "-inf". Booleans print as true/false; other objects as str().
+    """
     if x is None:
-        return "—"
+        return NONE
     if isinstance(x, str):
         return x
+    if isinstance(x, bool):
+        return str(x).lower()
+    if not isinstance(x, int | float):
+        return str(x)
     if math.isnan(x):
         return "nan"
     if math.isinf(x):

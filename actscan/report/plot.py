@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actscan.errors import ActscanError, UsageError
+from actscan.report.output import write_atomic
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def plot_streams(series: Sequence[Series], path: str | Path, *, title: str = "")
         ax.legend(fontsize="small")
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt)
-    _write_bytes(out, buf.getvalue())
+    write_atomic(out, buf.getvalue())  # a reader never sees half an image
     return out
 
 
@@ -73,28 +74,3 @@ def _viridis(t: float) -> tuple[float, float, float, float]:
     from matplotlib import colormaps
 
     return colormaps["viridis"](0.85 * min(max(t, 0.0), 1.0))
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Temporary file + rename, so a reader never sees half an image."""
-    import contextlib
-    import os
-    import tempfile
-
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            if hasattr(os, "fchmod"):  # mkstemp makes 0600; an image is a normal file
-                umask = os.umask(0)
-                os.umask(umask)
-                os.fchmod(fh.fileno(), 0o666 & ~umask)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as err:
-        raise UsageError(f"cannot write {path}: {err.strerror or err}") from None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)

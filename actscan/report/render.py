@@ -14,9 +14,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from actscan.report.numfmt import num
+from actscan.report.numfmt import NONE, num
 from actscan.report.report import Report
-from actscan.types import Finding, Severity
+from actscan.types import Finding, Severity, finding_order
 
 SPARK = "▁▂▃▄▅▆▇█"
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARN: "yellow", Severity.INFO: "cyan"}
@@ -83,7 +83,7 @@ def stream_table(report: Report) -> Table | None:
         t.add_column(col, justify="left" if col in ("module", "RMS vs depth") else "right")
     for p in report.stream:
         t.add_row(
-            str(p.k), "—" if p.block is None else str(p.block), p.name, num(p.rms),
+            str(p.k), NONE if p.block is None else str(p.block), p.name, num(p.rms),
             num(p.max_abs), num(p.grad_rms), bar(p.rms, top),
         )  # fmt: skip
     return t
@@ -118,7 +118,7 @@ def modules_table(report: Report) -> Table:
         t.add_row(
             r.name, r.role, "" if r.block is None else str(r.block), str(r.calls),
             num(r.mean), num(r.rms), num(r.max_abs),
-            "—" if r.zero_frac is None else f"{100 * r.zero_frac:.1f}",
+            NONE if r.zero_frac is None else f"{100 * r.zero_frac:.1f}",
             str(r.nonfinite) if r.nonfinite else "", num(r.channel_max_ratio), num(r.grad_rms),
             num(r.param_grad_norm),
         )  # fmt: skip
@@ -126,7 +126,7 @@ def modules_table(report: Report) -> Table:
 
 
 def findings_panel(findings: Iterable[Finding], title: str = "Findings") -> Panel:
-    items = sorted(findings, key=lambda f: -f.severity.rank)
+    items = sorted(findings, key=finding_order)  # worst first, then CHECK_ORDER
     if not items:
         ok = Text("No findings: activations and gradients keep a sane scale.", style="green")
         return Panel(ok, title=title, title_align="left", box=box.ROUNDED)
@@ -156,13 +156,13 @@ def summary_line(report: Report) -> Text | None:
     text = Text("Stream: ", style="bold")
     text.append(f"RMS {spark([p.rms for p in report.stream])}  ")
     parts = [
-        f"growth ×{num(s.get('growth'))} over the embedding",
-        f"RMS ∝ k^{num(s.get('growth_exponent'))}",
-        f"gain/block γ={num(s.get('gain_per_block'))}",
-        f"Var ≈ {num(s.get('var_intercept'))} + {num(s.get('var_slope'))}·k",
+        f"growth ×{num(s.growth)} over the embedding",
+        f"RMS ∝ k^{num(s.growth_exponent)}",
+        f"gain/block γ={num(s.gain_per_block)}",
+        f"Var ≈ {num(s.var_intercept)} + {num(s.var_slope)}·k",
     ]
-    if s.get("grad_ratio") is not None:
-        parts.append(f"grad RMS first/last ×{num(s.get('grad_ratio'))}")
+    if s.grad_ratio is not None:
+        parts.append(f"grad RMS first/last ×{num(s.grad_ratio)}")
     text.append(" · ".join(parts), style="dim")
     return text
 

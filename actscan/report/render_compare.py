@@ -11,7 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from actscan.compare import Comparison, Divergence, FindingDiff
-from actscan.report.render import SEVERITY_STYLE, findings_panel, num, spark
+from actscan.report.numfmt import NONE, num
+from actscan.report.render import SEVERITY_STYLE, findings_panel, spark
 from actscan.report.report import Report
 from actscan.sweep import Sweep
 from actscan.types import Finding
@@ -22,7 +23,7 @@ A_STYLE, B_STYLE = "cyan", "magenta"
 def ratio_text(x: float | None) -> Text:
     """×1 plain; far from 1 (beyond ×1.25 either way) highlighted."""
     if x is None:
-        return Text("—")
+        return Text(NONE)
     if isinstance(x, float) and math.isfinite(x) and x > 0:
         far = abs(math.log(x)) > math.log(1.25)
         return Text(f"×{num(x)}", style="bold yellow" if far else "")
@@ -66,7 +67,7 @@ def stream_table(cmp: Comparison) -> Table | None:
         t.add_column(col, justify="right")
     for p in cmp.stream:
         t.add_row(
-            str(p.k), "—" if p.block is None else str(p.block), num(p.rms_a), num(p.rms_b),
+            str(p.k), NONE if p.block is None else str(p.block), num(p.rms_a), num(p.rms_b),
             ratio_text(p.ratio), num(p.grad_rms_a), num(p.grad_rms_b), ratio_text(p.grad_ratio),
         )  # fmt: skip
     return t
@@ -112,7 +113,7 @@ def fit_table(cmp: Comparison) -> Table:
         Text("B " + spark([p.rms_b for p in cmp.stream if p.name_b]), style=B_STYLE),
     ]
     for i, (label, key) in enumerate(rows):
-        t.add_row(label, num(sa.get(key)), num(sb.get(key)), sparks[i] if i < len(sparks) else "")
+        t.add_row(label, num(sa[key]), num(sb[key]), sparks[i] if i < len(sparks) else "")
     return t
 
 
@@ -251,7 +252,7 @@ def sweep_table(sw: Sweep) -> Table:
         worst = (
             Text(r.worst_check, style=SEVERITY_STYLE.get(r.report.worst(), ""))
             if r.worst_check
-            else Text("—")
+            else Text(NONE)
         )
         cells = [
             r.size, num(r.final_rms), f"×{num(r.growth)}", num(r.growth_exponent),

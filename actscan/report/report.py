@@ -6,12 +6,12 @@ rendered without a model.
 
 from __future__ import annotations
 
-import json
-import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from actscan import __version__
+from actscan.report.output import dumps, json_safe
 from actscan.types import (
     BranchRecord,
     FailOn,
@@ -22,6 +22,7 @@ from actscan.types import (
     RunInfo,
     Severity,
     StreamPoint,
+    Summary,
 )
 
 SCHEMA_VERSION = 1
@@ -34,10 +35,15 @@ class Report:
     layers: tuple[LayerRecord, ...]
     stream: tuple[StreamPoint, ...]
     findings: tuple[Finding, ...] = ()
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: Summary = field(default_factory=Summary)
     params: tuple[ParamRecord, ...] = ()
     notes: tuple[str, ...] = ()  # structure/run remarks shown to the user
     branches: tuple[BranchRecord, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A plain dict (the pre-typed form) is still accepted and becomes a Summary.
+        if not isinstance(self.summary, Summary) and isinstance(self.summary, Mapping):
+            object.__setattr__(self, "summary", Summary.from_mapping(self.summary))
 
     # -- lookups -------------------------------------------------------------------
     def layer(self, name: str) -> LayerRecord:
@@ -58,7 +64,7 @@ class Report:
     # -- serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         model = asdict(self.model)
-        return _clean(
+        return json_safe(
             {
                 "schema_version": SCHEMA_VERSION,
                 "tool": {"name": "actscan", "version": __version__},
@@ -77,7 +83,7 @@ class Report:
         )
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+        return dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
@@ -102,7 +108,7 @@ class Report:
             layers=layers,
             stream=tuple(build(StreamPoint, d) for d in data["stream"]),
             findings=findings,
-            summary=dict(data.get("summary", {})),
+            summary=Summary.from_mapping(data.get("summary", {})),
             notes=tuple(data.get("notes", ())),
             branches=tuple(build(BranchRecord, d) for d in data.get("branches", ())),
         )
@@ -123,16 +129,3 @@ class Report:
                 for f in bad
             ]
             raise AssertionError("\n".join(lines))
-
-
-def _clean(obj: Any) -> Any:
-    """JSON has no NaN/Inf: non-finite floats become strings ("nan", "inf", "-inf")."""
-    if isinstance(obj, float):
-        if math.isfinite(obj):
-            return obj
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
-    return obj

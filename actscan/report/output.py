@@ -1,0 +1,92 @@
+"""The one JSON encoder and the one atomic file writer of every report, comparison,
+sweep, CI format and plot.
+
+JSON has no NaN or Infinity: the report schema spells non-finite numbers as the strings
+"nan", "inf" and "-inf", and `json_safe` is the only place that does it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from actscan.errors import UsageError
+
+__all__ = ["dumps", "json_safe", "write_atomic"]
+
+
+def json_safe(obj: Any) -> Any:
+    """`obj` with every non-finite float replaced by "nan", "inf" or "-inf" (tuples become
+    lists); everything else is returned as is."""
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return obj
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, indent: int | None = 2) -> str:
+    """Strict JSON text of `obj` (made JSON-safe first; a stray NaN would raise)."""
+    return json.dumps(json_safe(obj), indent=indent, allow_nan=False)
+
+
+def _new_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
+    """Write `data` (text as UTF-8, or bytes) to `path` so readers never see a partial
+    file; "-" is stdout.
+
+    Writes a temporary file in the same folder, fsyncs it and renames it over `path`,
+    keeping the mode of a file it replaces (a new file gets the umask's). On failure the
+    temporary file is removed and UsageError("cannot write PATH: reason") is raised.
+    """
+    if str(path) == "-":
+        if isinstance(data, bytes):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(data)
+            sys.stdout.flush()
+        return
+    target = Path(path)
+    tmp: str | None = None
+    try:
+        try:
+            mode = target.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = _new_file_mode()
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        with (
+            os.fdopen(fd, "wb")
+            if isinstance(data, bytes)
+            else os.fdopen(fd, "w", encoding="utf-8", newline="")
+        ) as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+            if hasattr(os, "fchmod"):  # mkstemp makes 0600; an output is a normal file
+                os.fchmod(fh.fileno(), mode)
+        os.replace(tmp, target)
+        tmp = None
+    except (OSError, UnicodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err)
+        raise UsageError(f"cannot write {path}: {reason}") from err
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
