@@ -6,113 +6,31 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
+from conftest import (
+    accumulator,
+    act,
+    branch_layers,
+    ctx,
+    flat_stream,
+    geometric,
+    head,
+    only,
+    outlier_rec,
+    param,
+    projections,
+    rec,
+    stream,
+    with_gains,
+)
 
 import actscan.diagnose.thresholds as thresholds_module
 from actscan.diagnose import CHECKS, CheckContext, run_checks
 from actscan.diagnose.thresholds import DEFAULT, Thresholds, parse_threshold_options
 from actscan.errors import UsageError
-from actscan.measure.stats import growth_fit
-from actscan.types import (
-    BlockInfo,
-    CheckId,
-    Finding,
-    LayerRecord,
-    Layout,
-    ModelInfo,
-    ParamRecord,
-    RunInfo,
-    Severity,
-    StreamPoint,
-)
-
-# --------------------------------------------------------------------------- builders
-
-
-def layout(n_blocks: int) -> Layout:
-    blocks = tuple(
-        BlockInfo(i, f"blocks.{i}", attn=f"blocks.{i}.attn", mlp=f"blocks.{i}.mlp")
-        for i in range(n_blocks)
-    )
-    block_of = {f"blocks.{i}": i for i in range(n_blocks)}
-    return Layout(blocks=blocks, head="head", block_of=block_of)
-
-
-def stream(rms: Sequence[float], grad: Sequence[float] | None = None) -> tuple[StreamPoint, ...]:
-    """rms[0] is the first block's input (k = 0), rms[i] block i-1's output (k = 2i)."""
-    pts = []
-    for i, r in enumerate(rms):
-        g = grad[i] if grad is not None else None
-        name = "blocks.0:input" if i == 0 else f"blocks.{i - 1}"
-        block = None if i == 0 else i - 1
-        pts.append(StreamPoint(k=2 * i, block=block, name=name, rms=r, grad_rms=g, max_abs=4 * r))
-    return tuple(pts)
-
-
-def rec(name: str, **kw: object) -> LayerRecord:
-    block = kw.pop("block", None)
-    if block is None and (m := re.match(r"blocks\.(\d+)", name)):
-        block = int(m.group(1))
-    base: dict[str, object] = dict(
-        name=name, type="Linear", role="other", block=block, calls=1, mean=0.0, std=1.0,
-        rms=1.0, max_abs=3.0, zero_frac=0.0, numel=1000, order=0,
-    )  # fmt: skip
-    base.update(kw)
-    return LayerRecord(**base)  # type: ignore[arg-type]
-
-
-def param(
-    name: str,
-    std: float,
-    *,
-    fan_in: int | None = None,
-    kind: str = "weight",
-    mean: float = 0.0,
-    fan_out: int | None = None,
-    nonfinite: int = 0,
-) -> ParamRecord:
-    module = name.rsplit(".", 1)[0]
-    m = re.match(r"blocks\.(\d+)", name)
-    shape = (fan_out or fan_in or 1, fan_in) if kind == "weight" else (fan_out or 1,)
-    return ParamRecord(
-        name=name, module=module, role="other", block=int(m.group(1)) if m else None,
-        shape=shape, mean=mean, std=std, fan_in=fan_in, fan_out=fan_out or fan_in, kind=kind,  # type: ignore[arg-type]
-        nonfinite=nonfinite,
-    )  # fmt: skip
-
-
-def ctx(
-    *,
-    points: tuple[StreamPoint, ...] = (),
-    layers: Sequence[LayerRecord] = (),
-    params: Sequence[ParamRecord] = (),
-    n_blocks: int | None = None,
-    at_init: bool = False,
-    arch: dict[str, object] | None = None,
-    vocab: int | None = 512,
-    dtype: str = "fp32",
-    amp: str | None = None,
-    backward: bool = True,
-    seq_len: int = 64,
-    th: Thresholds = DEFAULT,
-) -> CheckContext:
-    nb = n_blocks if n_blocks is not None else max(len(points) - 1, 0)
-    info = ModelInfo(
-        source="synthetic", family="custom", n_params=0, n_blocks=nb, vocab_size=vocab,
-        at_init=at_init, arch=arch or {},
-    )  # fmt: skip
-    run = RunInfo(dtype=dtype, amp=amp, backward=backward, batch=4, seq_len=seq_len)
-    return CheckContext(
-        info=info, run=run, layout=layout(nb), layers=tuple(layers), stream=points,
-        fit=growth_fit(points), params=tuple(params), thresholds=th,
-    )  # fmt: skip
-
-
-def only(findings: Sequence[Finding], check: str) -> list[Finding]:
-    return [f for f in findings if f.check == check]
+from actscan.types import CHECK_ORDER, CheckId, Finding, Severity
 
 
 def run(c: CheckContext) -> tuple[Finding, ...]:
@@ -120,11 +38,6 @@ def run(c: CheckContext) -> tuple[Finding, ...]:
 
 
 # --------------------------------------------------------------------------- sqrt-growth
-
-
-def accumulator(n_blocks: int, a: float, v: float, scale: float = 1.0) -> list[float]:
-    """Var(x_k) = a + v·k·scale: the residual accumulator model, k = 2 per block."""
-    return [math.sqrt(a + v * scale * 2 * i) for i in range(n_blocks + 1)]
 
 
 def test_sqrt_growth_fires_on_unscaled_accumulation() -> None:
@@ -179,10 +92,6 @@ def test_depth_checks_need_min_blocks() -> None:
 
 
 # --------------------------------------------------------------------------- exp-growth / collapse
-
-
-def geometric(n_blocks: int, gamma: float, start: float = 1.0) -> list[float]:
-    return [start] + [start * gamma**i for i in range(n_blocks)]
 
 
 def test_exp_growth_names_the_crossing_block() -> None:
@@ -256,24 +165,6 @@ def test_gradient_checks_skip_without_backward() -> None:
 # --------------------------------------------------------------------------- dead-branch
 
 
-def branch_layers(n_blocks: int, *, stream_rms: float = 1.0, **override: dict) -> list[LayerRecord]:
-    """attn/mlp branch outputs at 0.3 of the stream; `override[name]` replaces fields."""
-    out, order = [], 0
-    for i in range(n_blocks):
-        for kind in ("attn", "mlp"):
-            name = f"blocks.{i}.{kind}"
-            fields = dict(role=kind, rms=0.3 * stream_rms, grad_rms=1.0, param_grad_norm=1.0,
-                          order=order)  # fmt: skip
-            fields.update(override.get(name, {}))
-            out.append(rec(name, **fields))
-            order += 2
-    return out
-
-
-def flat_stream(n_blocks: int, grad: float = 1.0) -> tuple[StreamPoint, ...]:
-    return stream([1.0] * (n_blocks + 1), [grad] * (n_blocks + 1))
-
-
 def test_dead_branch_names_the_block() -> None:
     layers = branch_layers(6, **{"blocks.3.mlp": dict(rms=0.0, max_abs=0.0)})
     found = only(run(ctx(points=flat_stream(6), layers=layers)), CheckId.DEAD_BRANCH)
@@ -298,15 +189,6 @@ def test_dead_branch_by_gradient() -> None:
 def test_tiny_but_alive_branch_is_not_dead() -> None:
     layers = branch_layers(4, **{"blocks.2.attn": dict(rms=0.007)})  # post-LN attention at init
     assert not only(run(ctx(points=flat_stream(4), layers=layers)), CheckId.DEAD_BRANCH)
-
-
-def with_gains(n_blocks: int, value: float, gain_rms: float) -> tuple[list, list]:
-    layers, params = branch_layers(n_blocks), []
-    for r in list(layers):
-        gain = r.name.replace(".attn", ".attn_gain").replace(".mlp", ".mlp_gain")
-        layers.append(rec(gain, rms=gain_rms, max_abs=gain_rms, order=r.order + 1))
-        params.append(param(f"{gain}.gain", 0.0, kind="other", mean=value, fan_out=16))
-    return layers, params
 
 
 def test_rezero_gains_are_info_by_design() -> None:
@@ -346,10 +228,6 @@ def test_zero_init_output_projection_everywhere_is_fixup() -> None:
 # --------------------------------------------------------------------------- dead-units
 
 
-def act(name: str, dead: int, width: int = 1024, **kw: object) -> LayerRecord:
-    return rec(name, role="act", type="ReLU", n_channels=width, dead_channels=dead, **kw)
-
-
 def test_dead_units_severity_by_fraction() -> None:
     def check(dead: int) -> list[Finding]:
         return only(run(ctx(layers=[act("blocks.0.mlp.act", dead)])), CheckId.DEAD_UNITS)
@@ -380,14 +258,6 @@ def test_dead_units_ignores_non_activation_layers_and_threshold_override() -> No
 
 
 # --------------------------------------------------------------------------- outlier-channels
-
-
-def outlier_rec(name: str, ratio: float, channels: tuple[int, ...] = (17,), **kw) -> LayerRecord:
-    median = 3.0
-    return rec(
-        name, channel_max_ratio=ratio, outlier_channels=channels, channel_median_max=median,
-        max_abs=ratio * median, n_channels=64, **kw,
-    )  # fmt: skip
 
 
 def test_outlier_channels_reports_index_and_int8_levels() -> None:
@@ -461,11 +331,6 @@ def test_overflow_in_parameters_and_gradients() -> None:
 
 
 # --------------------------------------------------------------------------- logit-scale
-
-
-def head(std: float, max_abs: float | None = None) -> LayerRecord:
-    return rec("head", role="head", std=std, mean=0.0, max_abs=max_abs or 5 * std,
-               n_channels=512)  # fmt: skip
 
 
 def test_logit_scale_against_the_freezing_point() -> None:
@@ -547,18 +412,6 @@ def test_init_scale_norm_gains_and_biases() -> None:
     assert by_topic["bias"].value == pytest.approx(5 / 0.32)
 
 
-def projections(n_blocks: int, out_scale: float) -> tuple[list[LayerRecord], list[ParamRecord]]:
-    layers, params = [], []
-    for i in range(n_blocks):
-        for j, (mod, fan) in enumerate((("attn.qkv", 64), ("attn.proj", 64), ("mlp.up", 64),
-                                         ("mlp.down", 256))):  # fmt: skip
-            name = f"blocks.{i}.{mod}"
-            layers.append(rec(name, order=10 * i + j))
-            std = 0.02 * (out_scale if mod in ("attn.proj", "mlp.down") else 1.0)
-            params.append(param(f"{name}.weight", std, fan_in=fan))
-    return layers, params
-
-
 def test_init_scale_residual_projections_not_down_scaled() -> None:
     layers, params = projections(24, 1.0)
     f = only(run(ctx(layers=layers, params=params, n_blocks=24, at_init=True)),
@@ -575,10 +428,36 @@ def test_init_scale_residual_projections_not_down_scaled() -> None:
 # --------------------------------------------------------------------------- registry, order
 
 
-def test_registry_covers_every_check_id() -> None:
-    source = "".join(inspect.getsource(fn) for fn in CHECKS.values())
-    for check_id in CheckId:
-        assert f"CheckId.{check_id.name}" in source, check_id
+def test_registry_keys_cover_every_check_id_once() -> None:
+    ids = [c for key in CHECKS for c in key]
+    assert all(isinstance(c, CheckId) for c in ids)
+    assert sorted(ids) == sorted(CheckId) and len(ids) == len(set(ids))
+    assert tuple(CheckId) == CHECK_ORDER and set(CHECK_ORDER) == set(CheckId)
+
+
+def test_each_check_emits_exactly_its_registered_ids() -> None:
+    """Contexts that make every check fire; a check may emit only the ids it is keyed by."""
+    rms = [1.0] * 25
+    layers = [act("blocks.0.mlp.act", 600), outlier_rec("x", 100.0), head(17.8),
+              rec("blocks.0.mlp", max_abs=2e5)]  # fmt: skip
+    gains_layers, gains_params = with_gains(4, 0.0, 0.0)
+    contexts = [
+        ctx(points=stream(geometric(24, 1.2)), layers=layers, at_init=True,
+            params=[param("blocks.0.mlp.up.weight", 0.2, fan_in=512)]),
+        ctx(points=stream(geometric(24, 0.8))),
+        ctx(points=stream(accumulator(48, a=1e-3, v=0.01))),
+        ctx(points=stream(rms, [0.5**i for i in range(24, -1, -1)])),
+        ctx(points=stream(rms, [1.3**i for i in range(25)][::-1])),
+        ctx(points=flat_stream(4), layers=branch_layers(4, **{"blocks.2.mlp": dict(rms=0.0)})),
+        ctx(points=flat_stream(4), layers=gains_layers, params=gains_params, at_init=True),
+    ]  # fmt: skip
+    seen: set[str] = set()
+    for key, check in CHECKS.items():
+        for c in contexts:
+            for f in check(c):
+                assert f.check in key, (check.__name__, f.check)
+                seen.add(f.check)
+    assert seen == set(CheckId)
 
 
 def test_findings_sorted_by_severity_then_check_order() -> None:

@@ -1,13 +1,12 @@
-"""Golden files for the findings panel (regenerate: ACTSCAN_UPDATE_GOLDEN=1 pytest ...)."""
+"""Golden files for the findings panel, from checks run on hand-built measurements
+(regenerate deliberately: pytest --update-goldens, then review the diff)."""
 
 from __future__ import annotations
 
 import io
-import os
-from pathlib import Path
+from collections.abc import Callable
 
-from rich.console import Console
-from test_checks import (
+from conftest import (
     act,
     ctx,
     flat_stream,
@@ -17,12 +16,11 @@ from test_checks import (
     stream,
     with_gains,
 )
+from rich.console import Console
 
 from actscan.diagnose import run_checks
 from actscan.report.render import findings_panel
 from actscan.types import Severity
-
-GOLDEN = Path(__file__).parent / "golden"
 
 
 def render(findings) -> str:
@@ -31,21 +29,13 @@ def render(findings) -> str:
     return buf.getvalue()
 
 
-def golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("ACTSCAN_UPDATE_GOLDEN") or not path.exists():
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text()
-
-
-def test_findings_panel_empty() -> None:
+def test_findings_panel_empty(golden: Callable[[str, str], None]) -> None:
     text = render(())
     assert "No findings" in text
     golden("findings_empty.txt", text)
 
 
-def test_findings_panel_worst_first() -> None:
+def test_findings_panel_worst_first(golden: Callable[[str, str], None]) -> None:
     layers = [
         act("blocks.0.mlp.act", 600, order=3),
         act("blocks.1.mlp.act", 100, order=9),
@@ -61,7 +51,7 @@ def test_findings_panel_worst_first() -> None:
     golden("findings_mixed.txt", text)
 
 
-def test_findings_panel_info_only() -> None:
+def test_findings_panel_info_only(golden: Callable[[str, str], None]) -> None:
     layers, params = with_gains(4, 0.0, 0.0)
     found = run_checks(ctx(points=flat_stream(4), layers=layers, params=params, at_init=True))
     assert [f.severity for f in found] == [Severity.INFO]

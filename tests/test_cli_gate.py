@@ -290,7 +290,7 @@ def test_markdown_file(plant: Planted, isolated_cwd: Path) -> None:
     text = (isolated_cwd / "report.md").read_text()
     assert text.startswith("### actscan: `gpt-12-preln`") or text.startswith("### actscan: `")
     assert "| warn | dead-branch | `blocks.1.mlp` | planted dead-branch warn |" in text
-    assert "#### Residual stream" in text and "| 0 | - | `blocks.0:input` |" in text
+    assert "#### Residual stream" in text and "| 0 | — | `blocks.0:input` |" in text
     assert "**FAIL** at `--fail-on warn`: 1 finding(s)" in text
 
 

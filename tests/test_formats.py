@@ -7,133 +7,20 @@ import json
 import os
 import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
+from conftest import make_report
 
+from actscan.compare import json_safe as compare_json_safe
 from actscan.errors import UsageError
+from actscan.report import output
 from actscan.report.formats import fmt_num, to_junit, to_markdown, write_atomic
+from actscan.report.numfmt import num
 from actscan.report.report import Report
 from actscan.report.schema import load_schema, validate_report
-from actscan.types import CheckId, Finding, LayerRecord, ModelInfo, RunInfo, Severity, StreamPoint
+from actscan.types import CHECK_ORDER, CheckId, Finding, ModelInfo, RunInfo, Severity, Summary
 
 jsonschema = pytest.importorskip("jsonschema")
-
-GOLDEN = Path(__file__).parent / "golden" / "report.md"
-
-
-def make_report(source: str = "configs/tiny-gpt.json", *, nonfinite: bool = False) -> Report:
-    nan = float("nan")
-    layers = (
-        LayerRecord(
-            name="wte",
-            type="Embedding",
-            role="embed",
-            block=None,
-            calls=1,
-            mean=0.001,
-            std=0.0201,
-            rms=0.0201,
-            max_abs=0.0912,
-            zero_frac=0.0,
-            channel_max_ratio=1.8,
-            grad_rms=1.2e-5,
-            grad_norm=0.0031,
-            param_grad_norm=0.0031,
-            numel=8192,
-            n_channels=64,
-            dead_channels=0,
-            channel_median_max=0.05,
-            order=0,
-        ),
-        LayerRecord(
-            name="h.0.mlp",
-            type="MLP",
-            role="mlp",
-            block=0,
-            calls=1,
-            mean=nan if nonfinite else -0.002,
-            std=float("inf") if nonfinite else 0.51,
-            rms=float("inf") if nonfinite else 0.51,
-            max_abs=float("inf") if nonfinite else 12.5,
-            zero_frac=0.0,
-            nonfinite=3 if nonfinite else 0,
-            channel_max_ratio=24.0,
-            outlier_channels=(17, 40),
-            grad_rms=None,
-            grad_norm=None,
-            param_grad_norm=None,
-        ),
-    )
-    stream = (
-        StreamPoint(k=0, block=None, name="drop", rms=0.0201, grad_rms=1.2e-5),
-        StreamPoint(k=2, block=0, name="h.0", rms=1.234, grad_rms=0.0123),
-        StreamPoint(
-            k=4,
-            block=1,
-            name="h.1",
-            rms=float("inf") if nonfinite else 123456.0,
-            grad_rms=None,
-            mean=0.0,
-            std=1.0,
-            max_abs=3.0,
-        ),
-    )
-    findings = (
-        Finding(
-            check="outlier-channels",
-            severity=Severity.WARN,
-            layers=("h.0.mlp",),
-            value=24.0,
-            threshold=6.0,
-            message="2 channels dwarf the median | max/median 24",
-            hint="per-tensor int8 would lose them",
-        ),
-        Finding(
-            check="sqrt-growth",
-            severity=Severity.INFO,
-            layers=(),
-            value=0.52,
-            threshold=None,
-            message="stream RMS grows like k^0.52",
-        ),
-        Finding(
-            check="exp-growth",
-            severity=Severity.ERROR,
-            layers=("h.0", "h.1", "h.2", "h.3", "h.4"),
-            value=1e5,
-            threshold=100.0,
-            message="stream RMS grows 1e5x over 2 blocks",
-            hint="scale residual projections by 1/sqrt(2L)",
-        ),
-        Finding(
-            check="outlier-channels",
-            severity=Severity.INFO,
-            layers=("h.1.mlp",),
-            value=7.0,
-            threshold=6.0,
-            message="1 channel above 6",
-        ),
-    )
-    return Report(
-        model=ModelInfo(
-            source=source,
-            family="actscan-gpt",
-            n_params=124_439_808,
-            n_blocks=2,
-            d_model=64,
-            vocab_size=128,
-            at_init=True,
-            task="causal-lm",
-            arch={"norm": "pre"},
-        ),
-        run=RunInfo(dtype="bf16", batch=2, seq_len=64, seed=0),
-        layers=layers,
-        stream=stream,
-        findings=findings,
-        summary={"growth_exponent": 0.52, "gain_per_block": 1.07},
-        notes=("blocks: h (2 × Block)",),
-    )
 
 
 # -- schema -----------------------------------------------------------------------------
@@ -161,7 +48,7 @@ def test_empty_report_validates():
 
 def test_nonfinite_strings_validate():
     data = json.loads(make_report(nonfinite=True).to_json())
-    mlp = data["layers"][1]
+    mlp = data["layers"][2]
     assert (mlp["mean"], mlp["rms"], data["stream"][2]["rms"]) == ("nan", "inf", "inf")
     validate_report(data)
 
@@ -220,27 +107,26 @@ def test_schema_ships_as_package_data():
         (1.234, "1.23"),
         (0.012345, "0.0123"),
         (123456.0, "1.23e+05"),
-        (120000.0, "1.2e+05"),
+        (120000.0, "1.20e+05"),
+        (120000, "1.20e+05"),
+        (0.0005, "5.00e-04"),
         (0.0, "0"),
-        (None, "-"),
+        (None, "—"),
         (float("nan"), "nan"),
         (float("-inf"), "-inf"),
         ("inf", "inf"),
         (3, "3"),
     ],
 )
-def test_fmt_num(x, s):
-    assert fmt_num(x) == s
+def test_one_number_format(x, s):
+    assert num(x) == s
+    assert fmt_num is num  # the CI formats' older name is the same function
 
 
-def test_markdown_golden():
+def test_markdown_golden(golden):
     text = to_markdown(make_report(), fail_on="error")
-    if os.environ.get("ACTSCAN_UPDATE_GOLDEN") == "1":
-        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-        GOLDEN.write_text(text, encoding="utf-8")
-    assert text == GOLDEN.read_text(encoding="utf-8"), (
-        "markdown changed; rerun with ACTSCAN_UPDATE_GOLDEN=1 if intended"
-    )
+    assert "| 4 | 1 | `h.1` | 1.23e+05 | — |" in text
+    golden("report.md", text)
 
 
 def test_markdown_worst_first_and_gate():
@@ -272,7 +158,7 @@ def test_markdown_no_findings():
 
 def test_markdown_from_json_round_trip_with_nonfinite():
     report = Report.from_dict(json.loads(make_report(nonfinite=True).to_json()))
-    assert "| 4 | 1 | `h.1` | inf | - |" in to_markdown(report)
+    assert "| 4 | 1 | `h.1` | inf | — |" in to_markdown(report)
 
 
 # -- junit ------------------------------------------------------------------------------
@@ -319,6 +205,60 @@ def test_junit_never_and_unknown_check():
     assert _cases(root)["new-check"].find("failure") is not None
     root = ET.fromstring(to_junit([report], fail_on="never"))
     assert root.get("failures") == "0"
+
+
+def test_junit_cases_follow_the_one_check_order():
+    report = make_report()
+    extra = Finding("new-check", Severity.WARN, (), None, None, "x")
+    report = Report(report.model, report.run, report.layers, report.stream, (extra,))
+    names = [c.get("name") for c in ET.fromstring(to_junit([report])).iter("testcase")]
+    assert names == [c.value for c in CHECK_ORDER] + ["new-check"]
+
+
+def test_markdown_lists_equal_severities_in_check_order():
+    f = lambda check: Finding(check, Severity.WARN, (), None, None, check)  # noqa: E731
+    report = make_report()
+    report = Report(report.model, report.run, (), (), (f("init-scale"), f("overflow")))
+    text = to_markdown(report)
+    assert text.index("| overflow |") < text.index("| init-scale |")
+
+
+# -- JSON: one encoder, typed summary ----------------------------------------------------
+def test_one_json_encoder():
+    nan, inf = float("nan"), float("inf")
+    data = {"a": (1.0, nan, -inf), "b": [{"c": inf}], "d": None, "e": "nan", "f": 3}
+    assert output.json_safe(data) == {
+        "a": [1.0, "nan", "-inf"], "b": [{"c": "inf"}], "d": None, "e": "nan", "f": 3,
+    }  # fmt: skip
+    assert compare_json_safe is output.json_safe  # compare's public name, the same encoder
+    assert json.loads(output.dumps({"x": nan}, indent=None)) == {"x": "nan"}
+
+
+def test_summary_is_typed_and_its_json_unchanged():
+    report = make_report(nonfinite=True)
+    s = report.summary
+    assert isinstance(s, Summary) and s.growth == 120000.0 and s["gain_per_block"] == 1.07
+    assert s.get("no-such-key") is None and "growth" in s
+    data = json.loads(report.to_json())
+    assert list(data["summary"]) == [
+        "growth_exponent", "gain_per_block", "growth", "var_intercept", "var_slope",
+        "grad_ratio",
+    ]  # fmt: skip
+    assert data["summary"] == {
+        "growth_exponent": 0.52, "gain_per_block": 1.07, "growth": 120000.0,
+        "var_intercept": None, "var_slope": 0.0005, "grad_ratio": "nan",
+    }  # fmt: skip
+    back = Report.from_dict(data)
+    assert isinstance(back.summary, Summary) and back.summary == data["summary"]
+    assert back.to_json() == report.to_json()  # byte for byte after a round trip
+
+
+def test_summary_accepts_the_plain_dict_it_replaces():
+    report = make_report()
+    legacy = Report(report.model, report.run, (), (), summary={"growth": 2.0, "extra": 1})
+    assert isinstance(legacy.summary, Summary)
+    assert legacy.summary.growth == 2.0 and legacy.summary.growth_exponent is None
+    assert legacy.to_dict()["summary"]["growth"] == 2.0
 
 
 # -- write_atomic -----------------------------------------------------------------------
@@ -382,6 +322,27 @@ def test_write_atomic_parent_is_a_file(tmp_path):
     with pytest.raises(UsageError, match="cannot write"):
         write_atomic(blocker / "out.json", "{}")
     assert os.listdir(tmp_path) == ["file.txt"]
+
+
+def test_write_atomic_bytes_and_keeps_mode(tmp_path):
+    target = tmp_path / "plot.png"
+    target.write_bytes(b"old")
+    target.chmod(0o640)
+    write_atomic(target, b"\x89PNG\r\n")
+    assert target.read_bytes() == b"\x89PNG\r\n"
+    assert target.stat().st_mode & 0o777 == 0o640
+    assert os.listdir(tmp_path) == ["plot.png"]
+
+
+def test_plot_writes_through_the_one_writer(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from actscan.report import plot
+
+    seen = []
+    monkeypatch.setattr(plot, "write_atomic", lambda path, data: seen.append((path, data)))
+    plot.plot_streams([plot.Series("x", (0, 1), (1.0, 2.0))], tmp_path / "x.svg")
+    assert seen and seen[0][0] == tmp_path / "x.svg" and b"<svg" in seen[0][1]
+    assert os.listdir(tmp_path) == []
 
 
 def test_no_torch_import():

@@ -1,26 +1,25 @@
-"""Golden files for the rendered profile tables, and the `profile` command end to end."""
+"""Golden files for the rendered profile tables (from a hand-built Report, so they do not
+move with torch), the golden helper itself, and the `profile` command end to end."""
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import check_golden, make_report
 from rich.console import Console
 from typer.testing import CliRunner
 
 from actscan.cli import app
-from actscan.models.arch import ArchConfig
-from actscan.models.gpt import build_model
 from actscan.report.render import num, render_report, spark
-from actscan.scanner import scan
+from actscan.report.report import Report
 
-GOLDEN = Path(__file__).parent / "golden"
+Golden = Callable[[str, str], None]
 SMALL = dict(n_layers=3, d_model=32, n_heads=2, vocab_size=64, seq_len=8)
 
 
@@ -30,28 +29,42 @@ def _render(report, **kw) -> str:
     return buf.getvalue()
 
 
-def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("ACTSCAN_UPDATE_GOLDEN") or not path.exists():
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text()
-
-
-def _report():
-    report = scan(build_model(ArchConfig(**SMALL)), batch=2, seq_len=8)
+def _report() -> Report:
     # the findings panel has its own golden files; here the tables are under test
-    return replace(report, model=replace(report.model, source="tiny.yaml"), findings=())
+    return make_report("tiny.yaml", findings=False)
 
 
-def test_profile_tables_golden() -> None:
-    _golden("profile_tables.txt", _render(_report()))
+def test_profile_tables_golden(golden: Golden) -> None:
+    text = _render(_report())
+    assert "Branches" in text and "1.23e+05" in text and "×1.20e+05" in text
+    golden("profile_tables.txt", text)
 
 
-def test_all_modules_table_golden() -> None:
+def test_all_modules_table_golden(golden: Golden) -> None:
     text = _render(_report(), all_modules=True)
-    assert "All modules" in text and "blocks.2.mlp.act" in text
-    _golden("profile_all.txt", text)
+    assert "All modules" in text and "h.0.mlp.act" in text
+    golden("profile_all.txt", text)
+
+
+def test_profile_tables_from_nonfinite_json(golden: Golden) -> None:
+    """A report read back from JSON carries "nan"/"inf" strings: they print as such."""
+    data = json.loads(make_report("tiny.yaml", nonfinite=True, findings=False).to_json())
+    text = _render(Report.from_dict(data), all_modules=True)
+    assert "inf" in text and "nan" in text
+    golden("profile_nonfinite.txt", text)
+
+
+def test_golden_helper_fails_on_missing_file_and_writes_only_when_asked(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(pytest.fail.Exception, match="missing"):
+        check_golden("new.txt", "x\n", update=False, folder=tmp_path)
+    assert not (tmp_path / "new.txt").exists()
+    check_golden("new.txt", "x\n", update=True, folder=tmp_path)
+    assert (tmp_path / "new.txt").read_text() == "x\n"
+    check_golden("new.txt", "x\n", update=False, folder=tmp_path)
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)differs.*-x.*\+y"):
+        check_golden("new.txt", "y\n", update=False, folder=tmp_path)
 
 
 def test_quiet_prints_only_findings() -> None:
@@ -60,8 +73,8 @@ def test_quiet_prints_only_findings() -> None:
 
 
 def test_number_and_sparkline_formatting() -> None:
-    assert [num(x) for x in (None, 0.0, 1.23456, 0.0123456, 123456.0, float("nan"))] == [
-        "—", "0", "1.23", "0.0123", "1.23e+05", "nan",
+    assert [num(x) for x in (None, 0.0, 1.23456, 0.0123456, 123456.0, 120000, float("nan"))] == [
+        "—", "0", "1.23", "0.0123", "1.23e+05", "1.20e+05", "nan",
     ]  # fmt: skip
     assert spark([1, 2, 3, 4]) == "▁▃▆█"
     assert spark([1e-6, 1.0])[0] == "▁" and spark([0.0, 1.0])[0] == "·"

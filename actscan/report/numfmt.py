@@ -34,3 +34,15 @@ def num(x: object, digits: int = 3) -> str:
     if abs(x) >= 1e5 or abs(x) < 1e-3:
         return f"{x:.{digits - 1}e}"
     return f"{x:.{digits}g}"
+
+
+def as_float(x: object) -> float | None:
+    """A value as a float for drawing (bars, sparklines): the JSON spellings "nan", "inf"
+    and "-inf" become floats again; None and anything else non-numeric are None."""
+    if isinstance(x, bool) or x is None:
+        return None
+    if isinstance(x, int | float):
+        return float(x)
+    if isinstance(x, str) and x in ("nan", "inf", "-inf"):
+        return float(x)
+    return None

@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from actscan.report.numfmt import NONE, num
+from actscan.report.numfmt import NONE, as_float, num
 from actscan.report.report import Report
 from actscan.types import Finding, Severity, finding_order
 
@@ -24,6 +24,7 @@ SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARN: "yellow", Severity.
 
 def spark(values: Sequence[float | None], lo: float | None = None, hi: float | None = None) -> str:
     """One glyph per value on a shared scale (log scale when the range is wide)."""
+    values = [as_float(v) for v in values]  # a report read from JSON spells inf "inf"
     finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
     if not finite:
         return "".join(" " for _ in values)
@@ -43,6 +44,7 @@ def spark(values: Sequence[float | None], lo: float | None = None, hi: float | N
 
 
 def bar(value: float | None, top: float, width: int = 16) -> str:
+    value = as_float(value)
     if value is None or not math.isfinite(value) or top <= 0:
         return ""
     n = value / top * width
@@ -75,8 +77,8 @@ def header(report: Report) -> Text:
 def stream_table(report: Report) -> Table | None:
     if not report.stream:
         return None
-    top = max((p.rms for p in report.stream if p.rms is not None and math.isfinite(p.rms)),
-              default=0.0)  # fmt: skip
+    rms = [as_float(p.rms) for p in report.stream]
+    top = max((v for v in rms if v is not None and math.isfinite(v)), default=0.0)
     t = Table(title="Residual stream", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     cols = ("k", "block", "module", "RMS", "max|x|", "grad RMS", "RMS vs depth")
     for col in cols:

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from actscan.compare import Comparison, Divergence, FindingDiff
-from actscan.report.numfmt import NONE, num
+from actscan.report.numfmt import NONE, as_float, num
 from actscan.report.render import SEVERITY_STYLE, findings_panel, spark
 from actscan.report.report import Report
 from actscan.sweep import Sweep
@@ -167,9 +167,10 @@ def divergence_table(d: Divergence, *, all_layers: bool) -> Table:
 
 
 def _cos(x: float | None) -> str:
-    if x is None or not math.isfinite(x):
+    v = as_float(x)
+    if v is None or not math.isfinite(v):
         return num(x)
-    return f"{x:.6f}"
+    return f"{v:.6f}"
 
 
 def _finding_line(f: Finding, other: Finding | None = None) -> Text:
