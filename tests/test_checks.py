@@ -28,6 +28,7 @@ from conftest import (
 
 import actscan.diagnose.thresholds as thresholds_module
 from actscan.diagnose import CHECKS, CheckContext, run_checks
+from actscan.diagnose.common import grade, severity_for, warn_or_error
 from actscan.diagnose.thresholds import DEFAULT, Thresholds, parse_threshold_options
 from actscan.errors import UsageError
 from actscan.types import CHECK_ORDER, CheckId, Finding, Severity
@@ -458,6 +459,23 @@ def test_each_check_emits_exactly_its_registered_ids() -> None:
                 assert f.check in key, (check.__name__, f.check)
                 seen.add(f.check)
     assert seen == set(CheckId)
+
+
+def test_one_warn_error_helper() -> None:
+    th = DEFAULT
+    assert grade(th.growth_warn, th.growth_warn, th.growth_error) == (
+        Severity.WARN, th.growth_warn,
+    )  # fmt: skip
+    assert grade(th.growth_error, th.growth_warn, th.growth_error) == (
+        Severity.ERROR, th.growth_error,
+    )  # fmt: skip
+    assert grade(0.05, 0.1, 0.01, above=False) == (Severity.WARN, 0.1)
+    assert grade(0.01, 0.1, 0.01, above=False) == (Severity.ERROR, 0.01)
+    assert warn_or_error(True, 0.5) == (Severity.ERROR, 0.5)
+    assert [severity_for(v, 4, 10) for v in (3, 4, 10)] == [None, Severity.WARN, Severity.ERROR]
+    # no check spells the warn/error choice out again
+    for module in {inspect.getmodule(fn) for fn in CHECKS.values()}:
+        assert "Severity.ERROR if" not in inspect.getsource(module), module
 
 
 def test_findings_sorted_by_severity_then_check_order() -> None:

@@ -66,11 +66,8 @@ def grade(value: float, warn: float, error: float, *, above: bool = True) -> tup
 
 def severity_for(value: float, warn: float, error: float, *, above: bool = True) -> Severity | None:
     """warn/error/None for a value against a pair of thresholds (above or below)."""
-    if not (value >= warn if above else value <= warn) and not (
-        value >= error if above else value <= error
-    ):
-        return None
-    return grade(value, warn, error, above=above)[0]
+    past = (lambda t: value >= t) if above else (lambda t: value <= t)
+    return grade(value, warn, error, above=above)[0] if past(warn) or past(error) else None
 
 
 def listing(items: Iterable[str], limit: int = 4) -> str:
