@@ -9,20 +9,17 @@
 - A Hugging Face config with a bare `.safetensors` file (`resolve_hf_checkpoint`, called by
   targets/checkpoint.py).
 
-Why actscan loads weights itself instead of `from_pretrained`: every file goes through the
-strict safetensors validator (safetensors_io) and every mismatch is listed in one line
-(targets/weights.py), never a multi-line warning the user may miss. The model is built with
-weight initialization skipped (fast at any size), tied per its config, then filled by copy;
-the copy casts to fp32 (`--dtype` casts again for the run) and never aliases the file.
-Key renames transformers knows (GPT-NeoX's `embed_out`, a `bert.` prefix) are applied;
-checkpoints that only fit after tensors are merged (per-expert MoE weights into fused
-experts) go through transformers' own loader, after the same validation and NaN scan.
+Weights are read by safetensors_io (pickle refused, shards cross-checked, one line per bad
+file), then handed to transformers' public loader, `from_pretrained(None, config=...,
+state_dict=...)`, which owns key renames, base-model prefixes, tied weights and merged (MoE)
+tensors. Its loading info (missing, unexpected, mis-shaped keys) becomes one error line
+instead of a log table the user may miss; NaN/Inf weights are refused unless allowed.
 
 Safety: offline only (`HF_HUB_OFFLINE`), `trust_remote_code` is never set: a model_type
 transformers does not implement natively is refused; an `auto_map` beside a native
-model_type gets the native code (as transformers does), with a note. Pickle weights are
-refused. Attention runs the `eager` implementation so attention probabilities exist as
-tensors and results are deterministic.
+model_type gets the native code (as transformers does), with a note. Attention runs the
+`eager` implementation so attention probabilities exist as tensors and results are
+deterministic; weights are fp32 (`--dtype` casts for the run).
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -234,45 +231,31 @@ def wants_causal_lm(config: Any) -> bool:
 # --------------------------------------------------------------------------- build
 
 
-def _transformers_major() -> int:
-    import transformers
+def _model_class(config: Any) -> type:
+    """The concrete class the Auto mapping picks (causal LM or base model) for `config`."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING
 
-    m = re.match(r"(\d+)", transformers.__version__)
-    return int(m.group(1)) if m else 0
-
-
-@contextlib.contextmanager
-def _no_init() -> Iterator[None]:
-    """Skip weight initialization (the checkpoint overwrites every weight)."""
+    mapping = MODEL_FOR_CAUSAL_LM_MAPPING if wants_causal_lm(config) else MODEL_MAPPING
     try:
-        from transformers.initialization import no_init_weights  # transformers ≥ 5
-    except ImportError:
-        from transformers.modeling_utils import no_init_weights  # transformers 4.x
-    with no_init_weights():
-        yield
+        cls = mapping[type(config)]
+    except KeyError:
+        raise ConfigError(
+            f"transformers has no model class for a '{config.model_type}' config"
+        ) from None
+    return cls[0] if isinstance(cls, tuple) else cls
 
 
-def build_hf_model(config: Any, where: str, *, empty: bool, seed: int = 0) -> nn.Module:
-    """The Auto-class model for `config`, in fp32, eager attention, tied per its config.
-
-    empty=True skips initialization (weights are loaded next); else transformers' own
-    initialization runs under `seed` (the global RNG is restored afterwards).
-    """
+def build_hf_model(config: Any, where: str, *, seed: int = 0) -> nn.Module:
+    """The Auto-class model for `config` at transformers' own initialization (run under
+    `seed`; the global RNG is restored), in fp32 with eager attention, tied per its config."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
     auto = AutoModelForCausalLM if wants_causal_lm(config) else AutoModel
-    dtype_kw = "dtype" if _transformers_major() >= 5 else "torch_dtype"
-    kwargs = {"attn_implementation": "eager", dtype_kw: torch.float32}
     try:
         with _quiet(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            if empty:
-                with _no_init():
-                    model = auto.from_config(config, **kwargs)
-                model.tie_weights()  # post_init's tying is skipped with init
-            else:
-                model = auto.from_config(config, **kwargs)
+            return auto.from_config(config, attn_implementation="eager", dtype=torch.float32)
     except (BadInputError, UsageError):
         raise
     except Exception as err:  # a config transformers cannot build (bad sizes, …)
@@ -280,7 +263,6 @@ def build_hf_model(config: Any, where: str, *, empty: bool, seed: int = 0) -> nn
             f"{where}: transformers cannot build a '{config.model_type}' model from this "
             f"config: {_first_line(err)}"
         ) from None
-    return model
 
 
 def reinit(model: nn.Module, scheme: str, init_std: float, seed: int) -> None:
@@ -331,183 +313,73 @@ def reinit(model: nn.Module, scheme: str, init_std: float, seed: int) -> None:
 # --------------------------------------------------------------------------- weights
 
 
-def _conversions(model: nn.Module) -> tuple[list[Any], list[Any]]:
-    """transformers ≥ 5's checkpoint conversions for this model: (renamings, converters).
+def load_pretrained(
+    config: Any,
+    tensors: Mapping[str, torch.Tensor],
+    source: str,
+    *,
+    config_name: str = "config.json",
+    seed: int = 0,
+    allow_nonfinite: bool = False,
+) -> tuple[nn.Module, tuple[str, ...]]:
+    """The model for `config` with `tensors` loaded by transformers; returns (model, notes).
 
-    Renamings are plain key renames (GPT-NeoX's `embed_out` → `lm_head`, `LayerNorm.gamma`);
-    converters merge tensors (per-expert MoE weights into fused ones). Internal API: any
-    failure means "no conversions" (transformers 4.x had none).
-    """
-    try:
-        from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import WeightConverter, WeightRenaming
-
-        transforms = get_model_conversion_mapping(model)
-        renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
-        converters = [t for t in transforms if isinstance(t, WeightConverter)]
-    except Exception:
-        return [], []
-    return renamings, converters
-
-
-def _renamer(model: nn.Module):
-    renamings, _ = _conversions(model)
-    if not renamings:
-        return lambda key: key
-    from transformers.core_model_loading import rename_source_key
-
-    def rename(key: str) -> str:
-        try:
-            return rename_source_key(key, renamings, [])[0]
-        except Exception:
-            return key
-
-    return rename
-
-
-def needs_conversion(model: nn.Module, names: Iterable[str]) -> bool:
-    """True when checkpoint names only fit this model after transformers merges tensors."""
-    _, converters = _conversions(model)
-    if not converters:
-        return False
-    try:
-        from transformers.core_model_loading import rename_source_key
-
-        return any(rename_source_key(n, [], converters)[1] is not None for n in names)
-    except Exception:
-        return False
-
-
-def _map_names(
-    model: nn.Module, names: list[str], expected: Mapping[str, Any]
-) -> tuple[dict[str, str], list[str]]:
-    """file name -> model name, plus file names of another task's head to ignore.
-
-    A checkpoint may carry the base-model prefix (`bert.`, `model.`) relative to the model
-    built (a BertForMaskedLM file into BertModel: strip it, ignore `cls.*`), or lack it
-    (a GPT2Model-style file into GPT2LMHeadModel: add it). The reading that matches the most
-    names wins; names that match nothing stay as they are and are reported unexpected.
-    """
-    rename = _renamer(model)
-    renamed = {n: rename(n) for n in names}
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    candidates: list[tuple[str, dict[str, str]]] = [("same", renamed)]
-    if prefix:
-        dot = prefix + "."
-        if hasattr(model, prefix):  # a model with a head around the base model: add prefix
-            candidates.append(
-                ("add", {n: r if r in expected else dot + r for n, r in renamed.items()})
-            )
-        else:  # the base model itself: strip the prefix
-            candidates.append(("strip", {n: r.removeprefix(dot) for n, r in renamed.items()}))
-    best_kind, best = max(
-        candidates, key=lambda kv: sum(1 for m in kv[1].values() if m in expected)
-    )
-    mapping = {n: (m if m in expected else n) for n, m in best.items()}
-    ignored: list[str] = []
-    if best_kind == "strip":
-        dot = prefix + "."
-        ignored = [n for n in names if not n.startswith(dot) and n not in expected]
-    return mapping, ignored
-
-
-def _patterns(model: nn.Module, attr: str, defaults: tuple[str, ...] = ()) -> list[re.Pattern]:
-    found = getattr(model, attr, None) or ()
-    return [re.compile(p) for p in (*defaults, *found) if isinstance(p, str)]
-
-
-def _drop_pooler(model: nn.Module, names: Iterable[str]) -> bool:
-    """Remove a base model's pooler that the checkpoint has no weights for.
-
-    Only for models whose forward skips a None pooler (BERT-family encoders).
+    Missing, unexpected and mis-shaped keys (from `output_loading_info`) are listed by name in
+    one BadInputError line. Tolerated: derived buffers older checkpoints carry, a task head
+    that the base model lacks (a BertForMaskedLM file profiled as BertModel, noted), and a
+    missing pooler (built without one, via the model's public `add_pooling_layer=False`).
     """
     import inspect
 
-    pooler = getattr(model, "pooler", None)
-    if pooler is None or any(n.startswith("pooler.") for n in names):
-        return False
-    try:
-        source = inspect.getsource(type(model).forward)
-    except (OSError, TypeError):
-        return False
-    if "self.pooler is not None" not in source:
-        return False
-    model.pooler = None
-    return True
-
-
-def load_hf_weights(
-    model: nn.Module,
-    tensors: Mapping[str, torch.Tensor],
-    *,
-    where: str,
-    allow_nonfinite: bool = False,
-) -> tuple[str, ...]:
-    """Check `tensors` against a transformers model, then copy them in; returns notes.
-
-    Call with a model from `build_hf_model(config, where, empty=True)`. Missing, unexpected
-    and mis-shaped tensors are listed by name in one BadInputError line; tied weights
-    (lm_head ↔ embeddings) may be stored under either name; derived buffers (position_ids,
-    rotary inv_freq) and a base-model prefix difference are tolerated; NaN/Inf weights are
-    refused unless `allow_nonfinite`. Values are copied (cast to the model's dtype), so the
-    file's memory map is never written and tied parameters stay tied.
-    """
     import torch
 
-    from actscan.targets.weights import check_finite, check_shapes, expected_shapes, tied_aliases
+    from actscan.targets.weights import check_finite, mismatch_error
 
+    cls = _model_class(config)
+    kwargs: dict[str, Any] = {}
     notes: list[str] = []
-    expected = expected_shapes(model)
-    mapping, head = _map_names(model, list(tensors), expected)
-    if _drop_pooler(model, mapping.values()):
-        # Task checkpoints (BertForMaskedLM, …) have no pooler; the pooler is off the
-        # residual stream, so the encoder is profiled without it rather than half-random.
+    if "add_pooling_layer" in inspect.signature(cls.__init__).parameters and not any(
+        re.search(r"(^|\.)pooler\.", n) for n in tensors
+    ):
+        # Task checkpoints (BertForMaskedLM, …) have no pooler; it is off the residual
+        # stream, so the encoder is profiled without it rather than half-random.
+        kwargs["add_pooling_layer"] = False
         notes.append("the checkpoint has no pooler: profiling the encoder without one")
-        expected = expected_shapes(model)
-    params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
-    skip_unexpected = _patterns(model, "_keys_to_ignore_on_load_unexpected", _IGNORABLE_UNEXPECTED)
-    skip_missing = _patterns(model, "_keys_to_ignore_on_load_missing")
-
-    skipped = set(head) | {
-        n
-        for n in tensors
-        if mapping[n] not in expected and any(p.search(mapping[n]) for p in skip_unexpected)
-    }
-    used: dict[str, str] = {}  # model name -> file name
-    for n in tensors:
-        if n in skipped:
-            continue
-        if mapping[n] in used:
-            raise BadInputError(
-                f"bad checkpoint {where}: tensors {used[mapping[n]]!r} and {n!r} are both "
-                f"{mapping[n]!r} for this model"
-            )
-        used[mapping[n]] = n
-    # Buffers are built by the model itself; they are checked only when the file has them.
-    want = {
-        n: s
-        for n, s in expected.items()
-        if (n in params or n in used) and not any(p.search(n) for p in skip_missing)
-    }
-    check_shapes(want, {m: tuple(tensors[f].shape) for m, f in used.items()},
-                 tied_aliases(model), where)  # fmt: skip
-    note = check_finite({f: tensors[f] for f in used.values()}, where, allow=allow_nonfinite)
-    if note:
-        notes.append(note)
-    aliases = tied_aliases(model)
-    state = model.state_dict(keep_vars=True)
-    with torch.no_grad():
-        for model_name, file_name in used.items():
-            if aliases.get(model_name) in used:
-                continue  # a tied alias stored twice: the canonical copy wins
-            state[model_name].copy_(tensors[file_name])
+    where = f"{source} (as {cls.__name__} from {config_name})"
+    try:
+        with _quiet(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # anything transformers initializes is seeded
+            model, info = cls.from_pretrained(
+                None, config=config, state_dict=dict(tensors), **kwargs,
+                local_files_only=True, trust_remote_code=False, attn_implementation="eager",
+                dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True,
+            )  # fmt: skip
+    except (BadInputError, UsageError):
+        raise
+    except Exception as err:
+        raise BadInputError(
+            f"bad checkpoint {where}: transformers could not load it: {_first_line(err)}"
+        ) from None
+    unexpected = sorted(
+        k
+        for k in info["unexpected_keys"]
+        if not any(re.search(p, k) for p in _IGNORABLE_UNEXPECTED)
+    )
+    prefix = f"{model.base_model_prefix}."
+    head: list[str] = []
+    if model.base_model is model and any(n.startswith(prefix) for n in tensors):
+        head = [k for k in unexpected if not k.startswith(prefix)]
+        unexpected = [k for k in unexpected if k.startswith(prefix)]
+    mismatched = [(k, list(a), list(b)) for k, a, b in sorted(info["mismatched_keys"])]
+    error = mismatch_error(where, sorted(info["missing_keys"]), unexpected, mismatched)
+    if error is not None:
+        raise error
+    note = check_finite(tensors, where, allow=allow_nonfinite)
     if head:
         shown = ", ".join(repr(n) for n in head[:3]) + (" …" if len(head) > 3 else "")
-        notes.append(
-            f"ignored {len(head)} tensors of a task head that {type(model).__name__} "
-            f"does not have: {shown}"
-        )
-    return tuple(notes)
+        notes.append(f"ignored {len(head)} tensors of a task head that {cls.__name__} "
+                     f"does not have: {shown}")  # fmt: skip
+    return model, tuple(([note] if note else []) + notes)
 
 
 # --------------------------------------------------------------------------- info
@@ -608,7 +480,7 @@ def resolve_hf_config(path: Path, data: dict[str, Any], opts: TargetOptions) -> 
     """A Hugging Face config alone: the model at transformers' initialization (or --init)."""
     where = str(path)
     config = hf_config(data, where, opts.overrides)
-    model = build_hf_model(config, where, empty=False, seed=opts.seed)
+    model = build_hf_model(config, where, seed=opts.seed)
     if opts.init is not None:
         init_std = _first_attr(config, "initializer_range", "init_std") or 0.02
         if not (isinstance(init_std, int | float) and math.isfinite(init_std) and init_std > 0):
@@ -727,79 +599,16 @@ def _with_weights(
     tokenizer_dir: Path | None,
     notes: tuple[str, ...] = (),
 ) -> Resolved:
-    model = build_hf_model(config, str(config_path), empty=True, seed=opts.seed)
-    where = f"{source} (as {type(model).__name__} from {config_path.name})"
-    if needs_conversion(model, tensors):
-        model, loaded = _load_converted(type(model), config, source, tensors, where, opts)
-    else:
-        loaded = load_hf_weights(model, tensors, where=where, allow_nonfinite=opts.allow_nonfinite)
-    notes = (*notes, *loaded)
+    model, loaded = load_pretrained(
+        config, tensors, f"{source}", config_name=config_path.name, seed=opts.seed,
+        allow_nonfinite=opts.allow_nonfinite,
+    )  # fmt: skip
     info = hf_info(
         model, config, str(source.parent if source.name in (WEIGHTS_NAME, INDEX_NAME) else source),
         at_init=False, init=None,
         extra={"config_source": str(config_path), "checkpoint_dtypes": _checkpoint_dtypes(tensors)},
     )  # fmt: skip
     extra = {"tokenizer_dir": str(tokenizer_dir)} if tokenizer_dir is not None else {}
-    return Resolved(model=model, info=info, inputs=_inputs(opts, info), notes=notes, extra=extra)
-
-
-def _load_converted(
-    cls: type,
-    config: Any,
-    source: Path,
-    tensors: Mapping[str, torch.Tensor],
-    where: str,
-    opts: TargetOptions,
-) -> tuple[nn.Module, tuple[str, ...]]:
-    """Checkpoints that need tensors merged (per-expert MoE weights → fused experts):
-    transformers' own loader does the merge. The files were already validated by
-    safetensors_io and scanned for NaN/Inf; mismatches still end in one line."""
-    import tempfile
-
-    import torch
-
-    from actscan.targets.weights import check_finite
-
-    note = check_finite(tensors, where, allow=opts.allow_nonfinite)
-    kwargs = {
-        "config": config, "local_files_only": True, "use_safetensors": True,
-        "trust_remote_code": False, "attn_implementation": "eager", "dtype": torch.float32,
-        "output_loading_info": True, "ignore_mismatched_sizes": True,
-    }  # fmt: skip
-    with contextlib.ExitStack() as stack:
-        if source.name in (WEIGHTS_NAME, INDEX_NAME):
-            folder = source.parent
-        else:  # a bare file: give transformers the folder layout it expects
-            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="actscan-")))
-            (folder / WEIGHTS_NAME).symlink_to(source.resolve())
-        try:
-            with _quiet(), torch.random.fork_rng(devices=[]):
-                torch.manual_seed(opts.seed)
-                model, info = cls.from_pretrained(folder, **kwargs)
-        except Exception as err:
-            raise BadInputError(
-                f"bad checkpoint {where}: transformers could not convert it: {_first_line(err)}"
-            ) from None
-    parts = []
-    for label, key in (("missing", "missing_keys"), ("unexpected", "unexpected_keys")):
-        names = sorted(info.get(key) or ())
-        if names:
-            parts.append(f"{label} {len(names)} ({_listing(repr(n) for n in names)})")
-    mismatched = [
-        f"{m[0]!r} file {list(m[1])} vs model {list(m[2])}" if len(m) == 3 else repr(m)
-        for m in info.get("mismatched_keys") or ()
-    ]
-    if mismatched:
-        parts.append(f"mis-shaped {len(mismatched)} ({_listing(mismatched)})")
-    if parts:
-        raise BadInputError(
-            f"bad checkpoint {where}: tensors do not match the model: {'; '.join(parts)}"
-        )
-    notes = ["weights converted by transformers' loader (fused tensors)"]
-    return model, tuple([note, *notes] if note else notes)
-
-
-def _listing(items: Iterable[str], show: int = 4) -> str:
-    items = list(items)
-    more = f", … ({len(items) - show} more)" if len(items) > show else ""
-    return ", ".join(items[:show]) + more
+    return Resolved(
+        model=model, info=info, inputs=_inputs(opts, info), notes=(*notes, *loaded), extra=extra
+    )
