@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from actscan.errors import BadInputError, ConfigError, UsageError
 from actscan.targets.resolve import Resolved, TargetOptions
+from actscan.targets.safetensors_io import first_line
 from actscan.types import ModelInfo
 
 if TYPE_CHECKING:
@@ -45,11 +46,9 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 
-# Checkpoint entries that are derived buffers, not weights (older transformers saved them).
-_IGNORABLE_UNEXPECTED = (
-    r"(^|\.)position_ids$",
-    r"(^|\.)rotary_emb\.(original_)?inv_freq$",
-    r"(^|\.)masked_bias$",
+# Derived buffers, not weights, that older transformers saved and 5.x may still report.
+_IGNORABLE_UNEXPECTED = re.compile(
+    r"(^|\.)(position_ids|rotary_emb\.(original_)?inv_freq|masked_bias)$"
 )
 # Post-LN families (norm after the residual add). Others are taken as pre-LN.
 _POST_LN = frozenset(
@@ -89,11 +88,6 @@ def _quiet() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _first_line(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-
-
 def hf_config(
     data: Mapping[str, Any], where: str, overrides: Mapping[str, str] | None = None
 ) -> Any:
@@ -127,7 +121,7 @@ def hf_config(
         with _quiet():
             config = CONFIG_MAPPING[model_type].from_dict(dict(data))
     except Exception as err:  # transformers validates fields with many error types
-        raise ConfigError(f"{where}: invalid {model_type} config: {_first_line(err)}") from None
+        raise ConfigError(f"{where}: invalid {model_type} config: {first_line(err)}") from None
     if overrides:
         _apply_overrides(config, overrides, model_type)
     if getattr(config, "is_encoder_decoder", False):
@@ -167,7 +161,7 @@ def _apply_overrides(config: Any, overrides: Mapping[str, str], model_type: str)
         try:
             setattr(config, key, value)
         except Exception as err:
-            raise ConfigError(f"--set {key}={raw}: {_first_line(err)}") from None
+            raise ConfigError(f"--set {key}={raw}: {first_line(err)}") from None
 
 
 def _coerce(current: Any, raw: str, key: str) -> Any:
@@ -198,15 +192,6 @@ def _coerce(current: Any, raw: str, key: str) -> Any:
         return text
 
 
-def _causal_names() -> set[str]:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    out: set[str] = set()
-    for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
-        out.update([v] if isinstance(v, str) else v)
-    return out
-
-
 def wants_causal_lm(config: Any) -> bool:
     """Causal-LM class when the checkpoint is one, else the base model.
 
@@ -222,8 +207,7 @@ def wants_causal_lm(config: Any) -> bool:
 
     archs = [a for a in (getattr(config, "architectures", None) or []) if isinstance(a, str)]
     if archs:
-        names = _causal_names()
-        return any(a in names for a in archs)
+        return any(a in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()) for a in archs)
     mt = config.model_type
     return mt in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and mt not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
@@ -261,7 +245,7 @@ def build_hf_model(config: Any, where: str, *, seed: int = 0) -> nn.Module:
     except Exception as err:  # a config transformers cannot build (bad sizes, …)
         raise ConfigError(
             f"{where}: transformers cannot build a '{config.model_type}' model from this "
-            f"config: {_first_line(err)}"
+            f"config: {first_line(err)}"
         ) from None
 
 
@@ -313,18 +297,19 @@ def reinit(model: nn.Module, scheme: str, init_std: float, seed: int) -> None:
 # --------------------------------------------------------------------------- weights
 
 
-def load_pretrained(
+def _with_weights(
     config: Any,
+    config_path: Path,
+    source: Path,
     tensors: Mapping[str, torch.Tensor],
-    source: str,
+    opts: TargetOptions,
     *,
-    config_name: str = "config.json",
-    seed: int = 0,
-    allow_nonfinite: bool = False,
-) -> tuple[nn.Module, tuple[str, ...]]:
-    """The model for `config` with `tensors` loaded by transformers; returns (model, notes).
+    tokenizer_dir: Path | None,
+    notes: tuple[str, ...],
+) -> Resolved:
+    """The model for `config` with `tensors` loaded by transformers' public loader.
 
-    Missing, unexpected and mis-shaped keys (from `output_loading_info`) are listed by name in
+    Missing, unexpected and mis-shaped keys (its `output_loading_info`) are listed by name in
     one BadInputError line. Tolerated: derived buffers older checkpoints carry, a task head
     that the base model lacks (a BertForMaskedLM file profiled as BertModel, noted), and a
     missing pooler (built without one, via the model's public `add_pooling_layer=False`).
@@ -336,50 +321,51 @@ def load_pretrained(
     from actscan.targets.weights import check_finite, mismatch_error
 
     cls = _model_class(config)
+    where = f"{source} (as {cls.__name__} from {config_path.name})"
     kwargs: dict[str, Any] = {}
-    notes: list[str] = []
     if "add_pooling_layer" in inspect.signature(cls.__init__).parameters and not any(
         re.search(r"(^|\.)pooler\.", n) for n in tensors
     ):
         # Task checkpoints (BertForMaskedLM, …) have no pooler; it is off the residual
         # stream, so the encoder is profiled without it rather than half-random.
         kwargs["add_pooling_layer"] = False
-        notes.append("the checkpoint has no pooler: profiling the encoder without one")
-    where = f"{source} (as {cls.__name__} from {config_name})"
+        notes = (*notes, "the checkpoint has no pooler: profiling the encoder without one")
     try:
         with _quiet(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)  # anything transformers initializes is seeded
-            model, info = cls.from_pretrained(
+            torch.manual_seed(opts.seed)  # anything transformers initializes is seeded
+            model, loaded = cls.from_pretrained(
                 None, config=config, state_dict=dict(tensors), **kwargs,
                 local_files_only=True, trust_remote_code=False, attn_implementation="eager",
                 dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True,
             )  # fmt: skip
-    except (BadInputError, UsageError):
-        raise
     except Exception as err:
         raise BadInputError(
-            f"bad checkpoint {where}: transformers could not load it: {_first_line(err)}"
+            f"bad checkpoint {where}: transformers could not load it: {first_line(err)}"
         ) from None
-    unexpected = sorted(
-        k
-        for k in info["unexpected_keys"]
-        if not any(re.search(p, k) for p in _IGNORABLE_UNEXPECTED)
-    )
+    unexpected = sorted(k for k in loaded["unexpected_keys"] if not _IGNORABLE_UNEXPECTED.search(k))
     prefix = f"{model.base_model_prefix}."
     head: list[str] = []
     if model.base_model is model and any(n.startswith(prefix) for n in tensors):
         head = [k for k in unexpected if not k.startswith(prefix)]
         unexpected = [k for k in unexpected if k.startswith(prefix)]
-    mismatched = [(k, list(a), list(b)) for k, a, b in sorted(info["mismatched_keys"])]
-    error = mismatch_error(where, sorted(info["missing_keys"]), unexpected, mismatched)
+    mismatched = [(k, list(a), list(b)) for k, a, b in sorted(loaded["mismatched_keys"])]
+    error = mismatch_error(where, sorted(loaded["missing_keys"]), unexpected, mismatched)
     if error is not None:
         raise error
-    note = check_finite(tensors, where, allow=allow_nonfinite)
+    note = check_finite(tensors, where, allow=opts.allow_nonfinite)
     if head:
         shown = ", ".join(repr(n) for n in head[:3]) + (" …" if len(head) > 3 else "")
-        notes.append(f"ignored {len(head)} tensors of a task head that {cls.__name__} "
-                     f"does not have: {shown}")  # fmt: skip
-    return model, tuple(([note] if note else []) + notes)
+        notes = (*notes, f"ignored {len(head)} tensors of a task head that {cls.__name__} "
+                 f"does not have: {shown}")  # fmt: skip
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()})
+    info = hf_info(
+        model, config, str(source.parent if source.name in (WEIGHTS_NAME, INDEX_NAME) else source),
+        at_init=False, init=None,
+        extra={"config_source": str(config_path), "checkpoint_dtypes": dtypes},
+    )  # fmt: skip
+    extra = {"tokenizer_dir": str(tokenizer_dir)} if tokenizer_dir is not None else {}
+    notes = (*notes, note) if note else notes
+    return Resolved(model=model, info=info, inputs=_inputs(opts, info), notes=notes, extra=extra)
 
 
 # --------------------------------------------------------------------------- info
@@ -436,16 +422,10 @@ def hf_info(
         arch["branch_scale"] = "depth" if init is None and mt == "gpt2" else "none"
     if extra:
         arch.update(extra)
-    seen: set[int] = set()
-    n_params = 0
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            n_params += p.numel()
     return ModelInfo(
         source=source,
         family=mt,
-        n_params=n_params,
+        n_params=sum(p.numel() for p in model.parameters()),  # tied parameters count once
         n_blocks=int(n_layers) if isinstance(n_layers, int) else 0,
         d_model=int(d_model) if isinstance(d_model, int) else None,
         vocab_size=_first_attr(config, "vocab_size"),
@@ -467,10 +447,6 @@ def _inputs(opts: TargetOptions, info: ModelInfo):
     from actscan.measure.inputs import tensor_source
 
     return tensor_source(opts.input_shape, opts.seed)
-
-
-def _checkpoint_dtypes(tensors: Mapping[str, torch.Tensor]) -> list[str]:
-    return sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()})
 
 
 # --------------------------------------------------------------------------- targets
@@ -504,68 +480,49 @@ def _no_init_with_weights(source: str, opts: TargetOptions) -> None:
 def resolve_folder(path: Path, opts: TargetOptions) -> Resolved:
     """A Hugging Face model folder: config.json + safetensors weights (single or sharded)."""
     from actscan.models.arch import read_config_file
-    from actscan.targets.safetensors_io import (
-        PICKLE_SUFFIXES,
-        load_pickle_weights_only,
-        load_sharded,
-        load_tensors,
-        refuse_pickle,
-    )
+    from actscan.targets import safetensors_io as st
 
     if opts.config is not None:
         raise UsageError(
             f"--config is for a bare .safetensors file; the folder {path} takes its "
             "architecture from its own config.json"
         )
-    config_path = path / CONFIG_NAME
+    config_path, weights, index = path / CONFIG_NAME, path / WEIGHTS_NAME, path / INDEX_NAME
     try:
         files = sorted(p.name for p in path.iterdir())
     except OSError as err:
         raise BadInputError(f"{path}: cannot list the folder: {err.strerror or err}") from None
+    others = [f for f in files if f.endswith(".safetensors")]
     if not config_path.is_file():
-        found = [f for f in files if f.endswith(".safetensors")]
-        hint = (
-            f"; for a bare checkpoint pass the file with --config: actscan profile "
-            f"{path / found[0]} --config CONFIG"
-            if found
-            else ""
-        )
+        hint = "; for a bare checkpoint pass the file with --config: actscan profile "
         raise BadInputError(
-            f"{path}: not a Hugging Face model folder: no {CONFIG_NAME} "
-            f"(expected {CONFIG_NAME} + {WEIGHTS_NAME}){hint}"
+            f"{path}: not a Hugging Face model folder: no {CONFIG_NAME} (expected {CONFIG_NAME}"
+            f" + {WEIGHTS_NAME}){f'{hint}{path / others[0]} --config CONFIG' if others else ''}"
         )
     _no_init_with_weights(str(path), opts)
     data = read_config_file(config_path)
     config = hf_config(data, str(config_path), opts.overrides)
-
-    weights = path / WEIGHTS_NAME
-    index = path / INDEX_NAME
+    pickles = sorted((f for f in files if Path(f).suffix.lower() in st.PICKLE_SUFFIXES),
+                     key=lambda f: (not f.startswith("pytorch_model"), f))  # fmt: skip
     if weights.exists():
-        source = weights
-        tensors = load_tensors(weights)
+        source, tensors = weights, st.load_tensors(weights)
     elif index.exists():
-        source = index
-        tensors = load_sharded(index)
+        source, tensors = index, st.load_sharded(index)
+    elif pickles and opts.allow_pickle and (path / "pytorch_model.bin").is_file():
+        source = path / "pytorch_model.bin"
+        tensors = st.load_pickle_weights_only(source)
+    elif pickles:
+        raise BadInputError(st.pickle_message(path / pickles[0]))
     else:
-        pickles = [f for f in files if Path(f).suffix.lower() in PICKLE_SUFFIXES]
-        if pickles and opts.allow_pickle and (path / "pytorch_model.bin").is_file():
-            source = path / "pytorch_model.bin"
-            tensors = load_pickle_weights_only(source)
-        elif pickles:
-            first = min(pickles, key=lambda f: (not f.startswith("pytorch_model"), f))
-            refuse_pickle(path / first)  # raises, with the convert-to-safetensors hint
-            raise BadInputError(f"{path / first}: pickle weights are not supported")
-        else:
-            others = [f for f in files if f.endswith(".safetensors")]
-            hint = (
-                f"; to use {others[0]} pass it as the target: actscan profile {path / others[0]}"
-                if others
-                else f"; to profile the architecture at initialization pass {config_path}"
-            )
-            raise BadInputError(
-                f"{path}: Hugging Face folder has {CONFIG_NAME} but no weights "
-                f"({WEIGHTS_NAME} or {INDEX_NAME}){hint}"
-            )
+        hint = (
+            f"; to use {others[0]} pass it as the target: actscan profile {path / others[0]}"
+            if others
+            else f"; to profile the architecture at initialization pass {config_path}"
+        )
+        raise BadInputError(
+            f"{path}: Hugging Face folder has {CONFIG_NAME} but no weights "
+            f"({WEIGHTS_NAME} or {INDEX_NAME}){hint}"
+        )
     return _with_weights(
         config, config_path, source, tensors, opts,
         tokenizer_dir=path, notes=config_notes(data, str(config_path)),
@@ -587,28 +544,3 @@ def resolve_hf_checkpoint(
         config, config_path, path, tensors, opts,
         tokenizer_dir=folder, notes=config_notes(data, str(config_path)),
     )  # fmt: skip
-
-
-def _with_weights(
-    config: Any,
-    config_path: Path,
-    source: Path,
-    tensors: Mapping[str, torch.Tensor],
-    opts: TargetOptions,
-    *,
-    tokenizer_dir: Path | None,
-    notes: tuple[str, ...] = (),
-) -> Resolved:
-    model, loaded = load_pretrained(
-        config, tensors, f"{source}", config_name=config_path.name, seed=opts.seed,
-        allow_nonfinite=opts.allow_nonfinite,
-    )  # fmt: skip
-    info = hf_info(
-        model, config, str(source.parent if source.name in (WEIGHTS_NAME, INDEX_NAME) else source),
-        at_init=False, init=None,
-        extra={"config_source": str(config_path), "checkpoint_dtypes": _checkpoint_dtypes(tensors)},
-    )  # fmt: skip
-    extra = {"tokenizer_dir": str(tokenizer_dir)} if tokenizer_dir is not None else {}
-    return Resolved(
-        model=model, info=info, inputs=_inputs(opts, info), notes=(*notes, *loaded), extra=extra
-    )

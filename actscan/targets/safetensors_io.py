@@ -34,22 +34,6 @@ from actscan.errors import BadInputError, UsageError
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "MAX_HEADER_LEN",
-    "PICKLE_SUFFIXES",
-    "SafetensorsHeader",
-    "TensorEntry",
-    "count_nonfinite",
-    "load_pickle_weights_only",
-    "load_sharded",
-    "load_tensors",
-    "read_header",
-    "refuse_pickle",
-    "save_tensors",
-    "supported_dtypes",
-    "torch_dtype",
-]
-
 MAX_HEADER_LEN = 100_000_000
 """The library's cap on the JSON header (quoted in its "header too large" refusal)."""
 
@@ -124,7 +108,7 @@ def _show(path: str | os.PathLike[str]) -> str:
     return text if text.isprintable() else repr(text)
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     """One line from an exception (torch errors carry C++ stack frames after line one)."""
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
@@ -170,14 +154,13 @@ def _looks_like_pickle(head: bytes) -> bool:
     A safetensors header length can start with the same bytes (N = 640 is `80 02 00 …`), but
     then byte 8 is the header's `{`; zip and pickle streams never have it there.
     """
-    if head[8:9] == b"{":
-        return False
-    return head.startswith(b"PK\x03\x04") or (
-        len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+    zip_or_pickle = head[:4] == b"PK\x03\x04" or (
+        head[:1] == b"\x80" and head[1:2] in b"\x02\x03\x04\x05"
     )
+    return zip_or_pickle and head[8:9] != b"{"
 
 
-def _pickle_message(path: str | os.PathLike[str]) -> str:
+def pickle_message(path: str | os.PathLike[str]) -> str:
     src = os.fspath(path)
     return (
         f"refusing to load pickle checkpoint {_show(path)}: pickle can execute code. "
@@ -193,12 +176,14 @@ def _reason(err: BaseException, size: int, n: int) -> str:
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)  # names with "\n"
     for old, new in _RUST_WORDS:
         text = text.replace(old, new)
-    text = re.sub(r"unknown variant `([^`]*)`, expected one of .*? at", r"unknown dtype `\1` at", text)
+    text = re.sub(
+        r"unknown variant `([^`]*)`, expected one of .*? at", r"unknown dtype `\1` at", text
+    )
     for prefix, message in _REASONS:
         if text.startswith(prefix):
             rest = text[len(prefix) :].replace("`", "'")
             return message.format(size=size, n=n, max=MAX_HEADER_LEN, data=size - 8 - n, rest=rest)
-    return f"safetensors could not read it: {_first_line(err)}"
+    return f"safetensors could not read it: {first_line(err)}"
 
 
 # --------------------------------------------------------------------------- read
@@ -215,23 +200,22 @@ def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
     p = Path(path)
     size, head = _regular_file(p)
     if _looks_like_pickle(head):
-        raise BadInputError(_pickle_message(path))
+        raise BadInputError(pickle_message(path))
     n = struct.unpack("<Q", head[:8])[0] if len(head) >= 8 else 0
     try:
         with safe_open(os.fspath(p), framework="pt") as f:
             metadata = f.metadata() or {}
             slices = {name: f.get_slice(name) for name in f.keys()}  # noqa: SIM118
             tensors = {
-                k: TensorEntry(s.get_dtype(), tuple(s.get_shape())) for k, s in slices.items()
+                k: TensorEntry(v.get_dtype(), tuple(v.get_shape())) for k, v in slices.items()
             }
     except Exception as err:  # SafetensorError, or OSError from the map
         raise _bad(p, _reason(err, size, n)) from None
     for name, entry in tensors.items():
         if entry.dtype not in supported_dtypes():
+            supported = ", ".join(supported_dtypes())
             raise _bad(
-                p,
-                f"tensor {name!r} has unsupported dtype {entry.dtype!r} "
-                f"(supported: {', '.join(supported_dtypes())})",
+                p, f"tensor {name!r} has unsupported dtype {entry.dtype!r} (supported: {supported})"
             )
     return SafetensorsHeader(p, n, dict(metadata), tensors, size - 8 - n)
 
@@ -256,20 +240,14 @@ def load_tensors(
         shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
         raise _bad(path, f"no tensor named {shown} (the file has {len(header.tensors)} tensors)")
     try:
-        target = torch.device(device)
+        target = str(torch.device(device))
     except (RuntimeError, TypeError, ValueError) as err:
-        raise UsageError(f"invalid device {device!r}: {_first_line(err)}") from None
+        raise UsageError(f"invalid device {device!r}: {first_line(err)}") from None
     try:
-        with safe_open(os.fspath(header.path), framework="pt", device="cpu") as f:
-            out = {name: f.get_tensor(name) for name in wanted}
+        with safe_open(os.fspath(header.path), framework="pt", device=target) as f:
+            return {name: f.get_tensor(name) for name in wanted}
     except Exception as err:
-        raise _bad(header.path, f"safetensors could not read it: {_first_line(err)}") from None
-    if target.type != "cpu":
-        try:
-            out = {name: t.to(target) for name, t in out.items()}
-        except Exception as err:
-            raise UsageError(f"cannot move tensors to device {target}: {_first_line(err)}") from err
-    return out
+        raise _bad(header.path, f"safetensors could not read it: {first_line(err)}") from None
 
 
 # --------------------------------------------------------------------------- sharded
@@ -335,7 +313,7 @@ def _read_index(index_path: Path) -> dict[str, str]:
     try:
         obj = json.loads(index_path.read_bytes())
     except (ValueError, RecursionError) as err:
-        raise _bad(index_path, f"not valid JSON ({_first_line(err)})", "index") from None
+        raise _bad(index_path, f"not valid JSON ({first_line(err)})", "index") from None
     except OSError as err:
         raise _bad(index_path, f"cannot read: {err.strerror or err}", "index") from None
     if not isinstance(obj, dict):
@@ -377,13 +355,13 @@ def refuse_pickle(path: str | os.PathLike[str]) -> None:
     """
     p = Path(path)
     if p.suffix.lower() in PICKLE_SUFFIXES:
-        raise BadInputError(_pickle_message(path))
+        raise BadInputError(pickle_message(path))
     try:
         _size, head = _regular_file(p)
     except BadInputError:
         return
     if _looks_like_pickle(head):
-        raise BadInputError(_pickle_message(path))
+        raise BadInputError(pickle_message(path))
 
 
 def load_pickle_weights_only(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
@@ -408,7 +386,7 @@ def load_pickle_weights_only(path: str | os.PathLike[str]) -> dict[str, torch.Te
         obj = torch.load(os.fspath(p), weights_only=True, map_location="cpu")
     except Exception as err:
         raise _bad(
-            p, f"torch.load(weights_only=True) refused or failed: {_first_line(err)}"
+            p, f"torch.load(weights_only=True) refused or failed: {first_line(err)}"
         ) from err
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         obj = obj["state_dict"]
@@ -459,7 +437,7 @@ def save_tensors(
     except OSError as err:
         raise _bad(p, f"cannot write to {_show(folder)}: {err.strerror or err}", "output") from None
     except Exception as err:
-        raise _bad(p, f"safetensors could not write it: {_first_line(err)}", "output") from None
+        raise _bad(p, f"safetensors could not write it: {first_line(err)}", "output") from None
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -472,25 +450,21 @@ def save_tensors(
 
 
 def _prepare_for_save(path: Path, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A fresh contiguous CPU copy of each tensor: tied weights and views then share no
+    storage, which `save_file` would refuse."""
     import torch
 
     out: dict[str, torch.Tensor] = {}
-    for name, tensor in tensors.items():
+    for name, t in tensors.items():
         if name == "__metadata__":  # the header's reserved key: the file would not read back
             raise _bad(path, f"invalid tensor name {name!r}", "output")
         # Refused on write as on read (see _DTYPES), so actscan never writes what it cannot load.
-        if isinstance(tensor, torch.Tensor) and tensor.dtype not in supported_dtypes().values():
-            raise _bad(path, f"tensor {name!r} has unsupported dtype {tensor.dtype}", "output")
-        t = tensor.detach() if isinstance(tensor, torch.Tensor) else tensor
-        out[name] = t.cpu().contiguous() if isinstance(t, torch.Tensor) and not t.is_meta else t
-    # Tied weights / views: a storage used by more than one tensor is cloned for all but the
-    # first user (cheap next to a write, and keeps save_file's sharing check quiet).
-    seen: set[int] = set()
-    for name, t in out.items():
-        if isinstance(t, torch.Tensor) and not t.is_meta and t.numel():
-            ptr = t.untyped_storage().data_ptr()
-            out[name] = t.clone() if ptr in seen else t
-            seen.add(ptr)
+        if isinstance(t, torch.Tensor) and t.dtype not in supported_dtypes().values():
+            raise _bad(path, f"tensor {name!r} has unsupported dtype {t.dtype}", "output")
+        ok = isinstance(t, torch.Tensor) and not t.is_meta  # else save_file says what is wrong
+        out[name] = (
+            t.detach().to("cpu", memory_format=torch.contiguous_format, copy=True) if ok else t
+        )
     return out
 
 
