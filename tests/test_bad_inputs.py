@@ -115,8 +115,12 @@ def entry(start: int, end: int, shape: list[int], dtype: str = "F32") -> dict[st
 @pytest.mark.parametrize(
     ("tensors", "data_len", "expect"),
     [
-        ({"a": entry(0, 16, [4]), "b": entry(8, 24, [4])}, 24, "'b' does not start where the previous one ends"),
-        ({"a": entry(0, 16, [4]), "b": entry(16, 48, [8])}, 32, "do not cover the 32-byte data section"),
+        (
+            {"a": entry(0, 16, [4]), "b": entry(8, 24, [4])},
+            24,
+            "'b' does not start where the previous",
+        ),
+        ({"a": entry(0, 16, [4]), "b": entry(16, 48, [8])}, 32, "do not cover the 32-byte data"),
         ({"a": entry(0, 16, [4]), "b": entry(20, 36, [4])}, 36, "must be contiguous"),
         ({"a": entry(0, 16, [4])}, 24, "unused bytes"),
         ({"a": entry(0, 16, [5])}, 16, "shape × dtype size differs from its byte range"),

@@ -38,7 +38,7 @@ from actscan.targets.safetensors_io import (
     read_header,
     refuse_pickle,
     save_tensors,
-    torch_dtype,
+    supported_dtypes,
 )
 
 # --------------------------------------------------------------------------- helpers
@@ -733,7 +733,7 @@ def test_mutated_files_succeed_or_raise_bad_input(
         assert set(out) == set(header.tensors)
         for name, t in out.items():
             assert tuple(t.shape) == header.tensors[name].shape
-            assert t.dtype == torch_dtype(header.tensors[name].dtype)
+            assert t.dtype == supported_dtypes()[header.tensors[name].dtype]
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)

@@ -1,24 +1,19 @@
 """Hugging Face targets: a model folder, a `config.json` alone, a config + bare weights.
 
-- Folder (`config.json` + `model.safetensors` or a sharded `model.safetensors.index.json`):
-  the transformers Auto class the config names (the causal-LM class when the checkpoint is a
-  language model, else the base model, e.g. BERT's encoder), with the folder's weights.
-- `config.json` alone: the model at transformers' own initialization (`from_config`), so an
-  architecture can be checked before training; `--init` re-initializes it with an actscan
-  scheme and `--set key=value` edits config fields.
-- A Hugging Face config with a bare `.safetensors` file (`resolve_hf_checkpoint`, called by
-  targets/checkpoint.py).
+- Folder (`config.json` + `model.safetensors` or a sharded index): the Auto class the config
+  names (causal LM when the checkpoint is one, else the base model, e.g. BERT's encoder).
+- `config.json` alone: the model at transformers' own initialization, so an architecture can
+  be checked before training (`--init` re-initializes it, `--set key=value` edits fields).
+- A Hugging Face config with a bare `.safetensors` file (`resolve_hf_checkpoint`).
 
-Weights are read by safetensors_io (pickle refused, shards cross-checked, one line per bad
-file), then handed to transformers' public loader, `from_pretrained(None, config=...,
-state_dict=...)`, which owns key renames, base-model prefixes, tied weights and merged (MoE)
-tensors. Its loading info (missing, unexpected, mis-shaped keys) becomes one error line
-instead of a log table the user may miss; NaN/Inf weights are refused unless allowed.
+Files are read by safetensors_io (pickle refused, shards cross-checked), then given to
+transformers' public loader, `from_pretrained(None, config=..., state_dict=...)`, which owns
+key renames, base-model prefixes, tied weights and merged (MoE) tensors; its loading info
+becomes one error line instead of a log table the user may miss.
 
-Safety: offline only (`HF_HUB_OFFLINE`), `trust_remote_code` is never set: a model_type
-transformers does not implement natively is refused; an `auto_map` beside a native
-model_type gets the native code (as transformers does), with a note. Attention runs the
-`eager` implementation so attention probabilities exist as tensors and results are
+Safety: offline only, `trust_remote_code` is never set (a model_type transformers does not
+implement natively is refused; `auto_map` beside a native model_type gets the native code,
+with a note). Attention is `eager` so attention probabilities exist and runs are
 deterministic; weights are fp32 (`--dtype` casts for the run).
 """
 
@@ -34,8 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actscan.errors import BadInputError, ConfigError, UsageError
+from actscan.targets import safetensors_io as st
 from actscan.targets.resolve import Resolved, TargetOptions
-from actscan.targets.safetensors_io import first_line
 from actscan.types import ModelInfo
 
 if TYPE_CHECKING:
@@ -56,6 +51,8 @@ _POST_LN = frozenset(
      "albert", "deberta", "deberta-v2", "megatron-bert", "roberta-prelayernorm", "xmod"}
 )  # fmt: skip
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+_BOOLS = {"true": True, "1": True, "yes": True, "on": True,
+          "false": False, "0": False, "no": False, "off": False}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- config
@@ -121,7 +118,7 @@ def hf_config(
         with _quiet():
             config = CONFIG_MAPPING[model_type].from_dict(dict(data))
     except Exception as err:  # transformers validates fields with many error types
-        raise ConfigError(f"{where}: invalid {model_type} config: {first_line(err)}") from None
+        raise ConfigError(f"{where}: invalid {model_type} config: {st.first_line(err)}") from None
     if overrides:
         _apply_overrides(config, overrides, model_type)
     if getattr(config, "is_encoder_decoder", False):
@@ -129,8 +126,7 @@ def hf_config(
             f"{where}: '{model_type}' is an encoder-decoder model, which actscan does not "
             "profile yet (decoder-only and encoder-only models are supported)"
         )
-    quant = getattr(config, "quantization_config", None)
-    if quant:
+    if quant := getattr(config, "quantization_config", None):
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else type(quant).__name__
         raise BadInputError(
             f"{where}: quantized checkpoints ({method}) are not supported: profile the "
@@ -161,7 +157,7 @@ def _apply_overrides(config: Any, overrides: Mapping[str, str], model_type: str)
         try:
             setattr(config, key, value)
         except Exception as err:
-            raise ConfigError(f"--set {key}={raw}: {first_line(err)}") from None
+            raise ConfigError(f"--set {key}={raw}: {st.first_line(err)}") from None
 
 
 def _coerce(current: Any, raw: str, key: str) -> Any:
@@ -169,12 +165,9 @@ def _coerce(current: Any, raw: str, key: str) -> Any:
     text = raw.strip()
     try:
         if isinstance(current, bool):
-            low = text.lower()
-            if low in ("true", "1", "yes", "on"):
-                return True
-            if low in ("false", "0", "no", "off"):
-                return False
-            raise ValueError("expected true or false")
+            if text.lower() not in _BOOLS:
+                raise ValueError("expected true or false")
+            return _BOOLS[text.lower()]
         if isinstance(current, int):
             return int(text)
         if isinstance(current, float):
@@ -182,8 +175,7 @@ def _coerce(current: Any, raw: str, key: str) -> Any:
         if isinstance(current, str):
             return text
     except ValueError as err:
-        kind = type(current).__name__
-        raise ConfigError(f"--set {key}={raw}: expected {kind} ({err})") from None
+        raise ConfigError(f"--set {key}={raw}: expected {type(current).__name__} ({err})") from None
     if text.lower() in ("none", "null"):
         return None
     try:
@@ -220,12 +212,9 @@ def _model_class(config: Any) -> type:
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING
 
     mapping = MODEL_FOR_CAUSAL_LM_MAPPING if wants_causal_lm(config) else MODEL_MAPPING
-    try:
-        cls = mapping[type(config)]
-    except KeyError:
-        raise ConfigError(
-            f"transformers has no model class for a '{config.model_type}' config"
-        ) from None
+    if type(config) not in mapping:
+        raise ConfigError(f"transformers has no model class for a '{config.model_type}' config")
+    cls = mapping[type(config)]
     return cls[0] if isinstance(cls, tuple) else cls
 
 
@@ -240,12 +229,10 @@ def build_hf_model(config: Any, where: str, *, seed: int = 0) -> nn.Module:
         with _quiet(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return auto.from_config(config, attn_implementation="eager", dtype=torch.float32)
-    except (BadInputError, UsageError):
-        raise
     except Exception as err:  # a config transformers cannot build (bad sizes, …)
         raise ConfigError(
             f"{where}: transformers cannot build a '{config.model_type}' model from this "
-            f"config: {first_line(err)}"
+            f"config: {st.first_line(err)}"
         ) from None
 
 
@@ -340,7 +327,7 @@ def _with_weights(
             )  # fmt: skip
     except Exception as err:
         raise BadInputError(
-            f"bad checkpoint {where}: transformers could not load it: {first_line(err)}"
+            f"bad checkpoint {where}: transformers could not load it: {st.first_line(err)}"
         ) from None
     unexpected = sorted(k for k in loaded["unexpected_keys"] if not _IGNORABLE_UNEXPECTED.search(k))
     prefix = f"{model.base_model_prefix}."
@@ -458,10 +445,9 @@ def resolve_hf_config(path: Path, data: dict[str, Any], opts: TargetOptions) -> 
     config = hf_config(data, where, opts.overrides)
     model = build_hf_model(config, where, seed=opts.seed)
     if opts.init is not None:
-        init_std = _first_attr(config, "initializer_range", "init_std") or 0.02
-        if not (isinstance(init_std, int | float) and math.isfinite(init_std) and init_std > 0):
-            init_std = 0.02
-        reinit(model, opts.init, float(init_std), opts.seed)
+        std = _first_attr(config, "initializer_range", "init_std")
+        ok = isinstance(std, int | float) and math.isfinite(std) and std > 0
+        reinit(model, opts.init, float(std) if ok else 0.02, opts.seed)
     info = hf_info(model, config, where, at_init=True, init=opts.init,
                    extra={"config_source": where})  # fmt: skip
     return Resolved(
@@ -480,7 +466,6 @@ def _no_init_with_weights(source: str, opts: TargetOptions) -> None:
 def resolve_folder(path: Path, opts: TargetOptions) -> Resolved:
     """A Hugging Face model folder: config.json + safetensors weights (single or sharded)."""
     from actscan.models.arch import read_config_file
-    from actscan.targets import safetensors_io as st
 
     if opts.config is not None:
         raise UsageError(
@@ -514,14 +499,12 @@ def resolve_folder(path: Path, opts: TargetOptions) -> Resolved:
     elif pickles:
         raise BadInputError(st.pickle_message(path / pickles[0]))
     else:
-        hint = (
-            f"; to use {others[0]} pass it as the target: actscan profile {path / others[0]}"
-            if others
-            else f"; to profile the architecture at initialization pass {config_path}"
-        )
+        hint = f"to profile the architecture at initialization pass {config_path}"
+        if others:
+            hint = f"to use {others[0]} pass it as the target: actscan profile {path / others[0]}"
         raise BadInputError(
             f"{path}: Hugging Face folder has {CONFIG_NAME} but no weights "
-            f"({WEIGHTS_NAME} or {INDEX_NAME}){hint}"
+            f"({WEIGHTS_NAME} or {INDEX_NAME}); {hint}"
         )
     return _with_weights(
         config, config_path, source, tensors, opts,
@@ -534,11 +517,9 @@ def resolve_hf_checkpoint(
 ) -> Resolved:
     """A bare .safetensors file whose architecture is a Hugging Face config (--config or
     config.json beside it). Called by targets/checkpoint.py."""
-    from actscan.targets.safetensors_io import load_tensors
-
     _no_init_with_weights(str(path), opts)
     config = hf_config(data, str(config_path), opts.overrides)
-    tensors = load_tensors(path)
+    tensors = st.load_tensors(path)
     folder = config_path.parent if config_path.name == CONFIG_NAME else None
     return _with_weights(
         config, config_path, path, tensors, opts,

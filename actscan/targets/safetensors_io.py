@@ -1,17 +1,12 @@
 """Safe reading and writing of safetensors checkpoints.
 
 A checkpoint is untrusted input. The `safetensors` library owns the format: it validates the
-header length, the JSON, dtypes, shapes, byte ranges and coverage before any tensor is made.
-This layer adds only what the library does not do, and turns every refusal into one
-`BadInputError` line that names the file:
-
-- pickle files (`.bin`, `.pt`, … or a zip/pickle stream under any name) are refused, with the
-  one-line conversion to safetensors, because loading a pickle can run code;
-- only regular files are opened (a FIFO would block the reader forever);
-- a sharded `model.safetensors.index.json` must agree with its shards, tensor by tensor;
-- dtypes without a faithful cast to the model's float weights are refused (`supported_dtypes`).
-
-torch and safetensors are imported lazily so this module imports cheaply.
+header length, JSON, dtypes, shapes, byte ranges and coverage before any tensor exists. This
+layer words its refusals as one `BadInputError` line naming the file, and adds only what no
+library does: pickles (`.bin`, `.pt`, … or a zip/pickle stream under any name) are refused
+with a one-line conversion, since loading one can run code; only regular files are opened (a
+FIFO would block the reader); a sharded index must agree with its shards; and dtypes with no
+faithful cast to float weights are refused (`supported_dtypes`).
 """
 
 from __future__ import annotations
@@ -126,18 +121,13 @@ def supported_dtypes() -> dict[str, Any]:
     return {name: getattr(torch, attr) for name, attr in _DTYPES.items() if hasattr(torch, attr)}
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype for a safetensors dtype name (KeyError if unsupported)."""
-    return supported_dtypes()[name]
-
-
 def _regular_file(path: Path, kind: str = "checkpoint") -> tuple[int, bytes]:
     """(size, first 9 bytes). Only a regular file is opened: a FIFO would block the reader."""
-    expected = ".safetensors" if kind == "checkpoint" else ".json"
     try:
         st = path.stat()
         if stat.S_ISDIR(st.st_mode):
-            raise _bad(path, f"is a directory, expected a {expected} file", kind)
+            suffix = ".safetensors" if kind == "checkpoint" else ".json"
+            raise _bad(path, f"is a directory, expected a {suffix} file", kind)
         if not stat.S_ISREG(st.st_mode):
             raise _bad(path, "is not a regular file", kind)
         with path.open("rb") as f:
@@ -154,10 +144,8 @@ def _looks_like_pickle(head: bytes) -> bool:
     A safetensors header length can start with the same bytes (N = 640 is `80 02 00 …`), but
     then byte 8 is the header's `{`; zip and pickle streams never have it there.
     """
-    zip_or_pickle = head[:4] == b"PK\x03\x04" or (
-        head[:1] == b"\x80" and head[1:2] in b"\x02\x03\x04\x05"
-    )
-    return zip_or_pickle and head[8:9] != b"{"
+    pickled = len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+    return (head.startswith(b"PK\x03\x04") or pickled) and head[8:9] != b"{"
 
 
 def pickle_message(path: str | os.PathLike[str]) -> str:
@@ -269,8 +257,7 @@ def load_sharded(
     weight_map = _read_index(index_path)
     folder = index_path.parent
 
-    def bad(message: str) -> BadInputError:
-        return _bad(index_path, message, "index")
+    bad = functools.partial(_bad, index_path, kind="index")
 
     by_shard: dict[str, list[str]] = {}
     for tensor_name, shard in weight_map.items():
@@ -307,39 +294,31 @@ def load_sharded(
 
 
 def _read_index(index_path: Path) -> dict[str, str]:
+    bad = functools.partial(_bad, index_path, kind="index")
     size, _head = _regular_file(index_path, "index")
     if size > MAX_INDEX_LEN:
-        raise _bad(index_path, f"{size} bytes is too large for an index", "index")
+        raise bad(f"{size} bytes is too large for an index")
     try:
         obj = json.loads(index_path.read_bytes())
-    except (ValueError, RecursionError) as err:
-        raise _bad(index_path, f"not valid JSON ({first_line(err)})", "index") from None
-    except OSError as err:
-        raise _bad(index_path, f"cannot read: {err.strerror or err}", "index") from None
+    except (ValueError, RecursionError, OSError) as err:
+        raise bad(f"not valid JSON ({first_line(err)})") from None
     if not isinstance(obj, dict):
-        raise _bad(index_path, f"expected a JSON object, got {type(obj).__name__}", "index")
+        raise bad(f"expected a JSON object, got {type(obj).__name__}")
     weight_map = obj.get("weight_map")
     if weight_map is None:
-        raise _bad(index_path, 'has no "weight_map"', "index")
+        raise bad('has no "weight_map"')
     if not isinstance(weight_map, dict) or not weight_map:
-        what = "is empty" if weight_map == {} else "must be an object"
-        raise _bad(index_path, f'"weight_map" {what}', "index")
+        raise bad(f'"weight_map" {"is empty" if weight_map == {} else "must be an object"}')
     for tensor_name, shard in weight_map.items():
         if not isinstance(shard, str):
-            raise _bad(
-                index_path,
-                f'"weight_map" value for {tensor_name!r} must be a shard file '
-                f"name, got {type(shard).__name__}",
-                "index",
+            kind = type(shard).__name__
+            raise bad(
+                f'"weight_map" value for {tensor_name!r} must be a shard file name, got {kind}'
             )
         # Shards stay inside the index's folder (symlinks are fine: the HF cache uses them).
         if not shard or "\x00" in shard or Path(shard).is_absolute() or ".." in Path(shard).parts:
-            raise _bad(
-                index_path,
-                f"shard name {shard!r} for tensor {tensor_name!r} must be a "
-                "relative path inside the index's folder",
-                "index",
-            )
+            raise bad(f"shard name {shard!r} for tensor {tensor_name!r} must be a relative path "
+                      "inside the index's folder")  # fmt: skip
     return dict(weight_map)
 
 
@@ -394,9 +373,8 @@ def load_pickle_weights_only(path: str | os.PathLike[str]) -> dict[str, torch.Te
         raise _bad(p, f"expected a dict of name -> tensor, got {type(obj).__name__}")
     for key, value in obj.items():
         if not isinstance(key, str) or not isinstance(value, torch.Tensor):
-            raise _bad(
-                p, f"expected a dict of name -> tensor, but entry {key!r} is {type(value).__name__}"
-            )
+            kind = type(value).__name__
+            raise _bad(p, f"expected a dict of name -> tensor, but entry {key!r} is {kind}")
     return dict(obj)
 
 
@@ -408,32 +386,22 @@ def save_tensors(
     path: str | os.PathLike[str],
     metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Write a safetensors file atomically.
-
-    `save_file` writes a temporary name in the target folder, which is fsynced and renamed
-    over `path`, so an error never leaves a half-written checkpoint nor clobbers an existing
-    one. Tensors are detached, moved to the CPU and made contiguous; tensors that share
-    storage (tied embeddings, views) are cloned so `save_file` does not refuse them.
-    """
+    """Write a safetensors file atomically: `save_file` writes a temporary name in the target
+    folder, which is fsynced and renamed over `path`, so an error never leaves a half-written
+    checkpoint nor clobbers an existing one."""
     from safetensors.torch import save_file
 
     p = Path(path)
     folder = p.parent if str(p.parent) else Path(".")
     tmp = folder / f".{p.name}.{secrets.token_hex(6)}.tmp"
+    prepared = _prepare_for_save(p, tensors)
     try:
-        prepared = _prepare_for_save(p, tensors)
         save_file(prepared, os.fspath(tmp), metadata=None if metadata is None else dict(metadata))
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # the Rust writer creates 0600; follow the umask
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(tmp)
         os.replace(tmp, p)
-    except BadInputError:
-        raise
     except OSError as err:
         raise _bad(p, f"cannot write to {_show(folder)}: {err.strerror or err}", "output") from None
     except Exception as err:
@@ -442,11 +410,15 @@ def save_tensors(
         with contextlib.suppress(OSError):
             tmp.unlink()
     with contextlib.suppress(OSError):  # persist the rename (not every platform can)
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(folder)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _prepare_for_save(path: Path, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
