@@ -1,7 +1,8 @@
-"""Tests for the strict safetensors layer.
+"""Tests for the safetensors layer: the library validates, actscan words the refusal.
 
-Corrupt files are built by hand (struct + json) so each test breaks exactly one rule; every
-refusal must be a one-line `BadInputError` that names the file.
+Corrupt files are built by hand (struct + json) so each case breaks exactly one rule; every
+refusal must be a one-line `BadInputError` that names the file, and `actscan profile` must
+exit 2 with that one line.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from actscan.cli import app
 from actscan.errors import BadInputError, UsageError
 from actscan.targets.safetensors_io import (
     MAX_HEADER_LEN,
@@ -35,6 +38,7 @@ from actscan.targets.safetensors_io import (
     read_header,
     refuse_pickle,
     save_tensors,
+    supported_dtypes,
 )
 
 # --------------------------------------------------------------------------- helpers
@@ -49,6 +53,11 @@ def pack(header: dict[str, Any] | bytes, data: bytes = b"", header_len: int | No
 
 def write(path: Path, header: dict[str, Any] | bytes, data: bytes = b"", **kw: Any) -> Path:
     path.write_bytes(pack(header, data, **kw))
+    return path
+
+
+def write_raw(path: Path, blob: bytes) -> Path:
+    path.write_bytes(blob)
     return path
 
 
@@ -98,12 +107,9 @@ def test_valid_hand_built_file(ckpt: Path) -> None:
     header = read_header(ckpt)
     assert isinstance(header, SafetensorsHeader)
     assert header.metadata == {"format": "pt"}
-    assert header.tensors == {
-        "a": TensorEntry("F32", (2, 2), 0, 16),
-        "b": TensorEntry("I64", (3,), 16, 40),
-    }
+    assert header.tensors == {"a": TensorEntry("F32", (2, 2)), "b": TensorEntry("I64", (3,))}
     assert header.data_len == 40
-    assert header.data_offset == 8 + header.header_len
+    assert header.data_offset == 8 + header.header_len == len(pack(VALID))
     out = load_tensors(ckpt)
     assert torch.equal(out["a"], torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
     assert torch.equal(out["b"], torch.tensor([7, 8, 9]))
@@ -132,7 +138,26 @@ def test_header_length_with_pickle_like_bytes_is_not_mistaken_for_pickle(ckpt: P
     assert load_tensors(ckpt)["a"].shape == (1,)
 
 
-# --------------------------------------------------------------------------- read_header: refusals
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b" {}",  # leading whitespace before the JSON object
+        b'{"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, '
+        b'"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}',  # a key given twice
+        b'{"__metadata__": null, "a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}',
+        b'{"a": {"dtype": "F32", "shape": [0, 1099511627776, 1099511627776], '
+        b'"data_offsets": [0, 0]}}',  # zero elements, however large the other dimensions
+    ],
+    ids=["leading-space", "duplicate-key", "null-metadata", "huge-empty"],
+)
+def test_what_the_library_accepts_is_accepted(ckpt: Path, raw: bytes) -> None:
+    """The library is the authority on the format: its leniencies are not re-litigated."""
+    write(ckpt, raw, b"\0" * (1 if b'"U8"' in raw else 0))
+    header = read_header(ckpt)
+    assert set(load_tensors(ckpt)) == set(header.tensors)
+
+
+# --------------------------------------------------------------------------- refusals
 
 
 def test_missing_path(ckpt: Path) -> None:
@@ -151,193 +176,126 @@ def test_fifo_is_refused_without_hanging(tmp_path: Path) -> None:
     refused(fifo, "not a regular file")
 
 
-@pytest.mark.parametrize("size", [0, 1, 7])
-def test_truncated_below_8_bytes(ckpt: Path, size: int) -> None:
-    ckpt.write_bytes(b"\x10" * size)
-    refused(ckpt, "truncated", f"{size} bytes")
+def _one(value: Any, data: int = 4) -> bytes:
+    return pack({"h.0.w": value}, b"\0" * data)
 
 
-def test_header_length_larger_than_file(ckpt: Path) -> None:
-    write(ckpt, VALID, VALID_DATA, header_len=5000)
-    refused(ckpt, "header length 5000 bytes is larger than the file")
+def _offsets(value: Any) -> bytes:
+    return _one({"dtype": "U8", "shape": [4], "data_offsets": value})
 
 
-def test_header_length_over_100mb(ckpt: Path) -> None:
-    write(ckpt, VALID, VALID_DATA, header_len=MAX_HEADER_LEN + 1)
-    refused(ckpt, "100000001", "exceeds the 100000000-byte limit")
+NOT_JSON = "header is not valid JSON for safetensors"
+NOT_CONTIGUOUS = "does not start where the previous one ends"
+NOT_COVERED = "do not cover the"
+# (id, file bytes, fragments of the one-line message). Each breaks exactly one rule.
+MALFORMED: list[tuple[str, bytes, tuple[str, ...]]] = [
+    ("empty", b"", ("truncated", "0 bytes")),
+    ("1-byte", b"\x10", ("truncated", "1 bytes")),
+    ("7-bytes", b"\x10" * 7, ("truncated", "7 bytes")),
+    ("length-past-file", pack(VALID, VALID_DATA, 5000),
+     ("header length 5000 bytes is larger than the file",)),
+    ("length-over-100mb", pack(VALID, VALID_DATA, MAX_HEADER_LEN + 1),
+     ("100000001", "exceeds the 100000000-byte limit")),
+    ("not-utf8", pack(b'{"a\xff": 1}'), ("header is not valid UTF-8",)),
+    ("cut-json", pack(b'{"a": '), (NOT_JSON,)),
+    ("single-quotes", pack(b"{'a': 1}"), (NOT_JSON,)),
+    ("trailing-garbage", pack(b'{"a": {}} trailing'), (NOT_JSON,)),
+    ("nan", pack(b'{"x": NaN}'), (NOT_JSON,)),
+    ("nul", pack(b'{"a": 1}\x00'), (NOT_JSON,)),
+    ("deeply-nested", pack(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+     (NOT_JSON, "recursion limit")),
+    ("array", pack(b"[1, 2]"), (NOT_JSON, "expected a JSON object")),
+    ("string", pack(b'"str"'), (NOT_JSON, "expected a JSON object")),
+    ("number", pack(b"12"), (NOT_JSON, "expected a JSON object")),
+    ("metadata-array", pack({"__metadata__": [1], "a": entry("F32", [1], 0, 4)}, b"\0" * 4),
+     (NOT_JSON, "expected a map")),
+    ("metadata-string", pack({"__metadata__": "x", "a": entry("F32", [1], 0, 4)}, b"\0" * 4),
+     (NOT_JSON, "expected a map")),
+    ("metadata-int-value", pack({"__metadata__": {"k": 1}, "a": entry("F32", [1], 0, 4)},
+                                b"\0" * 4), (NOT_JSON, "expected a string")),
+    ("metadata-object-value", pack({"__metadata__": {"k": {"n": "v"}},
+                                    "a": entry("F32", [1], 0, 4)}, b"\0" * 4),
+     (NOT_JSON, "expected a string")),
+    ("entry-array", _one([1, 2]), (NOT_JSON,)),
+    ("entry-string", _one("F32"), (NOT_JSON, "expected a tensor entry")),
+    ("entry-number", _one(3), (NOT_JSON, "expected a tensor entry")),
+    ("entry-null", _one(None), (NOT_JSON, "expected a tensor entry")),
+    ("no-dtype", _one({"shape": [1], "data_offsets": [0, 4]}), ("missing field 'dtype'",)),
+    ("no-shape", _one({"dtype": "F32", "data_offsets": [0, 4]}), ("missing field 'shape'",)),
+    ("no-offsets", _one({"dtype": "F32", "shape": [1]}), ("missing field 'data_offsets'",)),
+    ("dtype-C64", _one(entry("C64", [1], 0, 8), 8),
+     ("tensor 'h.0.w' has unsupported dtype 'C64'", "supported: F64, F32")),
+    ("dtype-U32", _one(entry("U32", [1], 0, 4)), ("tensor 'h.0.w' has unsupported dtype 'U32'",)),
+    ("dtype-U16", _one(entry("U16", [2], 0, 4)), ("unsupported dtype 'U16'",)),
+    ("dtype-F33", _one(entry("F33", [1], 0, 4)), ("unknown dtype 'F33'",)),
+    ("dtype-lowercase", _one(entry("f32", [1], 0, 4)), ("unknown dtype 'f32'",)),
+    ("dtype-number", _one(entry(4, [1], 0, 4)), (NOT_JSON,)),  # type: ignore[arg-type]
+    ("shape-negative", _one(entry("F32", [-1, 4], 0, 8), 8), (NOT_JSON, "integer ≥ 0")),
+    ("shape-float", _one(entry("F32", [2.0], 0, 8), 8), (NOT_JSON, "integer ≥ 0")),
+    ("shape-string", _one(entry("F32", ["2"], 0, 8), 8), (NOT_JSON, "integer ≥ 0")),
+    ("shape-bool", _one(entry("F32", [True], 0, 8), 8), (NOT_JSON, "integer ≥ 0")),
+    ("shape-null", _one(entry("F32", [None], 0, 8), 8), (NOT_JSON, "integer ≥ 0")),
+    ("shape-not-list", _one(entry("F32", "4", 0, 8), 8), (NOT_JSON, "expected a sequence")),
+    ("shape-object", _one(entry("F32", {"0": 4}, 0, 8), 8), (NOT_JSON,)),  # type: ignore[arg-type]
+    ("shape-negative-zero",
+     pack(b'{"h.0.w": {"dtype": "F32", "shape": [-0], "data_offsets": [0, 0]}}'),
+     (NOT_JSON, "integer ≥ 0")),
+    ("offsets-one", _offsets([0]), (NOT_JSON, "size 2")),
+    ("offsets-three", _offsets([0, 4, 8]), (NOT_JSON, "2 elements")),
+    ("offsets-decreasing", _offsets([4, 0]), ("tensor 'h.0.w'", NOT_CONTIGUOUS)),
+    ("offsets-negative", _offsets([-4, 0]), (NOT_JSON, "integer ≥ 0")),
+    ("offsets-float", _offsets([0.0, 4]), (NOT_JSON, "integer ≥ 0")),
+    ("offsets-string", _offsets(["0", "4"]), (NOT_JSON, "integer ≥ 0")),
+    ("offsets-bool", _offsets([True, 4]), (NOT_JSON, "integer ≥ 0")),
+    ("offsets-str", _offsets("0-4"), (NOT_JSON, "size 2")),
+    ("offsets-null", _offsets(None), (NOT_JSON, "size 2")),
+    ("offsets-past-data", _one(entry("F32", [4, 4], 0, 64), 60),
+     (NOT_COVERED, "60-byte data section", "truncated")),
+    ("overlap", pack({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 4, 12)}, b"\0" * 12),
+     ("tensor 'b'", NOT_CONTIGUOUS)),
+    ("empty-inside-another", pack({"a": entry("F32", [2], 0, 8), "e": entry("F32", [0], 4, 4)},
+                                  b"\0" * 8), ("tensor 'e'", NOT_CONTIGUOUS)),
+    ("gap", pack({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 12, 20)}, b"\0" * 20),
+     ("tensor 'b'", NOT_CONTIGUOUS)),
+    ("gap-at-start", _one(entry("F32", [2], 4, 12), 12), ("tensor 'h.0.w'", NOT_CONTIGUOUS)),
+    ("unused-tail", pack(VALID, VALID_DATA + b"\0" * 3), (NOT_COVERED, "unused bytes at the end")),
+    ("no-tensors-but-data", pack({"__metadata__": {}}, b"\0" * 5), (NOT_COVERED, "5-byte")),
+    ("shape-vs-bytes", _one(entry("F32", [4, 4], 0, 60), 60),
+     ("a tensor's shape × dtype size differs from its byte range",)),
+    ("lone-surrogate",
+     pack(b'{"a\\ud800": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}', b"\0"),
+     (NOT_JSON,)),
+    ("newline-in-name", pack({"a": entry("F32", [1], 0, 4), "bad\nname": entry("F32", [1], 8, 12)},
+                             b"\0" * 12), ("tensor 'bad\\nname'", NOT_CONTIGUOUS)),
+    ("zip-pickle", b"PK\x03\x04" + b"\0" * 60, ("refusing to load pickle checkpoint",)),
+    ("pickle-4", pickle.dumps({"w": [1.0]}, protocol=4), ("refusing to load pickle checkpoint",)),
+]  # fmt: skip
 
 
-def test_header_not_utf8(ckpt: Path) -> None:
-    write(ckpt, b'{"a\xff": 1}')
-    refused(ckpt, "header is not valid UTF-8")
-
-
-@pytest.mark.parametrize(
-    "raw",
-    [b'{"a": ', b"{'a': 1}", b'{"a": {}} trailing', b'{"x": NaN}', b'{"a": 1}\x00'],
-    ids=["cut", "single-quotes", "trailing-garbage", "nan", "nul"],
-)
-def test_header_not_json(ckpt: Path, raw: bytes) -> None:
-    write(ckpt, raw)
-    refused(ckpt, "header is not valid JSON")
-
-
-@pytest.mark.parametrize("raw", [b"[1, 2]", b'"str"', b" {}", b"12"])
-def test_header_not_an_object(ckpt: Path, raw: bytes) -> None:
-    write(ckpt, raw)
-    refused(ckpt, "header is not a JSON object")
-
-
-def test_deeply_nested_header(ckpt: Path) -> None:
-    write(ckpt, b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
-    refused(ckpt, "header is not valid JSON")
-
-
-def test_duplicate_keys(ckpt: Path) -> None:
-    one = json.dumps(entry("F32", [1], 0, 4))
-    write(ckpt, f'{{"a": {one}, "a": {one}}}'.encode(), b"\0" * 4)
-    refused(ckpt, "key 'a' more than once")
-
-
-@pytest.mark.parametrize(
-    ("meta", "fragment"),
-    [
-        ([1], "__metadata__ must be an object"),
-        (None, "__metadata__ must be an object"),
-        ("x", "__metadata__ must be an object"),
-        ({"k": 1}, "__metadata__ value for 'k' must be a string"),
-        ({"k": {"n": "v"}}, "__metadata__ value for 'k' must be a string"),
-    ],
-)
-def test_metadata_not_str_to_str(ckpt: Path, meta: Any, fragment: str) -> None:
-    write(ckpt, {"__metadata__": meta, "a": entry("F32", [1], 0, 4)}, b"\0" * 4)
-    refused(ckpt, fragment)
-
-
-@pytest.mark.parametrize("value", [[1, 2], "F32", 3, None])
-def test_entry_not_an_object(ckpt: Path, value: Any) -> None:
-    write(ckpt, {"h.0.w": value})
-    refused(ckpt, "tensor 'h.0.w' must be an object")
-
-
-@pytest.mark.parametrize("key", ["dtype", "shape", "data_offsets"])
-def test_entry_missing_field(ckpt: Path, key: str) -> None:
-    e = entry("F32", [1], 0, 4)
-    del e[key]
-    write(ckpt, {"h.0.w": e}, b"\0" * 4)
-    refused(ckpt, f"tensor 'h.0.w' is missing {key}")
-
-
-@pytest.mark.parametrize(
-    ("dtype", "fragment"),
-    [
-        ("C64", "unsupported dtype 'C64'"),
-        ("U32", "unsupported dtype 'U32'"),
-        ("F33", "unknown dtype 'F33'"),
-        ("f32", "unknown dtype 'f32'"),
-    ],
-)
-def test_unsupported_dtype(ckpt: Path, dtype: str, fragment: str) -> None:
-    write(ckpt, {"h.0.w": entry(dtype, [1], 0, 8)}, b"\0" * 8)
-    msg = refused(ckpt, "tensor 'h.0.w'", fragment)
-    assert "F32" in msg  # lists what is supported
-
-
-def test_non_string_dtype(ckpt: Path) -> None:
-    write(ckpt, {"h.0.w": entry(4, [1], 0, 4)}, b"\0" * 4)  # type: ignore[arg-type]
-    refused(ckpt, "tensor 'h.0.w' has dtype a number")
-
-
-@pytest.mark.parametrize(
-    "shape",
-    [[-1, 4], [2.0], ["2"], [True], [None], "4", {"0": 4}],
-    ids=["negative", "float", "string", "bool", "null", "not-list", "object"],
-)
-def test_bad_shape(ckpt: Path, shape: Any) -> None:
-    write(ckpt, {"h.0.w": entry("F32", shape, 0, 8)}, b"\0" * 8)
-    refused(ckpt, "tensor 'h.0.w' has shape")
-
-
-def test_negative_zero_dimension(ckpt: Path) -> None:
-    # Python's json reads -0 as 0; serde_json (the Rust parser) reads it as a float.
-    write(ckpt, b'{"h.0.w": {"dtype": "F32", "shape": [-0], "data_offsets": [0, 0]}}')
-    refused(ckpt, "tensor 'h.0.w' has shape", "integers")
-
-
-def test_shape_too_large_for_torch(ckpt: Path) -> None:
-    write(ckpt, {"h.0.w": entry("F32", [0, 2**40, 2**40], 0, 0)})
-    refused(ckpt, "too large for torch")
-
-
-@pytest.mark.parametrize(
-    "offsets",
-    [[0], [0, 4, 8], [4, 0], [-4, 0], [0.0, 4], ["0", "4"], [True, 4], "0-4", None],
-    ids=["one", "three", "decreasing", "negative", "float", "string", "bool", "str", "null"],
-)
-def test_bad_offsets(ckpt: Path, offsets: Any) -> None:
-    write(ckpt, {"h.0.w": {"dtype": "U8", "shape": [4], "data_offsets": offsets}}, b"\0" * 4)
-    refused(ckpt, "tensor 'h.0.w' has data_offsets", "two non-decreasing")
-
-
-def test_offsets_out_of_range(ckpt: Path) -> None:
-    write(ckpt, {"h.0.w": entry("F32", [4, 4], 0, 64)}, b"\0" * 60)
-    refused(ckpt, "tensor 'h.0.w' byte range [0, 64] is out of range", "data section is 60 bytes")
-
-
-def test_overlapping_tensors(ckpt: Path) -> None:
-    write(ckpt, {"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 4, 12)}, b"\0" * 12)
-    refused(ckpt, "tensor 'b' byte range [4, 12] overlaps tensor 'a'")
-
-
-def test_empty_tensor_inside_another_overlaps(ckpt: Path) -> None:
-    write(ckpt, {"a": entry("F32", [2], 0, 8), "e": entry("F32", [0], 4, 4)}, b"\0" * 8)
-    refused(ckpt, "tensor 'e'", "overlaps tensor 'a'")
-
-
-def test_gap_between_tensors(ckpt: Path) -> None:
-    write(ckpt, {"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 12, 20)}, b"\0" * 20)
-    refused(ckpt, "gap of 4 unused bytes [8, 12]", "before tensor 'b'")
-
-
-def test_gap_at_start(ckpt: Path) -> None:
-    write(ckpt, {"a": entry("F32", [2], 4, 12)}, b"\0" * 12)
-    refused(ckpt, "gap of 4 unused bytes [0, 4]", "at the start")
-
-
-def test_unused_bytes_at_end(ckpt: Path) -> None:
-    write(ckpt, VALID, VALID_DATA + b"\0" * 3)
-    refused(ckpt, "3 unused bytes at the end of the data section")
-
-
-def test_no_tensors_but_data(ckpt: Path) -> None:
-    write(ckpt, {"__metadata__": {}}, b"\0" * 5)
-    refused(ckpt, "5 unused bytes at the end")
+@pytest.mark.parametrize(("blob", "fragments"), [c[1:] for c in MALFORMED],
+                         ids=[c[0] for c in MALFORMED])  # fmt: skip
+def test_malformed_file_is_one_line_and_exit_2(
+    tmp_path: Path, blob: bytes, fragments: tuple[str, ...]
+) -> None:
+    ckpt = write_raw(tmp_path / "model.safetensors", blob)
+    msg = refused(ckpt, *fragments)
+    assert msg.startswith(("bad checkpoint ", "refusing to load pickle checkpoint "))
+    result = CliRunner().invoke(app, ["profile", str(ckpt)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == f"actscan: error: {msg}"  # one line, no traceback
+    assert ckpt.read_bytes() == blob
 
 
 def test_shape_and_byte_range_disagree(ckpt: Path) -> None:
     write(ckpt, {"h.0.w": entry("F32", [4, 4], 0, 60)}, b"\0" * 60)
-    msg = refused(ckpt)
-    assert msg == (
-        f"bad checkpoint {ckpt}: tensor 'h.0.w' declares shape [4, 4] × F32 = 64 bytes "
-        "but its byte range is 60 bytes"
+    assert refused(ckpt) == (
+        f"bad checkpoint {ckpt}: a tensor's shape × dtype size differs from its byte range"
     )
-
-
-def test_lone_surrogate_name(ckpt: Path) -> None:
-    write(ckpt, b'{"a\\ud800": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}', b"\0")
-    refused(ckpt, "invalid unicode escape")
-
-
-def test_name_with_newline_stays_on_one_line(ckpt: Path) -> None:
-    write(ckpt, {"bad\nname": entry("F32", [2], 0, 4)}, b"\0" * 4)
-    refused(ckpt, "tensor 'bad\\nname'")
 
 
 def test_pickle_in_safetensors_clothing(ckpt: Path) -> None:
     torch.save({"w": torch.zeros(2)}, ckpt)  # zip format
     refused(ckpt, "refusing to load pickle checkpoint", "weights_only=True")
-    ckpt.write_bytes(pickle.dumps({"w": [1.0]}, protocol=4))
-    refused(ckpt, "refusing to load pickle checkpoint")
 
 
 # --------------------------------------------------------------------------- load_tensors
@@ -441,10 +399,10 @@ def test_save_replaces_atomically_and_leaves_no_temp(tmp_path: Path) -> None:
     ("tensors", "meta", "fragment"),
     [
         ({"c": torch.zeros(2, dtype=torch.complex64)}, None, "unsupported dtype"),
-        ({"a": torch.zeros(2)}, {"k": 3}, "metadata must map strings to strings"),
+        ({"a": torch.zeros(2)}, {"k": 3}, "metadata"),
         ({"__metadata__": torch.zeros(2)}, None, "invalid tensor name"),
-        ({"a": [1.0]}, None, "not a tensor"),
-        ({"m": torch.empty(2, device="meta")}, None, "meta device"),
+        ({"a": [1.0]}, None, "expected torch.Tensor"),
+        ({"m": torch.empty(2, device="meta")}, None, "meta tensor"),
     ],
 )
 def test_failed_save_keeps_existing_file(
@@ -770,65 +728,14 @@ def test_mutated_files_succeed_or_raise_bad_input(
         except BadInputError as err:
             assert str(path) in str(err) and "\n" not in str(err)
             return
-        # What the strict reader accepts, safetensors and torch must load as declared.
+        # What the reader accepts, torch must load as declared.
         out = load_tensors(path)
         assert set(out) == set(header.tensors)
         for name, t in out.items():
             assert tuple(t.shape) == header.tensors[name].shape
-            assert t.element_size() * t.numel() == header.tensors[name].nbytes
+            assert t.dtype == supported_dtypes()[header.tensors[name].dtype]
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
         assert path.read_bytes() == blob  # never modified
         path.unlink()
-
-
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I8": 1, "BOOL": 1, "F8_E5M2": 1}
-
-
-@st.composite
-def _near_valid_file(draw: st.DrawFn) -> bytes:
-    """A valid contiguous layout, then at most one small perturbation of a number in it."""
-    header: dict[str, Any] = {}
-    pos = 0
-    for i in range(draw(st.integers(0, 4))):
-        dtype = draw(st.sampled_from(sorted(_ITEMSIZE)))
-        shape = draw(st.lists(st.integers(0, 4), max_size=3))
-        size = _ITEMSIZE[dtype] * int(torch.tensor(shape, dtype=torch.int64).prod())
-        header[f"t{i}"] = entry(dtype, shape, pos, pos + size)
-        pos += size
-    extra = 0
-    if header and draw(st.booleans()):
-        e = header[draw(st.sampled_from(sorted(header)))]
-        field = draw(st.sampled_from(["shape", "data_offsets"]))
-        if e[field]:
-            k = draw(st.integers(0, len(e[field]) - 1))
-            e[field][k] = e[field][k] + draw(st.sampled_from([-2, -1, 1, 2, 2**64]))
-    else:
-        extra = draw(st.sampled_from([0, 0, 1, -1]))
-    data = b"\x01" * max(0, pos + extra)
-    return pack(header, data)
-
-
-@settings(max_examples=200, deadline=None)
-@given(blob=_near_valid_file())
-def test_read_header_agrees_with_the_rust_parser(fuzz_dir: Path, blob: bytes) -> None:
-    """Differential check: the Python validator accepts exactly what safetensors loads."""
-    from safetensors import safe_open
-
-    path = fuzz_dir / f"d{next(_counter)}.safetensors"
-    path.write_bytes(blob)
-    try:
-        read_header(path)
-        ours = True
-    except BadInputError:
-        ours = False
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                f.get_tensor(key)
-        theirs = True
-    except Exception:
-        theirs = False
-    path.unlink()
-    assert ours == theirs

@@ -9,7 +9,7 @@ Where the architecture comes from, first match wins (docs/design.md, "Targets"):
      a single file is a complete, profilable model.
 
 Order of work is chosen so that a bad file costs nothing and never half-runs: the header is
-validated in pure Python (safetensors_io), names and shapes are checked against a model
+validated by the safetensors library (safetensors_io), names and shapes are checked against a model
 built on the meta device, non-finite weights are counted, and only then is the real model
 built and filled. The built model is fp32 whatever the file's dtype (`--dtype` casts it).
 """

@@ -69,25 +69,34 @@ def check_shapes(
         partners = [canonical] + [a for a, c in aliases.items() if c == canonical]
         if not any(p in found for p in partners):
             missing.append(name if name == canonical else canonical)
-    missing = list(dict.fromkeys(missing))
+    misshaped = [(n, list(found[n]), list(expected[n])) for n in found
+                 if n in expected and tuple(found[n]) != tuple(expected[n])]  # fmt: skip
     unexpected = [n for n in found if n not in expected]
-    misshaped = [
-        f"{n!r} file {list(found[n])} vs model {list(expected[n])}"
-        for n in found
-        if n in expected and tuple(found[n]) != tuple(expected[n])
-    ]
-    if not (missing or unexpected or misshaped):
-        return
+    error = mismatch_error(where, list(dict.fromkeys(missing)), unexpected, misshaped)
+    if error is not None:
+        raise error
+
+
+def mismatch_error(
+    where: str,
+    missing: list[str],
+    unexpected: list[str],
+    misshaped: list[tuple[str, list[int], list[int]]],
+) -> BadInputError | None:
+    """The one line listing missing, unexpected and mis-shaped (name, file, model) tensors."""
     parts = []
     if missing:
         parts.append(f"missing {len(missing)} ({_names(missing)})")
     if unexpected:
         parts.append(f"unexpected {len(unexpected)} ({_names(unexpected)})")
     if misshaped:
-        more = f", … ({len(misshaped) - SHOW} more)" if len(misshaped) > SHOW else ""
-        parts.append(f"mis-shaped {len(misshaped)} ({', '.join(misshaped[:SHOW])}{more})")
+        shown = [f"{n!r} file {f} vs model {m}" for n, f, m in misshaped]
+        more = f", … ({len(shown) - SHOW} more)" if len(shown) > SHOW else ""
+        parts.append(f"mis-shaped {len(shown)} ({', '.join(shown[:SHOW])}{more})")
+    if not parts:
+        return None
     hint = " — wrong --config or architecture?" if misshaped or (missing and unexpected) else ""
-    raise BadInputError(
+    return BadInputError(
         f"bad checkpoint {where}: tensors do not match the model: {'; '.join(parts)}{hint}"
     )
 
