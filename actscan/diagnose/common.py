@@ -96,9 +96,8 @@ def branch_projections(ctx: CheckContext) -> list[tuple[ParamRecord, ParamRecord
     index = {p.name: i for i, p in enumerate(ctx.params)}
     pairs = []
     for b in ctx.layout.blocks:
-        for kind, branch in (("attn", b.attn), ("mlp", b.mlp)):
-            if branch is None:
-                continue
+        for br in b.branch_list():
+            kind, branch = br.role, br.name
             ws = [
                 p for p in ctx.params
                 if p.kind == "weight" and (p.module == branch or p.module.startswith(branch + "."))

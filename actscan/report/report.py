@@ -13,6 +13,7 @@ from typing import Any
 
 from actscan import __version__
 from actscan.types import (
+    BlockProof,
     BranchRecord,
     FailOn,
     Finding,
@@ -38,6 +39,7 @@ class Report:
     params: tuple[ParamRecord, ...] = ()
     notes: tuple[str, ...] = ()  # structure/run remarks shown to the user
     branches: tuple[BranchRecord, ...] = ()
+    layout: tuple[BlockProof, ...] = ()  # the layout self-check, per block
 
     # -- lookups -------------------------------------------------------------------
     def layer(self, name: str) -> LayerRecord:
@@ -73,6 +75,7 @@ class Report:
                 "summary": dict(self.summary),
                 "notes": list(self.notes),
                 "branches": [asdict(b) for b in self.branches],
+                "layout": [asdict(p) for p in self.layout],
             }
         )
 
@@ -105,6 +108,13 @@ class Report:
             summary=dict(data.get("summary", {})),
             notes=tuple(data.get("notes", ())),
             branches=tuple(build(BranchRecord, d) for d in data.get("branches", ())),
+            layout=tuple(
+                build(
+                    BlockProof,
+                    {**d, **{k: tuple(d.get(k, ())) for k in ("writes", "roles", "norms")}},
+                )
+                for d in data.get("layout", ())
+            ),
         )
 
     def to_markdown(self, fail_on: str | FailOn = FailOn.ERROR) -> str:
