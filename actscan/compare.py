@@ -547,7 +547,7 @@ def precision_divergence(
         from actscan.measure.layout_proof import prove_layout
 
         # the branches each block really adds (post-branch norms, post-LN encoders)
-        layout = prove_layout(m_hi, layout, lambda: run(high, m_hi, b_hi)).layout
+        layout = prove_layout(m_hi, layout, lambda m=m_hi, b=b_hi: run(high, m, b)).layout
     targets = divergence_targets(model, layout, scope)
     names = [n for n, _ in targets] + ([f"{stream_in}:input"] if stream_in else [])
 

@@ -196,9 +196,8 @@ def test_structure_of_families(
     resolved = resolve(str(path))
     assert resolved.info.at_init and resolved.info.family == model_type
     assert resolved.info.task == "causal-lm"
-    from actscan.measure.structure import detect_layout
-
     from actscan.measure.layout_proof import prove_layout
+    from actscan.measure.structure import detect_layout
 
     model = resolved.model.eval()
     ids = random_tokens(96, 1, 8, 0, 0)
