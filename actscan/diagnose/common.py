@@ -131,6 +131,12 @@ def residual_budget(
         for p in ctx.params
     ):
         return None  # branch gains carry the depth scaling
+    if any(
+        br.write is not None and ctx.layout.role(br.write) == "norm"
+        for b in ctx.layout.blocks
+        for br in b.branches
+    ):
+        return None  # post-branch norms (sandwich) set the write's scale, not the projection
     pairs = [(i, o) for i, o, kind in branch_projections(ctx) if kind == "attn"]
     scales = [o.std / i.std for i, o in pairs if i.std > 0]
     if len(scales) < ctx.thresholds.min_blocks:

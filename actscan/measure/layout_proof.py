@@ -245,20 +245,39 @@ class _Block:
         self.modules = modules
         self.idx = {k: i for i, k in enumerate(tr.keys)}
         nodes = tr.nodes
-        self.groups: dict[Key, list[_Node]] = {}
+        assert tr.x_out is not None
+        raw: dict[Key, list[_Node]] = {tr.x_in: [], tr.x_out: []}
         for n in nodes:
             if n.out_key is not None and n.out_key in self.idx:
-                self.groups.setdefault(n.out_key, []).append(n)
-        self.first = {k: min(n.order for n in ns) for k, ns in self.groups.items()}
+                raw.setdefault(n.out_key, []).append(n)
+        # Aliases: views of one storage (MoE experts' (B·T, C) output and its reshape) and
+        # exact copies are one tensor of the data flow.
+        parent = {k: k for k in raw}
+
+        def find(k: Key) -> Key:
+            while parent[k] != k:
+                k = parent[k]
+            return k
+
+        for a, b in itertools.combinations(raw, 2):
+            if find(a) != find(b) and self._same(a, b):
+                parent[find(b)] = find(a)
+        self.alias = {k: find(k) for k in raw}
+        self.groups: dict[Key, list[_Node]] = {}
+        for k, ns in raw.items():
+            self.groups.setdefault(self.alias[k], []).extend(ns)
+        self.first = {k: min((n.order for n in ns), default=-1) for k, ns in self.groups.items()}
         consumed: set[Key] = set()
         for n in nodes:
-            consumed.update(k for k in n.in_keys if k != n.out_key)
-        ends = {tr.x_in, tr.x_out}
+            own = self.a(n.out_key)
+            consumed.update(self.a(k) for k in n.in_keys if self.a(k) != own)
+        ends = {self.a(tr.x_in), self.a(tr.x_out)}
         self.candidates = sorted(
-            (k for k in self.groups if k not in ends), key=lambda k: self.first[k]
+            (k for k, ns in self.groups.items() if k not in ends and ns),
+            key=lambda k: self.first[k],
         )
         self.terminals = [k for k in self.candidates if k not in consumed]
-        produced = set(self.groups)
+        produced = {k for k, ns in self.groups.items() if ns}
         # Norms the stream itself may pass through: their input is computed (a sum), not
         # a module's output nor the block input.
         self.stream_norms = [
@@ -266,10 +285,21 @@ class _Block:
             for n in nodes
             if is_norm(modules[n.name])
             and n.in_key in self.idx
-            and n.in_key not in produced
-            and n.in_key != tr.x_in
+            and self.a(n.in_key) not in produced
+            and self.a(n.in_key) != self.a(tr.x_in)
             and n.out_key in self.idx
         ]
+
+    def a(self, k: Key | None) -> Key | None:
+        """The alias group a tensor key belongs to (itself when it has none)."""
+        return None if k is None else self.alias.get(k, k)
+
+    def _same(self, a: Key, b: Key) -> bool:
+        if a[0] != "id" and b[0] != "id" and a[0] == b[0] and a[1] == b[1]:
+            return math.prod(a[2]) == math.prod(b[2])  # same storage, same size
+        ia, ib = self.idx[a], self.idx[b]
+        ga, gb, gab = float(self.g[ia, ia]), float(self.g[ib, ib]), float(self.g[ia, ib])
+        return min(ga, gb) > 0 and ga + gb - 2 * gab <= 1e-12 * max(ga, gb)
 
     def norm(self, i: int) -> float:
         return math.sqrt(max(float(self.g[i, i]), 0.0))
@@ -391,13 +421,15 @@ class _Block:
                     k
                     for n in self.groups[key]
                     for k in n.in_keys
-                    if k in self.groups and k not in seen and k != self.tr.x_in
+                    if self.groups.get(self.a(k))
+                    and self.a(k) not in seen
+                    and self.a(k) != self.a(self.tr.x_in)
                 ),
                 None,
             )
             if nxt is None:
                 break
-            key = nxt
+            key = self.a(nxt)  # type: ignore[assignment]
             seen.add(key)
             rep = self._rep(key)
         w = self._rep(write)
@@ -425,7 +457,7 @@ class _Block:
             producers = by_out.get(k, [])
             if any(is_norm(self.modules[p.name]) for p in producers):
                 continue
-            if k in self.candidates and any(p.name in taken for p in producers):
+            if self.a(k) in self.candidates and any(p.name in taken for p in producers):
                 continue  # another branch's output
             for p in producers:
                 if p.name not in out:
