@@ -399,3 +399,23 @@ def test_report_records_the_proof_in_json() -> None:
     assert data["branches"][0]["write"] == "model.layers.0.post_attention_layernorm"
     again = Report.from_dict(data)
     assert again.layout == report.layout and again.branches == report.branches
+
+
+def test_the_probe_runs_in_eval_mode_and_restores_train_mode() -> None:
+    model = hf_model("gpt2").train()  # dropout 0.1 would make every write a fresh tensor
+    x = ids()
+    layout = proven(model, lambda: model(input_ids=x))
+    assert all(p.status == "verified" for p in proofs(layout))
+    assert all(m.training for m in model.modules())
+
+
+def test_blocks_that_change_the_stream_shape_are_skipped_silently() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Sequential(nn.Linear(8, 16), nn.ReLU()),
+        nn.Sequential(nn.Linear(16, 4), nn.ReLU()),
+    )
+    x = torch.randn(2, 8)
+    result = prove_layout(model, detect_layout(model), lambda: model(x[:1]))
+    assert [p.status for p in result.proofs] == ["skipped", "skipped"]
+    assert "shape" in result.proofs[0].note and not result.notes

@@ -529,8 +529,15 @@ def prove_blocks(
     autocast). Returns the blocks with their branches and proofs, and the role updates of
     the modules inside them."""
     modules = dict(model.named_modules())
-    with _Probe(model, blocks) as probe, torch.no_grad():
-        run()
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        # eval: dropout would make the writes fresh tensors; the proof is about structure
+        model.eval()
+        with _Probe(model, blocks) as probe, torch.no_grad():
+            run()
+    finally:
+        for m, mode in modes:
+            m.training = mode
     traces = [probe.traces.get(b.index) for b in blocks]
     grams = [t.gram for t in traces if t is not None and t.gram is not None]
     # one device → host transfer for every block's Gram matrix
@@ -649,7 +656,12 @@ def prove_layout(model: nn.Module, layout: Layout, run: Any) -> ProofResult:
             new_roles[name] = role
     proofs = tuple(b.proof for b in blocks if b.proof is not None)
     notes: list[str] = []
-    bad = [p for p in proofs if p.status != "verified"]
+    # blocks that change the stream's shape and have no branch guess are not residual blocks
+    bad = [
+        p
+        for p, b in zip(proofs, blocks, strict=True)
+        if p.status == "unverified" or (p.status == "skipped" and b.branch_list())
+    ]
     if bad:
         worst = max((p.residual for p in bad if p.residual is not None), default=None)
         notes.append(

@@ -76,6 +76,11 @@ def _find_branch(block: nn.Module, pattern: re.Pattern[str]) -> str | None:
 
 
 def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
+    """Blocks, embedding, head and a first guess of each block's branches by name.
+
+    `model_type` is accepted for callers but unused: no per-family table is needed since
+    `layout_proof.prove_layout` checks the guess against one forward pass and replaces it.
+    """
     modules = dict(model.named_modules())
     order = {name: i for i, name in enumerate(modules)}
     roles: dict[str, str] = {}
