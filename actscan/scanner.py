@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from actscan.diagnose import CheckContext, run_checks
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.errors import UsageError
 from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
+from actscan.measure.layout_proof import prove_layout
 from actscan.measure.recorder import Recorder, iter_named, moments
 from actscan.measure.stats import branch_records, growth_fit, layer_record, stream_points
 from actscan.measure.structure import detect_layout, is_norm
@@ -255,6 +257,11 @@ def scan(
     grad_params = [p for p in model.parameters() if p.requires_grad]
 
     with preserved(model, dev, run_dtype):
+        # Layout self-check: one batch-1 forward of the same inputs, before the recorder.
+        proof = prove_layout(model, layout, _probe_run(model, source, dev, run_dtype, amp))
+        layout = proof.layout
+        notes.extend(proof.notes)
+        params_before = tuple(replace(p, role=layout.role(p.module)) for p in params_before)
         autocast = (
             torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp else contextlib.nullcontext()
         )
@@ -313,8 +320,43 @@ def scan(
     return Report(
         model=info, run=run, layers=layers, stream=stream, findings=findings,
         summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
-        branches=branch_records(layout, layers, stream),
+        branches=branch_records(layout, layers, stream), layout=proof.proofs,
     )  # fmt: skip
+
+
+def _probe_run(
+    model: nn.Module,
+    source: InputSource,
+    dev: torch.device,
+    run_dtype: torch.dtype | None,
+    amp: str | None,
+) -> Callable[[], None]:
+    """The layout self-check's forward pass: batch 0 cut to its first sample."""
+
+    def run() -> None:
+        b = cast_batch(source(0), dev, run_dtype)
+        lead = _first_shape_of(b)
+        if lead and lead[0] > 1:
+            n = lead[0]
+
+            def cut(v: Any) -> Any:
+                return v[:1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
+
+            b = Batch(tuple(cut(a) for a in b.args), {k: cut(v) for k, v in b.kwargs.items()})
+        ctx = torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp else contextlib.nullcontext()
+        with ctx:
+            model(*b.args, **b.kwargs)
+
+    return run
+
+
+def _first_shape_of(b: Batch) -> tuple[int, ...]:
+    from actscan.measure.recorder import first_tensor
+
+    t = b.token_ids
+    if t is None:
+        t = first_tensor((b.args, b.kwargs))
+    return tuple(t.shape) if t is not None else ()
 
 
 def _with_blocks(info: ModelInfo, layout: Layout) -> ModelInfo:
