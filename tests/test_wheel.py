@@ -92,10 +92,9 @@ def test_installed_wheel_finds_shipped_configs(tmp_path: Path) -> None:
     # 1. Build. Without isolation when setuptools is recent enough; otherwise pip makes an
     # isolated build environment from the indexes it is configured with.
     wheels = tmp_path / "wheels"
-    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), "."]
-    if _setuptools_is_enough():
-        build.insert(5, "--no-build-isolation")
-    _run(build, cwd=src, env=env)
+    isolation = ["--no-build-isolation"] if _setuptools_is_enough() else []
+    build = ["-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w", str(wheels), "."]
+    _run([sys.executable, *build], cwd=src, env=env)
     (wheel,) = wheels.glob("actscan-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         in_wheel = {n for n in zf.namelist() if n.startswith("actscan/")}
