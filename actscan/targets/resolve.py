@@ -7,6 +7,7 @@ config file). Each kind lives in its own module; this file only dispatches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,22 @@ from actscan.errors import BadInputError
 from actscan.measure.inputs import InputSource
 from actscan.types import ModelInfo
 
-CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 CONFIG_SUFFIXES = (".yaml", ".yml", ".toml", ".json")
+
+
+def _configs_dir() -> Path:
+    """Where the shipped configs are: inside the installed package, else the source tree.
+
+    A wheel holds them as `actscan/configs/` (pyproject maps the top-level `configs/` folder
+    there); an editable install or a run from a checkout has only the top-level folder.
+    """
+    packaged = resources.files("actscan") / "configs"
+    if isinstance(packaged, Path) and packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "configs"
+
+
+CONFIGS_DIR = _configs_dir()
 
 
 @dataclass(frozen=True)
