@@ -182,6 +182,27 @@ def test_contraction_sizes_are_measured_per_call() -> None:
     assert usage.role("conv.bias").op == "bias" and usage.role("scale") is None  # type: ignore[union-attr]
 
 
+class Fused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mha, self.lstm = nn.MultiheadAttention(16, 4), nn.LSTM(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(self.mha(x, x, x)[0])[0]
+
+
+def test_fused_torch_layers_count_as_weights() -> None:
+    # MultiheadAttention and LSTM run inside one fused call: weights are (out, in), 1-D biases
+    usage = measure_usage(Fused(), (torch.randn(5, 2, 16),), {})
+    got = {n: (u.op, u.fan_in) for n, us in usage.uses.items() for u in us}
+    assert got == {
+        "mha.in_proj_weight": ("matmul", 16), "mha.in_proj_bias": ("bias", None),
+        "mha.out_proj.weight": ("matmul", 16), "mha.out_proj.bias": ("bias", None),
+        "lstm.weight_ih_l0": ("matmul", 16), "lstm.weight_hh_l0": ("matmul", 8),
+        "lstm.bias_ih_l0": ("bias", None), "lstm.bias_hh_l0": ("bias", None),
+    }  # fmt: skip
+
+
 # --------------------------------------------------------------------------- norm gains
 
 
@@ -281,3 +302,19 @@ def test_api_is_at_init_by_default_and_at_init_false_turns_it_off() -> None:
     assert loud_init(scan(_six_linear(1.0), x))
     assert not init_findings(scan(_six_linear(1.0), x, at_init=False))
     assert not loud_init(scan(_six_linear(math.sqrt(2 / 128)), x))  # He: healthy
+
+
+class Grouped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 24, 16))  # (experts, out, in)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        offs = torch.tensor([2, 4, 6], dtype=torch.int32)
+        return torch._grouped_mm(x, self.w.transpose(-2, -1), offs=offs)
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch without _grouped_mm")
+def test_grouped_mm_experts_contract_over_their_input() -> None:
+    usage = measure_usage(Grouped(), (torch.randn(6, 16),), {})
+    assert usage.role("w") is not None and usage.role("w").fan_in == 16  # type: ignore[union-attr]

@@ -37,6 +37,13 @@ _GROUPED = {"_grouped_mm", "grouped_mm", "_scaled_grouped_mm"}
 _CONV = {"conv1d", "conv2d", "conv3d"}
 _CONV_T = {"conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
 _EMBED = {"embedding", "embedding_bag"}
+# torch's fused layers: the calls inside are not seen, but their weights are stored
+# (out, in…) like F.linear's, and 1-D tensors are biases.
+_FUSED = {
+    "multi_head_attention_forward", "_native_multi_head_attention",
+    "_transformer_encoder_layer_fwd", "bilinear", "lstm", "gru", "rnn_tanh", "rnn_relu",
+    "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,20 @@ class _Spy(TorchFunctionMode):
                 self._add(w, ParamUse("conv", int(w.shape[1]) * rf, int(w.shape[0]) * rf))
             if b is not None:
                 self._add(b, ParamUse("bias"))
+        elif name in _FUSED:
+            flat = [
+                x
+                for a in (*args, *kwargs.values())
+                for x in (a if isinstance(a, list | tuple) else [a])
+            ]
+            for t in flat:
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 1:
+                    use = (
+                        ParamUse("matmul", _prod(t.shape[1:]), int(t.shape[0]))
+                        if t.dim() >= 2
+                        else ParamUse("bias")
+                    )
+                    self._add(t, use)
         elif name in _EMBED:
             for t in (*args, *kwargs.values()):
                 if isinstance(t, torch.Tensor) and t.is_floating_point():
