@@ -96,7 +96,9 @@ class ModelInfo:
     n_blocks: int = 0
     d_model: int | None = None
     vocab_size: int | None = None
-    # Built from a config at initialization (no trained weights): enables init-scale checks.
+    # At initialization (no trained weights): enables init-scale checks. Config targets,
+    # module:callable targets and scan() on a module are at init unless told otherwise
+    # (`scan(at_init=False)`); checkpoints and folders are not.
     at_init: bool = False
     # Kind of task the default loss serves: "causal-lm", "masked-lm"/"encoder", "custom".
     task: str = "custom"
@@ -196,8 +198,14 @@ class ParamRecord:
     std: float
     fan_in: int | None
     fan_out: int | None
-    kind: str  # "weight" (matrix), "embedding", "norm-gain", "bias", "scalar", "other"
+    # "weight" (matrix), "embedding", "norm-gain", "bias", "scalar", "other"; at init (fan-in
+    # measured in a forward pass) "structured": never a matmul/conv weight (A_log, D, …).
+    kind: str
     nonfinite: int = 0
+    # Norm gains at init: mean/std over channels of the gain measured by a probe (Gemma's
+    # (1 + w) norms have gain 1 at w = 0); None: read from the weight.
+    gain: float | None = None
+    gain_std: float | None = None
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ def residual_budget(
     if any(
         p.block is not None
         and GAIN_NAME.search(p.module.rsplit(".", 1)[-1])
-        and p.kind in ("scalar", "other")
+        and p.kind in ("scalar", "other", "structured")
         for p in ctx.params
     ):
         return None  # branch gains carry the depth scaling

@@ -57,6 +57,9 @@ class TargetOptions:
     # models with an nn.Embedding, --input FILE.txt); None: the resolver's default.
     batch: int | None = None
     seq_len: int | None = None
+    # --at-init/--trained: whether the weights are an initialization (init-scale checks);
+    # None: the resolver's judgement (configs and module:callable yes, checkpoints no).
+    at_init: bool | None = None
 
 
 def shipped_configs() -> dict[str, Path]:
@@ -67,6 +70,15 @@ def shipped_configs() -> dict[str, Path]:
 
 def resolve(target: str, opts: TargetOptions | None = None) -> Resolved:
     opts = opts or TargetOptions()
+    resolved = _resolve(target, opts)
+    if opts.at_init is None or opts.at_init == resolved.info.at_init:
+        return resolved
+    from dataclasses import replace
+
+    return replace(resolved, info=replace(resolved.info, at_init=opts.at_init))
+
+
+def _resolve(target: str, opts: TargetOptions) -> Resolved:
     path = Path(target)
     if ":" in target and not path.exists() and not _looks_like_windows_path(target):
         from actscan.targets.factory import resolve_factory
