@@ -303,7 +303,6 @@ def scan(
         proof = prove_layout(model, layout, _probe_run(model, source, dev, run_dtype, amp))
         layout = proof.layout
         notes.extend(proof.notes)
-        params_before = tuple(replace(p, role=layout.role(p.module)) for p in params_before)
         if info.at_init:
             usage, gains = _measure_at_init(model, cast_batch(source(0), dev, run_dtype), notes)
         autocast = (
@@ -407,7 +406,6 @@ def _first_shape_of(b: Batch) -> tuple[int, ...]:
 def with_at_init(info: ModelInfo, at_init: bool | None) -> ModelInfo:
     """`info` with the caller's at-init judgement (`--at-init/--trained`, `scan(at_init=)`);
     None keeps the resolver's."""
-    from dataclasses import replace
 
     return info if at_init is None or at_init == info.at_init else replace(info, at_init=at_init)
 
@@ -444,7 +442,6 @@ def _is_norm_param(model: nn.Module, pname: str) -> bool:
 
 
 def _with_blocks(info: ModelInfo, layout: Layout) -> ModelInfo:
-    from dataclasses import replace
 
     return replace(info, n_blocks=len(layout.blocks)) if layout.blocks else info
 
