@@ -21,6 +21,7 @@ from actscan.types import (
     ParamRecord,
     RunInfo,
     Severity,
+    Skip,
     StreamPoint,
     Summary,
 )
@@ -39,6 +40,7 @@ class Report:
     params: tuple[ParamRecord, ...] = ()
     notes: tuple[str, ...] = ()  # structure/run remarks shown to the user
     branches: tuple[BranchRecord, ...] = ()
+    skipped: tuple[Skip, ...] = ()  # checks that did not run, with the reason
 
     def __post_init__(self) -> None:
         # A plain dict (the pre-typed form) is still accepted and becomes a Summary.
@@ -79,6 +81,7 @@ class Report:
                 "summary": dict(self.summary),
                 "notes": list(self.notes),
                 "branches": [asdict(b) for b in self.branches],
+                "skipped": [asdict(s) for s in self.skipped],
             }
         )
 
@@ -111,6 +114,7 @@ class Report:
             summary=Summary.from_mapping(data.get("summary", {})),
             notes=tuple(data.get("notes", ())),
             branches=tuple(build(BranchRecord, d) for d in data.get("branches", ())),
+            skipped=tuple(build(Skip, d) for d in data.get("skipped", ())),
         )
 
     def to_markdown(self, fail_on: str | FailOn = FailOn.ERROR) -> str:
