@@ -32,6 +32,9 @@ from actscan.settings import Ignore, apply_ignores, parse_ignores
 from actscan.targets.stored_dtype import stored_dtype_note
 from actscan.types import Layout, ModelInfo, ParamRecord, RunInfo, Summary
 
+# Static loss scale of fp16 runs: a steady state of GradScaler's dynamic scale (it starts
+# at 2^16 and halves on every overflow) that keeps an fp16 loss gradient of 1 finite.
+FP16_LOSS_SCALE = 2.0**12
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 Progress = Callable[[str, int, int], None]
 
@@ -315,6 +318,14 @@ def scan(
     grad_params = [p for p in model.parameters() if p.requires_grad]
 
     fp16_run = run_dtype == torch.float16 or amp == "fp16"
+    # fp16 training scales the loss (GradScaler) so gradients clear fp16's smallest normal;
+    # the run does the same with a static scale and reports unscaled statistics.
+    loss_scale = FP16_LOSS_SCALE if fp16_run and backward else 1.0
+    if loss_scale != 1.0:
+        notes.append(
+            f"fp16 run: the backward pass scales the loss by {loss_scale:g} as loss scaling "
+            "(GradScaler) does; gradient statistics are unscaled"
+        )
     stored_note = stored_dtype_note(info.arch, dtype_name(run_dtype or model_dtype))
     if stored_note:
         notes.append(stored_note)
@@ -329,6 +340,7 @@ def scan(
             channels=channels,
             device=dev,
             underflow=fp16_run,
+            loss_scale=loss_scale,
         ) as rec:
             for i in range(batches):
                 if progress:
@@ -343,7 +355,8 @@ def scan(
                         notes.append("no parameter requires grad: backward skipped")
                         backward = False
                     else:
-                        grads = torch.autograd.grad(loss, grad_params, allow_unused=True)
+                        scaled = loss.float() * loss_scale if loss_scale != 1.0 else loss
+                        grads = torch.autograd.grad(scaled, grad_params, allow_unused=True)
                         rec.add_param_grads(dict(zip(grad_params, grads, strict=True)))
                         del grads
                 del out, loss

@@ -19,10 +19,11 @@ NOT_FP16 = "not an fp16 run (--dtype fp16 or --amp fp16): fp32 and bf16 share fp
 
 
 def _structural_zeros(ctx: CheckContext) -> set[str]:
-    """Outputs whose gradient is zero by design where it is, not by underflow: the input of
-    an activation (a ReLU passes no gradient where it is off) and attention scores (the
-    causal mask)."""
-    out = {r.name for r in ctx.layers if r.type == "AttentionLogits"}
+    """Outputs whose gradient is zero or tiny by design, not by underflow: the input of an
+    activation (a ReLU passes no gradient where it is off), attention scores (the causal
+    mask), and the head's logits (p/N per token and class: with a large vocabulary almost
+    every entry is tiny, and they carry a negligible part of the gradient)."""
+    out = {r.name for r in ctx.layers if r.type == "AttentionLogits" or r.role == "head"}
     for act in (r for r in ctx.layers if r.role == "act"):
         pre = _feeding(act, ctx.layers)
         if pre is not None:

@@ -114,9 +114,11 @@ class Recorder:
         channels: bool = True,
         device: torch.device | str = "cpu",
         underflow: bool = False,
+        loss_scale: float = 1.0,
     ) -> None:
         self.targets = list(targets)
         self.underflow = underflow
+        self.loss_scale = loss_scale  # the backward's loss was multiplied by it: unscale
         self.stream_input = stream_input
         self.backward = backward
         self.channels = channels
@@ -470,16 +472,26 @@ class Recorder:
                 else None,
                 order=self._order[i],
             )
-        return self._with_underflow(out) if self.underflow else out
+        return self._fp16(out) if self.underflow or self.loss_scale != 1.0 else out
 
-    def _with_underflow(self, out: dict[str, RawStats]) -> dict[str, RawStats]:
-        """The fp16 underflow counts, in one more host transfer (fp16 runs only)."""
+    def _fp16(self, out: dict[str, RawStats]) -> dict[str, RawStats]:
+        """fp16 runs: the underflow counts (one more host transfer), and gradient sums
+        unscaled by the loss scale."""
         from dataclasses import replace
 
         uf, guf = torch.stack([self._uf, self._guf]).cpu().tolist()
+        s2 = self.loss_scale**2
+
+        def unscaled(x: float | None) -> float | None:
+            return None if x is None else x / s2
+
         return {
             name: replace(
-                r, underflow=int(uf[i]), grad_underflow=int(guf[i]) if self._gnumel[i] else None
+                r,
+                underflow=int(uf[i]) if self.underflow else None,
+                grad_underflow=int(guf[i]) if self.underflow and self._gnumel[i] else None,
+                grad_sumsq=unscaled(r.grad_sumsq),
+                param_grad_sumsq=unscaled(r.param_grad_sumsq),
             )
             for i, (name, r) in enumerate(out.items())
         }
