@@ -117,6 +117,7 @@ def scan_target(
         info=resolved.info,
         init=spec.init,
         progress=progress,
+        dropout=settings.dropout,
     )
     if resolved.notes:
         report = replace(report, notes=tuple(dict.fromkeys(resolved.notes + report.notes)))

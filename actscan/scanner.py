@@ -2,7 +2,12 @@
 
 It measures one model on given (or random) inputs and returns a Report, and leaves the
 model exactly as it found it: train/eval mode of every module, hooks, requires_grad,
-`.grad`, dtype and device (casts swap `param.data` and swap the originals back).
+`.grad`, dtype and device (casts swap `param.data` and swap the originals back), and the
+running statistics of its normalisation layers.
+
+The run is in train mode, as training runs: BatchNorm normalises with the batch's
+statistics (in eval mode at init it is the identity, which hides what training sees).
+Dropout is off by default, so runs are reproducible and comparable (`dropout=True` keeps it).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from actscan.diagnose import CheckContext, run_checks
+from actscan.diagnose import CheckContext, run_checks, skipped_checks
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.errors import UsageError
 from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
@@ -28,8 +33,12 @@ from actscan.measure.structure import detect_layout, is_norm
 from actscan.measure.usage import Usage, measure_usage, norm_gains
 from actscan.report.report import Report
 from actscan.settings import Ignore, apply_ignores, parse_ignores
+from actscan.targets.stored_dtype import stored_dtype_note
 from actscan.types import Layout, ModelInfo, ParamRecord, RunInfo, Summary
 
+# Static loss scale of fp16 runs: a steady state of GradScaler's dynamic scale (it starts
+# at 2^16 and halves on every overflow) that keeps an fp16 loss gradient of 1 finite.
+FP16_LOSS_SCALE = 2.0**12
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 Progress = Callable[[str, int, int], None]
 
@@ -161,33 +170,83 @@ def param_records(
     return tuple(out)
 
 
+# Buffers a forward in train mode updates in place (BatchNorm, InstanceNorm with
+# track_running_stats): their values are copied before the run and written back after.
+_RUNNING = ("running_mean", "running_var", "num_batches_tracked")
+_DROP_ATTR = re.compile(r"drop", re.I)  # attention_dropout, attn_pdrop, layerdrop, drop_path_rate…
+
+
+def _rates(obj: Any) -> list[tuple[Any, str, float]]:
+    """(owner, name, value) of the positive float dropout rates an object holds as plain
+    attributes (HF attention modules pass them to sdpa/F.dropout when `training`)."""
+    items = vars(obj).items() if hasattr(obj, "__dict__") else ()
+    return [
+        (obj, k, v) for k, v in items
+        if _DROP_ATTR.search(k) and type(v) is float and v > 0
+    ]  # fmt: skip
+
+
 @contextlib.contextmanager
-def preserved(model: nn.Module, device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
-    """Run-time mode/dtype/device; every module's mode and tensor restored on exit."""
+def train_mode(model: nn.Module, dropout: bool = False) -> Iterator[None]:
+    """Train mode as training runs it, with dropout off unless `dropout`; every module's
+    mode, every dropout rate and every running statistic restored on exit."""
     modes = [(m, m.training) for m in model.modules()]
+    running = [
+        (b, b.clone()) for m in model.modules() for k, b in m._buffers.items()
+        if b is not None and k in _RUNNING
+    ]  # fmt: skip
+    rates: list[tuple[Any, str, float]] = []
+    try:
+        model.train()
+        if not dropout:
+            for m in model.modules():
+                if isinstance(m, nn.modules.dropout._DropoutNd):
+                    m.eval()  # identity
+                    rates.append((m, "p", m.p))
+                else:
+                    rates += _rates(m)
+            config = getattr(model, "config", None)
+            if config is not None:
+                rates += _rates(config)
+            for owner, name, _ in rates:
+                setattr(owner, name, 0.0)
+        yield
+    finally:
+        for owner, name, value in rates:
+            setattr(owner, name, value)
+        with torch.no_grad():
+            for b, saved in running:
+                b.copy_(saved)
+        for m, mode in modes:
+            m.training = mode
+
+
+@contextlib.contextmanager
+def preserved(
+    model: nn.Module, device: torch.device, dtype: torch.dtype | None, *, dropout: bool = False
+) -> Iterator[None]:
+    """Run-time mode/dtype/device; every module's mode and tensor restored on exit."""
     params = list(model.parameters())
     saved_params = [p.data for p in params]
     saved_buffers = [
         (m, k, b) for m in model.modules() for k, b in m._buffers.items() if b is not None
     ]
-    try:
-        model.eval()
-        for p in params:
-            want = dtype if (dtype is not None and p.is_floating_point()) else p.dtype
-            if p.device != device or p.dtype != want:
-                p.data = p.data.to(device=device, dtype=want)
-        for m, k, b in saved_buffers:
-            want = dtype if (dtype is not None and b.is_floating_point()) else b.dtype
-            if b.device != device or b.dtype != want:
-                m._buffers[k] = b.to(device=device, dtype=want)
-        yield
-    finally:
-        for p, data in zip(params, saved_params, strict=True):
-            p.data = data
-        for m, k, b in saved_buffers:
-            m._buffers[k] = b
-        for m, mode in modes:
-            m.training = mode
+    with train_mode(model, dropout):
+        try:
+            for p in params:
+                want = dtype if (dtype is not None and p.is_floating_point()) else p.dtype
+                if p.device != device or p.dtype != want:
+                    p.data = p.data.to(device=device, dtype=want)
+            for m, k, b in saved_buffers:
+                want = dtype if (dtype is not None and b.is_floating_point()) else b.dtype
+                if b.device != device or b.dtype != want:
+                    m._buffers[k] = b.to(device=device, dtype=want)
+            yield
+        finally:
+            for p, data in zip(params, saved_params, strict=True):
+                p.data = data
+            for m, k, b in saved_buffers:
+                m._buffers[k] = b
 
 
 def cast_batch(batch: Batch, device: torch.device, dtype: torch.dtype | None) -> Batch:
@@ -223,6 +282,7 @@ def scan(
     progress: Progress | None = None,
     ignore: Iterable[Ignore | Mapping[str, Any]] | None = None,
     at_init: bool | None = None,
+    dropout: bool = False,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -240,6 +300,9 @@ def scan(
         at_init: whether the weights are an initialization (init-scale checks run). None:
           `info.at_init` when `info` is given, else True (a module built in code is taken to
           be at init); pass False for trained weights.
+        dropout: keep dropout on (nn.Dropout* modules and the dropout rates attention
+          modules and HF configs hold). Off by default: the run is in train mode (norms use
+          batch statistics) but reproducible.
     """
     ignores = parse_ignores(ignore, origin="scan()") if ignore is not None else ()
     if batches < 1:
@@ -298,7 +361,19 @@ def scan(
 
     usage: Usage | None = None
     gains: dict[str, tuple[float, float]] | None = None
-    with preserved(model, dev, run_dtype):
+    fp16_run = run_dtype == torch.float16 or amp == "fp16"
+    # fp16 training scales the loss (GradScaler) so gradients clear fp16's smallest normal;
+    # the run does the same with a static scale and reports unscaled statistics.
+    loss_scale = FP16_LOSS_SCALE if fp16_run and backward else 1.0
+    if loss_scale != 1.0:
+        notes.append(
+            f"fp16 run: the backward pass scales the loss by {loss_scale:g} as loss scaling "
+            "(GradScaler) does; gradient statistics are unscaled"
+        )
+    stored_note = stored_dtype_note(info.arch, dtype_name(run_dtype or model_dtype))
+    if stored_note:
+        notes.append(stored_note)
+    with preserved(model, dev, run_dtype, dropout=dropout):
         # Layout self-check: one batch-1 forward of the same inputs, before the recorder.
         proof = prove_layout(model, layout, _probe_run(model, source, dev, run_dtype, amp))
         layout = proof.layout
@@ -309,7 +384,13 @@ def scan(
             torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp else contextlib.nullcontext()
         )
         with Recorder(
-            targets, stream_input=stream_in, backward=backward, channels=channels, device=dev
+            targets,
+            stream_input=stream_in,
+            backward=backward,
+            channels=channels,
+            device=dev,
+            underflow=fp16_run,
+            loss_scale=loss_scale,
         ) as rec:
             for i in range(batches):
                 if progress:
@@ -324,7 +405,8 @@ def scan(
                         notes.append("no parameter requires grad: backward skipped")
                         backward = False
                     else:
-                        grads = torch.autograd.grad(loss, grad_params, allow_unused=True)
+                        scaled = loss.float() * loss_scale if loss_scale != 1.0 else loss
+                        grads = torch.autograd.grad(scaled, grad_params, allow_unused=True)
                         rec.add_param_grads(dict(zip(grad_params, grads, strict=True)))
                         del grads
                 del out, loss
@@ -349,7 +431,7 @@ def scan(
     run = RunInfo(
         dtype=dtype_name(run_dtype or model_dtype), amp=amp, device=dev.type,
         batch=_batch_size(source), seq_len=seq or _seq_len(source), batches=batches, seed=seed,
-        backward=did_backward, init=init,
+        backward=did_backward, init=init, mode="train", dropout=dropout,
     )  # fmt: skip
     info = _with_blocks(info, layout)
     ctx = CheckContext(
@@ -360,11 +442,14 @@ def scan(
         growth_exponent=fit.exponent, gain_per_block=fit.gain, growth=fit.growth,
         var_intercept=fit.var_a, var_slope=fit.var_b, grad_ratio=fit.grad_ratio,
     )  # fmt: skip
-    findings, _ = apply_ignores(run_checks(ctx), ignores)
+    checked = run_checks(ctx)
+    skipped = skipped_checks(ctx, checked)
+    findings, _ = apply_ignores(checked, ignores)
     return Report(
         model=info, run=run, layers=layers, stream=stream, findings=findings,
         summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
         branches=branch_records(layout, layers, stream), layout=proof.proofs,
+        skipped=skipped,
     )  # fmt: skip
 
 

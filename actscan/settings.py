@@ -63,11 +63,14 @@ SOURCE_DEFAULT = "default"
 SOURCE_API = "python"  # a value passed to Settings(...) directly
 
 # The run settings a project file or the command line can set, in --show-config order.
-RUN_KEYS = ("fail_on", "dtype", "amp", "batch", "seq_len", "batches", "seed", "device", "modules")
+RUN_KEYS = (
+    "fail_on", "dtype", "amp", "batch", "seq_len", "batches", "seed", "device", "modules",
+    "dropout",
+)  # fmt: skip
 DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {
         "fail_on": "error", "dtype": None, "amp": None, "batch": 4, "seq_len": None,
-        "batches": 1, "seed": 0, "device": "auto", "modules": None,
+        "batches": 1, "seed": 0, "device": "auto", "modules": None, "dropout": False,
     }
 )  # fmt: skip
 
@@ -123,6 +126,12 @@ def _int(minimum: int | None) -> Callable[[Any], Any]:
     return check
 
 
+def _bool(v: Any) -> Any:
+    if not isinstance(v, bool):
+        raise ValueError(f"must be true or false, got {v!r}")
+    return v
+
+
 def _regex(v: Any) -> Any:
     if not isinstance(v, str):
         raise ValueError(f"must be a regular expression string, got {v!r}")
@@ -154,6 +163,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "seed": _int(0),
     "device": _choice("cpu", "cuda", "auto"),
     "modules": _regex,
+    "dropout": _bool,
     "thresholds": _thresholds,
 }
 KNOWN_KEYS = (*_VALIDATORS, "ignore")
@@ -406,6 +416,7 @@ class Settings:
     seed: int = 0
     device: str = "auto"
     modules: str | None = None
+    dropout: bool = False  # keep dropout on in the (train-mode) run
     thresholds: Mapping[str, float] = field(default_factory=dict)
     ignores: tuple[Ignore, ...] = ()
     project: Path | None = None

@@ -62,6 +62,7 @@ class CheckId(StrEnum):
     """Every check id, in the one check order (see CHECK_ORDER)."""
 
     OVERFLOW = "overflow"
+    UNDERFLOW = "underflow"
     EXP_GROWTH = "exp-growth"
     COLLAPSE = "collapse"
     SQRT_GROWTH = "sqrt-growth"
@@ -118,6 +119,10 @@ class RunInfo:
     seed: int = 0
     backward: bool = True
     init: str | None = None
+    # Module mode of the run: "train" (normalisation layers use batch statistics, as in
+    # training); dropout-like modules and rates are off unless `dropout` is True.
+    mode: str = "train"
+    dropout: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,11 @@ class LayerRecord:
     dead_channels: int | None = None  # channels whose max-abs is exactly 0 over all calls
     channel_median_max: float | None = None  # median over channels of per-channel max-abs
     order: int = -1  # first-call index in execution order (for "first module that …")
+    # fp16 runs only (None otherwise): fraction of output values that are nonzero but below
+    # fp16's smallest normal 2^-14 (subnormal, or flushed to 0 by a cast to fp16), and of
+    # output-gradient values below it (flushed to 0 included).
+    underflow_frac: float | None = None
+    grad_underflow_frac: float | None = None
 
 
 @dataclass(frozen=True)
@@ -206,6 +216,14 @@ class ParamRecord:
     # (1 + w) norms have gain 1 at w = 0); None: read from the weight.
     gain: float | None = None
     gain_std: float | None = None
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A check that did not run, and why (the report lists it: silence is not a pass)."""
+
+    check: str
+    reason: str
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ dtype, device), also when the forward raises."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import sys
@@ -147,14 +148,18 @@ def test_report_uses_the_json_field_names() -> None:
 
 
 def test_statistics_match_an_independent_computation() -> None:
+    """The run is as training runs it (BatchNorm on batch statistics), dropout off."""
     net, x = make_net(), features()
     seen: dict[str, torch.Tensor] = {}
     handle = net.blocks[1].mlp.register_forward_hook(lambda m, a, out: seen.update(out=out))
-    net.eval()
-    with torch.no_grad():
-        net(x)
+    reference = copy.deepcopy(net).train()
+    for m in reference.modules():
+        if isinstance(m, nn.Dropout):
+            m.eval()
     handle.remove()
-    net.train()
+    reference.blocks[1].mlp.register_forward_hook(lambda m, a, out: seen.update(out=out))
+    with torch.no_grad():
+        reference(x)
     ref = seen["out"].double()
     rec = scan(net, x, mse).layer("blocks.1.mlp")
     assert rec.type == "MLP" and rec.role == "mlp" and rec.block == 1 and rec.calls == 1
@@ -174,7 +179,10 @@ def test_user_inputs_as_tuple_and_dict_reach_the_model_and_loss() -> None:
     x = features()
     scan(net, (x, 3.0), loss)
     scan(net, {"x": x, "scale": 3.0}, loss)
-    net.eval()
+    net.train()  # as scan() runs it: batch statistics, dropout off
+    for m in net.modules():
+        if isinstance(m, nn.Dropout):
+            m.eval()
     with torch.no_grad():
         want = net(x, 3.0)
     assert len(got) == 2 and all(torch.allclose(g, want) for g in got)

@@ -151,7 +151,8 @@ def test_markdown_no_findings():
     text = to_markdown(report)
     assert "No findings." in text
     assert (
-        text.splitlines()[0] == "### actscan: `m:f` (custom, 950 params, 0 blocks, fp32, amp bf16)"
+        text.splitlines()[0] == "### actscan: `m:f` (custom, 950 params, 0 blocks, fp32, amp bf16, "
+        "train mode, dropout off)"
     )
     assert "**PASS**" in text
 

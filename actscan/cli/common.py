@@ -91,6 +91,12 @@ Device = Annotated[DeviceOpt | None, typer.Option("--device", help="cpu|cuda|aut
 Modules = Annotated[
     str | None, typer.Option("--modules", help="Record only modules whose name matches REGEX.")
 ]
+DropoutFlag = Annotated[
+    bool,
+    typer.Option(
+        "--dropout", help="Keep dropout on (the run is in train mode; dropout is off by default)."
+    ),
+]
 NoBackward = Annotated[
     bool, typer.Option("--no-backward", help="Forward only: no gradient statistics.")
 ]
@@ -244,6 +250,7 @@ def resolve_settings(
     device: DeviceOpt | None,
     modules: str | None,
     threshold: list[str] | None,
+    dropout: bool = False,
 ) -> Settings:
     """The shared run options (None: not given) > [tool.actscan] > defaults, validated."""
     from actscan.diagnose.thresholds import parse_threshold_options
@@ -253,6 +260,7 @@ def resolve_settings(
         {
             "fail_on": fail_on, "dtype": dtype, "amp": amp, "batch": batch, "seq_len": seq_len,
             "batches": batches, "seed": seed, "device": device, "modules": modules,
+            "dropout": True if dropout else None,
             "thresholds": parse_threshold_options(threshold) or None,
         }
     )  # fmt: skip

@@ -37,6 +37,7 @@ def compare(
     device: c.Device = None,
     modules: c.Modules = None,
     no_backward: c.NoBackward = False,
+    dropout: c.DropoutFlag = False,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -64,7 +65,7 @@ def compare(
     """
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
-        seed=seed, device=device, modules=modules, threshold=threshold,
+        seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
     )  # fmt: skip
     if b is None and not (vs_init or vs_set or vs_dtype or vs_amp or vs_config):
         raise c.fail(

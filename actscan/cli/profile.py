@@ -36,6 +36,7 @@ def profile(
     device: c.Device = None,
     modules: c.Modules = None,
     no_backward: c.NoBackward = False,
+    dropout: c.DropoutFlag = False,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -61,7 +62,7 @@ def profile(
     """
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
-        seed=seed, device=device, modules=modules, threshold=threshold,
+        seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
     )  # fmt: skip
     if show_config:
         _print_settings(settings)

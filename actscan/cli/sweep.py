@@ -45,6 +45,7 @@ def sweep(
     device: c.Device = None,
     modules: c.Modules = None,
     no_backward: c.NoBackward = False,
+    dropout: c.DropoutFlag = False,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -72,7 +73,7 @@ def sweep(
     depths, widths = parse_sizes(depth, "--depth"), parse_sizes(width, "--width")
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
-        seed=seed, device=device, modules=modules, threshold=threshold,
+        seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
     )  # fmt: skip
     a_side = side_a(target, None, init, set_, settings)
     sides = [a_side]

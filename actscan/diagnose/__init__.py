@@ -1,21 +1,24 @@
 """Checks: pure rules from measurements to findings (theory per check in docs/checks.md).
 
-Each check is a function CheckContext -> list[Finding] (the other modules of
-actscan/diagnose/), registered in CHECKS under the check ids it emits; `run_checks` runs
+Each check is a function CheckContext -> list[Finding | Skip] (the other modules of
+actscan/diagnose/), registered in CHECKS under the check ids it emits; a check that cannot
+run on what was measured returns a Skip with the reason (too few blocks, no backward pass,
+not at init, …) rather than nothing, so silence is never read as a pass. `evaluate` runs
 them all and sorts the findings worst first, then in CHECK_ORDER (actscan.types: numerics,
 measured depth pathologies, per-component, static init last), so the most explanatory
-finding leads.
+finding leads; `run_checks` gives the findings alone.
 Thresholds come from actscan.diagnose.thresholds only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from actscan.diagnose.thresholds import Thresholds
 from actscan.measure.stats import GrowthFit
 from actscan.types import (
+    CHECK_ORDER,
     CheckId,
     Finding,
     LayerRecord,
@@ -23,6 +26,7 @@ from actscan.types import (
     ModelInfo,
     ParamRecord,
     RunInfo,
+    Skip,
     StreamPoint,
     finding_order,
 )
@@ -40,7 +44,7 @@ class CheckContext:
     thresholds: Thresholds
 
 
-Check = Callable[[CheckContext], list[Finding]]
+Check = Callable[[CheckContext], "list[Finding | Skip]"]
 
 # The registry: each check function under the check id(s) of the findings it emits.
 # Together the keys cover every CheckId once; run_checks orders findings by CHECK_ORDER.
@@ -48,11 +52,12 @@ CHECKS: dict[tuple[CheckId, ...], Check] = {}
 
 
 def _register() -> None:
-    from actscan.diagnose import branches, channels, depth, init, numerics
+    from actscan.diagnose import branches, channels, depth, init, numerics, underflow
 
     CHECKS.update(
         {
             (CheckId.OVERFLOW,): numerics.overflow,
+            (CheckId.UNDERFLOW,): underflow.underflow,
             (CheckId.EXP_GROWTH, CheckId.COLLAPSE): depth.exp_growth_collapse,
             (CheckId.SQRT_GROWTH,): depth.sqrt_growth,
             (CheckId.VANISHING_GRAD, CheckId.EXPLODING_GRAD): depth.gradients,
@@ -68,8 +73,26 @@ def _register() -> None:
 _register()
 
 
+def evaluate(ctx: CheckContext) -> tuple[tuple[Finding, ...], tuple[Skip, ...]]:
+    """(findings worst first, then in CHECK_ORDER; skipped checks in CHECK_ORDER)."""
+    findings: list[Finding] = []
+    skips: list[Skip] = []
+    for check in CHECKS.values():
+        for item in check(ctx):
+            (skips if isinstance(item, Skip) else findings).append(item)  # type: ignore[arg-type]
+    findings.sort(key=finding_order)
+    rank = {c.value: i for i, c in enumerate(CHECK_ORDER)}
+    skips = list({s.check: s for s in sorted(skips, key=lambda s: rank.get(s.check, 99))}.values())
+    return tuple(findings), tuple(skips)
+
+
 def run_checks(ctx: CheckContext) -> tuple[Finding, ...]:
     """Every registered check's findings: worst first, then in CHECK_ORDER."""
-    findings = [f for check in CHECKS.values() for f in check(ctx)]
-    findings.sort(key=finding_order)
-    return tuple(findings)
+    return evaluate(ctx)[0]
+
+
+def skipped_checks(ctx: CheckContext, findings: Sequence[Finding] = ()) -> tuple[Skip, ...]:
+    """The checks that did not run on `ctx`, in CHECK_ORDER; a check id with one of
+    `findings` is not listed (it ran)."""
+    found = {str(f.check) for f in findings}
+    return tuple(s for s in evaluate(ctx)[1] if s.check not in found)

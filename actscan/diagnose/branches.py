@@ -8,15 +8,17 @@ from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import (
     GAIN_NAME,
+    NO_STREAM,
     branch_projections,
     finding,
     finite,
     listing,
     n,
+    skip,
     warn_or_error,
 )
 from actscan.measure.stats import branch_records
-from actscan.types import BranchRecord, CheckId, Finding, LayerRecord, ParamRecord, Severity
+from actscan.types import BranchRecord, CheckId, Finding, LayerRecord, ParamRecord, Severity, Skip
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext
@@ -107,9 +109,15 @@ def _by_design(b: _Branch, ctx: CheckContext) -> str | None:
     return f"LayerScale: ε = {n(value)}" if value is not None else "a branch gain at init"
 
 
-def dead_branch(ctx: CheckContext) -> list[Finding]:
+def dead_branch(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
+    if not ctx.layout.blocks:
+        return [skip(CheckId.DEAD_BRANCH, NO_STREAM)]
     branches = _branches(ctx)
+    if not branches:
+        return [
+            skip(CheckId.DEAD_BRANCH, "no attention/MLP branch output was identified or recorded")
+        ]
     dead = [
         b for b in branches
         if (b.ratio is not None and b.ratio <= th.dead_branch_ratio)
@@ -117,7 +125,7 @@ def dead_branch(ctx: CheckContext) -> list[Finding]:
     ]  # fmt: skip
     if not dead:
         return []
-    out: list[Finding] = []
+    out: list[Finding | Skip] = []
     designed = [(b, why) for b in dead if (why := _by_design(b, ctx)) is not None]
     if designed:
         whys = sorted({why for _, why in designed})

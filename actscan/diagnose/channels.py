@@ -13,9 +13,10 @@ from actscan.diagnose.common import (
     n,
     pct,
     positive,
+    skip,
     warn_or_error,
 )
-from actscan.types import CheckId, Finding, LayerRecord
+from actscan.types import CheckId, Finding, LayerRecord, Skip
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext
@@ -34,8 +35,15 @@ def _feeding(act: LayerRecord, layers: tuple[LayerRecord, ...]) -> LayerRecord |
     return max(before, key=lambda r: r.order) if before else None
 
 
-def dead_units(ctx: CheckContext) -> list[Finding]:
+def dead_units(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
+    if not any(r.role == "act" and r.dead_channels is not None for r in ctx.layers):
+        why = (
+            "per-channel statistics were not recorded"
+            if not _has_channels(ctx)
+            else "no activation module (nn.ReLU, nn.GELU, …) was recorded"
+        )
+        return [skip(CheckId.DEAD_UNITS, why)]
     hits: list[tuple[LayerRecord, float]] = []
     for r in ctx.layers:
         if r.role != "act" or not r.n_channels or r.dead_channels is None or r.nonfinite:
@@ -67,8 +75,53 @@ def dead_units(ctx: CheckContext) -> list[Finding]:
                     message, hint)]  # fmt: skip
 
 
-def outlier_channels(ctx: CheckContext) -> list[Finding]:
+def _has_channels(ctx: CheckContext) -> bool:
+    return any(r.n_channels for r in ctx.layers)
+
+
+def _signature(r: LayerRecord) -> tuple[object, ...]:
+    """Equal for records of one tensor reported by several modules (dropout in eval, a
+    wrapper returning its child's output): the recorder reduces such a tensor once."""
+    return (r.n_channels, r.numel, r.max_abs, r.rms, r.mean, r.outlier_channels)
+
+
+def _distinct(hits: list[LayerRecord]) -> list[LayerRecord]:
+    seen: set[tuple[object, ...]] = set()
+    out = []
+    for r in hits:
+        key = _signature(r)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def _channel_groups(
+    hits: list[LayerRecord],
+) -> list[tuple[int | None, list[int], list[LayerRecord]]]:
+    """(width, the channels that stand out, distinct tensors) per width, first seen first.
+
+    Channel i of a 384-wide output and channel i of a 1536-wide one are different
+    features: they are never counted together. A channel is named when it stands out in at
+    least half the tensors of its width; else the first tensor's own outliers are.
+    """
+    by_width: dict[int | None, list[LayerRecord]] = {}
+    for r in _distinct(hits):
+        by_width.setdefault(r.n_channels, []).append(r)
+    groups = []
+    for width, recs in by_width.items():
+        counts = Counter(c for r in recs for c in r.outlier_channels)
+        common = [c for c, k in counts.most_common() if k >= max(1, len(recs) // 2)]
+        first_own = list(recs[0].outlier_channels)
+        named = sorted(c for c in common if c in first_own) or first_own
+        groups.append((width, named, recs))
+    return groups
+
+
+def outlier_channels(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
+    if not _has_channels(ctx):
+        return [skip(CheckId.OUTLIER_CHANNELS, "per-channel statistics were not recorded")]
     hits = [
         r for r in ctx.layers
         if r.outlier_channels and r.role != "head" and r.type not in NOT_FEATURES
@@ -77,9 +130,7 @@ def outlier_channels(ctx: CheckContext) -> list[Finding]:
     if not hits:
         return []
     hits.sort(key=lambda r: r.order)
-    counts = Counter(c for r in hits for c in r.outlier_channels)
-    common = [c for c, k in counts.most_common() if k >= max(1, len(hits) // 2)]
-    channels = sorted(common or [c for c, _ in counts.most_common(5)])
+    groups = _channel_groups(hits)
     worst = max(hits, key=lambda r: r.channel_max_ratio)  # type: ignore[arg-type, return-value]
     ratio = worst.channel_max_ratio
     scale = worst.max_abs / 127  # type: ignore[operator]
@@ -91,12 +142,19 @@ def outlier_channels(ctx: CheckContext) -> list[Finding]:
     severity, threshold = warn_or_error(
         extreme and ctx.info.at_init, th.outlier_ratio, th.outlier_ratio_error
     )
-    label = "channel" if len(channels) == 1 else "channels"
-    shown = listing([str(c) for c in channels], 8)
+    parts = []
+    for width, channels, recs in groups:
+        label = "channel" if len(channels) == 1 else "channels"
+        shown = listing([str(c) for c in channels], 8)
+        layers = f"{len(recs)} layer{'s' if len(recs) > 1 else ''}"
+        wide = f" of width {width}" if len(groups) > 1 and width else ""
+        parts.append(f"{label} {shown} in {layers}{wide} (first: {recs[0].name})")
+    lead = parts[0].split(" in ", 1)
+    verb = "stands" if lead[0].startswith("channel ") else "stand"
     message = (
-        f"Activation {label} {shown} stand{'s' if len(channels) == 1 else ''} out in "
-        f"{len(hits)} layer{'s' if len(hits) > 1 else ''} (first: {hits[0].name}): at "
-        f"{worst.name} max|x| = {n(worst.max_abs)} is {n(ratio)}× the median channel's "
+        f"Activation {lead[0]} {verb} out in {lead[1]}"
+        + "".join(f"; {p}" for p in parts[1:])
+        + f": at {worst.name} max|x| = {n(worst.max_abs)} is {n(ratio)}× the median channel's "
         f"{n(median)}; per-tensor int8 (s = max/127 = {n(scale)}) leaves a typical value "
         f"{n(levels)} quantization levels."
     )

@@ -16,6 +16,7 @@ from actscan.types import (  # noqa: F401  (CHECK_ORDER re-exported: its old hom
     Finding,
     ParamRecord,
     Severity,
+    Skip,
     StreamPoint,
 )
 
@@ -91,6 +92,21 @@ def finding(
         check=str(check), severity=severity, layers=tuple(dict.fromkeys(layers)),
         value=value, threshold=threshold, message=message, hint=hint,
     )  # fmt: skip
+
+
+def skip(check: CheckId, reason: str) -> Skip:
+    return Skip(check=str(check), reason=reason)
+
+
+def too_few_blocks(ctx: CheckContext, found: int, need: float, what: str = "blocks") -> str:
+    """The reason a depth check did not run: how many it needs and how many there were."""
+    if not ctx.layout.blocks:
+        return NO_STREAM
+    return f"needs {int(need)} {what}, found {found}"
+
+
+NO_STREAM = "no residual stream found (no stack of blocks in the model)"
+NO_BACKWARD = "no backward pass (forward only)"
 
 
 def branch_projections(ctx: CheckContext) -> list[tuple[ParamRecord, ParamRecord, str]]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import (
     FP16_MAX,
+    NO_BACKWARD,
     block_points,
     finding,
     finite,
@@ -17,8 +18,10 @@ from actscan.diagnose.common import (
     n,
     positive,
     residual_budget,
+    skip,
+    too_few_blocks,
 )
-from actscan.types import CheckId, Finding, Severity, StreamPoint
+from actscan.types import CheckId, Finding, Severity, Skip, StreamPoint
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext
@@ -63,12 +66,16 @@ def _first_crossing(pts: Sequence[StreamPoint], ref: float, factor: float) -> St
     return None
 
 
-def sqrt_growth(ctx: CheckContext) -> list[Finding]:
+def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
     """Stream RMS ∝ k^p with p near ½ and a large drift: unscaled branches accumulating."""
     th = ctx.thresholds
     pts = block_points(ctx.stream)
     p = ctx.fit.exponent
-    if len(pts) < th.min_blocks or not finite(p) or _is_exponential(ctx, pts):
+    if len(pts) < th.min_blocks:
+        return [skip(CheckId.SQRT_GROWTH, too_few_blocks(ctx, len(pts), th.min_blocks))]
+    if not finite(p):
+        return [skip(CheckId.SQRT_GROWTH, "no growth exponent could be fitted to the stream")]
+    if _is_exponential(ctx, pts):
         return []
     first, last = pts[0], pts[-1]
     drift = last.rms / first.rms  # type: ignore[operator]
@@ -131,13 +138,18 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding]:
     ]
 
 
-def exp_growth_collapse(ctx: CheckContext) -> list[Finding]:
+def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
     """γ^L far above 1 with sustained growth (exp-growth) or far below 1 (collapse)."""
     th = ctx.thresholds
     pts = block_points(ctx.stream)
     total = total_gain(ctx, pts)
     if len(pts) < th.min_blocks or total is None:
-        return []
+        why = (
+            too_few_blocks(ctx, len(pts), th.min_blocks)
+            if len(pts) < th.min_blocks
+            else "no per-block gain could be fitted to the stream"
+        )
+        return [skip(CheckId.EXP_GROWTH, why), skip(CheckId.COLLAPSE, why)]
     first, last = pts[0], pts[-1]
     actual = last.rms / first.rms  # type: ignore[operator]
     gamma = ctx.fit.gain
@@ -183,7 +195,7 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding]:
     return []
 
 
-def gradients(ctx: CheckContext) -> list[Finding]:
+def gradients(ctx: CheckContext) -> list[Finding | Skip]:
     """Relative activation gradient r = RMS(∂L/∂x)·RMS(x), first block's input vs last output.
 
     r is what survives a change of the stream's scale (behind a norm, ∂L/∂x ∝ 1/|x|), so a
@@ -191,10 +203,17 @@ def gradients(ctx: CheckContext) -> list[Finding]:
     """
     th = ctx.thresholds
     if not ctx.run.backward:
-        return []
+        return [
+            skip(CheckId.VANISHING_GRAD, NO_BACKWARD),
+            skip(CheckId.EXPLODING_GRAD, NO_BACKWARD),
+        ]
     pts = [p for p in ctx.stream if positive(p.rms) and positive(p.grad_rms)]
-    if len(pts) < th.min_blocks + 1:
-        return []
+    if len(pts) < th.grad_min_blocks + 1:
+        blocks = [p for p in pts if p.block is not None]
+        why = too_few_blocks(
+            ctx, len(blocks), th.grad_min_blocks, "blocks with a measured stream gradient"
+        )
+        return [skip(CheckId.VANISHING_GRAD, why), skip(CheckId.EXPLODING_GRAD, why)]
     r = [p.grad_rms * p.rms for p in pts]  # type: ignore[operator]
     top = r[-1]
     ratio = r[0] / top

@@ -17,12 +17,14 @@ from actscan.diagnose.common import (
     listing,
     n,
     residual_budget,
+    skip,
 )
-from actscan.types import CheckId, Finding, ParamRecord, Severity
+from actscan.types import CheckId, Finding, ParamRecord, Severity, Skip
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext
 
+NOT_AT_INIT = "not at init (init-scale judges weights a model was initialized with)"
 _INDEX = re.compile(r"\.\d+\.")
 
 
@@ -38,9 +40,9 @@ def _groups(params: list[ParamRecord]) -> dict[str, list[ParamRecord]]:
     return out
 
 
-def init_scale(ctx: CheckContext) -> list[Finding]:
+def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
     if not ctx.info.at_init:
-        return []
+        return [skip(CheckId.INIT_SCALE, NOT_AT_INIT)]
     th = ctx.thresholds
     out: list[Finding] = []
     weights = [p for p in ctx.params if p.kind == "weight" and p.fan_in and p.std > 0]

@@ -17,8 +17,9 @@ from actscan.diagnose.common import (
     listing,
     n,
     positive,
+    skip,
 )
-from actscan.types import CheckId, Finding, Severity
+from actscan.types import CheckId, Finding, Severity, Skip
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext
@@ -173,9 +174,13 @@ def _log_z(mean: float, std: float, size: int) -> float:
     return mean + (math.log(size) + std * std / 2 if std < f else std * f)
 
 
-def logit_scale(ctx: CheckContext) -> list[Finding]:
+def logit_scale(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
-    out: list[Finding] = []
+    if not any(r.role == "head" or r.type == ATTN_LOGITS for r in ctx.layers) and (
+        ctx.info.arch.get("attn_scale") != "none"
+    ):
+        return [skip(CheckId.LOGIT_SCALE, "no output head or attention scores were recorded")]
+    out: list[Finding | Skip] = []
     heads = [r for r in ctx.layers if r.role == "head" and positive(r.std) and not r.nonfinite]
     vocab = ctx.info.vocab_size
     tied = bool(ctx.info.arch.get("tie_embeddings"))

@@ -40,8 +40,14 @@ class Thresholds:
     growth_warn: float = 4.0
     # ×16 (variance ×256): √k accumulation needs ~256 unscaled blocks to get here.
     growth_error: float = 16.0
-    # Depth checks (fits, gains, gradient trends) need this many block outputs.
+    # The stream checks (fits, gains: sqrt-growth, exp-growth, collapse) need this many
+    # block outputs: a growth exponent or a per-block gain fitted on fewer points is noise.
     min_blocks: float = 4
+    # The gradient checks compare two measured numbers, the relative gradient at the first
+    # block's input and at the last block's output; no fit is involved, so 2 blocks (3
+    # stream points) are enough: a ×10 trend over 2 blocks is ×3.2 per block, far outside
+    # the ×1.3 any healthy stack shows end to end.
+    grad_min_blocks: float = 2
 
     # ---- exp-growth / collapse (per-block gain γ compounds to γ^L) --------------------
     # γ^L above this (or below its inverse) is an order of magnitude across the stack; the
@@ -62,6 +68,17 @@ class Thresholds:
     # measured; an order of magnitude mirrors exp-gain-warn.
     grad_ratio_warn: float = 10.0
     grad_ratio_error: float = 100.0
+
+    # ---- underflow (fp16 runs: --dtype fp16 or --amp fp16) ---------------------------------
+    # Fraction of a module's output-gradient values below fp16's smallest normal 2^-14
+    # (6.1e-5: subnormal, precision lost bit by bit, or flushed to 0) at the run's loss
+    # scale 2^12 (GradScaler-like). Healthy configs measured: ≤ 5% (fused q/k/v), a 24-block
+    # post-LN stack 20% at block 0; the head's logit gradients (≈ p/(tokens) each) and
+    # masked attention scores are not judged. Losing half of a gradient is learning from
+    # half its signal. Transformer Engine reports the same "underflows %".
+    underflow_warn: float = 0.5
+    # error when almost all of it is gone (≥ 90%): that part of the model gets no update.
+    underflow_error: float = 0.9
 
     # ---- dead-branch -------------------------------------------------------------------
     # A branch whose output RMS (or output-gradient RMS) is below this fraction of the

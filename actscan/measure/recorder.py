@@ -54,6 +54,7 @@ _WIDE_CHANNELS = 1 << 15  # per-channel results this wide (128 KB) go to reused 
 _WIDE_ROW = 1024  # row length for the norms of outputs too wide for per-channel stats
 _WORK = (torch.float32, torch.float64)  # reduced as they are; others upcast to fp32
 _vnorm = torch.linalg.vector_norm
+FP16_TINY = 2.0**-14  # fp16's smallest normal value (6.10e-05)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class RawStats:
     grad_numel: int
     param_grad_sumsq: float | None
     order: int
+    # fp16 runs only (Recorder(underflow=True)), else None: output values nonzero but below
+    # fp16's smallest normal, and output-gradient values below it (zeros included).
+    underflow: int | None = None
+    grad_underflow: int | None = None
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
@@ -108,8 +113,12 @@ class Recorder:
         backward: bool = True,
         channels: bool = True,
         device: torch.device | str = "cpu",
+        underflow: bool = False,
+        loss_scale: float = 1.0,
     ) -> None:
         self.targets = list(targets)
+        self.underflow = underflow
+        self.loss_scale = loss_scale  # the backward's loss was multiplied by it: unscale
         self.stream_input = stream_input
         self.backward = backward
         self.channels = channels
@@ -142,6 +151,12 @@ class Recorder:
         self._has_params = [False] * m
         for _, i in self._param_owner:
             self._has_params[i] = True
+        # fp16 underflow counts (only with underflow=True): device accumulators, and this
+        # batch's pending (modules, count) pairs; counted once per tensor (aliases share).
+        self._uf, self._guf = zeros(), zeros()
+        self._uf_pend: list[tuple[list[int], torch.Tensor]] = []
+        self._guf_pend: list[tuple[list[int], torch.Tensor]] = []
+        self._uf_last: tuple[Any, int, list[int]] | None = None
 
     # -- hooks ---------------------------------------------------------------------
     def _reset_pending(self) -> None:
@@ -174,6 +189,8 @@ class Recorder:
             self._seen += 1
         if t is None or t.is_meta or not t.numel():
             return
+        if self.underflow:
+            self._count_underflow(i, t)
         last = self._last
         if last is not None and last[0]() is t and last[1] == t._version:
             self._repeat(i, last)
@@ -278,7 +295,21 @@ class Recorder:
         self._update_channels(i, hi, lo, per_channel)
         grad_mods.append(i)  # used only if a gradient hook was registered for it
 
+    def _count_underflow(self, i: int, t: torch.Tensor) -> None:
+        """Queue the count of values nonzero but below fp16's smallest normal (no sync)."""
+        last = self._uf_last
+        if last is not None and last[0]() is t and last[1] == t._version:
+            last[2].append(i)
+            return
+        a = t.detach().abs()
+        count = torch.count_nonzero((a < FP16_TINY) & (a > 0))
+        mods = [i]
+        self._uf_pend.append((mods, count))
+        self._uf_last = (weakref.ref(t), t._version, mods)
+
     def _grad_hook(self, mods: list[int], g: torch.Tensor) -> None:
+        if self.underflow:  # below the smallest normal, flushed zeros included
+            self._guf_pend.append((mods, torch.count_nonzero(g.detach().abs() < FP16_TINY)))
         g = g.detach()
         if g.dim() < 2:
             g = g.reshape(1, -1)
@@ -377,7 +408,18 @@ class Recorder:
             gidx = [i for mods in self._g_mods for i in mods]
             src = [k for k, mods in enumerate(self._g_mods) for _ in mods]
             self._gsq.index_add_(0, _ix(gidx, dev), gsq[_ix(src, dev)])
+        self._merge_underflow()
         self._reset_pending()
+
+    def _merge_underflow(self) -> None:
+        dev = self.device
+        for acc, pend in ((self._uf, self._uf_pend), (self._guf, self._guf_pend)):
+            if pend:
+                idx = [i for mods, _ in pend for i in mods]
+                counts = torch.stack([c for mods, c in pend for _ in mods]).to(dev, _ACC)
+                acc.index_add_(0, _ix(idx, dev), counts)
+            pend.clear()
+        self._uf_last = None
 
     # -- results --------------------------------------------------------------------
     def result(self, batches: int) -> dict[str, RawStats]:
@@ -430,7 +472,29 @@ class Recorder:
                 else None,
                 order=self._order[i],
             )
-        return out
+        return self._fp16(out) if self.underflow or self.loss_scale != 1.0 else out
+
+    def _fp16(self, out: dict[str, RawStats]) -> dict[str, RawStats]:
+        """fp16 runs: the underflow counts (one more host transfer), and gradient sums
+        unscaled by the loss scale."""
+        from dataclasses import replace
+
+        uf, guf = torch.stack([self._uf, self._guf]).cpu().tolist()
+        s2 = self.loss_scale**2
+
+        def unscaled(x: float | None) -> float | None:
+            return None if x is None else x / s2
+
+        return {
+            name: replace(
+                r,
+                underflow=int(uf[i]) if self.underflow else None,
+                grad_underflow=int(guf[i]) if self.underflow and self._gnumel[i] else None,
+                grad_sumsq=unscaled(r.grad_sumsq),
+                param_grad_sumsq=unscaled(r.param_grad_sumsq),
+            )
+            for i, (name, r) in enumerate(out.items())
+        }
 
 
 def _ix(values: Sequence[int], dev: torch.device) -> torch.Tensor:

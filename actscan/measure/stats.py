@@ -97,6 +97,9 @@ def layer_record(
         dead_channels=dead,
         channel_median_max=med,
         order=raw.order,
+        underflow_frac=raw.underflow / raw.numel if raw.underflow is not None and has else None,
+        grad_underflow_frac=raw.grad_underflow / raw.grad_numel
+        if raw.grad_underflow is not None and raw.grad_numel else None,
     )  # fmt: skip
 
 

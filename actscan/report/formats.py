@@ -73,6 +73,7 @@ def to_markdown(report: Report, fail_on: str | FailOn = FailOn.ERROR) -> str:
     gate = FailOn(fail_on)
     model, run = report.model, report.run
     precision = run.dtype + (f", amp {run.amp}" if run.amp else "")
+    precision += f", {run.mode} mode, dropout {'on' if run.dropout else 'off'}"
     out = [
         f"### actscan: {_code(model.source)} ({_cell(model.family)}, "
         f"{fmt_count(model.n_params)} params, {model.n_blocks} blocks, {_cell(precision)})",
@@ -88,7 +89,14 @@ def to_markdown(report: Report, fail_on: str | FailOn = FailOn.ERROR) -> str:
                 f"| {_cell(f.message)} | {_cell(f.hint)} |"
             )
     else:
-        out.append("No findings.")
+        out.append(
+            "No findings."
+            if report.run.backward
+            else "No findings (forward only: gradients not measured)."
+        )
+    if report.skipped:
+        out += ["", "Not checked:", ""]
+        out += [f"- {_code(sk.check)}: {_cell(sk.reason)}" for sk in report.skipped]
     out += ["", "#### Residual stream", ""]
     if report.stream:
         out += ["| k | block | name | RMS | grad RMS |", "| ---: | ---: | --- | ---: | ---: |"]
@@ -160,18 +168,20 @@ def to_junit(reports: Sequence[Report], fail_on: str | FailOn = FailOn.ERROR) ->
 
     Cases follow the one check order (`CHECK_ORDER`). A case fails when its check has a
     finding at or above `fail_on`; findings below the gate go into the case's
-    <system-out>. Checks without a finding pass. Check ids that are not in `CheckId` but
+    <system-out>. Checks that did not run (`report.skipped`) are <skipped/> with the
+    reason; checks that ran without a finding pass. Check ids that are not in `CheckId` but
     occur in findings get a case too, after the known ones.
     """
     gate = FailOn(fail_on)
     root = ET.Element("testsuites", name="actscan")
-    total_tests = total_failures = 0
+    total_tests = total_failures = total_skipped = 0
     for report, source in zip(reports, _suite_names(reports), strict=True):
         suite = ET.SubElement(root, "testsuite", name=_xml_text(source))
         by_check: dict[str, list[Finding]] = {c.value: [] for c in CHECK_ORDER}
         for f in report.findings:
             by_check.setdefault(str(f.check), []).append(f)
-        failures = 0
+        failures = skips = 0
+        why_skipped = {sk.check: sk.reason for sk in report.skipped}
         for check, found in by_check.items():
             case = ET.SubElement(
                 suite, "testcase", classname=_xml_text(f"actscan.{source}"), name=check
@@ -191,14 +201,19 @@ def to_junit(reports: Sequence[Report], fail_on: str | FailOn = FailOn.ERROR) ->
             if passing:
                 out = ET.SubElement(case, "system-out")
                 out.text = _xml_text("\n".join(_finding_text(f) for f in passing))
+            if not found and check in why_skipped:
+                skips += 1
+                ET.SubElement(case, "skipped", message=_xml_text(why_skipped[check]))
         suite.set("tests", str(len(by_check)))
         suite.set("failures", str(failures))
         suite.set("errors", "0")
-        suite.set("skipped", "0")
+        suite.set("skipped", str(skips))
         total_tests += len(by_check)
         total_failures += failures
+        total_skipped += skips
     root.set("tests", str(total_tests))
     root.set("failures", str(total_failures))
     root.set("errors", "0")
+    root.set("skipped", str(total_skipped))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

@@ -16,27 +16,42 @@ from rich.text import Text
 
 from actscan.report.numfmt import NONE, as_float, num
 from actscan.report.report import Report
-from actscan.types import Finding, Severity, finding_order
+from actscan.types import Finding, Severity, Skip, finding_order
 
 SPARK = "▁▂▃▄▅▆▇█"
+# Values whose max/min is within this factor are drawn flat: one step of an 8-level
+# sparkline must not turn a 0.4% drift into a full-height trend.
+FLAT = 1.05
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARN: "yellow", Severity.INFO: "cyan"}
 
 
+def is_flat(values: Sequence[float | None]) -> bool:
+    """True when the positive finite values differ by less than FLAT (×1.05) end to end."""
+    finite = [v for v in map(as_float, values) if v is not None and math.isfinite(v) and v > 0]
+    return bool(finite) and max(finite) / min(finite) < FLAT
+
+
 def spark(values: Sequence[float | None], lo: float | None = None, hi: float | None = None) -> str:
-    """One glyph per value on a shared scale (log scale when the range is wide)."""
+    """One glyph per value on a shared scale (log scale when the range is wide); values
+    within ×1.05 of each other are drawn flat. Not measured (None, e.g. left out by
+    --modules): blank; zero: ·; non-finite: !."""
     values = [as_float(v) for v in values]  # a report read from JSON spells inf "inf"
     finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
     if not finite:
-        return "".join(" " for _ in values)
+        return "".join(" " if v is None else ("·" if v == 0 else "!") for v in values)
     lo = min(finite) if lo is None else lo
     hi = max(finite) if hi is None else hi
     use_log = hi / max(lo, 1e-30) > 20
     f = (lambda v: math.log(v)) if use_log else (lambda v: v)
     a, b = f(max(lo, 1e-30)), f(max(hi, 1e-30))
+    flat = hi / max(lo, 1e-30) < FLAT
     out = []
     for v in values:
         if v is None or not math.isfinite(v) or v <= 0:
-            out.append("·" if v == 0 else "!")
+            out.append(" " if v is None else ("·" if v == 0 else "!"))
+            continue
+        if flat:
+            out.append(SPARK[len(SPARK) // 2 - 1])
             continue
         t = 0.0 if b == a else (f(v) - a) / (b - a)
         out.append(SPARK[min(len(SPARK) - 1, max(0, round(t * (len(SPARK) - 1))))])
@@ -70,6 +85,7 @@ def header(report: Report) -> Text:
         run.append("forward only")
     if r.init:
         run.append(f"init {r.init}")
+    run.append(f"{r.mode} mode, dropout {'on' if r.dropout else 'off'}")
     text.append("\n" + " · ".join(bits) + "  │  " + " · ".join(run), style="dim")
     return text
 
@@ -127,10 +143,29 @@ def modules_table(report: Report) -> Table:
     return t
 
 
-def findings_panel(findings: Iterable[Finding], title: str = "Findings") -> Panel:
+def no_findings_line(skipped: Sequence[Skip] = (), backward: bool = True) -> str:
+    """The all-clear, naming what it does not cover: skipped checks, and gradients when
+    none were measured."""
+    what = "activations and gradients" if backward else "activations"
+    line = f"No findings: {what} keep a sane scale"
+    if not backward:
+        line += " (forward only: gradients not measured)"
+    if skipped:
+        names = ", ".join(s.check for s in skipped)
+        line += f" in the checks that ran; not checked: {names} (reasons below)"
+    return line + "."
+
+
+def findings_panel(
+    findings: Iterable[Finding],
+    title: str = "Findings",
+    *,
+    skipped: Sequence[Skip] = (),
+    backward: bool = True,
+) -> Panel:
     items = sorted(findings, key=finding_order)  # worst first, then CHECK_ORDER
     if not items:
-        ok = Text("No findings: activations and gradients keep a sane scale.", style="green")
+        ok = Text(no_findings_line(skipped, backward), style="green")
         return Panel(ok, title=title, title_align="left", box=box.ROUNDED)
     # Two columns so wrapped messages and hints stay indented under their finding.
     grid = Table.grid(padding=(0, 1))
@@ -156,7 +191,9 @@ def summary_line(report: Report) -> Text | None:
     if not report.stream:
         return None
     text = Text("Stream: ", style="bold")
-    text.append(f"RMS {spark([p.rms for p in report.stream])}  ")
+    rms = [p.rms for p in report.stream]
+    flat = " (flat: within ×1.05)" if is_flat(rms) and len(rms) > 1 else ""
+    text.append(f"RMS {spark(rms)}{flat}  ")
     parts = [
         f"growth ×{num(s.growth)} over the embedding",
         f"RMS ∝ k^{num(s.growth_exponent)}",
@@ -190,6 +227,10 @@ def render_report(
         line = summary_line(report)
         if line is not None:
             console.print(line)
-    console.print(findings_panel(report.findings))
+    console.print(
+        findings_panel(report.findings, skipped=report.skipped, backward=report.run.backward)
+    )
+    for sk in report.skipped:
+        console.print(Text(f"skipped {sk.check}: {sk.reason}", style="dim"))
     for f, reason in ignored:
         console.print(Text(f"ignored {f.check} ({f.severity.value}): {reason}", style="dim"))

@@ -22,6 +22,7 @@ from actscan.types import (
     ParamRecord,
     RunInfo,
     Severity,
+    Skip,
     StreamPoint,
     Summary,
 )
@@ -41,6 +42,7 @@ class Report:
     notes: tuple[str, ...] = ()  # structure/run remarks shown to the user
     branches: tuple[BranchRecord, ...] = ()
     layout: tuple[BlockProof, ...] = ()  # the layout self-check, per block
+    skipped: tuple[Skip, ...] = ()  # checks that did not run, with the reason
 
     def __post_init__(self) -> None:
         # A plain dict (the pre-typed form) is still accepted and becomes a Summary.
@@ -82,6 +84,7 @@ class Report:
                 "notes": list(self.notes),
                 "branches": [asdict(b) for b in self.branches],
                 "layout": [asdict(p) for p in self.layout],
+                "skipped": [asdict(s) for s in self.skipped],
             }
         )
 
@@ -121,6 +124,7 @@ class Report:
                 )
                 for d in data.get("layout", ())
             ),
+            skipped=tuple(build(Skip, d) for d in data.get("skipped", ())),
         )
 
     def to_markdown(self, fail_on: str | FailOn = FailOn.ERROR) -> str:
