@@ -114,6 +114,7 @@ class RunInfo:
     seed: int = 0
     backward: bool = True
     init: str | None = None
+    inputs: str | None = None  # what one batch holds, in words ("2 images 3×32×32")
 
 
 @dataclass(frozen=True)

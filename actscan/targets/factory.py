@@ -87,9 +87,6 @@ def resolve_factory(target: str, opts: TargetOptions) -> Resolved:
     import torch
     from torch import nn
 
-    from actscan.measure.inputs import tensor_source, user_source
-    from actscan.scanner import infer_info
-
     fn = load_callable(target)
     try:
         result = fn()
@@ -118,7 +115,21 @@ def resolve_factory(target: str, opts: TargetOptions) -> Resolved:
         )
     if opts.init is not None or opts.overrides:
         raise UsageError(f"--init and --set apply to config targets, not to '{target}'")
-    model: nn.Module = result
+    from actscan.measure.prepare import materialize_meta, unwrap_compiled
+
+    model, compiled = unwrap_compiled(result)
+    made = materialize_meta(model, f"'{target}'", seed=opts.seed)
+    notes = tuple(n for n in (compiled, made) if n)
+    resolved = _resolve_module(target, model, example, opts)
+    return replace(resolved, notes=(*notes, *resolved.notes)) if notes else resolved
+
+
+def _resolve_module(target: str, model: Any, example: Any, opts: TargetOptions) -> Resolved:
+    """Inputs for the user's module, first match wins (module docstring, "Inputs")."""
+    from actscan.measure.inputs import tensor_source, user_source
+    from actscan.measure.model_inputs import takes_token_ids
+    from actscan.scanner import infer_info
+
     info = infer_info(model, source=target)
     max_pos = _max_positions(model)
     if max_pos:
@@ -127,8 +138,8 @@ def resolve_factory(target: str, opts: TargetOptions) -> Resolved:
         return Resolved(model, info, inputs=tensor_source(opts.input_shape, opts.seed))
     if example is not None:
         return Resolved(model, info, inputs=user_source(example))
-    if info.vocab_size and info.task in ("causal-lm", "encoder"):
-        return Resolved(model, info)  # scan() invents token ids as for any LM
+    if not takes_token_ids(model) or (info.vocab_size and info.task in ("causal-lm", "encoder")):
+        return Resolved(model, info)  # scan() builds inputs as for a transformers target
     return _token_inputs(target, model, info, opts)
 
 
