@@ -306,7 +306,8 @@ def scan(
     fit = growth_fit(stream)
     run = RunInfo(
         dtype=dtype_name(run_dtype or model_dtype), amp=amp, device=dev.type,
-        batch=_batch_size(source), seq_len=seq or _seq_len(source), batches=batches, seed=seed,
+        batch=_batch_size(source), batches=batches, seed=seed,
+        seq_len=seq if seq and source(0).token_ids is not None else _seq_len(source),
         backward=did_backward, init=init, inputs=describe_batch(source(0)),
     )  # fmt: skip
     info = _with_blocks(info, layout)

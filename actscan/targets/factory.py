@@ -14,7 +14,8 @@ The contract (also the README's):
     1. `--input-shape 4,32`: a standard-normal float tensor of that shape, re-drawn per batch
        from `--seed` (it overrides example inputs, so one factory serves several shapes);
     2. the example inputs the callable returned;
-    3. a transformers model or the built-in actscan-gpt: random token ids, as for any LM;
+    3. a transformers model or the built-in actscan-gpt: random token ids, as for any LM,
+       or the model's main input built from its config (images, audio, encoder-decoders);
     4. a module that owns an `nn.Embedding`: random token ids in `[0, vocab)` where vocab is
        the largest embedding's size, shape `--batch` × `--seq-len` (default 64, capped by the
        smallest other embedding, e.g. learned positions). One tiny forward pass decides the
@@ -22,7 +23,9 @@ The contract (also the README's):
        is next-token cross-entropy (task "causal-lm"), else the mean square of the output;
     5. otherwise: an error asking for `--input-shape`.
 * The loss is the mean square of the first output tensor unless rule 3/4 makes it a
-  language model. The model is profiled as returned (no re-initialization, `at_init` false).
+  language model. The model is profiled as returned (no re-initialization, `at_init` false),
+  except that a `torch.compile`d module is profiled through its original module and a model
+  built on the meta device is materialised with its own initialisers (measure/prepare.py).
 
 Every failure — the module does not import, the attribute is missing, the callable raises or
 returns the wrong type — is one BadInputError line naming the target (exit 2).
