@@ -471,7 +471,7 @@ def divergence_targets(model: nn.Module, layout: Layout, scope: str) -> list[tup
         return [(n, m) for n, m in mods.items() if n]
     names: list[str] = []
     for b in layout.blocks:
-        names += [n for n in (b.attn, b.mlp, b.name) if n]
+        names += [br.name for br in b.branch_list()] + [b.name]
     names += [n for n in (layout.final_norm, layout.head) if n]
     if not layout.blocks:
         names = [n for n in mods if n]
@@ -522,6 +522,12 @@ def precision_divergence(
                 with ctx:
                     m(*b.args, **b.kwargs)
 
+    m_hi, b_hi = prepared(high)
+    if layout.blocks and scope != "all":
+        from actscan.measure.layout_proof import prove_layout
+
+        # the branches each block really adds (post-branch norms, post-LN encoders)
+        layout = prove_layout(m_hi, layout, lambda m=m_hi, b=b_hi: run(high, m, b)).layout
     targets = divergence_targets(model, layout, scope)
     names = [n for n, _ in targets] + ([f"{stream_in}:input"] if stream_in else [])
 
@@ -554,7 +560,6 @@ def precision_divergence(
             order[i], seen[0] = seen[0], seen[0] + 1
         kept[i].append(None if t is None else t.detach().float().clone())
 
-    m_hi, b_hi = prepared(high)
     handles = hooked(m_hi, keep)
     try:
         run(high, m_hi, b_hi)

@@ -48,6 +48,9 @@ class TargetSpec:
     input_file: Path | None = None
     input_shape: tuple[int, ...] | None = None
     allow_nonfinite: bool = False
+    # --at-init/--trained: judge the weights as an initialization or not; None: the
+    # resolver's judgement (config-built and module:callable models are at init).
+    at_init: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ def build_target(spec: TargetSpec, settings: Settings) -> tuple[Resolved, InputS
     opts = TargetOptions(
         config=spec.config, init=spec.init, overrides=parse_set(list(spec.overrides)),
         seed=settings.seed, input_shape=spec.input_shape, allow_nonfinite=spec.allow_nonfinite,
-        batch=settings.batch, seq_len=settings.seq_len,
+        batch=settings.batch, seq_len=settings.seq_len, at_init=spec.at_init,
     )  # fmt: skip
     resolved = resolve(spec.target, opts)
     inputs: Any = resolved.inputs

@@ -8,8 +8,10 @@ model exactly as it found it: train/eval mode of every module, hooks, requires_g
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -19,11 +21,13 @@ from actscan.diagnose import CheckContext, run_checks
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.errors import UsageError
 from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
+from actscan.measure.layout_proof import prove_layout
 from actscan.measure.model_inputs import describe_batch, hf_input_source
 from actscan.measure.prepare import call_model, check_positions, refuse_meta, unwrap_compiled
 from actscan.measure.recorder import Recorder, iter_named, moments
 from actscan.measure.stats import branch_records, growth_fit, layer_record, stream_points
 from actscan.measure.structure import detect_layout, is_norm
+from actscan.measure.usage import Usage, measure_usage, norm_gains
 from actscan.report.report import Report
 from actscan.settings import Ignore, apply_ignores, parse_ignores
 from actscan.types import Layout, ModelInfo, ParamRecord, RunInfo, Summary
@@ -49,7 +53,12 @@ def resolve_device(device: str | torch.device | None, model: nn.Module) -> torch
 
 
 def infer_info(model: nn.Module, source: str = "python") -> ModelInfo:
-    """What can be read off an nn.Module without a resolver's help."""
+    """What can be read off an nn.Module without a resolver's help.
+
+    A module handed over in code (the API, `module:callable`) is taken to be at init: that
+    is how tests and CI build models, and init-scale is what catches a broken init there.
+    Trained weights say so with `scan(at_init=False)` (`--trained`).
+    """
     from actscan.models.gpt import ActscanGPT, arch_facts
 
     n_params = sum(p.numel() for p in model.parameters())
@@ -57,7 +66,7 @@ def infer_info(model: nn.Module, source: str = "python") -> ModelInfo:
         cfg = model.config
         return ModelInfo(
             source=source, family="actscan-gpt", n_params=n_params, n_blocks=cfg.n_layers,
-            d_model=cfg.d_model, vocab_size=cfg.vocab_size, task="causal-lm",
+            d_model=cfg.d_model, vocab_size=cfg.vocab_size, task="causal-lm", at_init=True,
             arch={**arch_facts(cfg), "max_positions": cfg.seq_len},
         )  # fmt: skip
     config = getattr(model, "config", None)
@@ -68,9 +77,9 @@ def infer_info(model: nn.Module, source: str = "python") -> ModelInfo:
         is_lm = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
         return ModelInfo(
             source=source, family=str(model_type), n_params=n_params, d_model=d,
-            vocab_size=vocab, task="causal-lm" if is_lm else "encoder",
+            vocab_size=vocab, task="causal-lm" if is_lm else "encoder", at_init=True,
         )  # fmt: skip
-    return ModelInfo(source=source, family="custom", n_params=n_params)
+    return ModelInfo(source=source, family="custom", n_params=n_params, at_init=True)
 
 
 def _fan(mod: nn.Module, shape: tuple[int, ...]) -> tuple[int | None, int | None]:
@@ -84,8 +93,34 @@ def _fan(mod: nn.Module, shape: tuple[int, ...]) -> tuple[int | None, int | None
     return shape[1] * rf, shape[0] * rf
 
 
-def param_records(model: nn.Module, layout: Layout) -> tuple[ParamRecord, ...]:
-    """mean/std/non-finite count of every parameter, one host transfer for all."""
+def _measured(
+    usage: Usage, full: str, shape: tuple[int, ...], kind: str, of_norm: bool
+) -> tuple[str, int | None, int | None]:
+    """(kind, fan_in, fan_out) from how the forward pass used the parameter."""
+    use = usage.role(full)
+    if of_norm and use is None:
+        return kind, None, None  # norm gains and biases: judged on the norm's own terms
+    if use is None:
+        return ("scalar" if len(shape) <= 1 and math.prod(shape) <= 1 else "structured"), None, None
+    if use.op == "embedding":
+        return "embedding", None, None
+    if use.op == "bias":
+        return "bias", None, None
+    return "weight", use.fan_in, use.fan_out
+
+
+def param_records(
+    model: nn.Module,
+    layout: Layout,
+    usage: Usage | None = None,
+    gains: Mapping[str, tuple[float, float]] | None = None,
+) -> tuple[ParamRecord, ...]:
+    """mean/std/non-finite count of every parameter, one host transfer for all.
+
+    With `usage` (measured at init), kind and fan-in come from how the forward pass used
+    each parameter, and `gains` (norm module → effective gain mean, std) replace reading a
+    norm's `weight` as its gain; without, they are guessed from module types and shapes.
+    """
     seen: set[int] = set()
     entries: list[tuple[str, str, nn.Module, nn.Parameter]] = []
     for mname, mod in model.named_modules():
@@ -114,11 +149,15 @@ def param_records(model: nn.Module, layout: Layout) -> tuple[ParamRecord, ...]:
             kind = "scalar"
         else:
             kind = "other"
+        gain = (gains or {}).get(mname) if kind == "norm-gain" else None
+        if usage is not None:
+            kind, fan_in, fan_out = _measured(usage, full, shape, kind, is_norm(mod))
         out.append(
             ParamRecord(
                 name=full, module=mname, role=layout.role(mname), block=layout.block_of.get(mname),
                 shape=shape, mean=mean, std=std, fan_in=fan_in, fan_out=fan_out, kind=kind,
-                nonfinite=int(bad),
+                nonfinite=int(bad), gain=gain[0] if gain else None,
+                gain_std=gain[1] if gain else None,
             )
         )  # fmt: skip
     return tuple(out)
@@ -185,6 +224,7 @@ def scan(
     channels: bool = True,
     progress: Progress | None = None,
     ignore: Iterable[Ignore | Mapping[str, Any]] | None = None,
+    at_init: bool | None = None,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -199,6 +239,9 @@ def scan(
           {"check": id, "reason": why, "layers": regex (optional)} or `Ignore`s. Matching
           findings leave `report.findings`, so `assert_healthy` gates as the CLI does;
           `find_project_config().ignores` (actscan.settings) gives the project's own.
+        at_init: whether the weights are an initialization (init-scale checks run). None:
+          `info.at_init` when `info` is given, else True (a module built in code is taken to
+          be at init); pass False for trained weights.
     """
     ignores = parse_ignores(ignore, origin="scan()") if ignore is not None else ()
     if batches < 1:
@@ -220,7 +263,7 @@ def scan(
     model, compiled_note = unwrap_compiled(model)
     refuse_meta(model)
     dev = resolve_device(device, model)
-    info = info or infer_info(model)
+    info = with_at_init(info or infer_info(model), at_init)
     layout = layout or detect_layout(model, info.family)
 
     source: InputSource
@@ -247,7 +290,6 @@ def scan(
             return loss_fn(out)
         return loss_default(out, b)
 
-    params_before = param_records(model, layout)
     targets = list(iter_named(model, modules))
     stream_in = (
         (f"{layout.blocks[0].name}:input", dict(model.named_modules())[layout.blocks[0].name])
@@ -263,7 +305,15 @@ def scan(
     did_backward = backward
     grad_params = [p for p in model.parameters() if p.requires_grad]
 
+    usage: Usage | None = None
+    gains: dict[str, tuple[float, float]] | None = None
     with preserved(model, dev, run_dtype):
+        # Layout self-check: one batch-1 forward of the same inputs, before the recorder.
+        proof = prove_layout(model, layout, _probe_run(model, source, dev, run_dtype, amp))
+        layout = proof.layout
+        notes.extend(proof.notes)
+        if info.at_init:
+            usage, gains = _measure_at_init(model, cast_batch(source(0), dev, run_dtype), notes)
         autocast = (
             torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp else contextlib.nullcontext()
         )
@@ -292,6 +342,7 @@ def scan(
         if progress:
             progress("run", batches, batches)
 
+    params_before = param_records(model, layout, usage, gains)  # weights are unchanged
     mods = dict(model.named_modules())
     records = {
         name: layer_record(
@@ -323,12 +374,84 @@ def scan(
     return Report(
         model=info, run=run, layers=layers, stream=stream, findings=findings,
         summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
-        branches=branch_records(layout, layers, stream),
+        branches=branch_records(layout, layers, stream), layout=proof.proofs,
     )  # fmt: skip
 
 
+def _probe_run(
+    model: nn.Module,
+    source: InputSource,
+    dev: torch.device,
+    run_dtype: torch.dtype | None,
+    amp: str | None,
+) -> Callable[[], None]:
+    """The layout self-check's forward pass: batch 0 cut to its first sample."""
+
+    def run() -> None:
+        b = cast_batch(source(0), dev, run_dtype)
+        lead = _first_shape_of(b)
+        if lead and lead[0] > 1:
+            n = lead[0]
+
+            def cut(v: Any) -> Any:
+                return v[:1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
+
+            b = Batch(tuple(cut(a) for a in b.args), {k: cut(v) for k, v in b.kwargs.items()})
+        ctx = torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp else contextlib.nullcontext()
+        with ctx:
+            model(*b.args, **b.kwargs)
+
+    return run
+
+
+def _first_shape_of(b: Batch) -> tuple[int, ...]:
+    from actscan.measure.recorder import first_tensor
+
+    t = b.token_ids
+    if t is None:
+        t = first_tensor((b.args, b.kwargs))
+    return tuple(t.shape) if t is not None else ()
+
+
+def with_at_init(info: ModelInfo, at_init: bool | None) -> ModelInfo:
+    """`info` with the caller's at-init judgement (`--at-init/--trained`, `scan(at_init=)`);
+    None keeps the resolver's."""
+
+    return info if at_init is None or at_init == info.at_init else replace(info, at_init=at_init)
+
+
+def _measure_at_init(
+    model: nn.Module, first: Batch, notes: list[str]
+) -> tuple[Usage | None, dict[str, tuple[float, float]] | None]:
+    """Fan-in of every weight (one small pass) and each norm's effective gain (a probe)."""
+    try:
+        usage = measure_usage(model, first.args, first.kwargs)
+    except Exception as err:  # the recorded pass below reports the model's own error
+        line = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+        notes.append(f"init-scale: fan-in read from weight shapes (measuring pass failed: {line})")
+        return None, None
+    structured = sorted(
+        name for name, p in model.named_parameters() if name not in usage.uses and p.numel() > 1
+    )
+    structured = [s for s in structured if not _is_norm_param(model, s)]
+    if structured:
+        shown = ", ".join(structured[:3]) + (
+            f", … ({len(structured)})" if len(structured) > 3 else ""
+        )
+        notes.append(
+            f"init-scale: {len(structured)} parameters are not matmul/conv/embedding weights "
+            f"(structured, not judged): {shown}"
+        )
+    return usage, norm_gains(model, usage.norm_inputs)
+
+
+def _is_norm_param(model: nn.Module, pname: str) -> bool:
+    mname = pname.rpartition(".")[0]
+    mod = model.get_submodule(mname) if mname else model
+    return is_norm(mod)
+
+
 def _with_blocks(info: ModelInfo, layout: Layout) -> ModelInfo:
-    from dataclasses import replace
 
     return replace(info, n_blocks=len(layout.blocks)) if layout.blocks else info
 

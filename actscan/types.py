@@ -17,7 +17,9 @@ class Role(StrEnum):
     EMBED = "embed"
     STREAM = "stream"
     ATTN = "attn"
-    MLP = "mlp"
+    MLP = "mlp"  # MoE blocks (router + experts) are MLP branches too
+    MIXER = "mixer"  # state-space sequence mixers (Mamba, Mamba2, Jamba's mamba layers)
+    CROSS_ATTN = "cross_attn"
     NORM = "norm"
     ACT = "act"
     HEAD = "head"
@@ -94,7 +96,9 @@ class ModelInfo:
     n_blocks: int = 0
     d_model: int | None = None
     vocab_size: int | None = None
-    # Built from a config at initialization (no trained weights): enables init-scale checks.
+    # At initialization (no trained weights): enables init-scale checks. Config targets,
+    # module:callable targets and scan() on a module are at init unless told otherwise
+    # (`scan(at_init=False)`); checkpoints and folders are not.
     at_init: bool = False
     # Kind of task the default loss serves: "causal-lm", "masked-lm"/"encoder", "custom".
     task: str = "custom"
@@ -164,7 +168,7 @@ class BranchRecord:
     """One residual branch (attention or MLP output) against the stream it writes into."""
 
     block: int
-    kind: str  # "attn" | "mlp"
+    kind: str  # a branch Role value: "attn" | "mlp" | "mixer" | "cross_attn"
     name: str
     rms: float | None
     stream_rms: float | None  # RMS of the stream entering the block
@@ -173,6 +177,13 @@ class BranchRecord:
     channel_max_ratio: float | None
     grad_rms: float | None
     param_grad_norm: float | None  # over all parameters inside the branch
+    # What the stream receives when it is not the branch's own output (a post-branch norm,
+    # a gain module), as proven by the layout self-check; None when it is the branch itself.
+    write: str | None = None
+    write_rms: float | None = None
+    write_ratio: float | None = None  # write_rms / stream_rms
+    verified: bool | None = None  # layout self-check of the block: None when not run
+    moe: bool = False  # the branch is a router + experts block
 
 
 @dataclass(frozen=True)
@@ -188,8 +199,14 @@ class ParamRecord:
     std: float
     fan_in: int | None
     fan_out: int | None
-    kind: str  # "weight" (matrix), "embedding", "norm-gain", "bias", "scalar", "other"
+    # "weight" (matrix), "embedding", "norm-gain", "bias", "scalar", "other"; at init (fan-in
+    # measured in a forward pass) "structured": never a matmul/conv weight (A_log, D, …).
+    kind: str
     nonfinite: int = 0
+    # Norm gains at init: mean/std over channels of the gain measured by a probe (Gemma's
+    # (1 + w) norms have gain 1 at w = 0); None: read from the weight.
+    gain: float | None = None
+    gain_std: float | None = None
 
 
 @dataclass(frozen=True)
@@ -243,12 +260,64 @@ _SUMMARY_KEYS = tuple(f.name for f in fields(Summary))
 
 
 @dataclass(frozen=True)
+class BranchInfo:
+    """One residual branch of a block, by role, as the layout self-check proved it."""
+
+    role: str  # Role value: "attn" | "mlp" | "mixer" | "cross_attn"
+    name: str  # the branch module (its output is the branch's own output)
+    write: str | None = None  # module whose output the stream receives, when not `name`
+    moe: bool = False  # router + experts (an MLP branch)
+    scale: float | None = None  # fitted coefficient when the stream receives scale·write
+
+
+@dataclass(frozen=True)
+class BlockProof:
+    """The layout self-check of one block: x_in + Σ writes = x_out, measured.
+
+    status: "verified" (the equation holds within `tolerance`), "unverified" (no set of
+    candidate writes satisfies it: the block's branch checks are skipped) or "skipped" (the
+    check could not run on this block, `note` says why).
+    placement: "additive" (x_out = x_in + Σ writes) or "post-norm" (the equation holds
+    before the block's stream norms: x_out = norm(x_in + Σ writes), post-LN).
+    residual: ‖x_in + Σ writes − x_out‖ / ‖x_out‖ (per segment, the worst, for post-norm).
+    stream: which block list the block belongs to ("main"; a second stream such as an
+    encoder-decoder's decoder gets its own name).
+    """
+
+    block: int
+    name: str
+    status: str
+    residual: float | None = None
+    tolerance: float | None = None
+    placement: str | None = None
+    writes: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()  # role of each write's branch
+    norms: tuple[str, ...] = ()  # post-norm: the norms the stream passes through
+    stream_scale: float | None = None  # fitted coefficient of the stream (DeepNorm α)
+    stream: str = "main"
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class BlockInfo:
     index: int
     name: str
     attn: str | None = None  # module whose output is the attention branch
     mlp: str | None = None  # module whose output is the MLP branch
     adds: int = 2  # residual additions this block makes (branches)
+    # Every branch by role (set by the layout self-check; empty: attn/mlp above are a guess).
+    branches: tuple[BranchInfo, ...] = ()
+    proof: BlockProof | None = None
+
+    def branch_list(self) -> tuple[BranchInfo, ...]:
+        """The proven branches, else the guessed attention/MLP pair."""
+        if self.branches:
+            return self.branches
+        return tuple(
+            BranchInfo(role=role, name=name)
+            for role, name in (("attn", self.attn), ("mlp", self.mlp))
+            if name is not None
+        )
 
 
 @dataclass(frozen=True)

@@ -595,3 +595,24 @@ def test_cli_modules_stay_apart(tmp_path: Path) -> None:
         "import actscan.scanner as sc\nsc._hidden()\nsc.scan()\n"
     )
     assert _private_reaches(probe) == ["from actscan.models.gpt import _linear_std", "sc._hidden"]
+
+
+@pytest.mark.parametrize(
+    ("target", "flag", "judged"),
+    [
+        (str(REPO / "sample_models" / "gpt-48-naive.safetensors"), None, False),
+        (str(REPO / "sample_models" / "gpt-48-naive.safetensors"), "--at-init", True),
+        ("gpt-48-naive", None, True),
+        ("gpt-48-naive", "--trained", False),
+    ],
+)
+def test_at_init_and_trained_override_the_resolver(
+    target: str, flag: str | None, judged: bool
+) -> None:
+    """A checkpoint is taken as trained and a config as an init; the flag overrides both,
+    and init-scale runs exactly when the weights are judged an initialization."""
+    args = [target, "--set", "n_layers=8"] if target == "gpt-48-naive" else [target]
+    result = cli("profile", *args, *([flag] if flag else []), "-q", "--json", "-")
+    assert result.exit_code in (0, 1), result.output
+    data = json.loads(result.stdout)
+    assert ("init-scale" in {f["check"] for f in data["findings"]}) is judged

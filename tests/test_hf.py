@@ -188,19 +188,24 @@ def test_minilm_checkpoint(minilm: Path) -> None:
 def test_structure_of_families(
     tmp_path: Path, model_type, kw, attn, mlp, embed, head, final_norm, act
 ) -> None:
-    """config.json alone → transformers' init; the layout is found by the generic rule."""
+    """config.json alone → transformers' init; the layout is found by the generic rules (the
+    names' first guess, proven by the data flow: OPT's fc2 without an MLP wrapper)."""
     cfg = transformers.AutoConfig.for_model(model_type, **kw).to_dict()
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     resolved = resolve(str(path))
     assert resolved.info.at_init and resolved.info.family == model_type
     assert resolved.info.task == "causal-lm"
+    from actscan.measure.layout_proof import prove_layout
     from actscan.measure.structure import detect_layout
 
-    layout = detect_layout(resolved.model, model_type)
+    model = resolved.model.eval()
+    ids = random_tokens(96, 1, 8, 0, 0)
+    layout = prove_layout(model, detect_layout(model), lambda: model(input_ids=ids)).layout
     assert len(layout.blocks) == 3
     for i, b in enumerate(layout.blocks):
         assert (b.attn, b.mlp, b.adds) == (attn.format(i), mlp.format(i), 2)
+        assert b.proof is not None and b.proof.status == "verified"
     assert (layout.embed, layout.head, layout.final_norm) == (embed, head, final_norm)
     assert layout.role(embed) == "embed" and layout.role(head) == "head"
     assert layout.role(final_norm) == "norm" and layout.role(act) == "act"

@@ -117,6 +117,14 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the findi
 AllowNonfinite = Annotated[
     bool, typer.Option("--allow-nonfinite", help="Run even if weights contain NaN/Inf.")
 ]
+AtInit = Annotated[
+    bool | None,
+    typer.Option(
+        "--at-init/--trained",
+        help="Judge the weights as an initialization (init-scale runs) or as trained. "
+        "Default: at init for configs and module:callable, trained for checkpoints.",
+    ),
+]
 Plot = Annotated[
     str | None, typer.Option("--plot", help="Draw stream RMS vs k to PATH (.png/.svg/.pdf).")
 ]

@@ -45,6 +45,7 @@ def compare(
     threshold: c.ThresholdOpt = None,
     quiet: c.Quiet = False,
     allow_nonfinite: c.AllowNonfinite = False,
+    at_init: c.AtInit = None,
     all_modules: Annotated[
         bool, typer.Option("--all", help="Every matched layer (and every layer's divergence).")
     ] = False,
@@ -82,7 +83,12 @@ def compare(
     )  # fmt: skip
     shape = c.parse_shape(input_shape)
     spec_a, spec_b = (
-        s.spec(input_file=input_file, input_shape=shape, allow_nonfinite=allow_nonfinite)
+        s.spec(
+            input_file=input_file,
+            input_shape=shape,
+            allow_nonfinite=allow_nonfinite,
+            at_init=at_init,
+        )
         for s in (a_side, b_side)
     )
 

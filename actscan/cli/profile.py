@@ -44,6 +44,7 @@ def profile(
     threshold: c.ThresholdOpt = None,
     quiet: c.Quiet = False,
     allow_nonfinite: c.AllowNonfinite = False,
+    at_init: c.AtInit = None,
     all_modules: Annotated[bool, typer.Option("--all", help="Table of every module.")] = False,
     show_config: Annotated[
         bool, typer.Option("--show-config", help="Print the effective settings and exit.")
@@ -73,7 +74,7 @@ def profile(
     spec = TargetSpec(
         target=target, config=config, init=init, overrides=tuple(set_ or ()),
         input_file=input_file, input_shape=c.parse_shape(input_shape),
-        allow_nonfinite=allow_nonfinite,
+        allow_nonfinite=allow_nonfinite, at_init=at_init,
     )  # fmt: skip
     with c.ProgressSink(enabled=not quiet) as progress:
         scanned = scan_target(spec, settings, backward=not no_backward, progress=progress)

@@ -38,12 +38,14 @@ class Side:
         input_file: Path | None = None,
         input_shape: tuple[int, ...] | None = None,
         allow_nonfinite: bool = False,
+        at_init: bool | None = None,
     ) -> TargetSpec:
         from actscan.pipeline import TargetSpec
 
         return TargetSpec(
             target=self.target, config=self.config, init=self.init, overrides=self.sets,
             input_file=input_file, input_shape=input_shape, allow_nonfinite=allow_nonfinite,
+            at_init=at_init,
         )  # fmt: skip
 
     def label(self) -> str:

@@ -21,7 +21,17 @@ from actscan.types import BranchRecord, CheckId, Finding, LayerRecord, ParamReco
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext
 
-KIND_NAME = {"attn": "attention", "mlp": "MLP"}
+KIND_NAME = {
+    "attn": "attention",
+    "mlp": "MLP",
+    "mixer": "mixer (SSM)",
+    "cross_attn": "cross-attention",
+}
+
+
+def kind_name(rec: BranchRecord) -> str:
+    """What the branch is, for messages: a router + experts MLP is called MoE."""
+    return "MoE" if rec.moe else KIND_NAME.get(rec.kind, rec.kind)
 
 
 @dataclass(frozen=True)
@@ -40,12 +50,14 @@ def _gain_for(
     later = [
         r for r in block
         if r.order > branch.order and GAIN_NAME.search(r.name.rsplit(".", 1)[-1])
-        and not r.name.startswith(rec.name + ".") and r.role not in ("attn", "mlp", "norm")
+        and not r.name.startswith(rec.name + ".") and r.role not in (*KIND_NAME, "norm")
     ]  # fmt: skip
     return min(later, key=lambda r: r.order) if later else None
 
 
 def _branches(ctx: CheckContext) -> list[_Branch]:
+    """The branches to judge: blocks whose layout self-check failed are not judged (the
+    report's notes and `layout` list them as unverified)."""
     by_name = {r.name: r for r in ctx.layers}
     in_block: dict[int, list[LayerRecord]] = {}
     for r in ctx.layers:
@@ -57,9 +69,15 @@ def _branches(ctx: CheckContext) -> list[_Branch]:
         params_of.setdefault(p.module, []).append(p)
     out = []
     for rec in branch_records(ctx.layout, ctx.layers, ctx.stream):
+        if rec.verified is False:
+            continue
         own = by_name[rec.name]
         gain = _gain_for(rec, own, in_block.get(rec.block, []))
-        written = gain.rms if gain is not None else rec.rms
+        # what the stream receives: the proven write (post-branch norm, gain), else the gain
+        if rec.write is not None and rec.write_rms is not None:
+            written: float | None = rec.write_rms
+        else:
+            written = gain.rms if gain is not None else rec.rms
         ratio = None
         if written == 0:
             ratio = 0.0
@@ -126,7 +144,7 @@ def dead_branch(ctx: CheckContext) -> list[Finding]:
     # Every branch of one kind zeroed at init through an all-zero output projection: a
     # deliberate zero-init (Fixup / SkipInit), not an accident.
     zero_out = {o.module for _, o, _ in branch_projections(ctx) if o.std == 0 and o.mean == 0}
-    for kind in ("attn", "mlp"):
+    for kind in KIND_NAME:
         of_kind = [b for b in branches if b.rec.kind == kind]
         dead_kind = [b for b in rest if b.rec.kind == kind]
         zeroed = all(any(m.startswith(b.rec.name + ".") for m in zero_out) for b in dead_kind)
@@ -138,7 +156,8 @@ def dead_branch(ctx: CheckContext) -> list[Finding]:
                     [b.rec.name for b in dead_kind],
                     0.0,
                     th.dead_branch_ratio,
-                    f"All {len(of_kind)} {KIND_NAME[kind]} branches write ~0 into the stream at "
+                    f"All {len(of_kind)} {kind_name(of_kind[0].rec)} branches write ~0 into the "
+                    f"stream at "
                     f"init: a zero-initialized output projection in every block (Fixup / "
                     f"SkipInit style) starts each block as the identity.",
                     "Fine if deliberate: the zeroed projections still get gradients and grow. "
@@ -160,9 +179,10 @@ def dead_branch(ctx: CheckContext) -> list[Finding]:
     }
     parts = []
     for b in rest:
-        what = f"{KIND_NAME.get(b.rec.kind, b.rec.kind)} of block {b.rec.block} ({b.rec.name}: "
+        what = f"{kind_name(b.rec)} of block {b.rec.block} ({b.rec.name}"
+        what += f" → {b.rec.write}: " if b.rec.write else ": "
         if b.ratio is not None and b.ratio <= th.dead_branch_ratio:
-            written = b.gain.rms if b.gain else b.rec.rms
+            written = b.rec.write_rms if b.rec.write else (b.gain.rms if b.gain else b.rec.rms)
             what += f"RMS {n(written)} vs stream {n(b.rec.stream_rms)}"
         else:
             what += f"output gradient {n(b.grad_ratio)} of the stream's"

@@ -99,9 +99,8 @@ def branch_projections(ctx: CheckContext) -> list[tuple[ParamRecord, ParamRecord
     index = {p.name: i for i, p in enumerate(ctx.params)}
     pairs = []
     for b in ctx.layout.blocks:
-        for kind, branch in (("attn", b.attn), ("mlp", b.mlp)):
-            if branch is None:
-                continue
+        for br in b.branch_list():
+            kind, branch = br.role, br.name
             ws = [
                 p for p in ctx.params
                 if p.kind == "weight" and (p.module == branch or p.module.startswith(branch + "."))
@@ -131,10 +130,16 @@ def residual_budget(
     if any(
         p.block is not None
         and GAIN_NAME.search(p.module.rsplit(".", 1)[-1])
-        and p.kind in ("scalar", "other")
+        and p.kind in ("scalar", "other", "structured")
         for p in ctx.params
     ):
         return None  # branch gains carry the depth scaling
+    if any(
+        br.write is not None and ctx.layout.role(br.write) == "norm"
+        for b in ctx.layout.blocks
+        for br in b.branches
+    ):
+        return None  # post-branch norms (sandwich) set the write's scale, not the projection
     pairs = [(i, o) for i, o, kind in branch_projections(ctx) if kind == "attn"]
     scales = [o.std / i.std for i, o in pairs if i.std > 0]
     if len(scales) < ctx.thresholds.min_blocks:

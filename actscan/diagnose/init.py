@@ -127,26 +127,35 @@ def _residual_budget(ctx: CheckContext) -> list[Finding]:
     ]
 
 
+def _gain(p: ParamRecord) -> tuple[float, float]:
+    """(mean, std) of a norm's gain: measured by a probe when known, else its weight's."""
+    if p.gain is not None:
+        return p.gain, p.gain_std or 0.0
+    return p.mean, p.std
+
+
 def _gains_and_biases(ctx: CheckContext) -> list[Finding]:
     th = ctx.thresholds
     out: list[Finding] = []
     gains = [
         p
         for p in ctx.params
-        if p.kind == "norm-gain" and max(abs(p.mean - 1), p.std) > th.init_gain_tol
+        if p.kind == "norm-gain" and max(abs(_gain(p)[0] - 1), _gain(p)[1]) > th.init_gain_tol
     ]
     if gains:
-        g = max(gains, key=lambda p: abs(p.mean - 1) + p.std)
+        g = max(gains, key=lambda p: abs(_gain(p)[0] - 1) + _gain(p)[1])
+        mean, std = _gain(g)
+        measured = " effective gain" if g.gain is not None else ""
         out.append(
             finding(
                 CheckId.INIT_SCALE,
                 Severity.WARN,
                 [p.module for p in gains],
-                g.mean,
+                mean,
                 th.init_gain_tol,
                 f"{len(gains)} norm gain{'s' if len(gains) > 1 else ''} are not 1 at init "
-                f"(worst {g.name}: mean {n(g.mean)}, std {n(g.std)}): the gain alone sets the "
-                f"scale of what the branch reads.",
+                f"(worst {g.name}:{measured} mean {n(mean)}, std {n(std)}): the gain alone sets "
+                f"the scale of what the branch reads.",
                 "Initialize norm gains to 1 and norm biases to 0 (and keep them out of weight "
                 "decay).",
             )

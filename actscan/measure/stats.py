@@ -196,8 +196,10 @@ def branch_records(
         entering[b.index] = stream[i].rms if i < len(stream) else None
     out: list[BranchRecord] = []
     for b in layout.blocks:
-        for kind, name in (("attn", b.attn), ("mlp", b.mlp)):
-            if name is None or name not in by_name:
+        verified = None if b.proof is None else b.proof.status == "verified"
+        for br in b.branch_list():
+            name = br.name
+            if name not in by_name:
                 continue
             rec = by_name[name]
             sq = [
@@ -208,11 +210,16 @@ def branch_records(
             ]
             s_rms = entering.get(b.index)
             ratio = rec.rms / s_rms if rec.rms is not None and s_rms else None
+            w = by_name.get(br.write) if br.write else None
+            w_rms = None if w is None or w.rms is None else w.rms * abs(br.scale or 1.0)
             out.append(
                 BranchRecord(
-                    block=b.index, kind=kind, name=name, rms=rec.rms, stream_rms=s_rms,
+                    block=b.index, kind=br.role, name=name, rms=rec.rms, stream_rms=s_rms,
                     ratio=ratio, max_abs=rec.max_abs, channel_max_ratio=rec.channel_max_ratio,
                     grad_rms=rec.grad_rms, param_grad_norm=math.sqrt(sum(sq)) if sq else None,
+                    write=br.write, write_rms=w_rms,
+                    write_ratio=w_rms / s_rms if w_rms is not None and s_rms else None,
+                    verified=verified, moe=br.moe,
                 )
             )  # fmt: skip
     return tuple(out)

@@ -1,8 +1,9 @@
 """Find the residual stream: embedding, blocks, branches, norms, activations, head.
 
-Generic rule first (the blocks are the longest `nn.ModuleList` of same-class children);
-a small per-family map only where a family hides its branch outputs (post-LN encoders,
-whose attention module already contains the residual add and the norm).
+The blocks are the longest `nn.ModuleList` of same-class children; branches are a first
+guess from module names here, and `layout_proof.prove_layout` replaces the guess with what
+one forward pass shows each block adds to the stream (post-branch norms, gains, post-LN
+encoders whose attention module holds the residual add), with no per-family table.
 """
 
 from __future__ import annotations
@@ -12,26 +13,6 @@ import re
 from torch import nn
 
 from actscan.types import BlockInfo, Layout, Role
-
-# Branch output modules, relative to a block, for families whose branch module is not a
-# plain "attn"/"mlp" child. Keys are `config.model_type` values.
-_BERT_LIKE = ("attention.output.dense", "output.dense")
-FAMILY_BRANCHES: dict[str, tuple[str, str]] = {
-    "bert": _BERT_LIKE,
-    "roberta": _BERT_LIKE,
-    "xlm-roberta": _BERT_LIKE,
-    "electra": _BERT_LIKE,
-    "camembert": _BERT_LIKE,
-    "ernie": _BERT_LIKE,
-    "mpnet": ("attention.o", "output.dense"),
-    # OPT-style layers hold fc1/fc2 directly (no MLP wrapper module).
-    "opt": ("self_attn", "fc2"),
-    "xglm": ("self_attn", "fc2"),
-    "biogpt": ("self_attn", "fc2"),
-}
-# Modules (first path component inside a block) that belong to the MLP branch but sit
-# beside its output module in family-mapped layouts: BERT's `intermediate`, OPT's `fc1`.
-FAMILY_MLP_PARTS: tuple[str, ...] = ("intermediate", "fc1")
 
 _ATTN_RE = re.compile(r"(^|_)(attn|attention|self_attn|self_attention|mixer|mha|sa)$", re.I)
 _MLP_RE = re.compile(
@@ -95,6 +76,11 @@ def _find_branch(block: nn.Module, pattern: re.Pattern[str]) -> str | None:
 
 
 def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
+    """Blocks, embedding, head and a first guess of each block's branches by name.
+
+    `model_type` is accepted for callers but unused: no per-family table is needed since
+    `layout_proof.prove_layout` checks the guess against one forward pass and replaces it.
+    """
     modules = dict(model.named_modules())
     order = {name: i for i, name in enumerate(modules)}
     roles: dict[str, str] = {}
@@ -103,7 +89,6 @@ def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
     blocks: list[BlockInfo] = []
     container = None
     note = None
-    family_map = FAMILY_BRANCHES.get((model_type or "").lower())
 
     if found is None:
         note = (
@@ -114,16 +99,10 @@ def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
         container, names = found
         for i, bname in enumerate(names):
             block = modules[bname]
-            if family_map:
-                attn_rel, mlp_rel = family_map
-                sub = dict(block.named_modules())
-                attn_rel = attn_rel if attn_rel in sub else None
-                mlp_rel = mlp_rel if mlp_rel in sub else None
-            else:
-                attn_rel = _find_branch(block, _ATTN_RE)
-                mlp_rel = _find_branch(block, _MLP_RE)
-                if mlp_rel and attn_rel and mlp_rel.startswith(attn_rel + "."):
-                    mlp_rel = None
+            attn_rel = _find_branch(block, _ATTN_RE)
+            mlp_rel = _find_branch(block, _MLP_RE)
+            if mlp_rel and attn_rel and mlp_rel.startswith(attn_rel + "."):
+                mlp_rel = None
             attn = f"{bname}.{attn_rel}" if attn_rel else None
             mlp = f"{bname}.{mlp_rel}" if mlp_rel else None
             adds = int(attn is not None) + int(mlp is not None) or 1
@@ -137,16 +116,6 @@ def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
                     roles[sub_name] = Role.ATTN.value
                 elif mlp and (sub_name == mlp or sub_name.startswith(mlp + ".")):
                     roles[sub_name] = Role.MLP.value
-                # In family maps the branch is a leaf inside a wrapper: give its parents,
-                # the wrapper's subtree (BERT's attention.self) and the MLP's parts roles.
-                if family_map and attn and attn.startswith(sub_name + "."):
-                    roles[sub_name] = Role.ATTN.value
-                if family_map and sub_name not in roles:
-                    first = sub_name[len(bname) + 1 :].split(".", 1)[0]
-                    if attn and attn[len(bname) + 1 :].split(".", 1)[0] == first:
-                        roles[sub_name] = Role.ATTN.value
-                    elif mlp and first in FAMILY_MLP_PARTS:
-                        roles[sub_name] = Role.MLP.value
                 if is_norm(sub):
                     roles[sub_name] = Role.NORM.value
                 elif is_act(sub):

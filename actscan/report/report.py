@@ -13,6 +13,7 @@ from typing import Any
 from actscan import __version__
 from actscan.report.output import dumps, json_safe
 from actscan.types import (
+    BlockProof,
     BranchRecord,
     FailOn,
     Finding,
@@ -39,6 +40,7 @@ class Report:
     params: tuple[ParamRecord, ...] = ()
     notes: tuple[str, ...] = ()  # structure/run remarks shown to the user
     branches: tuple[BranchRecord, ...] = ()
+    layout: tuple[BlockProof, ...] = ()  # the layout self-check, per block
 
     def __post_init__(self) -> None:
         # A plain dict (the pre-typed form) is still accepted and becomes a Summary.
@@ -79,6 +81,7 @@ class Report:
                 "summary": dict(self.summary),
                 "notes": list(self.notes),
                 "branches": [asdict(b) for b in self.branches],
+                "layout": [asdict(p) for p in self.layout],
             }
         )
 
@@ -111,6 +114,13 @@ class Report:
             summary=Summary.from_mapping(data.get("summary", {})),
             notes=tuple(data.get("notes", ())),
             branches=tuple(build(BranchRecord, d) for d in data.get("branches", ())),
+            layout=tuple(
+                build(
+                    BlockProof,
+                    {**d, **{k: tuple(d.get(k, ())) for k in ("writes", "roles", "norms")}},
+                )
+                for d in data.get("layout", ())
+            ),
         )
 
     def to_markdown(self, fail_on: str | FailOn = FailOn.ERROR) -> str:

@@ -23,9 +23,10 @@ The contract (also the README's):
        is next-token cross-entropy (task "causal-lm"), else the mean square of the output;
     5. otherwise: an error asking for `--input-shape`.
 * The loss is the mean square of the first output tensor unless rule 3/4 makes it a
-  language model. The model is profiled as returned (no re-initialization, `at_init` false),
-  except that a `torch.compile`d module is profiled through its original module and a model
-  built on the meta device is materialised with its own initialisers (measure/prepare.py).
+  language model. The model is profiled as returned (no re-initialization) and taken to be
+  at init: init-scale checks run (`TargetOptions.at_init=False`, `--trained`, says otherwise).
+  A `torch.compile`d module is profiled through its original module, and a model built on
+  the meta device is materialised with its own initialisers (measure/prepare.py).
 
 Every failure — the module does not import, the attribute is missing, the callable raises or
 returns the wrong type — is one BadInputError line naming the target (exit 2).

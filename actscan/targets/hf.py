@@ -266,6 +266,9 @@ def reinit(model: nn.Module, scheme: str, init_std: float, seed: int) -> None:
     Linear (and GPT-2's transposed Conv1D) weights ~ N(0, std(scheme, fan_in, fan_out)),
     biases 0; embeddings N(0, init_std) for gpt2 (init_std/10 for small), else N(0, 1);
     norm gains 1 and biases 0. A tied head is the embedding's tensor and is left to it.
+    Measured, not guessed (actscan/models/reinit.py): a norm's gain is 1 as the norm applies
+    it (w = 0 for (1 + w) norms); other matmul weights (fused 3-D MoE experts) get the same
+    rule with the fan-in the forward pass contracts over; structured biases are kept.
     """
     import torch
     from torch import nn
@@ -273,12 +276,14 @@ def reinit(model: nn.Module, scheme: str, init_std: float, seed: int) -> None:
     from actscan.measure.structure import is_norm
     from actscan.models.arch import INITS, ArchConfig
     from actscan.models.gpt import _linear_std
+    from actscan.models.reinit import init_unhandled_, is_linear_bias, token_usage, unit_gain_
 
     if scheme not in INITS:
         raise ConfigError(f"--init must be one of {'|'.join(INITS)}, got '{scheme}'")
     rule = ArchConfig(init=scheme, init_std=init_std)
     emb_std = {"gpt2": init_std, "small": init_std / 10}.get(scheme, 1.0)
     done: set[int] = set()
+    usage = token_usage(model)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for mod in model.modules():
@@ -296,13 +301,18 @@ def reinit(model: nn.Module, scheme: str, init_std: float, seed: int) -> None:
                 )
                 nn.init.normal_(weight, 0.0, _linear_std(rule, int(fan_in), int(fan_out)))
             elif is_norm(mod):
-                nn.init.ones_(weight)
+                unit_gain_(mod, weight)
             else:
                 continue
             done.add(id(weight))
-            if isinstance(bias, nn.Parameter) and id(bias) not in done:
+            if (
+                isinstance(bias, nn.Parameter)
+                and id(bias) not in done
+                and is_linear_bias(usage, model, bias)
+            ):
                 nn.init.zeros_(bias)
                 done.add(id(bias))
+        init_unhandled_(model, usage, lambda fi, fo: _linear_std(rule, fi, fo), done)
 
 
 # --------------------------------------------------------------------------- weights

@@ -7,6 +7,7 @@ config file). Each kind lives in its own module; this file only dispatches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,22 @@ from actscan.errors import BadInputError
 from actscan.measure.inputs import InputSource
 from actscan.types import ModelInfo
 
-CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 CONFIG_SUFFIXES = (".yaml", ".yml", ".toml", ".json")
+
+
+def _configs_dir() -> Path:
+    """Where the shipped configs are: inside the installed package, else the source tree.
+
+    A wheel holds them as `actscan/configs/` (pyproject maps the top-level `configs/` folder
+    there); an editable install or a run from a checkout has only the top-level folder.
+    """
+    packaged = resources.files("actscan") / "configs"
+    if isinstance(packaged, Path) and packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "configs"
+
+
+CONFIGS_DIR = _configs_dir()
 
 
 @dataclass(frozen=True)
@@ -42,6 +57,9 @@ class TargetOptions:
     # models with an nn.Embedding, --input FILE.txt); None: the resolver's default.
     batch: int | None = None
     seq_len: int | None = None
+    # --at-init/--trained: whether the weights are an initialization (init-scale checks);
+    # None: the resolver's judgement (configs and module:callable yes, checkpoints no).
+    at_init: bool | None = None
 
 
 def shipped_configs() -> dict[str, Path]:
@@ -52,6 +70,15 @@ def shipped_configs() -> dict[str, Path]:
 
 def resolve(target: str, opts: TargetOptions | None = None) -> Resolved:
     opts = opts or TargetOptions()
+    resolved = _resolve(target, opts)
+    if opts.at_init is None or opts.at_init == resolved.info.at_init:
+        return resolved
+    from dataclasses import replace
+
+    return replace(resolved, info=replace(resolved.info, at_init=opts.at_init))
+
+
+def _resolve(target: str, opts: TargetOptions) -> Resolved:
     path = Path(target)
     if ":" in target and not path.exists() and not _looks_like_windows_path(target):
         from actscan.targets.factory import resolve_factory

@@ -1,0 +1,681 @@
+"""The layout proves itself: per block, stream in + Σ branch writes = stream out, measured.
+
+`structure.detect_layout` guesses branches from module names. Names lie: Gemma adds the
+output of `post_feedforward_layernorm`, not of `mlp`; ReZero adds `α·attn`; a Mamba block
+has a mixer, not attention. So one small forward pass (batch 1 of the run's inputs, no
+gradients) records, inside every block, each module's output that has the stream's shape
+and which module consumed which tensor (by tensor identity). From that data flow:
+
+- writes: the stream-shaped outputs that no module inside the block consumes (what the
+  block adds, whatever the module is: the branch itself, a post-branch norm, a gain);
+- the equation ‖x_in + Σ writes − x_out‖ / ‖x_out‖ ≤ tolerance(dtype) must hold;
+- if not, post-norm placement (x_out = norm(x_in + Σ writes)): the equation holds at the
+  input of the block's stream norms; then fitted scalar coefficients (DeepNorm's α·x,
+  a bare-parameter gate); then subsets of the candidates; else the block is unverified.
+
+Norms of any combination of the recorded vectors come from one Gram matrix per block,
+computed on the device when the block returns, and all Grams reach the host in one
+transfer after the pass: no host sync inside hooks. The proof works on one block list
+(one stream); an encoder-decoder's second stack is a second call with its own `stream`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from actscan.measure.structure import is_act, is_norm
+from actscan.types import BlockInfo, BlockProof, BranchInfo, Layout, Role
+
+# ‖x_in + Σ writes − x_out‖ / ‖x_out‖ allowed per dtype of the stream: a few roundings of
+# the additions themselves (unit roundoff 2⁻²⁴, 2⁻¹¹, 2⁻⁸).
+TOLERANCE = {
+    torch.float64: 1e-9,
+    torch.float32: 1e-4,
+    torch.float16: 4e-3,
+    torch.bfloat16: 3e-2,
+}
+MAX_SEARCH = 24  # candidate groups searched in subsets (beyond: unverified)
+
+Key = tuple[Any, ...]
+
+_CROSS = re.compile(r"cross|encoder_?attn|enc_?dec", re.I)
+_SSM = re.compile(r"mamba|ssm|rwkv|hyena|s4d?(\b|_)", re.I)
+_MIXER = re.compile(r"mixer", re.I)
+_ATTN = re.compile(r"attn|attention", re.I)
+_MOE = re.compile(r"expert|moe", re.I)
+_SSM_PARAMS = {"A_log", "dt_bias"}
+
+
+def _key(t: torch.Tensor) -> Key:
+    """Identity of a tensor's view (same storage, offset, shape, strides)."""
+    try:
+        return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+    except (RuntimeError, NotImplementedError):
+        return ("id", id(t))
+
+
+def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < 3 and isinstance(obj, list | tuple):
+        for item in obj:
+            yield from _tensors(item, depth + 1)
+    elif depth < 3 and isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item, depth + 1)
+
+
+def _like(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """Stream-shaped up to a flattening of the leading dims (OPT adds in (B·T, C))."""
+    return bool(shape) and t.shape[-1:] == shape[-1:] and t.numel() == math.prod(shape)
+
+
+def _first_float(obj: Any) -> torch.Tensor | None:
+    return next((t for t in _tensors(obj) if t.is_floating_point()), None)
+
+
+@dataclass
+class _Node:
+    """One module call inside a block."""
+
+    name: str
+    order: int
+    in_keys: tuple[Key, ...]
+    out_key: Key | None  # first float output (any shape)
+    in_key: Key | None  # first float input
+
+
+@dataclass
+class _Trace:
+    """What one block call recorded (host: keys; device: stream-shaped values)."""
+
+    block: int
+    shape: tuple[int, ...]  # the stream's; outputs of the same numel and width count
+    x_in: Key
+    nodes: list[_Node] = field(default_factory=list)
+    values: dict[Key, torch.Tensor] = field(default_factory=dict)
+    keep: list[torch.Tensor] = field(default_factory=list)  # keeps data_ptr keys unique
+    keys: list[Key] = field(default_factory=list)  # rows of the Gram matrix
+    x_out: Key | None = None
+    dtype: torch.dtype | None = None
+    gram: torch.Tensor | None = None
+    note: str = ""
+
+
+class _Probe:
+    """Temporary hooks on the blocks and everything inside them."""
+
+    def __init__(self, model: nn.Module, blocks: Sequence[BlockInfo]) -> None:
+        self.modules = dict(model.named_modules())
+        self.blocks = blocks
+        self.traces: dict[int, _Trace] = {}
+        self.stack: list[_Trace] = []
+        self.order = 0
+        self.handles: list[Any] = []
+        # float64 Grams keep residuals down to ~1e-8; MPS has no float64
+        self.acc = torch.float64
+
+    def __enter__(self) -> _Probe:
+        try:
+            for b in self.blocks:
+                block = self.modules[b.name]
+                self.handles.append(
+                    block.register_forward_pre_hook(self._enter(b.index), with_kwargs=True)
+                )
+                for name, mod in block.named_modules(prefix=b.name):
+                    if name != b.name:
+                        self.handles.append(
+                            mod.register_forward_hook(self._inner(name), with_kwargs=True)
+                        )
+                self.handles.append(
+                    block.register_forward_hook(self._leave(b.index), with_kwargs=True)
+                )
+        except Exception:
+            self._remove()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._remove()
+
+    def _remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        self.stack.clear()
+
+    def _store(self, tr: _Trace, t: torch.Tensor) -> Key:
+        k = _key(t)
+        tr.keep.append(t)
+        if _like(t, tr.shape) and k not in tr.values:
+            tr.values[k] = t.detach().clone()  # later in-place ops must not change it
+        return k
+
+    def _enter(self, index: int) -> Any:
+        def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            x = kwargs.get("hidden_states")
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                x = _first_float((args, kwargs))
+            if index in self.traces or x is None:
+                self.stack.append(_Trace(index, (), ("none",), note="no input"))
+                return
+            tr = _Trace(index, tuple(x.shape), ("none",))
+            tr.x_in = self._store(tr, x)
+            self.stack.append(tr)
+
+        return hook
+
+    def _inner(self, name: str) -> Any:
+        def hook(mod: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
+            if not self.stack or not self.stack[-1].shape:
+                return
+            tr = self.stack[-1]
+            self.order += 1
+            ins = tuple(_key(t) for t in _tensors((args, kwargs)))
+            tr.keep.extend(_tensors((args, kwargs)))
+            x = _first_float((args, kwargs))
+            y = _first_float(out)
+            in_key = None
+            if x is not None:
+                in_key = _key(x)
+                if is_norm(mod) and _like(x, tr.shape):
+                    self._store(tr, x)
+            out_key = self._store(tr, y) if y is not None else None
+            tr.nodes.append(_Node(name, self.order, ins, out_key, in_key))
+
+        return hook
+
+    def _leave(self, index: int) -> Any:
+        def hook(mod: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
+            tr = self.stack.pop() if self.stack else None
+            if tr is None or tr.block != index or not tr.shape:
+                return
+            y = _first_float(out)
+            if y is None or tuple(y.shape) != tr.shape:  # x_out must match x_in exactly
+                tr.note = "the block changes the stream's shape"
+            else:
+                tr.x_out = self._store(tr, y)
+                tr.dtype = y.dtype
+                keys = list(tr.values)
+                acc = torch.float32 if y.device.type == "mps" else self.acc
+                with torch.no_grad():
+                    v = torch.stack([tr.values[k].reshape(-1).to(acc) for k in keys])
+                    tr.gram = v @ v.T  # on the device; read once after the pass
+                tr.keys = keys
+            tr.values.clear()
+            tr.keep.clear()
+            self.traces[index] = tr
+
+        return hook
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+@dataclass(frozen=True)
+class _Hypothesis:
+    writes: tuple[Key, ...]
+    norms: tuple[_Node, ...] = ()
+    fitted: bool = False
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    residual: float
+    writes: tuple[Key, ...]
+    norms: tuple[_Node, ...]
+    scales: dict[Key, float]  # fitted coefficients (writes), only when fitted
+    stream_scale: float | None
+
+
+class _Block:
+    """Host-side reasoning over one block's trace and Gram matrix."""
+
+    def __init__(self, tr: _Trace, gram: torch.Tensor, modules: dict[str, nn.Module]) -> None:
+        self.tr = tr
+        self.g = gram
+        self.modules = modules
+        self.idx = {k: i for i, k in enumerate(tr.keys)}
+        nodes = tr.nodes
+        assert tr.x_out is not None
+        raw: dict[Key, list[_Node]] = {tr.x_in: [], tr.x_out: []}
+        for n in nodes:
+            if n.out_key is not None and n.out_key in self.idx:
+                raw.setdefault(n.out_key, []).append(n)
+        # Aliases: views of one storage (MoE experts' (B·T, C) output and its reshape) and
+        # exact copies are one tensor of the data flow.
+        parent = {k: k for k in raw}
+
+        def find(k: Key) -> Key:
+            while parent[k] != k:
+                k = parent[k]
+            return k
+
+        for a, b in itertools.combinations(raw, 2):
+            if find(a) != find(b) and self._same(a, b):
+                parent[find(b)] = find(a)
+        self.alias = {k: find(k) for k in raw}
+        self.groups: dict[Key, list[_Node]] = {}
+        for k, ns in raw.items():
+            self.groups.setdefault(self.alias[k], []).extend(ns)
+        self.first = {k: min((n.order for n in ns), default=-1) for k, ns in self.groups.items()}
+        consumed: set[Key] = set()
+        for n in nodes:
+            own = self.a(n.out_key)
+            consumed.update(self.a(k) for k in n.in_keys if self.a(k) != own)
+        ends = {self.a(tr.x_in), self.a(tr.x_out)}
+        self.candidates = sorted(
+            (k for k, ns in self.groups.items() if k not in ends and ns),
+            key=lambda k: self.first[k],
+        )
+        self.terminals = [k for k in self.candidates if k not in consumed]
+        produced = {k for k, ns in self.groups.items() if ns}
+        # Norms the stream itself may pass through: their input is computed (a sum), not
+        # a module's output nor the block input.
+        self.stream_norms = [
+            n
+            for n in nodes
+            if is_norm(modules[n.name])
+            and n.in_key in self.idx
+            and self.a(n.in_key) not in produced
+            and self.a(n.in_key) != self.a(tr.x_in)
+            and n.out_key in self.idx
+        ]
+
+    def a(self, k: Key | None) -> Key | None:
+        """The alias group a tensor key belongs to (itself when it has none)."""
+        return None if k is None else self.alias.get(k, k)
+
+    def _same(self, a: Key, b: Key) -> bool:
+        if a[0] != "id" and b[0] != "id" and a[0] == b[0] and a[1] == b[1]:
+            return math.prod(a[2]) == math.prod(b[2])  # same storage, same size
+        ia, ib = self.idx[a], self.idx[b]
+        ga, gb, gab = float(self.g[ia, ia]), float(self.g[ib, ib]), float(self.g[ia, ib])
+        return min(ga, gb) > 0 and ga + gb - 2 * gab <= 1e-12 * max(ga, gb)
+
+    def norm(self, i: int) -> float:
+        return math.sqrt(max(float(self.g[i, i]), 0.0))
+
+    def _residual(self, coef: dict[int, float], target: int) -> float:
+        c = torch.zeros(len(self.idx), dtype=self.g.dtype)
+        for i, v in coef.items():
+            c[i] += v
+        c[target] -= 1.0
+        r2 = float(c @ self.g @ c)
+        scale = self.norm(target)
+        if scale == 0:
+            return 0.0 if r2 <= 0 else math.inf
+        return math.sqrt(max(r2, 0.0)) / scale
+
+    def _segment(
+        self, start: int, writes: Sequence[Key], target: int, fitted: bool
+    ) -> tuple[float, dict[int, float]]:
+        rows = [start] + [self.idx[k] for k in writes]
+        if not fitted:
+            coef: dict[int, float] = {}
+            for i in rows:
+                coef[i] = coef.get(i, 0.0) + 1.0
+            return self._residual(coef, target), coef
+        a = self.g[rows][:, rows]
+        b = self.g[rows, target]
+        sol = torch.linalg.lstsq(a, b.unsqueeze(1), driver="gelsd").solution.squeeze(1)
+        coef = {}
+        for i, v in zip(rows, sol.tolist(), strict=True):
+            coef[i] = coef.get(i, 0.0) + v
+        return self._residual(coef, target), coef
+
+    def evaluate(self, h: _Hypothesis) -> _Outcome:
+        tr = self.tr
+        assert tr.x_out is not None
+        s = self.idx[tr.x_in]
+        pending: list[Key] = []
+        worst = 0.0
+        scales: dict[Key, float] = {}
+        stream_scale: float | None = None
+        events: list[tuple[int, Key | None, _Node | None]] = [
+            (self.first[k], k, None) for k in h.writes
+        ] + [(n.order, None, n) for n in h.norms]
+        for _, w, nrm in sorted(events, key=lambda e: e[0]):
+            if w is not None:
+                pending.append(w)
+                continue
+            assert nrm is not None and nrm.in_key is not None and nrm.out_key is not None
+            res, coef = self._segment(s, pending, self.idx[nrm.in_key], h.fitted)
+            worst = max(worst, res)
+            scales.update({k: coef.get(self.idx[k], 1.0) for k in pending})
+            stream_scale = coef.get(s) if h.fitted else None
+            s, pending = self.idx[nrm.out_key], []
+        res, coef = self._segment(s, pending, self.idx[tr.x_out], h.fitted)
+        scales.update({k: coef.get(self.idx[k], 1.0) for k in pending})
+        if h.fitted and stream_scale is None:
+            stream_scale = coef.get(s)
+        return _Outcome(max(worst, res), h.writes, h.norms, scales if h.fitted else {},
+                        stream_scale)  # fmt: skip
+
+    def hypotheses(self) -> Iterator[_Hypothesis]:
+        """Most specific first: the data-flow writes, then post-norm, fitted, subsets."""
+        t = tuple(self.terminals)
+        norm_sets = [
+            tuple(c)
+            for r in range(1, min(len(self.stream_norms), 4) + 1)
+            for c in itertools.combinations(self.stream_norms, r)
+        ]
+        norm_sets.sort(key=len, reverse=True)
+        subsets = [t]
+        if len(t) <= 8:
+            subsets += [c for r in range(len(t) - 1, 0, -1) for c in itertools.combinations(t, r)]
+        # unit coefficients everywhere first: a fit would zero out a spurious candidate
+        for fitted in (False, True):
+            for sub in subsets:
+                yield _Hypothesis(sub, (), fitted)
+                for ns in norm_sets:
+                    yield _Hypothesis(sub, ns, fitted)
+
+    def search(self, tol: float) -> _Outcome | None:
+        """Subsets (≤ 3) of every stream-shaped output, unit coefficients, vectorised."""
+        cands = self.candidates[:MAX_SEARCH]
+        if not cands:
+            return None
+        n = len(self.idx)
+        combos = [c for r in (1, 2, 3) for c in itertools.combinations(range(len(cands)), r)]
+        cm = torch.zeros(len(combos), n, dtype=self.g.dtype)
+        for row, combo in enumerate(combos):
+            for j in combo:
+                cm[row, self.idx[cands[j]]] += 1.0
+        cm[:, self.idx[self.tr.x_in]] += 1.0
+        cm[:, self.idx[self.tr.x_out]] -= 1.0
+        r2 = ((cm @ self.g) * cm).sum(1).clamp_min(0)
+        scale = self.norm(self.idx[self.tr.x_out]) or 1.0
+        res = r2.sqrt() / scale
+        best = int(torch.argmin(res))
+        if float(res[best]) > tol:
+            return None
+        return _Outcome(float(res[best]), tuple(cands[j] for j in combos[best]), (), {}, None)
+
+    # -- naming ------------------------------------------------------------------------
+    def _weighted(self, name: str) -> bool:
+        return any(p.dim() >= 2 for p in self.modules[name].parameters())
+
+    def _rep(self, key: Key) -> _Node:
+        """The member of an alias group that names it: a computing module, outermost."""
+        return min(
+            self.groups[key],
+            key=lambda n: (not self._weighted(n.name), n.name.count("."), n.order),
+        )
+
+    def branch_of(self, write: Key) -> tuple[str, str]:
+        """(branch module, write module): walk back through norms/gains/dropouts."""
+        key, seen = write, {write}
+        rep = self._rep(key)
+        while not self._weighted(rep.name):
+            nxt = next(
+                (
+                    k
+                    for n in self.groups[key]
+                    for k in n.in_keys
+                    if self.groups.get(self.a(k))
+                    and self.a(k) not in seen
+                    and self.a(k) != self.a(self.tr.x_in)
+                ),
+                None,
+            )
+            if nxt is None:
+                break
+            key = self.a(nxt)  # type: ignore[assignment]
+            seen.add(key)
+            rep = self._rep(key)
+        w = self._rep(write)
+        write_name = max(self.groups[write], key=lambda n: (n.order, -n.name.count("."))).name
+        if key == write:
+            return w.name, w.name
+        return rep.name, write_name
+
+    def region(self, branch: str, taken: set[str]) -> set[str]:
+        """Modules feeding the branch inside its segment (backward data flow, stops at
+        norms and the block input): BERT's `intermediate`, OPT's `fc1`."""
+        by_out: dict[Key, list[_Node]] = {}
+        for n in self.tr.nodes:
+            if n.out_key is not None:
+                by_out.setdefault(n.out_key, []).append(n)
+        start = [n for n in self.tr.nodes if n.name == branch]
+        todo = [k for n in start for k in n.in_keys]
+        out = {branch}
+        seen: set[Key] = set()
+        while todo:
+            k = todo.pop()
+            if k in seen or k == self.tr.x_in:
+                continue
+            seen.add(k)
+            producers = by_out.get(k, [])
+            if any(is_norm(self.modules[p.name]) for p in producers):
+                continue
+            if self.a(k) in self.candidates and any(p.name in taken for p in producers):
+                continue  # another branch's output
+            for p in producers:
+                if p.name not in out:
+                    out.add(p.name)
+                    todo.extend(p.in_keys)
+        return out
+
+
+def role_of(model_modules: dict[str, nn.Module], block: str, branch: str) -> tuple[str, bool]:
+    """(Role value, is MoE) of a branch module from its path and classes inside the block.
+
+    Attribute names first (a user's `attn` is attention whatever its class), then state-space
+    markers (an `A_log`/`dt_bias` parameter, Mamba/SSM classes), then class names.
+    """
+    rel = branch[len(block) + 1 :].split(".") if branch != block else []
+    path, attrs, classes = block, [], []
+    for part in rel:
+        path = f"{path}.{part}"
+        attrs.append(part)
+        classes.append(type(model_modules[path]).__name__)
+    mod = model_modules[branch]
+    attr_text, class_text = " ".join(attrs), " ".join(classes)
+    if _CROSS.search(attr_text) or _CROSS.search(class_text):
+        return Role.CROSS_ATTN.value, False
+    if _ATTN.search(attr_text):
+        return Role.ATTN.value, False
+    ssm = any(n.rsplit(".", 1)[-1] in _SSM_PARAMS for n, _ in mod.named_parameters())
+    if ssm or _SSM.search(attr_text) or _SSM.search(class_text):
+        return Role.MIXER.value, False
+    if _ATTN.search(class_text):
+        return Role.ATTN.value, False
+    if _MIXER.search(attr_text) or _MIXER.search(class_text):
+        return Role.MIXER.value, False
+    moe = bool(_MOE.search(type(mod).__name__)) or any(
+        _MOE.search(n.rsplit(".", 1)[-1]) or _MOE.search(type(m).__name__)
+        for n, m in mod.named_modules()
+        if n
+    )
+    return Role.MLP.value, moe
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+@dataclass(frozen=True)
+class ProofResult:
+    layout: Layout
+    proofs: tuple[BlockProof, ...]
+    notes: tuple[str, ...] = ()
+
+
+def _unverified(b: BlockInfo, status: str, note: str, residual: float | None = None,
+                tol: float | None = None, stream: str = "main") -> BlockInfo:  # fmt: skip
+    proof = BlockProof(
+        block=b.index, name=b.name, status=status, residual=residual, tolerance=tol,
+        stream=stream, note=note,
+    )  # fmt: skip
+    return replace(b, proof=proof)
+
+
+def prove_blocks(
+    model: nn.Module,
+    blocks: Sequence[BlockInfo],
+    run: Any,
+    *,
+    stream: str = "main",
+) -> tuple[list[BlockInfo], dict[str, str]]:
+    """Prove one block list. `run()` does the forward pass (the caller picks inputs, dtype,
+    autocast). Returns the blocks with their branches and proofs, and the role updates of
+    the modules inside them."""
+    modules = dict(model.named_modules())
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        # eval: dropout would make the writes fresh tensors; the proof is about structure
+        model.eval()
+        with _Probe(model, blocks) as probe, torch.no_grad():
+            run()
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    traces = [probe.traces.get(b.index) for b in blocks]
+    grams = [t.gram for t in traces if t is not None and t.gram is not None]
+    # one device → host transfer for every block's Gram matrix
+    flat = torch.cat([g.reshape(-1) for g in grams]).double().cpu() if grams else None
+    out: list[BlockInfo] = []
+    roles: dict[str, str] = {}
+    offset = 0
+    for b, tr in zip(blocks, traces, strict=True):
+        if tr is None or tr.gram is None:
+            why = "the block did not run in the probe pass" if tr is None else tr.note
+            out.append(_unverified(b, "skipped", why, stream=stream))
+            continue
+        k = len(tr.keys)
+        assert flat is not None
+        gram = flat[offset : offset + k * k].reshape(k, k)
+        offset += k * k
+        out.append(_prove_one(b, tr, gram, modules, roles, stream))
+    return out, roles
+
+
+def _prove_one(
+    b: BlockInfo,
+    tr: _Trace,
+    gram: torch.Tensor,
+    modules: dict[str, nn.Module],
+    roles: dict[str, str],
+    stream: str,
+) -> BlockInfo:
+    if not torch.isfinite(gram).all():
+        return _unverified(b, "unverified", "non-finite values in the block", stream=stream)
+    tol = TOLERANCE.get(tr.dtype, 1e-4)  # type: ignore[arg-type]
+    if gram.dtype != torch.float64 or tr.dtype == torch.float64:
+        tol = max(tol, 1e-3 if gram.dtype != torch.float64 else tol)
+    blk = _Block(tr, gram, modules)
+    first: _Outcome | None = None
+    found: _Outcome | None = None
+    for tried, h in enumerate(blk.hypotheses()):
+        o = blk.evaluate(h)
+        first = first or o
+        if o.residual <= tol:
+            found = o
+            break
+        if tried >= 4096:
+            break
+    if found is None:
+        found = blk.search(tol)
+    if found is None:
+        res = first.residual if first is not None else None
+        return _unverified(
+            b, "unverified",
+            "no set of the block's stream-shaped outputs adds up to its output",
+            res, tol, stream,
+        )  # fmt: skip
+    branches: list[BranchInfo] = []
+    taken: set[str] = set()
+    named: list[tuple[Key, str, str]] = []
+    for w in sorted(found.writes, key=lambda k: blk.first[k]):
+        name, write = blk.branch_of(w)
+        named.append((w, name, write))
+        taken.add(name)
+    for w, name, write in named:
+        role, moe = role_of(modules, b.name, name)
+        scale = found.scales.get(w)
+        branches.append(
+            BranchInfo(
+                role=role, name=name, write=None if write == name else write, moe=moe,
+                scale=None if scale is None or abs(scale - 1) <= 1e-3 else scale,
+            )
+        )  # fmt: skip
+        for m in blk.region(name, taken - {name}):
+            for sub, mod in modules[m].named_modules(prefix=m):
+                if not (is_norm(mod) or is_act(mod)):
+                    roles[sub] = role
+    placement = "post-norm" if found.norms else "additive"
+    proof = BlockProof(
+        block=b.index, name=b.name, status="verified", residual=found.residual, tolerance=tol,
+        placement=placement,
+        writes=tuple(br.write or br.name for br in branches),
+        roles=tuple(br.role for br in branches),
+        norms=tuple(n.name for n in found.norms),
+        stream_scale=(
+            found.stream_scale
+            if found.stream_scale is not None and abs(found.stream_scale - 1) > 1e-3
+            else None
+        ),
+        stream=stream,
+    )  # fmt: skip
+    first_of = {r: next((br.name for br in branches if br.role == r), None) for r in
+                (Role.ATTN.value, Role.MLP.value)}  # fmt: skip
+    return replace(
+        b, attn=first_of[Role.ATTN.value], mlp=first_of[Role.MLP.value],
+        adds=max(len(branches), 1), branches=tuple(branches), proof=proof,
+    )  # fmt: skip
+
+
+def prove_layout(model: nn.Module, layout: Layout, run: Any) -> ProofResult:
+    """The layout with every block proven (or marked), and notes for the user."""
+    if not layout.blocks:
+        return ProofResult(layout, ())
+    try:
+        blocks, roles = prove_blocks(model, layout.blocks, run)
+    except Exception as err:  # the probe must never break a scan: say so and go on
+        note = (
+            f"layout self-check could not run ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}): branch checks unverified"
+        )
+        blocks = [_unverified(b, "skipped", note) for b in layout.blocks]
+        return ProofResult(
+            replace(layout, blocks=tuple(blocks)),
+            tuple(b.proof for b in blocks if b.proof is not None),
+            (note,),
+        )
+    new_roles = dict(layout.roles)
+    for name, role in roles.items():
+        if new_roles.get(name) not in (Role.NORM.value, Role.ACT.value, Role.STREAM.value):
+            new_roles[name] = role
+    proofs = tuple(b.proof for b in blocks if b.proof is not None)
+    notes: list[str] = []
+    # blocks that change the stream's shape and have no branch guess are not residual blocks
+    bad = [
+        p
+        for p, b in zip(proofs, blocks, strict=True)
+        if p.status == "unverified" or (p.status == "skipped" and b.branch_list())
+    ]
+    if bad:
+        worst = max((p.residual for p in bad if p.residual is not None), default=None)
+        notes.append(
+            f"layout self-check: {len(bad)} of {len(proofs)} blocks unverified "
+            f"({_blocks(p.block for p in bad)}"
+            + (f"; residual up to {worst:.2g}" if worst is not None else "")
+            + f"; {bad[0].note}): their branch checks (dead-branch) are skipped"
+        )
+    return ProofResult(replace(layout, blocks=tuple(blocks), roles=new_roles), proofs, tuple(notes))
+
+
+def _blocks(idx: Iterator[int] | Sequence[int]) -> str:
+    ids = list(idx)
+    shown = ", ".join(str(i) for i in ids[:6])
+    return f"block{'s' if len(ids) > 1 else ''} {shown}" + (
+        f" and {len(ids) - 6} more" if len(ids) > 6 else ""
+    )

@@ -1,0 +1,352 @@
+"""How the forward pass uses each parameter, measured rather than guessed from shapes.
+
+Two measurements feed the init-scale check (and `--init` on transformers configs):
+
+* `measure_usage`: one small forward pass under a `TorchFunctionMode` that sees every
+  linear / matmul / `@` / bmm / einsum / grouped-mm / conv / embedding call. A parameter that
+  enters such a call as the weight operand (itself, a view, a slice of a fused 3-D expert
+  tensor, a transpose) gets the size the call contracts over: its real fan-in, whatever its
+  storage layout (GPT-2's (in, out) Conv1D, Mixtral's (experts, 2·ffn, hidden)). Parameters
+  never used that way (Mamba's `A_log` and `D`, a bias passed to a kernel, position tables
+  read by indexing) are "structured": no fan-in rule applies to them.
+* `probe_gain`: a norm's effective per-channel gain, from feeding the module a
+  zero-mean unit-RMS probe. Reading `weight` as the gain is wrong for norms that scale by
+  (1 + w) (Gemma), where w = 0 at init is a gain of 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from actscan.measure.structure import is_norm
+
+_LINEAR = {"linear"}
+_MATMUL = {"matmul", "__matmul__", "mm", "bmm"}
+_RMATMUL = {"__rmatmul__"}
+_ADDMM = {"addmm", "baddbmm", "addbmm"}
+_EINSUM = {"einsum"}
+_GROUPED = {"_grouped_mm", "grouped_mm", "_scaled_grouped_mm"}
+_CONV = {"conv1d", "conv2d", "conv3d"}
+_CONV_T = {"conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
+_EMBED = {"embedding", "embedding_bag"}
+# torch's fused layers: the calls inside are not seen, but their weights are stored
+# (out, in…) like F.linear's, and 1-D tensors are biases.
+_FUSED = {
+    "multi_head_attention_forward", "_native_multi_head_attention",
+    "_transformer_encoder_layer_fwd", "bilinear", "lstm", "gru", "rnn_tanh", "rnn_relu",
+    "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ParamUse:
+    """How one parameter entered the forward pass (its first use of each kind)."""
+
+    op: str  # "matmul" | "conv" | "embedding" | "bias"
+    fan_in: int | None = None  # size the call contracts over (matmul/conv weights)
+    fan_out: int | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Result of `measure_usage`: parameter name → uses; norm module name → input shape."""
+
+    uses: dict[str, tuple[ParamUse, ...]] = field(default_factory=dict)
+    norm_inputs: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def role(self, name: str) -> ParamUse | None:
+        """The use that decides what a parameter is: embedding > matmul/conv > bias."""
+        got = self.uses.get(name, ())
+        for op in ("embedding", "matmul", "conv", "bias"):
+            for u in got:
+                if u.op == op:
+                    return u
+        return None
+
+
+def _storage_key(t: Any) -> int | None:
+    if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
+        return None
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (fake, functional)
+        return None
+
+
+def _prod(xs: Sequence[int]) -> int:
+    return math.prod(int(x) for x in xs)
+
+
+class _Spy(TorchFunctionMode):
+    """Notes which parameters enter contraction calls, and with what contracted size."""
+
+    def __init__(self, owner: dict[int, str]) -> None:
+        super().__init__()
+        self.owner = owner
+        self.uses: dict[str, list[ParamUse]] = {}
+
+    def __torch_function__(
+        self, func: Callable[..., Any], types: Any, args: Sequence[Any] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name and self.owner:
+            with contextlib.suppress(Exception):  # never let bookkeeping break the pass
+                self._note(name, list(args), kwargs)
+        return func(*args, **kwargs)
+
+    def _param(self, t: Any) -> str | None:
+        key = _storage_key(t)
+        return self.owner.get(key) if key is not None else None
+
+    def _add(self, t: Any, use: ParamUse) -> None:
+        pname = self._param(t)
+        if pname is None:
+            return
+        got = self.uses.setdefault(pname, [])
+        if all(u.op != use.op for u in got):
+            got.append(use)
+
+    def _mm(self, a: Any, b: Any) -> None:
+        """a @ b: a parameter on the right contracts over its rows, on the left over columns."""
+        if isinstance(b, torch.Tensor) and b.dim() >= 1:
+            k = b.shape[-2] if b.dim() >= 2 else b.shape[0]
+            self._add(b, ParamUse("matmul", int(k), int(b.shape[-1]) if b.dim() >= 2 else 1))
+        if isinstance(a, torch.Tensor) and a.dim() >= 1:
+            self._add(
+                a, ParamUse("matmul", int(a.shape[-1]), int(a.shape[-2]) if a.dim() >= 2 else 1)
+            )
+
+    def _note(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+        def arg(i: int, key: str) -> Any:
+            return args[i] if len(args) > i else kwargs.get(key)
+
+        if name in _LINEAR:
+            w, b = arg(1, "weight"), arg(2, "bias")
+            if isinstance(w, torch.Tensor) and w.dim() >= 1:
+                self._add(w, ParamUse("matmul", int(w.shape[-1]), int(_prod(w.shape[:-1]))))
+            if b is not None:
+                self._add(b, ParamUse("bias"))
+        elif name in _MATMUL:
+            self._mm(arg(0, "input"), arg(1, "other") if name != "mm" else arg(1, "mat2"))
+        elif name in _RMATMUL:
+            self._mm(arg(1, "other"), arg(0, "self"))
+        elif name in _ADDMM:
+            self._add(arg(0, "input"), ParamUse("bias"))
+            self._mm(arg(1, "batch1" if name != "addmm" else "mat1"),
+                     arg(2, "batch2" if name != "addmm" else "mat2"))  # fmt: skip
+        elif name in _GROUPED:
+            self._mm(arg(0, "mat_a"), arg(1, "mat_b"))
+        elif name in _EINSUM:
+            self._einsum(args)
+        elif name in _CONV or name in _CONV_T:
+            w, b = arg(1, "weight"), arg(2, "bias")
+            if isinstance(w, torch.Tensor) and w.dim() >= 2:
+                rf = _prod(w.shape[2:])
+                # transposed convs store (in, out/groups, k…); torch's own init convention
+                self._add(w, ParamUse("conv", int(w.shape[1]) * rf, int(w.shape[0]) * rf))
+            if b is not None:
+                self._add(b, ParamUse("bias"))
+        elif name in _FUSED:
+            flat = [
+                x
+                for a in (*args, *kwargs.values())
+                for x in (a if isinstance(a, list | tuple) else [a])
+            ]
+            for t in flat:
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 1:
+                    use = (
+                        ParamUse("matmul", _prod(t.shape[1:]), int(t.shape[0]))
+                        if t.dim() >= 2
+                        else ParamUse("bias")
+                    )
+                    self._add(t, use)
+        elif name in _EMBED:
+            for t in (*args, *kwargs.values()):
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    self._add(t, ParamUse("embedding"))
+
+    def _einsum(self, args: list[Any]) -> None:
+        eq = args[0]
+        ops = list(args[1]) if len(args) == 2 and isinstance(args[1], list | tuple) else args[1:]
+        if not isinstance(eq, str):
+            return
+        eq = eq.replace(" ", "")
+        lhs, _, rhs = eq.partition("->")
+        terms = lhs.split(",")
+        if len(terms) != len(ops) or "." in eq:
+            return
+        if not _:  # implicit output: letters that appear once, sorted
+            letters = "".join(terms)
+            rhs = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+        for i, (term, t) in enumerate(zip(terms, ops, strict=True)):
+            if not isinstance(t, torch.Tensor) or t.dim() != len(term):
+                continue
+            size = dict(zip(term, t.shape, strict=True))
+            others = "".join(x for j, x in enumerate(terms) if j != i)
+            fan_in = _prod([size[c] for c in term if c not in rhs])
+            fan_out = _prod([size[c] for c in term if c in rhs and c not in others])
+            if fan_in > 1:
+                self._add(t, ParamUse("matmul", int(fan_in), int(fan_out)))
+
+
+def _owners(model: nn.Module) -> dict[int, str]:
+    owner: dict[int, str] = {}
+    for pname, p in model.named_parameters():  # tied parameters: the first name
+        key = _storage_key(p)
+        if key is not None and key not in owner:
+            owner[key] = pname
+    return owner
+
+
+def first_batch_of_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+    """The first sample of a batch: every tensor whose leading size is the batch size."""
+    first = next(
+        (t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim() >= 1),
+        None,
+    )
+    if first is None or first.shape[0] <= 1:
+        return args, kwargs
+    n = first.shape[0]
+
+    def cut(v: Any) -> Any:
+        return v[:1] if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == n else v
+
+    return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+
+
+@contextlib.contextmanager
+def _norm_shapes(model: nn.Module, into: dict[str, tuple[int, ...]]) -> Iterator[None]:
+    handles = []
+
+    def pre(name: str) -> Callable[..., None]:
+        def hook(_mod: nn.Module, inputs: tuple[Any, ...]) -> None:
+            if name not in into and inputs and isinstance(inputs[0], torch.Tensor):
+                into[name] = tuple(inputs[0].shape)
+
+        return hook
+
+    try:
+        for name, mod in model.named_modules():
+            if is_norm(mod) and isinstance(getattr(mod, "weight", None), nn.Parameter):
+                handles.append(mod.register_forward_pre_hook(pre(name)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def measure_usage(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Usage:
+    """One no-grad forward pass on the first sample of (args, kwargs), watching every call.
+
+    Raises whatever the model raises (the caller falls back to shape-based fan-in). The
+    model's mode is left to the caller; random generators are left as they were.
+    """
+    owner = _owners(model)
+    small_args, small_kwargs = first_batch_of_one(args, kwargs)
+    shapes: dict[str, tuple[int, ...]] = {}
+    spy = _Spy(owner)
+    devices = [d for d in {p.device for p in model.parameters()} if d.type == "cuda"]
+    with torch.random.fork_rng(devices=devices), torch.no_grad(), _norm_shapes(model, shapes):
+        try:
+            with spy:
+                model(*small_args, **small_kwargs)
+        except Exception:
+            if small_args is args and small_kwargs is kwargs:
+                raise
+            spy.uses.clear()
+            shapes.clear()
+            with spy:  # the batch could not be cut to one sample: the full batch
+                model(*args, **kwargs)
+    return Usage({k: tuple(v) for k, v in spy.uses.items()}, shapes)
+
+
+# --------------------------------------------------------------------------- norm gains
+
+
+def _candidate_shapes(weight: torch.Tensor) -> list[tuple[int, ...]]:
+    shapes = [(1, 7, *weight.shape)]
+    if weight.dim() == 1:
+        c = int(weight.shape[0])
+        shapes += [(1, c, 7), (1, c, 3, 3), (1, c, 2, 2, 2), (2, c)]
+    return shapes
+
+
+def probe_gain(
+    mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...] | None = None
+) -> torch.Tensor | None:
+    """Per-channel effective gain of a norm (shape of `weight`), or None if it cannot tell.
+
+    The probe x is zero-mean and unit-RMS along the axes the norm normalises (the trailing
+    `weight.dim()` axes for LayerNorm/RMSNorm, each channel over batch and space for
+    BatchNorm/GroupNorm/InstanceNorm), so the norm maps it to itself times the gain. The
+    odd part (f(x) − f(−x))/2 removes any bias; the gain per channel is its least-squares
+    slope on x. Run under no_grad with a fixed generator; the module is left as it was.
+    """
+    for s in [shape] if shape is not None else _candidate_shapes(weight):
+        g = _probe(mod, weight, s)
+        if g is not None:
+            return g
+    return None
+
+
+def _probe(mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
+    nd = weight.dim()
+    if len(shape) > nd and tuple(shape[-nd:]) == tuple(weight.shape):
+        norm_dims = tuple(range(len(shape) - nd, len(shape)))
+        reduce_dims = tuple(range(len(shape) - nd))
+    elif nd == 1 and len(shape) >= 2 and shape[1] == weight.shape[0]:
+        norm_dims = reduce_dims = (0, *range(2, len(shape)))
+    else:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    x = x - x.mean(norm_dims, keepdim=True)
+    x = x / x.pow(2).mean(norm_dims, keepdim=True).sqrt().clamp_min(1e-12)
+    dtype = weight.dtype if weight.is_floating_point() else torch.float32
+    xt = x.to(device=weight.device, dtype=dtype)
+    try:
+        with torch.no_grad():
+            pos, neg = _first(mod(xt)), _first(mod(-xt))
+    except Exception:  # a norm that wants more than one tensor (conditional norms, …)
+        return None
+    if pos is None or neg is None or tuple(pos.shape) != tuple(shape):
+        return None
+    odd = (pos.double() - neg.double()).cpu() / 2
+    gain = (odd * x).sum(reduce_dims) / (x * x).sum(reduce_dims)
+    if not torch.isfinite(gain).all():
+        return None
+    return gain.reshape(weight.shape)
+
+
+def _first(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return None
+
+
+def norm_gains(
+    model: nn.Module, shapes: dict[str, tuple[int, ...]] | None = None
+) -> dict[str, tuple[float, float]]:
+    """Norm module name → (mean, std) over channels of its effective gain, where measurable."""
+    out: dict[str, tuple[float, float]] = {}
+    for name, mod in model.named_modules():
+        weight = getattr(mod, "weight", None)
+        if not (is_norm(mod) and isinstance(weight, nn.Parameter)):
+            continue
+        g = probe_gain(mod, weight, (shapes or {}).get(name))
+        if g is None and shapes and name in shapes:
+            g = probe_gain(mod, weight)
+        if g is not None:
+            out[name] = (float(g.mean()), float(g.std(unbiased=False)))
+    return out

@@ -1,0 +1,82 @@
+"""`--init` helpers that act on measured facts, not on module types or family tables.
+
+* `unit_gain_`: sets a norm's weight so that its effective gain (measured by a probe) is 1:
+  w = 1 for x·w norms, w = 0 for Gemma's x·(1 + w).
+* `token_usage` + `init_unhandled_`: re-initializes parameters the forward pass uses as
+  matmul weights that are not the weight of an `nn.Linear` (fused 3-D MoE experts, routers
+  holding a bare weight) with their real fan-in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from actscan.measure.usage import Usage, measure_usage, probe_gain
+
+
+def unit_gain_(mod: nn.Module, weight: nn.Parameter) -> None:
+    """Effective gain 1 per channel. The gain is affine in w: probe at w = 0 and w = 1 and
+    solve; a norm the probe cannot run keeps w = 1, the classical rule."""
+    with torch.no_grad():
+        weight.zero_()
+        g0 = probe_gain(mod, weight)
+        weight.fill_(1.0)
+        g1 = probe_gain(mod, weight)
+        if g0 is None or g1 is None:
+            return
+        slope = g1 - g0
+        if bool((slope.abs() < 1e-6).any()):
+            return
+        w = (1.0 - g0) / slope
+        # the norm's eps shifts the solution by ~1e-6: snap to the designed 1 (or 0)
+        w = torch.where((w - w.round()).abs() < 1e-3, w.round(), w)
+        weight.copy_(w.to(weight.dtype))
+
+
+def token_usage(model: nn.Module) -> Usage | None:
+    """Usage of a transformers model that reads token ids (one 8-token pass), else None."""
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if getattr(model, "main_input_name", "input_ids") != "input_ids" or not isinstance(vocab, int):
+        return None
+    ids = torch.randint(0, vocab, (1, 8), generator=torch.Generator().manual_seed(0))
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        return measure_usage(model, (), {"input_ids": ids})
+    except Exception:  # a model this pass cannot run: --init keeps to nn.Linear weights
+        return None
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def is_linear_bias(usage: Usage | None, model: nn.Module, bias: nn.Parameter) -> bool:
+    """Whether a bias enters a linear/conv call as its bias (zeroed by --init), rather than
+    being structured (Mamba's dt_proj.bias sets the SSM time scales: kept)."""
+    if usage is None:
+        return True
+    name = next((n for n, p in model.named_parameters() if p is bias), None)
+    return name is None or any(u.op == "bias" for u in usage.uses.get(name, ()))
+
+
+def init_unhandled_(
+    model: nn.Module, usage: Usage | None, std: Callable[[int, int], float], done: set[int]
+) -> list[str]:
+    """N(0, std(fan_in, fan_out)) for matmul weights not yet initialized; their names."""
+    if usage is None:
+        return []
+    out = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            use = usage.role(name)
+            if id(p) in done or use is None or use.op not in ("matmul", "conv"):
+                continue
+            if not use.fan_in:
+                continue
+            nn.init.normal_(p, 0.0, std(int(use.fan_in), int(use.fan_out or use.fan_in)))
+            done.add(id(p))
+            out.append(name)
+    return out

@@ -1,0 +1,421 @@
+"""The layout proves itself: for every block, stream in + Σ branch writes = stream out.
+
+A calibration matrix of tiny transformers families (built from configs, no download) and
+built-in configs: the self-check holds for every block (or reports post-norm placement),
+branches get their roles (a Mamba mixer is no attention), sandwich norms are taken as the
+writes (no false dead-branch on Gemma), and a planted dead branch is still found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from torch import nn
+
+from actscan.measure.layout_proof import prove_layout
+from actscan.measure.structure import detect_layout
+from actscan.models.arch import build_config, read_config_file
+from actscan.models.gpt import build_model
+from actscan.report.report import Report
+from actscan.scanner import infer_info, scan
+from actscan.types import BlockProof, CheckId, Layout
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+DEC = {
+    "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "num_hidden_layers": 2,
+    "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
+ENC = {
+    "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "vocab_size": 128,
+    "num_hidden_layers": 2, "max_position_embeddings": 64, "pad_token_id": 0,
+}  # fmt: skip
+MATRIX: dict[str, tuple[dict[str, object], str, list[tuple[str, str, str | None]], str]] = {
+    # family: (config, model class, [(role, branch, write or None)] per block, placement)
+    "gpt2": (
+        {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 128, "n_positions": 64},
+        "causal", [("attn", "attn", None), ("mlp", "mlp", None)], "additive",
+    ),
+    "llama": (DEC, "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive"),
+    "qwen2": (DEC, "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive"),
+    "qwen3": (DEC, "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive"),
+    "mistral": (DEC, "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive"),
+    "phi3": (DEC, "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive"),
+    "gemma2": (
+        DEC, "causal",
+        [("attn", "self_attn", "post_attention_layernorm"),
+         ("mlp", "mlp", "post_feedforward_layernorm")], "additive",
+    ),
+    "gemma3_text": (
+        DEC, "causal",
+        [("attn", "self_attn", "post_attention_layernorm"),
+         ("mlp", "mlp", "post_feedforward_layernorm")], "additive",
+    ),
+    "mixtral": (
+        {**DEC, "num_local_experts": 4, "num_experts_per_tok": 2},
+        "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive",
+    ),
+    "qwen2_moe": (
+        {**DEC, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+         "shared_expert_intermediate_size": 48},
+        "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive",
+    ),
+    "falcon": (  # parallel attention + MLP from one norm
+        {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128},
+        "causal", [("attn", "self_attention", None), ("mlp", "mlp", None)], "additive",
+    ),
+    "opt": (  # fc1/fc2 directly in the layer, adds in (B·T, C)
+        {"num_hidden_layers": 2, "hidden_size": 64, "ffn_dim": 96, "num_attention_heads": 4,
+         "vocab_size": 128, "max_position_embeddings": 64, "word_embed_proj_dim": 64},
+        "causal", [("attn", "self_attn", None), ("mlp", "fc2", None)], "additive",
+    ),
+    "mamba": (
+        {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 128, "state_size": 8,
+         "expand": 2},
+        "causal", [("mixer", "mixer", None)], "additive",
+    ),
+    "bert": (  # post-LN: the residual add and the norm live inside the branch wrappers
+        ENC, "masked",
+        [("attn", "attention.output.dense", None), ("mlp", "output.dense", None)], "post-norm",
+    ),
+    "modernbert": (
+        {**ENC, "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2},
+        "masked", [("attn", "attn", None), ("mlp", "mlp", None)], "additive",
+    ),
+}  # fmt: skip
+MOE = {"mixtral", "qwen2_moe"}
+
+
+def hf_model(model_type: str, **extra: object) -> nn.Module:
+    kw, kind, _, _ = MATRIX[model_type]
+    cfg = transformers.AutoConfig.for_model(model_type, **{**kw, **extra})
+    auto = (
+        transformers.AutoModelForCausalLM if kind == "causal" else transformers.AutoModelForMaskedLM
+    )
+    torch.manual_seed(0)
+    return auto.from_config(cfg).eval()
+
+
+def builtin(config: str, **overrides: object) -> nn.Module:
+    path = next(p for p in _configs() if p.stem == config)
+    data = {**read_config_file(path), "n_layers": 3, "d_model": 64, "vocab_size": 128}
+    data.update(overrides)
+    return build_model(build_config(data), seed=0).eval()
+
+
+def _configs() -> list:
+    from pathlib import Path
+
+    return sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.*"))
+
+
+def ids(vocab: int = 128) -> torch.Tensor:
+    return torch.randint(3, vocab, (1, 12), generator=torch.Generator().manual_seed(0))
+
+
+def proven(model: nn.Module, call: Callable[[], object]) -> Layout:
+    return prove_layout(model, detect_layout(model), call).layout
+
+
+def proofs(layout: Layout) -> list[BlockProof]:
+    out = [b.proof for b in layout.blocks]
+    assert all(p is not None for p in out)
+    return out  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- the matrix
+
+
+@pytest.mark.parametrize("model_type", sorted(MATRIX))
+def test_every_block_of_every_family_proves_its_layout(model_type: str) -> None:
+    _, _, expected, placement = MATRIX[model_type]
+    model = hf_model(model_type)
+    x = ids()
+    layout = proven(model, lambda: model(input_ids=x))
+    assert len(layout.blocks) == 2
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified", (model_type, p)
+        assert p.residual is not None and p.tolerance is not None
+        assert p.residual <= p.tolerance <= 1e-4  # fp32: the equation holds to rounding
+        assert p.placement == placement
+        got = [
+            (br.role, br.name.removeprefix(b.name + "."),
+             br.write.removeprefix(b.name + ".") if br.write else None)
+            for br in b.branches
+        ]  # fmt: skip
+        assert got == expected, model_type
+        assert [br.moe for br in b.branches] == [
+            model_type in MOE and role == "mlp" for role, _, _ in expected
+        ]
+        assert p.writes == tuple(br.write or br.name for br in b.branches)
+        assert b.adds == len(expected)
+        if placement == "post-norm":
+            assert len(p.norms) == 2 and all("LayerNorm" in n for n in p.norms)
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "writes", "placement"),
+    [
+        ("gpt-12-preln", {}, ("attn", "mlp"), "additive"),
+        ("gpt-24-postln", {}, ("attn", "mlp"), "post-norm"),
+        ("gpt-24-deepnorm", {}, ("attn", "mlp"), "post-norm"),
+        ("gpt-24-rezero", {}, ("attn_gain", "mlp_gain"), "additive"),
+        ("gpt-12-preln", {"branch_scale": "layerscale"}, ("attn_gain", "mlp_gain"), "additive"),
+    ],
+)
+def test_builtin_configs_prove_their_layout(
+    config: str, overrides: dict[str, object], writes: tuple[str, ...], placement: str
+) -> None:
+    model = builtin(config, **overrides)
+    x = ids()
+    layout = proven(model, lambda: model(x))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert (p.status, p.placement) == ("verified", placement)
+        assert p.writes == tuple(f"{b.name}.{w}" for w in writes)
+        assert [br.name for br in b.branches] == [f"{b.name}.attn", f"{b.name}.mlp"]
+        assert p.residual is not None and p.residual <= 1e-4
+    p0 = proofs(layout)[0]
+    if config == "gpt-24-deepnorm":  # x_out = LN(α·x + F(x)): α fitted, α = (2N)^¼
+        assert p0.stream_scale == pytest.approx((2 * 3) ** 0.25, rel=1e-4)
+    else:
+        assert p0.stream_scale is None
+    if placement == "post-norm":
+        assert p0.norms == ("blocks.0.norm1", "blocks.0.norm2")
+
+
+# --------------------------------------------------------------------------- mechanisms
+
+
+class _ThreeWays(nn.Module):
+    """Self-attention, cross-attention (to a fixed memory) and an MLP: three writes."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.self_attn = nn.MultiheadAttention(d, 2, batch_first=True)
+        self.cross_attn = nn.MultiheadAttention(d, 2, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.register_buffer("memory", torch.randn(1, 5, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        x = x + self.self_attn(h, h, h, need_weights=False)[0]
+        mem = self.memory.expand(x.shape[0], -1, -1)
+        x = x + self.cross_attn(x, mem, mem, need_weights=False)[0]
+        return x + self.mlp(x)
+
+
+class _Warped(nn.Module):
+    """The stream gets exp(branch): no module's output is what the block adds."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.mlp = nn.Linear(d, d)
+        with torch.no_grad():
+            self.mlp.weight.mul_(1e-5)
+            self.mlp.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.exp(self.mlp(x))
+
+
+class _Stack(nn.Module):
+    def __init__(self, block: Callable[[], nn.Module], n: int = 4, d: int = 32) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, d)
+        self.blocks = nn.ModuleList(block() for _ in range(n))
+        self.out = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.out(h)
+
+
+def features() -> torch.Tensor:
+    return torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1))
+
+
+def test_three_writes_and_cross_attention_role() -> None:
+    torch.manual_seed(0)
+    model = _Stack(lambda: _ThreeWays(32)).eval()
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b in layout.blocks:
+        assert [(br.role, br.name.rsplit(".", 1)[-1]) for br in b.branches] == [
+            ("attn", "self_attn"), ("cross_attn", "cross_attn"), ("mlp", "mlp"),
+        ]  # fmt: skip
+        assert b.adds == 3 and b.proof is not None and b.proof.status == "verified"
+    report = scan(model, x, lambda out: out.square().mean())
+    assert [p.k for p in report.stream] == [0, 3, 6, 9, 12]
+    assert {br.kind for br in report.branches} == {"attn", "cross_attn", "mlp"}
+    assert report.layer("blocks.0.cross_attn").role == "cross_attn"
+
+
+def test_unverified_blocks_are_said_and_not_judged() -> None:
+    torch.manual_seed(0)
+    model = _Stack(lambda: _Warped(32))
+    report = scan(model, features(), lambda out: out.square().mean())
+    assert [p.status for p in report.layout] == ["unverified"] * 4
+    assert all(p.residual is not None and p.residual > 0.1 for p in report.layout)
+    # the branch module writes 1e-5 of the stream, but what the stream gets is exp(·) ≈ 1:
+    # not judged, and said so
+    assert all(br.ratio is not None and br.ratio < 1e-3 for br in report.branches)
+    assert all(br.verified is False for br in report.branches)
+    assert not [f for f in report.findings if f.check == CheckId.DEAD_BRANCH]
+    note = next(n for n in report.notes if "layout self-check" in n)
+    assert "4 of 4 blocks unverified" in note and "dead-branch" in note
+
+
+def test_probe_leaves_no_hooks_and_the_same_outputs() -> None:
+    model = hf_model("gemma2")
+    x = ids()
+    with torch.no_grad():
+        before = model(input_ids=x).logits
+    proven(model, lambda: model(input_ids=x))
+    assert all(
+        not (m._forward_hooks or m._forward_pre_hooks or m._forward_hooks_with_kwargs)
+        for m in model.modules()
+    )
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=x).logits, before)
+
+
+def test_a_probe_that_fails_skips_the_checks_with_a_note() -> None:
+    model = builtin("gpt-12-preln")
+
+    def boom() -> None:
+        raise RuntimeError("no forward today")
+
+    result = prove_layout(model, detect_layout(model), boom)
+    assert [p.status for p in result.proofs] == ["skipped"] * 3
+    assert "could not run (RuntimeError: no forward today)" in result.notes[0]
+    assert all(
+        not (m._forward_hooks or m._forward_pre_hooks or m._forward_hooks_with_kwargs)
+        for m in model.modules()
+    )
+
+
+def test_bf16_tolerance_follows_the_dtype() -> None:
+    model = builtin("gpt-12-preln").to(torch.bfloat16)
+    x = ids()
+    layout = proven(model, lambda: model(x))
+    for p in proofs(layout):
+        assert p.status == "verified" and p.tolerance == pytest.approx(3e-2)
+        assert p.residual is not None and 0 < p.residual <= 3e-2
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def _profile(model: nn.Module) -> Report:
+    info = dataclasses.replace(infer_info(model), at_init=True)
+    return scan(model, info=info, batch=2, seq_len=16)
+
+
+def test_gemma2_at_8_layers_has_no_false_dead_branch_and_a_planted_one_is_found() -> None:
+    model = hf_model("gemma2", num_hidden_layers=8)
+    report = _profile(model)
+    assert not [f for f in report.findings if f.check == CheckId.DEAD_BRANCH]
+    # the post-branch norms set what reaches the stream, not the output projections' init
+    assert not any("not down-scaled" in f.message for f in report.findings)
+    mlp = [b for b in report.branches if b.kind == "mlp"]
+    assert len(mlp) == 8 and all(
+        b.write and b.write.endswith("post_feedforward_layernorm") for b in mlp
+    )
+    # the MLP's own output is tiny, what the stream receives is not (the issue's 0.0029 vs 0.94)
+    assert min(b.ratio for b in mlp) < 0.01 < 0.1 < min(b.write_ratio for b in mlp)  # type: ignore[operator, type-var]
+    with torch.no_grad():
+        model.model.layers[5].mlp.down_proj.weight.zero_()
+    dead = [f for f in _profile(model).findings if f.check == CheckId.DEAD_BRANCH]
+    assert len(dead) == 1 and dead[0].layers == ("model.layers.5.mlp",)
+    assert "MLP of block 5" in dead[0].message and "post_feedforward_layernorm" in dead[0].message
+
+
+def test_planted_dead_mlp_in_llama_is_found_at_its_block() -> None:
+    model = hf_model("llama", num_hidden_layers=4)
+    with torch.no_grad():
+        model.model.layers[2].mlp.down_proj.weight.zero_()
+    dead = [f for f in _profile(model).findings if f.check == CheckId.DEAD_BRANCH]
+    assert len(dead) == 1 and dead[0].layers == ("model.layers.2.mlp",)
+
+
+def test_mamba_mixer_is_a_mixer_not_attention() -> None:
+    model = hf_model("mamba", num_hidden_layers=4)
+    report = _profile(model)
+    assert {b.kind for b in report.branches} == {"mixer"}
+    roles = {r.name: r.role for r in report.layers}
+    assert roles["backbone.layers.0.mixer"] == roles["backbone.layers.0.mixer.out_proj"] == "mixer"
+    assert roles["backbone.layers.0.norm"] == "norm"
+    assert not any("attention" in f.message for f in report.findings)
+    with torch.no_grad():
+        model.backbone.layers[1].mixer.out_proj.weight.zero_()
+    dead = [f for f in _profile(model).findings if f.check == CheckId.DEAD_BRANCH]
+    assert len(dead) == 1 and "mixer (SSM) of block 1" in dead[0].message
+
+
+def test_moe_branch_is_an_mlp_called_moe() -> None:
+    model = hf_model("qwen2_moe", num_hidden_layers=4)
+    report = _profile(model)
+    moe = [b for b in report.branches if b.moe]
+    assert len(moe) == 4 and {b.kind for b in moe} == {"mlp"}
+    mlp = model.model.layers[3].mlp
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.zero_()
+    dead = [f for f in _profile(model).findings if f.check == CheckId.DEAD_BRANCH]
+    assert len(dead) == 1 and "MoE of block 3" in dead[0].message
+
+
+def test_report_records_the_proof_in_json() -> None:
+    from actscan.report.schema import validate_report
+
+    pytest.importorskip("jsonschema")
+    report = _profile(hf_model("gemma2"))
+    data = json.loads(report.to_json())
+    validate_report(data)
+    assert [d["status"] for d in data["layout"]] == ["verified", "verified"]
+    first = data["layout"][0]
+    assert first["writes"] == [
+        "model.layers.0.post_attention_layernorm", "model.layers.0.post_feedforward_layernorm",
+    ]  # fmt: skip
+    assert first["roles"] == ["attn", "mlp"] and first["stream"] == "main"
+    assert data["branches"][0]["write"] == "model.layers.0.post_attention_layernorm"
+    again = Report.from_dict(data)
+    assert again.layout == report.layout and again.branches == report.branches
+
+
+def test_the_probe_runs_in_eval_mode_and_restores_train_mode() -> None:
+    model = hf_model("gpt2").train()  # dropout 0.1 would make every write a fresh tensor
+    x = ids()
+    layout = proven(model, lambda: model(input_ids=x))
+    assert all(p.status == "verified" for p in proofs(layout))
+    assert all(m.training for m in model.modules())
+
+
+def test_blocks_that_change_the_stream_shape_are_skipped_silently() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Sequential(nn.Linear(8, 16), nn.ReLU()),
+        nn.Sequential(nn.Linear(16, 4), nn.ReLU()),
+    )
+    x = torch.randn(2, 8)
+    result = prove_layout(model, detect_layout(model), lambda: model(x[:1]))
+    assert [p.status for p in result.proofs] == ["skipped", "skipped"]
+    assert "shape" in result.proofs[0].note and not result.notes
