@@ -27,6 +27,8 @@ from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.errors import UsageError
 from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
 from actscan.measure.layout_proof import prove_layout
+from actscan.measure.model_inputs import describe_batch, hf_input_source
+from actscan.measure.prepare import call_model, check_positions, refuse_meta, unwrap_compiled
 from actscan.measure.recorder import Recorder, iter_named, moments
 from actscan.measure.stats import branch_records, growth_fit, layer_record, stream_points
 from actscan.measure.structure import detect_layout, is_norm
@@ -321,6 +323,8 @@ def scan(
         run_dtype = dtype
     if amp is not None and amp not in ("bf16", "fp16"):
         raise UsageError(f"amp must be bf16 or fp16, got {amp!r}")
+    model, compiled_note = unwrap_compiled(model)
+    refuse_meta(model)
     dev = resolve_device(device, model)
     info = with_at_init(info or infer_info(model), at_init)
     layout = layout or detect_layout(model, info.family)
@@ -329,8 +333,11 @@ def scan(
     seq = seq_len
     if inputs is not None:
         source = user_source(inputs)
+    elif (hf_source := hf_input_source(model, batch=batch, seq_len=seq_len, seed=seed)) is not None:
+        source = hf_source
     elif info.vocab_size and info.task in ("causal-lm", "encoder"):
         seq = seq_len or min(64, int(info.arch.get("max_positions") or 64))
+        check_positions(model, seq)
         source = token_source(
             info.vocab_size, batch, seq, seed, mask=info.task == "encoder",
             as_kwargs=info.family != "actscan-gpt",
@@ -353,6 +360,8 @@ def scan(
         else None
     )
     notes: list[str] = [layout.note] if layout.note else []
+    if compiled_note:
+        notes.append(compiled_note)
     model_dtype = next(
         (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32
     )
@@ -397,7 +406,7 @@ def scan(
                     progress("run", i, batches)
                 b = cast_batch(source(i), dev, run_dtype)
                 with torch.set_grad_enabled(backward), autocast:
-                    out = model(*b.args, **b.kwargs)
+                    out = call_model(model, b)
                     loss = compute_loss(out, b) if backward else None
                 if backward and loss is not None:
                     if not loss.requires_grad or not grad_params:
@@ -430,8 +439,10 @@ def scan(
     fit = growth_fit(stream)
     run = RunInfo(
         dtype=dtype_name(run_dtype or model_dtype), amp=amp, device=dev.type,
-        batch=_batch_size(source), seq_len=seq or _seq_len(source), batches=batches, seed=seed,
+        batch=_batch_size(source), batches=batches, seed=seed,
+        seq_len=seq if seq and source(0).token_ids is not None else _seq_len(source),
         backward=did_backward, init=init, mode="train", dropout=dropout,
+        inputs=describe_batch(source(0)),
     )  # fmt: skip
     info = _with_blocks(info, layout)
     ctx = CheckContext(
@@ -547,5 +558,9 @@ def _batch_size(source: InputSource) -> int:
 
 
 def _seq_len(source: InputSource) -> int:
+    if source(0).token_ids is None and {"pixel_values", "input_values", "input_features"} & set(
+        source(0).kwargs
+    ):
+        return 0  # images and audio have no sequence of tokens; RunInfo.inputs says what
     shape = _first_shape(source)
     return shape[1] if len(shape) >= 2 else 0

@@ -123,6 +123,7 @@ class RunInfo:
     # training); dropout-like modules and rates are off unless `dropout` is True.
     mode: str = "train"
     dropout: bool = False
+    inputs: str | None = None  # what one batch holds, in words ("2 images 3×32×32")
 
 
 @dataclass(frozen=True)

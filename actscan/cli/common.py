@@ -177,13 +177,23 @@ def handle_errors(fn: F) -> F:
         except Exception as err:  # a bug, or a model that raised during forward
             if debug():
                 traceback.print_exc()
+            if (line := _model_error_line(err)) is not None:
+                raise fail(line, EXIT_USAGE) from None  # the user's model, not actscan
             msg = str(err).strip().splitlines()[0] if str(err).strip() else ""
             raise fail(
-                f"{type(err).__name__}: {msg} (set ACTSCAN_DEBUG=1 for a traceback)",
+                f"internal error (a bug in actscan, please report it): {type(err).__name__}: "
+                f"{msg} (set ACTSCAN_DEBUG=1 for a traceback)",
                 EXIT_INTERNAL,
             ) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _model_error_line(err: BaseException) -> str | None:
+    """The one line for an error raised by the user's model (scan marks those)."""
+    from actscan.measure.prepare import model_error_line
+
+    return model_error_line(err)
 
 
 # -- consoles -----------------------------------------------------------------------------

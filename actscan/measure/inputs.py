@@ -166,10 +166,14 @@ def mean_square_loss(output: Any) -> torch.Tensor:
 
 
 def default_loss(task: str, vocab_size: int | None) -> Callable[[Any, Batch], torch.Tensor]:
-    """Next-token cross-entropy for language models, a projection loss for encoders,
-    else the mean square of the first output tensor (README, "pytest")."""
+    """The model's own loss when the batch carries labels (encoder-decoders), next-token
+    cross-entropy for language models, a projection loss for encoders, else the mean
+    square of the first output tensor (README, "pytest")."""
 
     def loss(output: Any, batch: Batch) -> torch.Tensor:
+        own = getattr(output, "loss", None)
+        if "labels" in batch.kwargs and isinstance(own, torch.Tensor) and own.dim() == 0:
+            return own  # the model's own loss on the labels it was given (encoder-decoders)
         ids = batch.token_ids
         if task == "causal-lm" and ids is not None:
             logits = _logits(output)

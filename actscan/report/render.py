@@ -78,7 +78,8 @@ def header(report: Report) -> Text:
         bits.append(f"{m.n_blocks} blocks")
     if m.d_model:
         bits.append(f"d={m.d_model}")
-    run = [r.dtype + (f" amp {r.amp}" if r.amp else ""), r.device, f"{r.batch}×{r.seq_len} tokens"]
+    run = [r.dtype + (f" amp {r.amp}" if r.amp else ""), r.device,
+           r.inputs or f"{r.batch}×{r.seq_len} tokens"]  # fmt: skip
     if r.batches > 1:
         run.append(f"{r.batches} batches")
     if not r.backward:

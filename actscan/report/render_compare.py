@@ -37,7 +37,11 @@ def run_details(report: Report) -> str:
         bits.append(f"{m.n_blocks} blocks")
     if m.d_model:
         bits.append(f"d={m.d_model}")
-    bits += [r.dtype + (f" amp {r.amp}" if r.amp else ""), r.device, f"batch {r.batch}×{r.seq_len}"]
+    bits += [
+        r.dtype + (f" amp {r.amp}" if r.amp else ""),
+        r.device,
+        r.inputs or f"batch {r.batch}×{r.seq_len}",
+    ]
     return " · ".join(bits)  # the init scheme is in the side's label
 
 

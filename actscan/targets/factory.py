@@ -14,7 +14,8 @@ The contract (also the README's):
     1. `--input-shape 4,32`: a standard-normal float tensor of that shape, re-drawn per batch
        from `--seed` (it overrides example inputs, so one factory serves several shapes);
     2. the example inputs the callable returned;
-    3. a transformers model or the built-in actscan-gpt: random token ids, as for any LM;
+    3. a transformers model or the built-in actscan-gpt: random token ids, as for any LM,
+       or the model's main input built from its config (images, audio, encoder-decoders);
     4. a module that owns an `nn.Embedding`: random token ids in `[0, vocab)` where vocab is
        the largest embedding's size, shape `--batch` × `--seq-len` (default 64, capped by the
        smallest other embedding, e.g. learned positions). One tiny forward pass decides the
@@ -24,6 +25,8 @@ The contract (also the README's):
 * The loss is the mean square of the first output tensor unless rule 3/4 makes it a
   language model. The model is profiled as returned (no re-initialization) and taken to be
   at init: init-scale checks run (`TargetOptions.at_init=False`, `--trained`, says otherwise).
+  A `torch.compile`d module is profiled through its original module, and a model built on
+  the meta device is materialised with its own initialisers (measure/prepare.py).
 
 Every failure — the module does not import, the attribute is missing, the callable raises or
 returns the wrong type — is one BadInputError line naming the target (exit 2).
@@ -88,9 +91,6 @@ def resolve_factory(target: str, opts: TargetOptions) -> Resolved:
     import torch
     from torch import nn
 
-    from actscan.measure.inputs import tensor_source, user_source
-    from actscan.scanner import infer_info
-
     fn = load_callable(target)
     try:
         result = fn()
@@ -119,7 +119,21 @@ def resolve_factory(target: str, opts: TargetOptions) -> Resolved:
         )
     if opts.init is not None or opts.overrides:
         raise UsageError(f"--init and --set apply to config targets, not to '{target}'")
-    model: nn.Module = result
+    from actscan.measure.prepare import materialize_meta, unwrap_compiled
+
+    model, compiled = unwrap_compiled(result)
+    made = materialize_meta(model, f"'{target}'", seed=opts.seed)
+    notes = tuple(n for n in (compiled, made) if n)
+    resolved = _resolve_module(target, model, example, opts)
+    return replace(resolved, notes=(*notes, *resolved.notes)) if notes else resolved
+
+
+def _resolve_module(target: str, model: Any, example: Any, opts: TargetOptions) -> Resolved:
+    """Inputs for the user's module, first match wins (module docstring, "Inputs")."""
+    from actscan.measure.inputs import tensor_source, user_source
+    from actscan.measure.model_inputs import takes_token_ids
+    from actscan.scanner import infer_info
+
     info = infer_info(model, source=target)
     max_pos = _max_positions(model)
     if max_pos:
@@ -128,8 +142,8 @@ def resolve_factory(target: str, opts: TargetOptions) -> Resolved:
         return Resolved(model, info, inputs=tensor_source(opts.input_shape, opts.seed))
     if example is not None:
         return Resolved(model, info, inputs=user_source(example))
-    if info.vocab_size and info.task in ("causal-lm", "encoder"):
-        return Resolved(model, info)  # scan() invents token ids as for any LM
+    if not takes_token_ids(model) or (info.vocab_size and info.task in ("causal-lm", "encoder")):
+        return Resolved(model, info)  # scan() builds inputs as for a transformers target
     return _token_inputs(target, model, info, opts)
 
 

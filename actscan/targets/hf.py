@@ -91,7 +91,7 @@ def hf_config(
     """A transformers config object from a parsed config.json, offline and without custom code.
 
     Refused with one line: no model_type, a model_type this transformers does not implement
-    (custom code, or too old), encoder-decoder and quantized models.
+    (custom code, or too old) and quantized models.
     """
     _offline()
     import transformers
@@ -104,15 +104,17 @@ def hf_config(
         # As transformers itself with trust_remote_code=False: custom code (auto_map) is
         # only ever replaced by a native implementation of the same model_type, never run.
         classes = data.get("auto_map")
-        custom = (
-            f" (custom code: auto_map {', '.join(map(str, classes.values()))})"
-            if isinstance(classes, dict) and classes
-            else ""
-        )
+        if not (isinstance(classes, dict) and classes):
+            raise BadInputError(
+                f"{where}: this transformers version ({transformers.__version__}) does not "
+                f"know model_type '{model_type}' (a newer transformers may; or profile your "
+                "module with package.module:callable)"
+            )
         raise BadInputError(
-            f"{where}: model_type '{model_type}' needs trust_remote_code{custom}, which "
-            f"actscan never runs (not native to transformers {transformers.__version__}); "
-            "profile your module with package.module:callable instead"
+            f"{where}: model_type '{model_type}' needs trust_remote_code (custom code: "
+            f"auto_map {', '.join(map(str, classes.values()))}), which actscan never runs "
+            f"(not native to transformers {transformers.__version__}); profile your module "
+            "with package.module:callable instead"
         )
     try:
         with _quiet():
@@ -121,11 +123,6 @@ def hf_config(
         raise ConfigError(f"{where}: invalid {model_type} config: {st.first_line(err)}") from None
     if overrides:
         _apply_overrides(config, overrides, model_type)
-    if getattr(config, "is_encoder_decoder", False):
-        raise BadInputError(
-            f"{where}: '{model_type}' is an encoder-decoder model, which actscan does not "
-            "profile yet (decoder-only and encoder-only models are supported)"
-        )
     if quant := getattr(config, "quantization_config", None):
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else type(quant).__name__
         raise BadInputError(
@@ -146,8 +143,12 @@ def config_notes(data: Mapping[str, Any], where: str) -> tuple[str, ...]:
 
 
 def _apply_overrides(config: Any, overrides: Mapping[str, str], model_type: str) -> None:
-    """`--set key=value` on a transformers config: the value takes the field's type."""
+    """`--set key=value` on a transformers config: the value takes the field's type.
+    A new depth resizes the config's per-layer lists (`layer_types`, …) unless set too."""
+    from actscan.targets.hf_layers import depth_of, resize_per_layer
+
     known = config.to_dict()
+    depth_before = depth_of(config)
     for key, raw in overrides.items():
         if key not in known and not hasattr(config, key):
             near = [k for k in sorted(known) if key.lower() in k.lower()][:5]
@@ -158,6 +159,7 @@ def _apply_overrides(config: Any, overrides: Mapping[str, str], model_type: str)
             setattr(config, key, value)
         except Exception as err:
             raise ConfigError(f"--set {key}={raw}: {st.first_line(err)}") from None
+    resize_per_layer(config, depth_before, keep=set(overrides))
 
 
 def _coerce(current: Any, raw: str, key: str) -> Any:
@@ -212,10 +214,32 @@ def _model_class(config: Any) -> type:
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING
 
     mapping = MODEL_FOR_CAUSAL_LM_MAPPING if wants_causal_lm(config) else MODEL_MAPPING
+    mapping = _seq2seq(config)[0] or mapping
     if type(config) not in mapping:
         raise ConfigError(f"transformers has no model class for a '{config.model_type}' config")
     cls = mapping[type(config)]
     return cls[0] if isinstance(cls, tuple) else cls
+
+
+def _seq2seq(config: Any) -> tuple[Any, Any]:
+    """For an encoder-decoder config: (Auto mapping, Auto class) of its LM class (T5/BART
+    ForConditionalGeneration, Whisper's speech one), which computes its own loss on
+    labels; (None, None) otherwise."""
+    if not getattr(config, "is_encoder_decoder", False):
+        return None, None
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING,
+        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING,
+    )
+
+    for mapping, auto in (
+        (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING, AutoModelForSeq2SeqLM),
+        (MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING, AutoModelForSpeechSeq2Seq),
+    ):
+        if type(config) in mapping:
+            return mapping, auto
+    return None, None
 
 
 def build_hf_model(config: Any, where: str, *, seed: int = 0) -> nn.Module:
@@ -224,7 +248,7 @@ def build_hf_model(config: Any, where: str, *, seed: int = 0) -> nn.Module:
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
-    auto = AutoModelForCausalLM if wants_causal_lm(config) else AutoModel
+    auto = _seq2seq(config)[1] or (AutoModelForCausalLM if wants_causal_lm(config) else AutoModel)
     try:
         with _quiet(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -362,7 +386,9 @@ def _with_weights(
     )  # fmt: skip
     extra = {"tokenizer_dir": str(tokenizer_dir)} if tokenizer_dir is not None else {}
     notes = (*notes, note) if note else notes
-    return Resolved(model=model, info=info, inputs=_inputs(opts, info), notes=notes, extra=extra)
+    return Resolved(
+        model=model, info=info, inputs=_inputs(opts, info, model), notes=notes, extra=extra
+    )
 
 
 # --------------------------------------------------------------------------- info
@@ -393,6 +419,7 @@ def hf_info(
     d_model = _first_attr(config, "hidden_size", "n_embd", "d_model", "dim")
     n_heads = _first_attr(config, "num_attention_heads", "n_head", "n_heads")
     is_lm = type(model).__name__.endswith(_CAUSAL_SUFFIXES)
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     post = mt in _POST_LN or getattr(config, "do_layer_norm_before", True) is False
     norms = {type(m).__name__ for m in model.modules() if is_norm(m)}
     attn_scale = "none" if getattr(config, "scale_attn_weights", True) is False else "1/sqrt(dk)"
@@ -427,13 +454,21 @@ def hf_info(
         d_model=int(d_model) if isinstance(d_model, int) else None,
         vocab_size=_first_attr(config, "vocab_size"),
         at_init=at_init,
-        task="causal-lm" if is_lm else "encoder",
+        task="seq2seq" if seq2seq else "causal-lm" if is_lm else "encoder",
         arch=arch,
     )
 
 
-def _inputs(opts: TargetOptions, info: ModelInfo):
-    """--input-shape: random float input, for models that do not take token ids (vision)."""
+def _inputs(opts: TargetOptions, info: ModelInfo, model: nn.Module | None = None):
+    """Inputs from the model's main input and config (images, audio, encoder-decoders;
+    --input-shape gives the main input's shape), or None: scan() invents token ids."""
+    from actscan.measure.model_inputs import hf_input_source, takes_token_ids
+
+    if model is not None and not takes_token_ids(model):
+        return hf_input_source(
+            model, batch=opts.batch or 4, seq_len=opts.seq_len, seed=opts.seed,
+            input_shape=opts.input_shape,
+        )  # fmt: skip
     if opts.input_shape is None:
         return None
     if info.vocab_size:
@@ -461,7 +496,7 @@ def resolve_hf_config(path: Path, data: dict[str, Any], opts: TargetOptions) -> 
     info = hf_info(model, config, where, at_init=True, init=opts.init,
                    extra={"config_source": where})  # fmt: skip
     return Resolved(
-        model=model, info=info, inputs=_inputs(opts, info), notes=config_notes(data, where)
+        model=model, info=info, inputs=_inputs(opts, info, model), notes=config_notes(data, where)
     )
 
 

@@ -1,0 +1,254 @@
+"""Inputs for transformers models that do not take token ids alone.
+
+A transformers model names its main input (`main_input_name`: `pixel_values`,
+`input_values`, `input_features`, `input_ids`) and its config says the shape that input
+must have (image size and channels, mel bins and the encoder's fixed frame count, the conv
+feature extractor's kernels and strides). Encoder-decoder models also need decoder ids:
+they get random `labels` and `decoder_input_ids` = the labels shifted right behind
+`decoder_start_token_id`, so the model computes its own loss (`output.loss`).
+
+`hf_input_source` returns None for token-only models without a decoder: scan() invents
+their ids as before. Everything here duck-types `model.config`; nothing imports
+transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from actscan.errors import UsageError
+from actscan.measure.inputs import Batch, InputSource, random_tokens
+
+__all__ = ["describe_batch", "hf_input_source", "learned_positions", "takes_token_ids"]
+
+DEFAULT_SEQ = 64
+DEFAULT_FRAMES = 50  # about one second of 16 kHz audio for wav2vec2-like extractors
+
+
+def _main_input(model: nn.Module) -> str | None:
+    name = getattr(model, "main_input_name", None)
+    return name if isinstance(name, str) and getattr(model, "config", None) is not None else None
+
+
+def takes_token_ids(model: nn.Module) -> bool:
+    """A transformers model whose only required input is token ids (no decoder)."""
+    return _main_input(model) in (None, "input_ids") and not _is_encoder_decoder(model)
+
+
+def _is_encoder_decoder(model: nn.Module) -> bool:
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+def _int(config: Any, *names: str) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _pair(value: Any) -> tuple[int, int] | None:
+    if isinstance(value, int) and value > 0:
+        return value, value
+    if (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(v, int) for v in value)
+    ):
+        return int(value[0]), int(value[1])
+    return None
+
+
+def _samples_for_frames(config: Any, frames: int) -> int:
+    """Shortest waveform whose conv feature extractor gives `frames` frames (inverting
+    L_out = (L_in - kernel) // stride + 1 layer by layer, last layer first)."""
+    kernels = getattr(config, "conv_kernel", None)
+    strides = getattr(config, "conv_stride", None)
+    if not kernels or not strides:
+        return 16_000
+    length = frames
+    for k, s in reversed(list(zip(kernels, strides, strict=False))):
+        length = (length - 1) * int(s) + int(k)
+    return length
+
+
+def _main_shape(model: nn.Module, name: str, batch: int, seq_len: int | None) -> tuple[int, ...]:
+    """The shape of the main input for `name`, read off the config; UsageError if it
+    cannot be (the user then passes --input-shape)."""
+    config = model.config
+    kind = type(model).__name__
+    if name == "pixel_values":
+        size = _pair(getattr(config, "image_size", None))
+        channels = _int(config, "num_channels")
+        if size and channels:
+            return (batch, channels, *size)
+    elif name == "input_values":
+        return (batch, _samples_for_frames(config, seq_len or DEFAULT_FRAMES))
+    elif name == "input_features":
+        mels = _int(config, "num_mel_bins", "feature_size", "input_feat_per_channel")
+        positions = _int(config, "max_source_positions")
+        if mels and positions and hasattr(config, "num_mel_bins"):
+            # Whisper-like: the encoder's two stride-1/2 convs map 2·P frames to P positions,
+            # and the model refuses any other length.
+            return (batch, mels, 2 * positions)
+        if mels:
+            return (batch, seq_len or DEFAULT_SEQ, mels)
+    raise UsageError(
+        f"cannot build inputs for {kind} (its main input is '{name}'): pass --input-shape "
+        "with that input's full shape, batch first"
+    )
+
+
+def _tokens(vocab: int, batch: int, seq: int, seed: int, index: int) -> torch.Tensor:
+    return random_tokens(vocab, batch, seq, seed, index)
+
+
+def _check_positions(model: nn.Module, seq: int, names: Sequence[str], what: str) -> None:
+    config = model.config
+    for key in names:
+        limit = getattr(config, key, None)
+        if isinstance(limit, int) and 0 < limit < seq:
+            raise UsageError(
+                f"--seq-len {seq}: this {config.model_type} model takes at most {limit} "
+                f"{what} ({key} = {limit})"
+            )
+
+
+def _decoder_batch(
+    model: nn.Module, batch: int, seq: int, seed: int, index: int
+) -> dict[str, torch.Tensor]:
+    """Random labels and the decoder ids they give (shifted right behind the start token)."""
+    config = model.config
+    vocab = _int(config, "vocab_size")
+    start = getattr(config, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(config, "pad_token_id", None)
+    if vocab is None or not isinstance(start, int):
+        raise UsageError(
+            f"cannot build decoder inputs for {type(model).__name__}: its config has no "
+            "vocab_size or decoder_start_token_id"
+        )
+    if not 0 <= start < vocab:
+        raise UsageError(
+            f"decoder_start_token_id = {start} lies outside the vocabulary "
+            f"(vocab_size = {vocab}): fix the config"
+        )
+    labels = _tokens(vocab, batch, seq, seed + 1, index)
+    decoder_ids = torch.cat([torch.full((batch, 1), start), labels[:, :-1]], dim=1)
+    return {"decoder_input_ids": decoder_ids, "labels": labels}
+
+
+def hf_input_source(
+    model: nn.Module,
+    *,
+    batch: int,
+    seq_len: int | None,
+    seed: int,
+    input_shape: Sequence[int] | None = None,
+) -> InputSource | None:
+    """Inputs for a transformers model from its `main_input_name` and config, or None
+    when it takes token ids only (scan() invents those).
+
+    `input_shape` (--input-shape) replaces the shape of a float main input. Encoder-decoder
+    models add decoder ids and labels; their encoder's tokens (T5, BART) get an all-ones
+    attention mask.
+    """
+    name = _main_input(model)
+    if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
+        return None
+    config = model.config
+    if name == "input_ids":
+        if input_shape is not None:
+            raise UsageError(
+                f"--input-shape gives a float tensor, but this {config.model_type} model takes "
+                "token ids (use --batch and --seq-len)"
+            )
+        vocab = _int(config, "vocab_size")
+        if vocab is None:
+            raise UsageError(f"cannot build token ids for {type(model).__name__}: no vocab_size")
+        seq = seq_len or min(DEFAULT_SEQ, _int(config, "max_position_embeddings") or DEFAULT_SEQ)
+        _check_positions(model, seq, ("max_position_embeddings", "n_positions"), "positions")
+        shape: tuple[int, ...] = (batch, seq)
+    else:
+        shape = tuple(input_shape) if input_shape is not None else _main_shape(
+            model, name, batch, seq_len
+        )  # fmt: skip
+        vocab = None
+    dec_seq = 0
+    if _is_encoder_decoder(model):
+        dec_seq = seq_len or min(
+            DEFAULT_SEQ,
+            _int(config, "max_target_positions", "max_position_embeddings") or DEFAULT_SEQ,
+        )
+        _check_positions(
+            model, dec_seq, ("max_target_positions", "max_position_embeddings"), "decoder tokens"
+        )
+
+    def source(i: int) -> Batch:
+        kwargs: dict[str, Any] = {}
+        if vocab is not None:
+            ids = _tokens(vocab, shape[0], shape[1], seed, i)
+            kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        else:
+            gen = torch.Generator().manual_seed(seed * 100_003 + i)
+            kwargs = {name: torch.randn(*shape, generator=gen)}
+        if dec_seq:
+            kwargs.update(_decoder_batch(model, shape[0], dec_seq, seed, i))
+        return Batch(kwargs=kwargs)
+
+    return source
+
+
+def learned_positions(model: nn.Module) -> tuple[str, int] | None:
+    """(config field, limit) when the model has a learned position table of that many rows
+    (BERT's `max_position_embeddings`, GPT-2's `n_positions`): longer inputs cannot run.
+    Rotary models may list a limit but run past it, so they give None."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    rows = {m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)}
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        limit = getattr(config, key, None)
+        if isinstance(limit, int) and limit in rows:
+            return key, limit
+    return None
+
+
+def _dims(t: torch.Tensor) -> str:
+    return "×".join(str(s) for s in t.shape[1:])
+
+
+def describe_batch(batch: Batch) -> str | None:
+    """What one batch holds, in words for the header: "2×16 tokens", "2 images 3×32×32",
+    "2 clips of 16000 samples", "2 clips of 80×3000 features", "2×8 decoder tokens"."""
+    kw = batch.kwargs
+    parts: list[str] = []
+    for name in ("pixel_values", "input_values", "input_features"):
+        t = kw.get(name)
+        if isinstance(t, torch.Tensor) and t.dim() >= 2:
+            n = t.shape[0]
+            if name == "pixel_values":
+                parts.append(f"{n} images {_dims(t)}")
+            elif name == "input_values":
+                parts.append(f"{n} clips of {_dims(t)} samples")
+            else:
+                parts.append(f"{n} clips of {_dims(t)} features")
+    ids = batch.token_ids
+    if ids is not None and ids.dim() == 2:
+        parts.append(f"{ids.shape[0]}×{ids.shape[1]} tokens")
+    dec = kw.get("decoder_input_ids")
+    if isinstance(dec, torch.Tensor) and dec.dim() == 2:
+        parts.append(f"{dec.shape[0]}×{dec.shape[1]} decoder tokens")
+    if parts:
+        return " + ".join(parts)
+    from actscan.measure.recorder import first_tensor
+
+    t = first_tensor((batch.args, kw))
+    if t is None:
+        return None
+    dims = "×".join(str(s) for s in t.shape)
+    return f"input {dims} {str(t.dtype).removeprefix('torch.')}"

@@ -1,0 +1,166 @@
+"""The module as it runs: a `torch.compile`d wrapper's original, a meta-device model
+materialised, the forward call whose failure is the user's, not actscan's."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from actscan.errors import UsageError
+from actscan.measure.inputs import Batch
+
+__all__ = [
+    "call_model",
+    "check_positions",
+    "materialize_meta",
+    "model_error_line",
+    "refuse_meta",
+    "unwrap_compiled",
+]
+
+COMPILED_NOTE = (
+    "torch.compile'd module: profiled its original module (_orig_mod) eagerly, so hooks "
+    "see every layer and nothing recompiles"
+)
+
+
+def unwrap_compiled(model: nn.Module) -> tuple[nn.Module, str | None]:
+    """The module `torch.compile` wrapped, and a note saying so; else (model, None).
+
+    Hooks on a compiled graph force recompiles (slow, warnings) and names gain an
+    `_orig_mod.` prefix; the original module has the same parameters and runs eagerly.
+    """
+    inner = getattr(model, "_orig_mod", None)
+    if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule":
+        return inner, COMPILED_NOTE
+    return model, None
+
+
+def _meta_names(model: nn.Module) -> list[str]:
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    return [name for name, t in tensors if t.is_meta]
+
+
+def refuse_meta(model: nn.Module) -> None:
+    """scan() leaves the caller's model as it found it, so it cannot materialise one."""
+    names = _meta_names(model)
+    if names:
+        raise UsageError(
+            f"the model is on the meta device ({len(names)} tensors, e.g. {names[0]}): it has "
+            "no values to measure; call model.to_empty(device='cpu') and initialise it "
+            "(reset_parameters() or your own init) first"
+        )
+
+
+def _hf_init(model: nn.Module) -> bool:
+    """transformers' own initialiser (every module, buffers such as rotary frequencies
+    included), after clearing the flags that say a module was already initialised."""
+    init = getattr(model, "initialize_weights", None)
+    if not callable(init) or not hasattr(model, "_init_weights"):
+        return False
+    for obj in [*model.modules(), *model.parameters(), *model.buffers()]:
+        if getattr(obj, "_is_hf_initialized", False):
+            obj._is_hf_initialized = False
+    init()
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):
+        tie()
+    return True
+
+
+def _own_tensors(mod: nn.Module) -> list[str]:
+    return [n for n, t in [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]
+            if t is not None]  # fmt: skip
+
+
+def materialize_meta(model: nn.Module, where: str, seed: int = 0) -> str | None:
+    """A model built under `torch.device("meta")` gets real storage on the CPU and each
+    module's own initialiser (transformers' `_init_weights`, else `reset_parameters()`).
+
+    Returns a note, or None when nothing was on the meta device. A module with parameters
+    or buffers but no initialiser cannot be filled in truthfully: UsageError naming it.
+    """
+    names = _meta_names(model)
+    if not names:
+        return None
+    if len(names) != len([*model.parameters(), *model.buffers()]):
+        raise UsageError(
+            f"{where}: part of the model is on the meta device ({names[0]}, …): build it "
+            "entirely on one real device"
+        )
+    lacking = [
+        (name or "the root module", mod)
+        for name, mod in model.named_modules()
+        if _own_tensors(mod)
+        and not callable(getattr(mod, "reset_parameters", None))
+        and not callable(getattr(mod, "_reset_parameters", None))
+    ]
+    is_hf = hasattr(model, "_init_weights") and hasattr(model, "config")
+    if lacking and not is_hf:
+        name, mod = lacking[0]
+        raise UsageError(
+            f"{where}: the model was built on the meta device and {name} "
+            f"({type(mod).__name__}) has no reset_parameters() to initialise it; build the "
+            "model on a real device, or call to_empty() and your own init before returning it"
+        )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            if not (is_hf and _hf_init(model)):
+                for mod in model.modules():
+                    reset = getattr(mod, "reset_parameters", None) or getattr(
+                        mod, "_reset_parameters", None
+                    )
+                    if callable(reset) and _own_tensors(mod):
+                        reset()
+    how = "transformers' _init_weights" if is_hf else "each module's reset_parameters()"
+    return f"built on the meta device: materialised on the CPU with {how}"
+
+
+def check_positions(model: nn.Module, seq: int) -> None:
+    """One line naming the config field when random ids are longer than a learned
+    position table (BERT's max_position_embeddings = 512), instead of a shape error."""
+    from actscan.measure.model_inputs import learned_positions
+
+    found = learned_positions(model)
+    if found is not None and seq > found[1]:
+        key, limit = found
+        raise UsageError(
+            f"--seq-len {seq}: this model has learned positions for at most {limit} tokens "
+            f"({key} = {limit}); use --seq-len {limit} or less"
+        )
+
+
+def _first_line(err: BaseException) -> str:
+    text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+MODEL_ERROR_ATTR = "actscan_model_error"
+
+
+def model_error_line(err: BaseException) -> str | None:
+    """The one line for an error the user's model raised (call_model marked it), else None."""
+    line = getattr(err, MODEL_ERROR_ATTR, None)
+    return line if isinstance(line, str) else None
+
+
+def call_model(model: nn.Module, batch: Batch) -> Any:
+    """`model(*args, **kwargs)`. An error the model raises keeps its type for Python
+    callers (with a note saying on what inputs), and is marked as the user's, so the CLI
+    gives its first line with exit 2 rather than an internal error."""
+    try:
+        return model(*batch.args, **batch.kwargs)
+    except Exception as err:
+        from actscan.measure.model_inputs import describe_batch
+
+        what = describe_batch(batch) or "its inputs"
+        line = f"{type(model).__name__} failed on {what}: {_first_line(err)}"
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(err, MODEL_ERROR_ATTR, line)
+        err.add_note(f"actscan: raised by the model: {line}")
+        raise
