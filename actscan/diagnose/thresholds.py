@@ -69,6 +69,12 @@ class Thresholds:
     # below half a bf16 ulp. Smallest healthy branch measured: post-LN attention at 0.02
     # init, 7e-3 of the stream.
     dead_branch_ratio: float = 1e-3
+    # At init, when every branch of one kind is under dead-branch-ratio, those within this
+    # factor of the kind's median are the init's own scale (info): a uniform small init
+    # spreads ≤ ×1.2 across blocks (ModernBERT's MLPs at width 64: 6.7e-4 to 7.5e-4 of the
+    # stream; 1.25e-2 at its real width 768), an accident (a zeroed or 1e-3-scaled
+    # projection in one block) sits at 0 or orders of magnitude below its siblings.
+    dead_branch_spread: float = 10.0
 
     # ---- dead-units ----------------------------------------------------------------------
     # Fraction of an activation layer's channels that are zero on every token. A ReLU with
