@@ -443,8 +443,13 @@ def test_residual_blocks_are_not_taken_for_plain_ones() -> None:
 
 
 def test_small_module_faults() -> None:
-    init = [f for f in small("mlp_std1").findings if f.check == CheckId.INIT_SCALE]
+    report = small("mlp_std1")
+    init = [f for f in report.findings if f.check == CheckId.INIT_SCALE]
     assert init and init[0].severity is Severity.ERROR  # std 1 = 8× √(1/64)
+    # ×5.4 per layer over 4 plain layers: geometric growth, not √k growth of branches
+    growth = [f for f in report.findings if f.check in GROWTH]
+    assert [(f.check, f.severity) for f in growth] == [(CheckId.EXP_GROWTH, Severity.ERROR)]
+    assert growth[0].layers[-1] == "blocks.3"
     model, x = SMALL["preln"]()
     with torch.no_grad():
         model.blocks[2].mlp[2].weight.zero_()

@@ -50,8 +50,8 @@ class Thresholds:
     exp_gain_warn: float = 10.0
     exp_gain_error: float = 100.0
     # Exponential growth keeps its pace through depth; √k growth slows down. Growth counts
-    # as exponential when the second half of the stack grows (in log) at least this
-    # fraction of the first half (√k over 48 blocks: 0.22; geometric: 1.0).
+    # as exponential when the second half of the stack grows (in log, per block) at least
+    # this fraction of the first half's pace (√k over 48 blocks: 0.21; geometric: 1.0).
     exp_sustain: float = 0.5
 
     # ---- vanishing-grad / exploding-grad ------------------------------------------------
