@@ -295,8 +295,9 @@ class BlockProof:
     status: "verified" (the equation holds within `tolerance`), "unverified" (no set of
     candidate writes satisfies it: the block's branch checks are skipped) or "skipped" (the
     check could not run on this block, `note` says why).
-    placement: "additive" (x_out = x_in + Σ writes) or "post-norm" (the equation holds
-    before the block's stream norms: x_out = norm(x_in + Σ writes), post-LN).
+    placement: "additive" (x_out = x_in + Σ writes), "post-norm" (the equation holds
+    before the block's stream norms: x_out = norm(x_in + Σ writes), post-LN) or "plain" (no
+    residual add: x_out is a chain of the block's modules applied to x_in; no branches).
     residual: ‖x_in + Σ writes − x_out‖ / ‖x_out‖ (per segment, the worst, for post-norm).
     stream: which block list the block belongs to ("main"; a second stream such as an
     encoder-decoder's decoder gets its own name).

@@ -175,6 +175,10 @@ def dead_branch(ctx: CheckContext) -> list[Finding | Skip]:
             rest = [b for b in rest if b.rec.kind != kind]
     if not rest:
         return out
+    small, rest = _uniformly_small(ctx, branches, rest)
+    out.extend(small)
+    if not rest:
+        return out
     stuck = [
         b for b in rest
         if ctx.run.backward and b.rec.param_grad_norm is not None and b.rec.param_grad_norm == 0
@@ -215,3 +219,65 @@ def dead_branch(ctx: CheckContext) -> list[Finding | Skip]:
                 message, hint)
     )  # fmt: skip
     return out
+
+
+def _uniformly_small(
+    ctx: CheckContext, branches: list[_Branch], rest: list[_Branch]
+) -> tuple[list[Finding], list[_Branch]]:
+    """At init, every branch of one kind writing a small, similar, non-zero fraction of
+    the stream through weights that get gradients is the init's scale, not an accident.
+
+    A failed load or a stray zero-init silences one block against its siblings; a small
+    init (output projections scaled by 1/√(2L), a flat 0.02 at a small width, which a GLU
+    MLP squares) silences all of them alike, and they learn from step 0. The evidence for a
+    pathology is weak there: info with the numbers. Branches far below their siblings'
+    median (`dead-branch-spread`), at exactly 0, without a parameter gradient, or dead by
+    their gradient stay findings.
+    """
+    th = ctx.thresholds
+    if not ctx.info.at_init:
+        return [], rest
+    out: list[Finding] = []
+    for kind in KIND_NAME:
+        of_kind = [b for b in branches if b.rec.kind == kind]
+        dead_kind = [b for b in rest if b.rec.kind == kind]
+        if len(of_kind) < 2 or len(dead_kind) != len(of_kind):
+            continue
+        ratios = sorted(b.ratio for b in dead_kind if b.ratio is not None)
+        if len(ratios) != len(dead_kind) or ratios[len(ratios) // 2] <= 0:
+            continue
+        floor = ratios[len(ratios) // 2] / max(th.dead_branch_spread, 1.0)
+        small = [
+            b for b in dead_kind
+            if b.ratio is not None and b.ratio > 0 and b.ratio >= floor
+            and (b.grad_ratio is None or b.grad_ratio > th.dead_branch_ratio)
+            and not (ctx.run.backward and b.rec.param_grad_norm == 0)
+        ]  # fmt: skip
+        if not small:
+            continue
+        lo = min(b.ratio for b in small if b.ratio is not None)
+        hi = max(b.ratio for b in small if b.ratio is not None)
+        name = kind_name(small[0].rec)
+        what = (
+            f"{len(small)} of the {len(of_kind)} {name} branches" if len(small) < len(of_kind)
+            else f"All {len(of_kind)} {name} branches"
+        )  # fmt: skip
+        out.append(
+            finding(
+                CheckId.DEAD_BRANCH,
+                Severity.INFO,
+                [b.rec.name for b in small],
+                lo,
+                th.dead_branch_ratio,
+                f"{what} write only {n(lo)}–{n(hi)} of the stream's RMS at init (≤ "
+                f"{n(th.dead_branch_ratio)}), alike in every block and through non-zero "
+                f"weights that get gradients: the init's scale (small or 1/√(2L)-scaled "
+                f"output projections; a flat std at a small width), not a dead branch. Each "
+                f"block starts close to the identity.",
+                "Nothing to fix if the small init is deliberate: these branches learn from "
+                "step 0. If they should start alive, initialize the output projections at "
+                "std √(1/fan_in) times 1/√(2L).",
+            )
+        )
+        rest = [b for b in rest if all(b is not s for s in small)]
+    return out, rest

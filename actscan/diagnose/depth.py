@@ -39,15 +39,18 @@ def total_gain(ctx: CheckContext, pts: Sequence[StreamPoint]) -> float | None:
 
 
 def sustained(pts: Sequence[StreamPoint], fraction: float) -> bool:
-    """True when the second half of the stack grows (in log) ≥ `fraction` of the first half.
+    """True when the second half of the stack grows (in log, per block) ≥ `fraction` of the
+    first half.
 
     Geometric growth keeps its pace (ratio ≈ 1); √k accumulation slows (≈ 0.2 at 48 blocks).
+    Per block: with an even count the halves span different numbers of steps (2 and 1 at
+    4 blocks), which would put pure geometric growth at a ratio of 0.5.
     """
     if len(pts) < 3:
         return False
     mid = len(pts) // 2
-    first = math.log(pts[mid].rms / pts[0].rms)  # type: ignore[operator]
-    second = math.log(pts[-1].rms / pts[mid].rms)  # type: ignore[operator]
+    first = math.log(pts[mid].rms / pts[0].rms) / mid  # type: ignore[operator]
+    second = math.log(pts[-1].rms / pts[mid].rms) / (len(pts) - 1 - mid)  # type: ignore[operator]
     return first > 0 and second >= fraction * first
 
 

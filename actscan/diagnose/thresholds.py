@@ -56,8 +56,8 @@ class Thresholds:
     exp_gain_warn: float = 10.0
     exp_gain_error: float = 100.0
     # Exponential growth keeps its pace through depth; √k growth slows down. Growth counts
-    # as exponential when the second half of the stack grows (in log) at least this
-    # fraction of the first half (√k over 48 blocks: 0.22; geometric: 1.0).
+    # as exponential when the second half of the stack grows (in log, per block) at least
+    # this fraction of the first half's pace (√k over 48 blocks: 0.21; geometric: 1.0).
     exp_sustain: float = 0.5
 
     # ---- vanishing-grad / exploding-grad ------------------------------------------------
@@ -86,6 +86,12 @@ class Thresholds:
     # below half a bf16 ulp. Smallest healthy branch measured: post-LN attention at 0.02
     # init, 7e-3 of the stream.
     dead_branch_ratio: float = 1e-3
+    # At init, when every branch of one kind is under dead-branch-ratio, those within this
+    # factor of the kind's median are the init's own scale (info): a uniform small init
+    # spreads ≤ ×1.2 across blocks (ModernBERT's MLPs at width 64: 6.7e-4 to 7.5e-4 of the
+    # stream; 1.25e-2 at its real width 768), an accident (a zeroed or 1e-3-scaled
+    # projection in one block) sits at 0 or orders of magnitude below its siblings.
+    dead_branch_spread: float = 10.0
 
     # ---- dead-units ----------------------------------------------------------------------
     # Fraction of an activation layer's channels that are zero on every token. A ReLU with

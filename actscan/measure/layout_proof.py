@@ -400,6 +400,28 @@ class _Block:
             return None
         return _Outcome(float(res[best]), tuple(cands[j] for j in combos[best]), (), {}, None)
 
+    def plain_chain(self) -> list[str]:
+        """The modules x_out was computed by, last first, when the block is a plain chain
+        of modules from x_in (an MLP layer, Conv→BN→ReLU): every tensor on the way is a
+        module's output, so no functional op (a residual add) lies between x_in and x_out.
+        Empty when the chain meets a tensor no module produced, or never reaches x_in."""
+        by_out: dict[Key, list[_Node]] = {}
+        for node in self.tr.nodes:
+            if node.out_key is not None:
+                by_out.setdefault(node.out_key, []).append(node)
+        key: Key | None = self.tr.x_out
+        chain: list[str] = []
+        seen: set[Key] = set()
+        while key is not None and key != self.tr.x_in and key not in seen:
+            seen.add(key)
+            producers = by_out.get(key)
+            if not producers:
+                return []
+            first = min(producers, key=lambda nd: nd.order)  # the outermost module
+            chain.append(first.name)
+            key = first.in_key
+        return chain if key == self.tr.x_in else []
+
     # -- naming ------------------------------------------------------------------------
     def _weighted(self, name: str) -> bool:
         return any(p.dim() >= 2 for p in self.modules[name].parameters())
@@ -518,6 +540,17 @@ def _unverified(b: BlockInfo, status: str, note: str, residual: float | None = N
     return replace(b, proof=proof)
 
 
+def _plain(b: BlockInfo, chain: list[str], tol: float, stream: str) -> BlockInfo:
+    """A block without a residual add: verified as plain, with no branches to judge."""
+    proof = BlockProof(
+        block=b.index, name=b.name, status="verified", residual=None, tolerance=tol,
+        placement="plain", stream=stream,
+        note=f"no residual add: the output is computed by {' ← '.join(chain[:4])}"
+        + (" ← …" if len(chain) > 4 else "") + " from the block's input",
+    )  # fmt: skip
+    return replace(b, attn=None, mlp=None, adds=1, branches=(), proof=proof)
+
+
 def prove_blocks(
     model: nn.Module,
     blocks: Sequence[BlockInfo],
@@ -584,6 +617,8 @@ def _prove_one(
             break
     if found is None:
         found = blk.search(tol)
+    if found is None and (chain := blk.plain_chain()):
+        return _plain(b, chain, tol, stream)
     if found is None:
         res = first.residual if first is not None else None
         return _unverified(
