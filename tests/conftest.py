@@ -213,8 +213,10 @@ def with_gains(n_blocks: int, value: float, gain_rms: float) -> tuple[list, list
     return layers, params
 
 
-def act(name: str, dead: int, width: int = 1024, **kw: object) -> LayerRecord:
-    return rec(name, role="act", type="ReLU", n_channels=width, dead_channels=dead, **kw)
+def act(name: str, dead: int, width: int = 1024, rows: int = 256, **kw: object) -> LayerRecord:
+    """An activation layer with `dead` of `width` channels zero on all `rows` rows."""
+    return rec(name, role="act", type="ReLU", n_channels=width, dead_channels=dead,
+               numel=width * rows, **kw)  # fmt: skip
 
 
 def outlier_rec(name: str, ratio: float, channels: tuple[int, ...] = (17,), **kw) -> LayerRecord:

@@ -235,7 +235,7 @@ class TanhStack(nn.Module):
 def stack_report(sw: float, sb: float, act: type[nn.Module] = nn.Tanh) -> Report:
     torch.manual_seed(0)
     model = TanhStack(sw, sb, act)
-    return scan(model, inputs=torch.randn(32, 64))
+    return scan(model, inputs=torch.randn(256, 64))
 
 
 @pytest.mark.parametrize(

@@ -240,6 +240,15 @@ def test_dead_units_severity_by_fraction() -> None:
     assert "600/1024" in f.message
 
 
+def test_dead_units_with_few_rows_is_info_unless_half_the_layer_is_dead() -> None:
+    """Over 32 rows a unit firing on < ~9% of them looks dead: the warn becomes info with
+    the number and how to get more rows; half the layer dead stays an error."""
+    few = only(run(ctx(layers=[act("blocks.0.mlp.act", 100, rows=32)])), CheckId.DEAD_UNITS)
+    assert few[0].severity is Severity.INFO and "Only 32 rows" in few[0].message
+    half = only(run(ctx(layers=[act("blocks.0.mlp.act", 600, rows=32)])), CheckId.DEAD_UNITS)
+    assert half[0].severity is Severity.ERROR
+
+
 def test_dead_units_explains_with_the_pre_activation() -> None:
     layers = [
         rec("blocks.0.mlp.up", role="mlp", n_channels=1024, mean=-5.0, std=0.3, order=1),

@@ -16,7 +16,7 @@ from actscan.diagnose.common import (
     skip,
     warn_or_error,
 )
-from actscan.types import CheckId, Finding, LayerRecord, Skip
+from actscan.types import CheckId, Finding, LayerRecord, Severity, Skip
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext
@@ -56,6 +56,15 @@ def dead_units(ctx: CheckContext) -> list[Finding | Skip]:
     hits.sort(key=lambda h: h[0].order)
     worst, frac = max(hits, key=lambda h: h[1])
     severity, threshold = grade(frac, th.dead_units_warn, th.dead_units_error)
+    rows = worst.numel * max(ctx.run.batches, 1) // worst.n_channels if worst.n_channels else 0
+    few = ""
+    if rows < th.dead_units_min_rows and severity is Severity.WARN:
+        severity = Severity.INFO  # weak evidence: a rarely-firing unit looks dead
+        few = (
+            f" Only {rows} rows per channel were seen (a unit that fires on fewer than "
+            f"~{pct(min(1.0, 3 / max(rows, 1)))} of them looks dead): rerun with more "
+            f"--batch/--seq-len/--batches (≥ {th.dead_units_min_rows:g} rows) to judge."
+        )
     pre = _feeding(worst, ctx.layers)
     why = ""
     if pre is not None and finite(pre.mean) and finite(pre.std):
@@ -65,7 +74,7 @@ def dead_units(ctx: CheckContext) -> list[Finding | Skip]:
         f"{worst.name}: {worst.dead_channels}/{worst.n_channels} channels ({pct(frac)}) are "
         f"zero on every token{why}; {len(hits)} activation layer"
         f"{'s' if len(hits) > 1 else ''} at ≥ {pct(th.dead_units_warn)} dead: "
-        f"{listing(per_layer, 4)}."
+        f"{listing(per_layer, 4)}.{few}"
     )
     hint = (
         "Dead ReLUs get no gradient and never recover: center the pre-activations (zero bias "
