@@ -105,8 +105,8 @@ class Thresholds:
     # rows a rarely-firing unit looks dead: a healthy He-init 4-layer ReLU MLP shows 8 % of
     # its last layer "dead" over 32 rows, 1.6 % over 256, 0 over 1024 (T5's decoder ReLUs
     # 13 % over 32 tokens). Below this many rows per channel a warn is info, with the
-    # number (an error, half the layer dead, stands); the default 4 × 64 batch has 256. Deep narrow ReLU stacks stay ≥ 19 % dead
-    # at 256 and 2048 rows: a real effect, still a warn.
+    # number (an error, half the layer dead, stands); the default 4 × 64 batch has 256.
+    # Deep narrow ReLU stacks stay ≥ 19 % dead at 256 and 2048 rows: a real effect, a warn.
     dead_units_min_rows: float = 256.0
 
     # ---- overflow ------------------------------------------------------------------------
