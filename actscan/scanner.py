@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from actscan.diagnose import CheckContext, run_checks, skipped_checks
+from actscan.diagnose import CheckContext, evaluate
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.errors import UsageError
 from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
@@ -453,8 +453,7 @@ def scan(
         growth_exponent=fit.exponent, gain_per_block=fit.gain, growth=fit.growth,
         var_intercept=fit.var_a, var_slope=fit.var_b, grad_ratio=fit.grad_ratio,
     )  # fmt: skip
-    checked = run_checks(ctx)
-    skipped = skipped_checks(ctx, checked)
+    checked, skipped = evaluate(ctx)
     findings, _ = apply_ignores(checked, ignores)
     return Report(
         model=info, run=run, layers=layers, stream=stream, findings=findings,

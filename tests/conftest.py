@@ -8,7 +8,7 @@ import difflib
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -332,3 +332,14 @@ def make_report(
         notes=("blocks: h (2 × Block)",),
         branches=branches,
     )  # fmt: skip
+
+
+def plant_checks(monkeypatch: pytest.MonkeyPatch, checks: Callable[..., Iterable[Finding]]) -> None:
+    """Replace the real checks of scan() with `checks(ctx) -> findings` (no skips)."""
+    import sys
+
+    import actscan.scanner  # noqa: F401  (the module whose check runner is replaced)
+
+    monkeypatch.setattr(
+        sys.modules["actscan.scanner"], "evaluate", lambda ctx: (tuple(checks(ctx)), ())
+    )

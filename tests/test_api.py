@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import plant_checks
 from torch import nn
 
 from actscan import Finding, LayerRecord, Report, Severity, scan
@@ -210,7 +211,7 @@ def test_thresholds_reach_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
         seen["th"] = ctx.thresholds
         return ()
 
-    monkeypatch.setattr(sys.modules["actscan.scanner"], "run_checks", run_checks)
+    plant_checks(monkeypatch, run_checks)
     scan(make_net(), features(), mse, thresholds={"outlier-ratio": 3.5, "outlier_abs": 2})
     assert (seen["th"].outlier_ratio, seen["th"].outlier_abs) == (3.5, 2.0)
     from actscan.errors import UsageError
@@ -289,7 +290,7 @@ def test_scan_target_is_the_cli_path_from_python(monkeypatch: pytest.MonkeyPatch
         Finding(check, Severity.WARN, (layer,), 0.0, 1e-3, f"planted {check}")
         for check, layer in (("dead-branch", "blocks.1.mlp"), ("collapse", "blocks.0.mlp"))
     )
-    monkeypatch.setattr(sys.modules["actscan.scanner"], "run_checks", lambda ctx: planted)
+    plant_checks(monkeypatch, lambda ctx: planted)
     spec = TargetSpec("gpt-12-preln", overrides=("n_layers=2", "d_model=32", "n_heads=2"))
     plain = scan_target(spec, Settings(batch=2, seq_len=8))
     assert (plain.report.run.batch, plain.report.run.seq_len) == (2, 8)

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import typer
+from conftest import plant_checks
 from typer.testing import CliRunner
 
 import actscan.scanner  # noqa: F401  (the module whose check runner the tests replace)
@@ -76,7 +77,7 @@ def plant(monkeypatch: pytest.MonkeyPatch) -> Planted:
             seen["ctx"] = ctx
             return tuple(item(ctx) if callable(item) else item for item in items)
 
-        monkeypatch.setattr(sys.modules["actscan.scanner"], "run_checks", run_checks)
+        plant_checks(monkeypatch, run_checks)
         return seen
 
     return install

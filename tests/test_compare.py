@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import plant_checks
 from typer.testing import CliRunner
 
 import actscan.scanner  # noqa: F401  (the module whose check runner some tests replace)
@@ -70,7 +71,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def plant(monkeypatch: pytest.MonkeyPatch, rule: Any) -> None:
     """Findings from rule(ctx) instead of the real checks."""
-    monkeypatch.setattr(sys.modules["actscan.scanner"], "run_checks", lambda ctx: tuple(rule(ctx)))
+    plant_checks(monkeypatch, lambda ctx: tuple(rule(ctx)))
 
 
 def finding(check: str, severity: str = "warn", layers: tuple[str, ...] = ()) -> Finding:

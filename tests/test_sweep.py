@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import plant_checks
 from typer.testing import CliRunner
 
 import actscan.scanner  # noqa: F401  (the module whose check runner a test replaces)
@@ -194,7 +194,7 @@ def test_gate_trips_on_any_row(isolated: Path, monkeypatch: pytest.MonkeyPatch) 
             return (Finding("exp-growth", Severity.ERROR, ("blocks.3",), 9.0, 4.0, "planted"),)
         return ()
 
-    monkeypatch.setattr(sys.modules["actscan.scanner"], "run_checks", checks)
+    plant_checks(monkeypatch, checks)
     args = ["sweep", "gpt-12-preln", "--set", "d_model=32", "--json", "-", *RUN]
     res = cli(*args, "--depth", "2,4")
     assert res.exit_code == 1, res.output

@@ -12,7 +12,7 @@ Thresholds come from actscan.diagnose.thresholds only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from actscan.diagnose.thresholds import Thresholds
@@ -89,10 +89,3 @@ def evaluate(ctx: CheckContext) -> tuple[tuple[Finding, ...], tuple[Skip, ...]]:
 def run_checks(ctx: CheckContext) -> tuple[Finding, ...]:
     """Every registered check's findings: worst first, then in CHECK_ORDER."""
     return evaluate(ctx)[0]
-
-
-def skipped_checks(ctx: CheckContext, findings: Sequence[Finding] = ()) -> tuple[Skip, ...]:
-    """The checks that did not run on `ctx`, in CHECK_ORDER; a check id with one of
-    `findings` is not listed (it ran)."""
-    found = {str(f.check) for f in findings}
-    return tuple(s for s in evaluate(ctx)[1] if s.check not in found)
