@@ -6,6 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import (
+    feeding,
     finding,
     finite,
     grade,
@@ -23,16 +24,6 @@ if TYPE_CHECKING:
 
 # Channels of these outputs are not features: vocabulary logits, attention keys.
 NOT_FEATURES = {"AttentionLogits"}
-
-
-def _feeding(act: LayerRecord, layers: tuple[LayerRecord, ...]) -> LayerRecord | None:
-    """The pre-activation: the latest module before `act` in its block with as many channels."""
-    before = [
-        r for r in layers
-        if r.block == act.block and r.order < act.order and r.n_channels == act.n_channels
-        and r.role != "act" and not act.name.startswith(r.name + ".")
-    ]  # fmt: skip
-    return max(before, key=lambda r: r.order) if before else None
 
 
 def dead_units(ctx: CheckContext) -> list[Finding | Skip]:
@@ -65,7 +56,7 @@ def dead_units(ctx: CheckContext) -> list[Finding | Skip]:
             f"~{pct(min(1.0, 3 / max(rows, 1)))} of them looks dead): rerun with more "
             f"--batch/--seq-len/--batches (≥ {th.dead_units_min_rows:g} rows) to judge."
         )
-    pre = _feeding(worst, ctx.layers)
+    pre = feeding(worst, ctx.layers)
     why = ""
     if pre is not None and finite(pre.mean) and finite(pre.std):
         why = f" (its input {pre.name} has mean {n(pre.mean)}, std {n(pre.std)})"

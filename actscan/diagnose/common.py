@@ -14,6 +14,7 @@ from actscan.types import (  # noqa: F401  (CHECK_ORDER re-exported: its old hom
     CHECK_ORDER,
     CheckId,
     Finding,
+    LayerRecord,
     ParamRecord,
     Severity,
     Skip,
@@ -163,3 +164,13 @@ def residual_budget(
     s = statistics.median(scales)
     adds = sum(b.adds for b in ctx.layout.blocks)
     return s, adds, adds * s * s, pairs
+
+
+def feeding(act: LayerRecord, layers: tuple[LayerRecord, ...]) -> LayerRecord | None:
+    """The pre-activation: the latest module before `act` in its block with as many channels."""
+    before = [
+        r for r in layers
+        if r.block == act.block and r.order < act.order and r.n_channels == act.n_channels
+        and r.role != "act" and not act.name.startswith(r.name + ".")
+    ]  # fmt: skip
+    return max(before, key=lambda r: r.order) if before else None

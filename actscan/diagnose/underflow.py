@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from actscan.diagnose.channels import _feeding
-from actscan.diagnose.common import NO_BACKWARD, finding, grade, listing, n, pct, skip
+from actscan.diagnose.common import NO_BACKWARD, feeding, finding, grade, listing, n, pct, skip
 from actscan.types import CheckId, Finding, LayerRecord, Skip
 
 if TYPE_CHECKING:
@@ -25,7 +24,7 @@ def _structural_zeros(ctx: CheckContext) -> set[str]:
     every entry is tiny, and they carry a negligible part of the gradient)."""
     out = {r.name for r in ctx.layers if r.type == "AttentionLogits" or r.role == "head"}
     for act in (r for r in ctx.layers if r.role == "act"):
-        pre = _feeding(act, ctx.layers)
+        pre = feeding(act, ctx.layers)
         if pre is not None:
             out.add(pre.name)
     return out

@@ -167,7 +167,7 @@ class ActscanGPT(nn.Module):
         return self.head(x)
 
 
-def _linear_std(cfg: ArchConfig, fan_in: int, fan_out: int) -> float:
+def linear_std(cfg: ArchConfig, fan_in: int, fan_out: int) -> float:
     return {
         "gpt2": cfg.init_std,
         "small": cfg.init_std / 10,
@@ -191,7 +191,7 @@ def init_weights(model: ActscanGPT, cfg: ArchConfig) -> None:
         elif isinstance(mod, nn.Linear):
             if mod is model.head and cfg.tie_embeddings:
                 continue
-            nn.init.normal_(mod.weight, 0.0, _linear_std(cfg, mod.in_features, mod.out_features))
+            nn.init.normal_(mod.weight, 0.0, linear_std(cfg, mod.in_features, mod.out_features))
             if mod.bias is not None:
                 nn.init.zeros_(mod.bias)
         elif isinstance(mod, nn.LayerNorm | RMSNorm):

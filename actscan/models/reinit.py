@@ -1,4 +1,5 @@
-"""`--init` helpers that act on measured facts, not on module types or family tables.
+"""`--init SCHEME` on any model (`reinit`), with helpers that act on measured facts, not on
+module types or family tables.
 
 * `unit_gain_`: sets a norm's weight so that its effective gain (measured by a probe) is 1:
   w = 1 for x·w norms, w = 0 for Gemma's x·(1 + w).
@@ -14,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from actscan.errors import ConfigError
 from actscan.measure.usage import Usage, measure_usage, probe_gain
 
 
@@ -80,3 +82,54 @@ def init_unhandled_(
             done.add(id(p))
             out.append(name)
     return out
+
+
+def reinit(model: nn.Module, scheme: str, init_std: float, seed: int) -> None:
+    """`--init SCHEME` on a transformers model, with the built-in family's std rules.
+
+    Linear (and GPT-2's transposed Conv1D) weights ~ N(0, std(scheme, fan_in, fan_out)),
+    biases 0; embeddings N(0, init_std) for gpt2 (init_std/10 for small), else N(0, 1);
+    norm gains 1 and biases 0. A tied head is the embedding's tensor and is left to it.
+    Measured, not guessed: a norm's gain is 1 as the norm applies
+    it (w = 0 for (1 + w) norms); other matmul weights (fused 3-D MoE experts) get the same
+    rule with the fan-in the forward pass contracts over; structured biases are kept.
+    """
+    from actscan.measure.structure import is_norm
+    from actscan.models.arch import INITS, ArchConfig
+    from actscan.models.gpt import linear_std
+
+    if scheme not in INITS:
+        raise ConfigError(f"--init must be one of {'|'.join(INITS)}, got '{scheme}'")
+    rule = ArchConfig(init=scheme, init_std=init_std)
+    emb_std = {"gpt2": init_std, "small": init_std / 10}.get(scheme, 1.0)
+    done: set[int] = set()
+    usage = token_usage(model)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for mod in model.modules():
+            weight = getattr(mod, "weight", None)
+            if not isinstance(weight, nn.Parameter) or id(weight) in done:
+                continue
+            bias = getattr(mod, "bias", None)
+            if isinstance(mod, nn.Embedding):
+                nn.init.normal_(weight, 0.0, emb_std)
+            elif isinstance(mod, nn.Linear) or (
+                type(mod).__name__ == "Conv1D" and weight.dim() == 2
+            ):
+                fan_in, fan_out = (
+                    weight.shape if type(mod).__name__ == "Conv1D" else weight.shape[::-1]
+                )
+                nn.init.normal_(weight, 0.0, linear_std(rule, int(fan_in), int(fan_out)))
+            elif is_norm(mod):
+                unit_gain_(mod, weight)
+            else:
+                continue
+            done.add(id(weight))
+            if (
+                isinstance(bias, nn.Parameter)
+                and id(bias) not in done
+                and is_linear_bias(usage, model, bias)
+            ):
+                nn.init.zeros_(bias)
+                done.add(id(bias))
+        init_unhandled_(model, usage, lambda fi, fo: linear_std(rule, fi, fo), done)

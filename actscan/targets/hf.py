@@ -260,61 +260,6 @@ def build_hf_model(config: Any, where: str, *, seed: int = 0) -> nn.Module:
         ) from None
 
 
-def reinit(model: nn.Module, scheme: str, init_std: float, seed: int) -> None:
-    """`--init SCHEME` on a transformers model, with the built-in family's std rules.
-
-    Linear (and GPT-2's transposed Conv1D) weights ~ N(0, std(scheme, fan_in, fan_out)),
-    biases 0; embeddings N(0, init_std) for gpt2 (init_std/10 for small), else N(0, 1);
-    norm gains 1 and biases 0. A tied head is the embedding's tensor and is left to it.
-    Measured, not guessed (actscan/models/reinit.py): a norm's gain is 1 as the norm applies
-    it (w = 0 for (1 + w) norms); other matmul weights (fused 3-D MoE experts) get the same
-    rule with the fan-in the forward pass contracts over; structured biases are kept.
-    """
-    import torch
-    from torch import nn
-
-    from actscan.measure.structure import is_norm
-    from actscan.models.arch import INITS, ArchConfig
-    from actscan.models.gpt import _linear_std
-    from actscan.models.reinit import init_unhandled_, is_linear_bias, token_usage, unit_gain_
-
-    if scheme not in INITS:
-        raise ConfigError(f"--init must be one of {'|'.join(INITS)}, got '{scheme}'")
-    rule = ArchConfig(init=scheme, init_std=init_std)
-    emb_std = {"gpt2": init_std, "small": init_std / 10}.get(scheme, 1.0)
-    done: set[int] = set()
-    usage = token_usage(model)
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for mod in model.modules():
-            weight = getattr(mod, "weight", None)
-            if not isinstance(weight, nn.Parameter) or id(weight) in done:
-                continue
-            bias = getattr(mod, "bias", None)
-            if isinstance(mod, nn.Embedding):
-                nn.init.normal_(weight, 0.0, emb_std)
-            elif isinstance(mod, nn.Linear) or (
-                type(mod).__name__ == "Conv1D" and weight.dim() == 2
-            ):
-                fan_in, fan_out = (
-                    weight.shape if type(mod).__name__ == "Conv1D" else weight.shape[::-1]
-                )
-                nn.init.normal_(weight, 0.0, _linear_std(rule, int(fan_in), int(fan_out)))
-            elif is_norm(mod):
-                unit_gain_(mod, weight)
-            else:
-                continue
-            done.add(id(weight))
-            if (
-                isinstance(bias, nn.Parameter)
-                and id(bias) not in done
-                and is_linear_bias(usage, model, bias)
-            ):
-                nn.init.zeros_(bias)
-                done.add(id(bias))
-        init_unhandled_(model, usage, lambda fi, fo: _linear_std(rule, fi, fo), done)
-
-
 # --------------------------------------------------------------------------- weights
 
 
@@ -492,6 +437,8 @@ def resolve_hf_config(path: Path, data: dict[str, Any], opts: TargetOptions) -> 
     if opts.init is not None:
         std = _first_attr(config, "initializer_range", "init_std")
         ok = isinstance(std, int | float) and math.isfinite(std) and std > 0
+        from actscan.models.reinit import reinit
+
         reinit(model, opts.init, float(std) if ok else 0.02, opts.seed)
     info = hf_info(model, config, where, at_init=True, init=opts.init,
                    extra={"config_source": where})  # fmt: skip
