@@ -53,6 +53,10 @@ _SMALL = 1 << 14  # outputs this small sum in fp64 (+2 µs): exact means of tiny
 _WIDE_CHANNELS = 1 << 15  # per-channel results this wide (128 KB) go to reused buffers
 _WIDE_ROW = 1024  # row length for the norms of outputs too wide for per-channel stats
 _WORK = (torch.float32, torch.float64)  # reduced as they are; others upcast to fp32
+# CPU outputs up to this many values are reduced on one thread: each pass over 64K values
+# takes ~4 µs, which a parallel region's fork/join doubles (and a busy machine can stall
+# for a whole time slice); from ~256K values two threads win.
+_SERIAL = 1 << 17
 _vnorm = torch.linalg.vector_norm
 
 
@@ -73,6 +77,12 @@ class RawStats:
     grad_numel: int
     param_grad_sumsq: float | None
     order: int
+    # Summary of channel_max, computed on the device (None without per-channel stats):
+    # channels at exactly 0, "live" ones (> 0 and finite), their median and their max.
+    channel_dead: int | None = None
+    channel_live: int | None = None
+    channel_median: float | None = None
+    channel_top: float | None = None
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
@@ -129,6 +139,7 @@ class Recorder:
         self._chan: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * m
         self._chan_ok = [True] * m
         self._handles: list[RemovableHandle] = []
+        self._threads = torch.get_num_threads()
         self._scratch: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
         self._ones: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._reset_pending()
@@ -158,6 +169,9 @@ class Recorder:
         # The last reduced tensor, to reduce an output shared by nested modules once:
         # (weakref, version, first entry, end entry, amax, amin, per-channel, grad mods)
         self._last: tuple[Any, ...] | None = None
+        # The last gradient reduced: (weakref, version, row norms). A residual add passes
+        # one gradient tensor to both its inputs (block output and branch output).
+        self._last_g: tuple[Any, ...] | None = None
 
     def _buffer(self, key: tuple[torch.dtype, torch.device], slot: int, n: int) -> torch.Tensor:
         """The first n elements of a preallocated scratch (grown if ever too small)."""
@@ -179,7 +193,15 @@ class Recorder:
             self._repeat(i, last)
             return
         start = len(self._pend)
-        hi, lo, per_channel = self._reduce(i, t.detach())
+        x = t.detach()
+        if self._threads > 1 and x.device.type == "cpu" and x.numel() <= _SERIAL:
+            torch.set_num_threads(1)
+            try:
+                hi, lo, per_channel = self._reduce(i, x)
+            finally:
+                torch.set_num_threads(self._threads)
+        else:
+            hi, lo, per_channel = self._reduce(i, x)
         mods = [i]
         if self.backward and t.requires_grad and torch.is_grad_enabled():
             t.register_hook(partial(self._grad_hook, mods))
@@ -278,20 +300,35 @@ class Recorder:
         self._update_channels(i, hi, lo, per_channel)
         grad_mods.append(i)  # used only if a gradient hook was registered for it
 
-    def _grad_hook(self, mods: list[int], g: torch.Tensor) -> None:
-        g = g.detach()
-        if g.dim() < 2:
-            g = g.reshape(1, -1)
-        if g.dtype not in _WORK:
-            g = g.float()  # rare (low-precision gradients): one upcast copy
-        if g.shape[-1] > _MAX_CHANNELS and g.is_contiguous() and g.numel() % _WIDE_ROW == 0:
-            g = g.view(-1, _WIDE_ROW)  # short rows keep the fp32 norms accurate
+    def _grad_hook(self, mods: list[int], grad: torch.Tensor) -> None:
+        last = self._last_g
+        if last is not None and last[0]() is grad and last[1] == grad._version:
+            rows, numel = last[2], last[3]  # the same gradient as the last output's
+        else:
+            g = grad.detach()
+            if g.dim() < 2:
+                g = g.reshape(1, -1)
+            if g.dtype not in _WORK:
+                g = g.float()  # rare (low-precision gradients): one upcast copy
+            if g.shape[-1] > _MAX_CHANNELS and g.is_contiguous() and g.numel() % _WIDE_ROW == 0:
+                g = g.view(-1, _WIDE_ROW)  # short rows keep the fp32 norms accurate
+            numel = g.numel()
+            if self._threads > 1 and g.device.type == "cpu" and numel <= _SERIAL:
+                torch.set_num_threads(1)
+                try:
+                    rows = _vnorm(g, dim=-1)
+                finally:
+                    torch.set_num_threads(self._threads)
+            else:
+                rows = _vnorm(g, dim=-1)
+            self._last_g = (weakref.ref(grad), grad._version, rows, numel)
         for i in mods:
-            self._gnumel[i] += g.numel()
+            self._gnumel[i] += numel
         self._g_mods.append(mods)
-        self._g_rows.append(_vnorm(g, dim=-1))
+        self._g_rows.append(rows)
 
     def __enter__(self) -> Recorder:
+        self._threads = torch.get_num_threads()
         try:
             for i, (_, mod) in enumerate(self.targets):
                 self._handles.append(mod.register_forward_hook(partial(self._fwd_hook, i)))
@@ -389,7 +426,7 @@ class Recorder:
         for i, acc in enumerate(self._chan):
             if acc is not None:
                 groups.setdefault((acc[0].numel(), acc[0].device), []).append(i)
-        blocks, kept, widths = [], [], []
+        blocks, summaries, kept, widths = [], [], [], []
         amax = self._amax.clone()
         for (width, _), members in groups.items():
             hi = torch.stack([self._chan[i][0] for i in members])  # type: ignore[index]
@@ -398,17 +435,28 @@ class Recorder:
             at = _ix(members, dev)
             amax[at] = torch.maximum(amax[at], both.amax(1))
             blocks.append(both.flatten())
+            summaries.append(_channel_summary(both))
             kept += members
             widths += [width] * len(members)
         head = torch.stack([self._n, self._mean, self._m2, self._zeros, self._nonfinite,
                             amax, self._gsq, self._pgsq]).flatten()  # fmt: skip
-        flat = torch.cat([head, *blocks]).cpu().tolist()
+        flat = torch.cat([head, *summaries, *blocks]).cpu().tolist()
         n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq = (
             flat[k * m : (k + 1) * m] for k in range(8)
         )
-        pos, chan_lists = 8 * m, [None] * m
+        pos = 8 * m
+        summary: list[dict[str, Any]] = [{} for _ in range(m)]
+        for members in groups.values():
+            k = len(members)
+            dead, live, med, top = (flat[pos + j * k : pos + (j + 1) * k] for j in range(4))
+            for r, i in enumerate(members):
+                summary[i] = {"channel_dead": int(dead[r]), "channel_live": int(live[r]),
+                              "channel_median": med[r],
+                              "channel_top": top[r] if live[r] else None}  # fmt: skip
+            pos += 4 * k
+        chan_lists: list[tuple[float, ...] | None] = [None] * m
         for i, width in zip(kept, widths, strict=True):
-            chan_lists[i] = tuple(flat[pos : pos + width])  # type: ignore[call-overload]
+            chan_lists[i] = tuple(flat[pos : pos + width])
             pos += width
         out: dict[str, RawStats] = {}
         for i, name in enumerate(self.names):
@@ -429,8 +477,29 @@ class Recorder:
                 if self._has_params[i] and self.backward
                 else None,
                 order=self._order[i],
+                **summary[i],
             )
         return out
+
+
+def _channel_summary(both: torch.Tensor) -> torch.Tensor:
+    """(4·k,) fp64 for k rows of per-channel max-abs: dead count, live count, median and
+    max of the live channels (> 0 and finite), one sort for all rows.
+
+    The median is statistics.median's (the middle value, or the mean of the two middle
+    ones), 0.0 when no channel is live.
+    """
+    live = (both > 0) & (both < float("inf"))  # NaN is neither
+    count = live.sum(1)
+    srt = torch.where(live, both, float("inf")).sort(1).values  # live values first
+    last = both.shape[1] - 1
+    lo = srt.gather(1, ((count - 1).clamp(0, last) // 2)[:, None])[:, 0]
+    hi = srt.gather(1, (count // 2).clamp(max=last)[:, None])[:, 0]
+    med = torch.where(count % 2 == 1, lo, (lo + hi) / 2)
+    top = srt.gather(1, (count - 1).clamp(0, last)[:, None])[:, 0]
+    none = count == 0
+    return torch.cat([(both == 0).sum(1).to(_ACC), count.to(_ACC),
+                      med.masked_fill(none, 0.0), top.masked_fill(none, 0.0)])  # fmt: skip
 
 
 def _ix(values: Sequence[int], dev: torch.device) -> torch.Tensor:
