@@ -53,10 +53,10 @@ _SMALL = 1 << 14  # outputs this small sum in fp64 (+2 µs): exact means of tiny
 _WIDE_CHANNELS = 1 << 15  # per-channel results this wide (128 KB) go to reused buffers
 _WIDE_ROW = 1024  # row length for the norms of outputs too wide for per-channel stats
 _WORK = (torch.float32, torch.float64)  # reduced as they are; others upcast to fp32
-# CPU outputs up to this many values are reduced on one thread: each pass over 64K values
-# takes ~4 µs, which a parallel region's fork/join doubles (and a busy machine can stall
-# for a whole time slice); from ~256K values two threads win.
-_SERIAL = 1 << 17
+# CPU outputs up to this many values are reduced on one thread: a pass over 64K values
+# takes ~4 µs, which a parallel region's fork/join doubles, and on a busy machine a
+# region can wait a whole time slice for its second thread.
+_SERIAL = 1 << 18
 _vnorm = torch.linalg.vector_norm
 
 
@@ -521,30 +521,32 @@ def _segment_sumsq(rows: Sequence[torch.Tensor], dev: torch.device) -> torch.Ten
 def moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
     """(mean, std, non-finite count) of each tensor, e.g. every parameter of a model.
 
-    Large tensors (weights, embeddings: mean ≈ 0) take two vectorised passes (Σx and row
-    norms, ~10× faster than Welford); small ones (norm gains, biases: possibly far from
-    0, where Σx² − n·mean² would cancel) take Welford's var_mean. One host transfer; the
-    exact non-finite count only for the rare tensors whose sums are not finite (outside
-    any hook, a host-side decision is free).
+    Tensors above _SMALL values take two vectorised passes (Σx and row norms, ~10× faster
+    than Welford); a tensor whose mean turns out to dwarf its spread (a norm gain, a
+    bias: Σx² − n·mean² cancels there) is measured again with Welford's var_mean, as
+    are the small ones from the start. At most two host transfers (outside any hook, a
+    host-side decision is free); the exact non-finite count only for the rare tensors
+    whose sums are not finite.
     """
+    xs: list[torch.Tensor | None] = []
     parts: list[torch.Tensor] = []
     for t in tensors:
         t = t.detach()
         if t.device.type == "meta" or t.numel() == 0 or not t.is_floating_point():
+            xs.append(None)
             parts.append(torch.zeros(2, dtype=_ACC))
             continue
         x = t if t.dtype in _WORK else t.float()
-        if x.numel() <= _MAX_CHANNELS:
-            var, mean = torch.var_mean(x, correction=0)
-            parts.append(torch.stack([mean, var]).to("cpu", _ACC))
-            continue
-        x = x.reshape(1, -1) if x.dim() < 2 else x
-        if x.shape[-1] > _MAX_CHANNELS and x.is_contiguous() and x.numel() % _WIDE_ROW == 0:
-            x = x.view(-1, _WIDE_ROW)
-        mean = x.sum().to(_ACC) / x.numel()
-        q = _vnorm(_vnorm(x, dim=-1), dtype=_ACC)
-        parts.append(torch.stack([mean, q * q / x.numel() - mean * mean]).cpu())
+        xs.append(x)
+        parts.append(_welford(x) if x.numel() <= _SMALL else _fast_moments(x))
     host = torch.stack(parts).tolist() if parts else []
+    # Σx² − n·mean² keeps ~1e-7 × (1 + mean²/var) relative: redo where mean² > 10·var
+    redo = [k for k, (x, (mean, var)) in enumerate(zip(xs, host, strict=True))
+            if x is not None and x.numel() > _SMALL and not var > 10 * mean * mean]  # fmt: skip
+    if redo:
+        again = torch.stack([_welford(xs[k]) for k in redo]).tolist()  # type: ignore[arg-type]
+        for k, mv in zip(redo, again, strict=True):
+            host[k] = mv
     out = []
     for t, (mean, var) in zip(tensors, host, strict=True):
         if not t.numel() or t.device.type == "meta" or not t.is_floating_point():
@@ -555,6 +557,20 @@ def moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
             bad = int((~torch.isfinite(t.detach())).sum())
         out.append((mean, max(var, 0.0) ** 0.5 if var == var else var, bad))
     return out
+
+
+def _welford(x: torch.Tensor) -> torch.Tensor:
+    var, mean = torch.var_mean(x, correction=0)
+    return torch.stack([mean, var]).to("cpu", _ACC)
+
+
+def _fast_moments(x: torch.Tensor) -> torch.Tensor:
+    x = x.reshape(1, -1) if x.dim() < 2 else x
+    if x.shape[-1] > _MAX_CHANNELS and x.is_contiguous() and x.numel() % _WIDE_ROW == 0:
+        x = x.view(-1, _WIDE_ROW)
+    mean = x.sum().to(_ACC) / x.numel()
+    q = _vnorm(_vnorm(x, dim=-1), dtype=_ACC)
+    return torch.stack([mean, q * q / x.numel() - mean * mean]).cpu()
 
 
 def iter_named(model: nn.Module, pattern: str | None) -> Iterator[tuple[str, nn.Module]]:
