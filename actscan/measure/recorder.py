@@ -24,7 +24,13 @@ instrumented step costs little more than reading each activation a few times:
 - At the end of each batch the pending per-chunk results are merged into per-module
   running accumulators with Chan's parallel formula, vectorised over all modules (a few
   kernels per batch, not per module). Memory stays flat in the number of batches.
-- One host transfer at the very end (`result()`).
+- CPU outputs and gradients up to `_SERIAL` values are reduced with torch's thread count
+  set to 1 (restored in `finally`): at that size a parallel region's fork/join costs as
+  much as the pass itself. A gradient tensor handed to two outputs (both sides of a
+  residual add) is reduced once.
+- One host transfer at the very end (`result()`), which also summarises each module's
+  per-channel max-abs (dead/live counts, median and max of the live channels) with one
+  sort per width, so that no per-channel list is walked in Python.
 Limits: values above ~1.8e19 overflow the fp32 squares (the variance reads inf), as
 they did with Welford in fp32; flushing denormals to zero (torch.set_flush_denormal)
 makes subnormals count as zeros.
