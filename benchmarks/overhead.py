@@ -1,6 +1,7 @@
 """What measuring costs: the actscan overhead benchmark (stdlib + torch only).
 
     python benchmarks/overhead.py [--quick] [--device cpu|cuda] [--only overhead,rss,...]
+                                  [--models 12x768,48x256]
 
 Measures, and prints as a table (raw samples and machine facts go to
 benchmarks/results/<timestamp>.json so runs can be compared across commits):
@@ -367,6 +368,7 @@ def main() -> None:
     )
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"subset of {SECTIONS}")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"overhead models: {list(MODELS)}")
     ap.add_argument("--reps", type=int, default=None, help="timed runs per side (≥ 5)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")
@@ -398,7 +400,7 @@ def main() -> None:
         print("actscan --help ...", flush=True)
         res["help"] = bench_help(reps)
     if "overhead" in only:
-        for name in MODELS:
+        for name in [m.strip() for m in args.models.split(",") if m.strip() in MODELS]:
             big = name == "12x768"
             n = 5 if big and args.quick else reps if not big else max(5, reps - 2)
             print(f"overhead {name}: {n} interleaved pairs ...", flush=True)

@@ -427,3 +427,63 @@ def test_fast_build_is_bit_identical_to_the_plain_constructor(kw: dict[str, Any]
         ]
         assert (fast.head.weight is fast.tok_emb.weight) == cfg.tie_embeddings
         assert all(p.device.type == "cpu" and p.requires_grad for p in fast.parameters())
+
+
+def test_channel_summary_matches_the_python_statistics(monkeypatch: Any) -> None:
+    """Dead/live counts, median and max of the live channels come from the device in one
+    sort; layer_record uses them instead of Python lists: they must agree exactly."""
+    import statistics
+
+    from actscan.diagnose.thresholds import DEFAULT
+    from actscan.measure.stats import channel_outliers
+
+    def plant(x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        y[..., 0], y[..., 1] = 0.0, float("nan")  # a dead channel, a NaN channel
+        y[0, 0, 2] = float("inf")
+        y[1, 2, 3] = 40.0  # an outlier channel
+        return y
+
+    for make in (plant, lambda x: x[..., :3], lambda x: torch.relu(x - 9.0)):
+        model = nn.Sequential(Emit(make))
+        raw, _ = run_recorder(model, [torch.randn(4, 6, 16) for _ in range(2)], reference=False)
+        r = raw["0"]
+        assert r.channel_max is not None
+        live = [v for v in r.channel_max if v > 0 and math.isfinite(v)]
+        assert r.channel_dead == sum(v == 0.0 for v in r.channel_max)
+        assert r.channel_live == len(live)
+        assert r.channel_median == (statistics.median(live) if live else 0.0)
+        assert r.channel_top == (max(live) if live else None)
+        summary = (r.channel_dead, r.channel_live, r.channel_median, r.channel_top)
+        assert channel_outliers(r.channel_max, DEFAULT, summary) == channel_outliers(
+            r.channel_max, DEFAULT
+        )
+    assert channel_outliers(raw["0"].channel_max, DEFAULT)[3] == 16  # relu(x − 9): all dead
+
+
+def test_small_outputs_on_one_thread_leave_the_thread_count_alone() -> None:
+    """Outputs up to _SERIAL values are reduced with torch's thread count set to 1 and put
+    back after each hook, also when the hook raises."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = tiny_gpt()
+        seen: list[int] = []
+        handle = model.blocks[1].register_forward_pre_hook(  # after blocks.0's hooks
+            lambda *_: seen.append(torch.get_num_threads())
+        )
+        gen = torch.Generator().manual_seed(4)
+        batches = [torch.randint(0, 128, (2, 32), generator=gen) for _ in range(2)]
+        raw, ref = run_recorder(model, batches, loss=lm_loss)
+        handle.remove()
+        assert seen == [2, 2] and torch.get_num_threads() == 2
+        assert ref is not None
+        check_against(raw["blocks.0"], ref.stats("blocks.0"), batches=2)
+        boom = nn.Sequential(Emit(lambda x: x))
+        with Recorder(list(iter_named(boom, None))) as rec:
+            rec._reduce = lambda *_: (_ for _ in ()).throw(RuntimeError("boom"))  # type: ignore[method-assign]
+            with pytest.raises(RuntimeError, match="boom"):
+                boom(torch.randn(3, 4))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

@@ -24,7 +24,13 @@ instrumented step costs little more than reading each activation a few times:
 - At the end of each batch the pending per-chunk results are merged into per-module
   running accumulators with Chan's parallel formula, vectorised over all modules (a few
   kernels per batch, not per module). Memory stays flat in the number of batches.
-- One host transfer at the very end (`result()`).
+- CPU outputs and gradients up to `_SERIAL` values are reduced with torch's thread count
+  set to 1 (restored in `finally`): at that size a parallel region's fork/join costs as
+  much as the pass itself. A gradient tensor handed to two outputs (both sides of a
+  residual add) is reduced once.
+- One host transfer at the very end (`result()`), which also summarises each module's
+  per-channel max-abs (dead/live counts, median and max of the live channels) with one
+  sort per width, so that no per-channel list is walked in Python.
 Limits: values above ~1.8e19 overflow the fp32 squares (the variance reads inf), as
 they did with Welford in fp32; flushing denormals to zero (torch.set_flush_denormal)
 makes subnormals count as zeros.
@@ -53,6 +59,10 @@ _SMALL = 1 << 14  # outputs this small sum in fp64 (+2 µs): exact means of tiny
 _WIDE_CHANNELS = 1 << 15  # per-channel results this wide (128 KB) go to reused buffers
 _WIDE_ROW = 1024  # row length for the norms of outputs too wide for per-channel stats
 _WORK = (torch.float32, torch.float64)  # reduced as they are; others upcast to fp32
+# CPU outputs up to this many values are reduced on one thread: a pass over 64K values
+# takes ~4 µs, which a parallel region's fork/join doubles, and on a busy machine a
+# region can wait a whole time slice for its second thread.
+_SERIAL = 1 << 18
 _vnorm = torch.linalg.vector_norm
 FP16_TINY = 2.0**-14  # fp16's smallest normal value (6.10e-05)
 
@@ -78,6 +88,12 @@ class RawStats:
     # fp16's smallest normal, and output-gradient values below it (zeros included).
     underflow: int | None = None
     grad_underflow: int | None = None
+    # Summary of channel_max, computed on the device (None without per-channel stats):
+    # channels at exactly 0, "live" ones (> 0 and finite), their median and their max.
+    channel_dead: int | None = None
+    channel_live: int | None = None
+    channel_median: float | None = None
+    channel_top: float | None = None
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
@@ -138,6 +154,7 @@ class Recorder:
         self._chan: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * m
         self._chan_ok = [True] * m
         self._handles: list[RemovableHandle] = []
+        self._threads = torch.get_num_threads()
         self._scratch: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
         self._ones: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self._reset_pending()
@@ -173,6 +190,9 @@ class Recorder:
         # The last reduced tensor, to reduce an output shared by nested modules once:
         # (weakref, version, first entry, end entry, amax, amin, per-channel, grad mods)
         self._last: tuple[Any, ...] | None = None
+        # The last gradient reduced: (weakref, version, row norms). A residual add passes
+        # one gradient tensor to both its inputs (block output and branch output).
+        self._last_g: tuple[Any, ...] | None = None
 
     def _buffer(self, key: tuple[torch.dtype, torch.device], slot: int, n: int) -> torch.Tensor:
         """The first n elements of a preallocated scratch (grown if ever too small)."""
@@ -196,7 +216,15 @@ class Recorder:
             self._repeat(i, last)
             return
         start = len(self._pend)
-        hi, lo, per_channel = self._reduce(i, t.detach())
+        x = t.detach()
+        if self._threads > 1 and x.device.type == "cpu" and x.numel() <= _SERIAL:
+            torch.set_num_threads(1)
+            try:
+                hi, lo, per_channel = self._reduce(i, x)
+            finally:
+                torch.set_num_threads(self._threads)
+        else:
+            hi, lo, per_channel = self._reduce(i, x)
         mods = [i]
         if self.backward and t.requires_grad and torch.is_grad_enabled():
             t.register_hook(partial(self._grad_hook, mods))
@@ -307,22 +335,37 @@ class Recorder:
         self._uf_pend.append((mods, count))
         self._uf_last = (weakref.ref(t), t._version, mods)
 
-    def _grad_hook(self, mods: list[int], g: torch.Tensor) -> None:
+    def _grad_hook(self, mods: list[int], grad: torch.Tensor) -> None:
         if self.underflow:  # below the smallest normal, flushed zeros included
-            self._guf_pend.append((mods, torch.count_nonzero(g.detach().abs() < FP16_TINY)))
-        g = g.detach()
-        if g.dim() < 2:
-            g = g.reshape(1, -1)
-        if g.dtype not in _WORK:
-            g = g.float()  # rare (low-precision gradients): one upcast copy
-        if g.shape[-1] > _MAX_CHANNELS and g.is_contiguous() and g.numel() % _WIDE_ROW == 0:
-            g = g.view(-1, _WIDE_ROW)  # short rows keep the fp32 norms accurate
+            self._guf_pend.append((mods, torch.count_nonzero(grad.detach().abs() < FP16_TINY)))
+        last = self._last_g
+        if last is not None and last[0]() is grad and last[1] == grad._version:
+            rows, numel = last[2], last[3]  # the same gradient as the last output's
+        else:
+            g = grad.detach()
+            if g.dim() < 2:
+                g = g.reshape(1, -1)
+            if g.dtype not in _WORK:
+                g = g.float()  # rare (low-precision gradients): one upcast copy
+            if g.shape[-1] > _MAX_CHANNELS and g.is_contiguous() and g.numel() % _WIDE_ROW == 0:
+                g = g.view(-1, _WIDE_ROW)  # short rows keep the fp32 norms accurate
+            numel = g.numel()
+            if self._threads > 1 and g.device.type == "cpu" and numel <= _SERIAL:
+                torch.set_num_threads(1)
+                try:
+                    rows = _vnorm(g, dim=-1)
+                finally:
+                    torch.set_num_threads(self._threads)
+            else:
+                rows = _vnorm(g, dim=-1)
+            self._last_g = (weakref.ref(grad), grad._version, rows, numel)
         for i in mods:
-            self._gnumel[i] += g.numel()
+            self._gnumel[i] += numel
         self._g_mods.append(mods)
-        self._g_rows.append(_vnorm(g, dim=-1))
+        self._g_rows.append(rows)
 
     def __enter__(self) -> Recorder:
+        self._threads = torch.get_num_threads()
         try:
             for i, (_, mod) in enumerate(self.targets):
                 self._handles.append(mod.register_forward_hook(partial(self._fwd_hook, i)))
@@ -431,7 +474,7 @@ class Recorder:
         for i, acc in enumerate(self._chan):
             if acc is not None:
                 groups.setdefault((acc[0].numel(), acc[0].device), []).append(i)
-        blocks, kept, widths = [], [], []
+        blocks, summaries, kept, widths = [], [], [], []
         amax = self._amax.clone()
         for (width, _), members in groups.items():
             hi = torch.stack([self._chan[i][0] for i in members])  # type: ignore[index]
@@ -440,17 +483,28 @@ class Recorder:
             at = _ix(members, dev)
             amax[at] = torch.maximum(amax[at], both.amax(1))
             blocks.append(both.flatten())
+            summaries.append(_channel_summary(both))
             kept += members
             widths += [width] * len(members)
         head = torch.stack([self._n, self._mean, self._m2, self._zeros, self._nonfinite,
                             amax, self._gsq, self._pgsq]).flatten()  # fmt: skip
-        flat = torch.cat([head, *blocks]).cpu().tolist()
+        flat = torch.cat([head, *summaries, *blocks]).cpu().tolist()
         n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq = (
             flat[k * m : (k + 1) * m] for k in range(8)
         )
-        pos, chan_lists = 8 * m, [None] * m
+        pos = 8 * m
+        summary: list[dict[str, Any]] = [{} for _ in range(m)]
+        for members in groups.values():
+            k = len(members)
+            dead, live, med, top = (flat[pos + j * k : pos + (j + 1) * k] for j in range(4))
+            for r, i in enumerate(members):
+                summary[i] = {"channel_dead": int(dead[r]), "channel_live": int(live[r]),
+                              "channel_median": med[r],
+                              "channel_top": top[r] if live[r] else None}  # fmt: skip
+            pos += 4 * k
+        chan_lists: list[tuple[float, ...] | None] = [None] * m
         for i, width in zip(kept, widths, strict=True):
-            chan_lists[i] = tuple(flat[pos : pos + width])  # type: ignore[call-overload]
+            chan_lists[i] = tuple(flat[pos : pos + width])
             pos += width
         out: dict[str, RawStats] = {}
         for i, name in enumerate(self.names):
@@ -471,6 +525,7 @@ class Recorder:
                 if self._has_params[i] and self.backward
                 else None,
                 order=self._order[i],
+                **summary[i],
             )
         return self._fp16(out) if self.underflow or self.loss_scale != 1.0 else out
 
@@ -497,6 +552,26 @@ class Recorder:
         }
 
 
+def _channel_summary(both: torch.Tensor) -> torch.Tensor:
+    """(4·k,) fp64 for k rows of per-channel max-abs: dead count, live count, median and
+    max of the live channels (> 0 and finite), one sort for all rows.
+
+    The median is statistics.median's (the middle value, or the mean of the two middle
+    ones), 0.0 when no channel is live.
+    """
+    live = (both > 0) & (both < float("inf"))  # NaN is neither
+    count = live.sum(1)
+    srt = torch.where(live, both, float("inf")).sort(1).values  # live values first
+    last = both.shape[1] - 1
+    lo = srt.gather(1, ((count - 1).clamp(0, last) // 2)[:, None])[:, 0]
+    hi = srt.gather(1, (count // 2).clamp(max=last)[:, None])[:, 0]
+    med = torch.where(count % 2 == 1, lo, (lo + hi) / 2)
+    top = srt.gather(1, (count - 1).clamp(0, last)[:, None])[:, 0]
+    none = count == 0
+    return torch.cat([(both == 0).sum(1).to(_ACC), count.to(_ACC),
+                      med.masked_fill(none, 0.0), top.masked_fill(none, 0.0)])  # fmt: skip
+
+
 def _ix(values: Sequence[int], dev: torch.device) -> torch.Tensor:
     """Host ints -> device int64 without a blocking copy (no host sync on CUDA)."""
     t = torch.tensor(values, dtype=torch.int64)
@@ -516,30 +591,32 @@ def _segment_sumsq(rows: Sequence[torch.Tensor], dev: torch.device) -> torch.Ten
 def moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
     """(mean, std, non-finite count) of each tensor, e.g. every parameter of a model.
 
-    Large tensors (weights, embeddings: mean ≈ 0) take two vectorised passes (Σx and row
-    norms, ~10× faster than Welford); small ones (norm gains, biases: possibly far from
-    0, where Σx² − n·mean² would cancel) take Welford's var_mean. One host transfer; the
-    exact non-finite count only for the rare tensors whose sums are not finite (outside
-    any hook, a host-side decision is free).
+    Tensors above _SMALL values take two vectorised passes (Σx and row norms, ~10× faster
+    than Welford); a tensor whose mean turns out to dwarf its spread (a norm gain, a
+    bias: Σx² − n·mean² cancels there) is measured again with Welford's var_mean, as
+    are the small ones from the start. At most two host transfers (outside any hook, a
+    host-side decision is free); the exact non-finite count only for the rare tensors
+    whose sums are not finite.
     """
+    xs: list[torch.Tensor | None] = []
     parts: list[torch.Tensor] = []
     for t in tensors:
         t = t.detach()
         if t.device.type == "meta" or t.numel() == 0 or not t.is_floating_point():
+            xs.append(None)
             parts.append(torch.zeros(2, dtype=_ACC))
             continue
         x = t if t.dtype in _WORK else t.float()
-        if x.numel() <= _MAX_CHANNELS:
-            var, mean = torch.var_mean(x, correction=0)
-            parts.append(torch.stack([mean, var]).to("cpu", _ACC))
-            continue
-        x = x.reshape(1, -1) if x.dim() < 2 else x
-        if x.shape[-1] > _MAX_CHANNELS and x.is_contiguous() and x.numel() % _WIDE_ROW == 0:
-            x = x.view(-1, _WIDE_ROW)
-        mean = x.sum().to(_ACC) / x.numel()
-        q = _vnorm(_vnorm(x, dim=-1), dtype=_ACC)
-        parts.append(torch.stack([mean, q * q / x.numel() - mean * mean]).cpu())
+        xs.append(x)
+        parts.append(_welford(x) if x.numel() <= _SMALL else _fast_moments(x))
     host = torch.stack(parts).tolist() if parts else []
+    # Σx² − n·mean² keeps ~1e-7 × (1 + mean²/var) relative: redo where mean² > 10·var
+    redo = [k for k, (x, (mean, var)) in enumerate(zip(xs, host, strict=True))
+            if x is not None and x.numel() > _SMALL and not var > 10 * mean * mean]  # fmt: skip
+    if redo:
+        again = torch.stack([_welford(xs[k]) for k in redo]).tolist()  # type: ignore[arg-type]
+        for k, mv in zip(redo, again, strict=True):
+            host[k] = mv
     out = []
     for t, (mean, var) in zip(tensors, host, strict=True):
         if not t.numel() or t.device.type == "meta" or not t.is_floating_point():
@@ -550,6 +627,20 @@ def moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
             bad = int((~torch.isfinite(t.detach())).sum())
         out.append((mean, max(var, 0.0) ** 0.5 if var == var else var, bad))
     return out
+
+
+def _welford(x: torch.Tensor) -> torch.Tensor:
+    var, mean = torch.var_mean(x, correction=0)
+    return torch.stack([mean, var]).to("cpu", _ACC)
+
+
+def _fast_moments(x: torch.Tensor) -> torch.Tensor:
+    x = x.reshape(1, -1) if x.dim() < 2 else x
+    if x.shape[-1] > _MAX_CHANNELS and x.is_contiguous() and x.numel() % _WIDE_ROW == 0:
+        x = x.view(-1, _WIDE_ROW)
+    mean = x.sum().to(_ACC) / x.numel()
+    q = _vnorm(_vnorm(x, dim=-1), dtype=_ACC)
+    return torch.stack([mean, q * q / x.numel() - mean * mean]).cpu()
 
 
 def iter_named(model: nn.Module, pattern: str | None) -> Iterator[tuple[str, nn.Module]]:

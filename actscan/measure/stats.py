@@ -45,19 +45,34 @@ def _finite(x: float | None) -> bool:
 
 
 def channel_outliers(
-    channel_max: Sequence[float] | None, th: Thresholds
+    channel_max: Sequence[float] | None,
+    th: Thresholds,
+    summary: tuple[int, int, float, float | None] | None = None,
 ) -> tuple[float | None, tuple[int, ...], float | None, int | None]:
-    """(max/median ratio, outlier indices, median channel max, dead channel count)."""
+    """(max/median ratio, outlier indices, median channel max, dead channel count).
+
+    summary: (dead, live, median, max of live) as the recorder computes them on the device
+    (RawStats.channel_*); without it they are computed here. Only a module whose largest
+    live channel reaches the cut is scanned for the indices.
+    """
     if not channel_max:
         return None, (), None, None
-    dead = sum(1 for v in channel_max if v == 0.0)
-    live = [v for v in channel_max if v > 0.0 and math.isfinite(v)]
-    if len(channel_max) < 4 or not live:
-        return None, (), (statistics.median(live) if live else 0.0), dead
-    med = statistics.median(live)
-    top = max(live)
+    if summary is None:
+        live_v = [v for v in channel_max if v > 0.0 and math.isfinite(v)]
+        summary = (
+            channel_max.count(0.0) if isinstance(channel_max, tuple | list)
+            else sum(1 for v in channel_max if v == 0.0),
+            len(live_v),
+            statistics.median(live_v) if live_v else 0.0,
+            max(live_v) if live_v else None,
+        )  # fmt: skip
+    dead, live, med, top = summary
+    if len(channel_max) < 4 or not live or top is None:
+        return None, (), med, dead
     ratio = top / med if med > 0 else None
     cut = max(th.outlier_ratio * med, th.outlier_abs)
+    if top < cut:  # no live channel reaches it (+inf and NaN never count)
+        return ratio, (), med, dead
     idx = tuple(i for i, v in enumerate(channel_max) if math.isfinite(v) and v >= cut)
     return ratio, idx, med, dead
 
@@ -67,7 +82,10 @@ def layer_record(
 ) -> LayerRecord:
     has = raw.numel > 0
     rms = math.sqrt(max(raw.var + raw.mean * raw.mean, 0.0)) if has else None
-    ratio, outliers, med, dead = channel_outliers(raw.channel_max, th)
+    summary = None
+    if raw.channel_live is not None and raw.channel_dead is not None:
+        summary = (raw.channel_dead, raw.channel_live, raw.channel_median or 0.0, raw.channel_top)
+    ratio, outliers, med, dead = channel_outliers(raw.channel_max, th, summary)
     grad_rms = grad_norm = None
     if raw.grad_sumsq is not None and raw.grad_numel:
         # grad_sumsq is per batch (averaged), grad_numel is over all batches
