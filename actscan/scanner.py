@@ -394,15 +394,18 @@ def scan(
         autocast = (
             torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp else contextlib.nullcontext()
         )
-        with Recorder(
-            targets,
-            stream_input=stream_in,
-            backward=backward,
-            channels=channels,
-            device=dev,
-            underflow=fp16_run,
-            loss_scale=loss_scale,
-        ) as rec, _extra_inputs(model, layout, backward, dev, fp16_run, loss_scale) as extra:
+        with (
+            Recorder(
+                targets,
+                stream_input=stream_in,
+                backward=backward,
+                channels=channels,
+                device=dev,
+                underflow=fp16_run,
+                loss_scale=loss_scale,
+            ) as rec,
+            _extra_inputs(model, layout, backward, dev, fp16_run, loss_scale) as extra,
+        ):
             for i in range(batches):
                 if progress:
                     progress("run", i, batches)

@@ -292,8 +292,8 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
             first,
         )  # fmt: skip
         message = (
-            f"The gradient reaching {where} is {n(1 / ratio)}× weaker than at block "
-            f"{last.block}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
+            f"The gradient reaching {where} is {n(1 / ratio)}× weaker than at "
+            f"{_b(ctx, last)}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
             f"{n(r[0])} vs {n(top)}); it falls below 1/{n(th.grad_ratio_warn)} at "
             f"{_place(ctx, cross)}."
         )
@@ -314,9 +314,9 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
             first,
         )  # fmt: skip
         message = (
-            f"The gradient reaching {where} is {n(ratio)}× stronger than at block "
-            f"{last.block}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
-            f"{n(r[0])} vs {n(top)}); it passes ×{n(th.grad_ratio_warn)} at {_place(cross)}."
+            f"The gradient reaching {where} is {n(ratio)}× stronger than at "
+            f"{_b(ctx, last)}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
+            f"{n(r[0])} vs {n(top)}); it passes ×{n(th.grad_ratio_warn)} at {_place(ctx, cross)}."
         )
         hint = (
             "The backward pass amplifies through depth: lower the per-block gain (fan-in init, "

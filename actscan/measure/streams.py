@@ -41,9 +41,7 @@ def summary_of(points: Sequence[StreamPoint]) -> Summary:
     )  # fmt: skip
 
 
-def stream_records(
-    layout: Layout, records: Mapping[str, LayerRecord]
-) -> tuple[StreamRecord, ...]:
+def stream_records(layout: Layout, records: Mapping[str, LayerRecord]) -> tuple[StreamRecord, ...]:
     """One record per stream when the layout has several, else () (the report's `stream`
     and `summary` are the one stream)."""
     if not layout.streams:
@@ -52,9 +50,7 @@ def stream_records(
     groups = [(name, blocks) for name, blocks in layout.stream_blocks() if blocks]
     out = []
     for i, (name, blocks) in enumerate(groups):
-        points = stream_points(
-            replace(layout, blocks=blocks), records, input_name(blocks[0].name)
-        )
+        points = stream_points(replace(layout, blocks=blocks), records, input_name(blocks[0].name))
         out.append(
             StreamRecord(
                 name=name, container=containers.get(name), primary=i == len(groups) - 1,

@@ -91,8 +91,11 @@ class Report:
                 "skipped": [asdict(s) for s in self.skipped],
                 "streams": [
                     {
-                        "name": s.name, "container": s.container, "primary": s.primary,
-                        "points": [asdict(p) for p in s.points], "summary": dict(s.summary),
+                        "name": s.name,
+                        "container": s.container,
+                        "primary": s.primary,
+                        "points": [asdict(p) for p in s.points],
+                        "summary": dict(s.summary),
                     }
                     for s in self.streams
                 ],
@@ -138,7 +141,8 @@ class Report:
             skipped=tuple(build(Skip, d) for d in data.get("skipped", ())),
             streams=tuple(
                 StreamRecord(
-                    name=d["name"], container=d.get("container"),
+                    name=d["name"],
+                    container=d.get("container"),
                     primary=bool(d.get("primary")),
                     points=tuple(build(StreamPoint, p) for p in d.get("points", ())),
                     summary=Summary.from_mapping(d.get("summary", {})),
