@@ -156,6 +156,9 @@ class Comparison:
     divergence: Divergence | None = None
     verdict: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # (stream name, its points paired by k) per residual stream both sides have, when a
+    # side has several (encoder-decoder); `stream` is the primary (decoder) one's
+    streams: tuple[tuple[str, tuple[StreamPair, ...]], ...] = ()
 
     @property
     def match(self) -> str:
@@ -183,6 +186,10 @@ class Comparison:
                 "labels": {"a": self.label_a, "b": self.label_b},
                 "match": self.match,
                 "stream": [asdict(p) for p in self.stream],
+                "streams": [
+                    {"name": name, "points": [asdict(p) for p in pairs]}
+                    for name, pairs in self.streams
+                ],
                 "branches": [asdict(p) for p in self.branches],
                 "layers": [asdict(p) for p in self.layers],
                 "unmatched": {"a": list(self.unmatched_a), "b": list(self.unmatched_b)},
@@ -313,6 +320,14 @@ def match_stream(a: Sequence[StreamPoint], b: Sequence[StreamPoint]) -> tuple[St
     return tuple(out)
 
 
+def match_streams(a: Report, b: Report) -> tuple[tuple[str, tuple[StreamPair, ...]], ...]:
+    """Each residual stream both reports have, its points paired by (stream, k)."""
+    sb = {s.name: s for s in b.streams}
+    return tuple(
+        (s.name, match_stream(s.points, sb[s.name].points)) for s in a.streams if s.name in sb
+    )
+
+
 def match_branches(a: Report, b: Report) -> tuple[BranchPair, ...]:
     ba = {(r.block, r.kind): r for r in a.branches}
     bb = {(r.block, r.kind): r for r in b.branches}
@@ -369,8 +384,10 @@ def compare_reports(
     """Everything the compare table shows, computed once."""
     layers, un_a, un_b = match_layers(a.layers, b.layers)
     stream = match_stream(a.stream, b.stream)
+    streams = match_streams(a, b)
     a_to_b = {p.name_a: p.name_b for p in layers}
-    a_to_b.update({p.name_a: p.name_b for p in stream if p.name_a and p.name_b})
+    for pairs in (stream, *(ps for _, ps in streams)):
+        a_to_b.update({p.name_a: p.name_b for p in pairs if p.name_a and p.name_b})
     findings = diff_findings(a.findings, b.findings, a_to_b)
     notes: list[str] = []
     if un_a or un_b:
@@ -381,7 +398,7 @@ def compare_reports(
     cmp = Comparison(
         a=a, b=b, label_a=label_a, label_b=label_b, layers=layers, stream=stream,
         branches=match_branches(a, b), unmatched_a=un_a, unmatched_b=un_b, findings=findings,
-        divergence=divergence, notes=tuple(notes),
+        divergence=divergence, notes=tuple(notes), streams=streams,
     )  # fmt: skip
     return replace(cmp, verdict=verdict(cmp))
 

@@ -30,13 +30,15 @@ from actscan.measure.layout_proof import prove_layout
 from actscan.measure.model_inputs import describe_batch, hf_input_source
 from actscan.measure.prepare import call_model, check_positions, refuse_meta, unwrap_compiled
 from actscan.measure.recorder import Recorder, iter_named, moments
-from actscan.measure.stats import branch_records, growth_fit, layer_record, stream_points
+from actscan.measure.stats import growth_fit, layer_record, stream_points
+from actscan.measure.streams import input_name, primary, stream_branch_records, stream_records
+from actscan.measure.streams import stream_inputs as stream_input_blocks
 from actscan.measure.structure import detect_layout, is_norm
 from actscan.measure.usage import Usage, measure_usage, norm_gains
 from actscan.report.report import Report
 from actscan.settings import Ignore, apply_ignores, parse_ignores
 from actscan.targets.stored_dtype import stored_dtype_note
-from actscan.types import Layout, ModelInfo, ParamRecord, RunInfo, Summary
+from actscan.types import Layout, ModelInfo, ParamRecord, RunInfo, StreamRecord, Summary
 
 # Static loss scale of fp16 runs: a steady state of GradScaler's dynamic scale (it starts
 # at 2^16 and halves on every overflow) that keeps an fp16 loss gradient of 1 finite.
@@ -392,15 +394,18 @@ def scan(
         autocast = (
             torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp else contextlib.nullcontext()
         )
-        with Recorder(
-            targets,
-            stream_input=stream_in,
-            backward=backward,
-            channels=channels,
-            device=dev,
-            underflow=fp16_run,
-            loss_scale=loss_scale,
-        ) as rec:
+        with (
+            Recorder(
+                targets,
+                stream_input=stream_in,
+                backward=backward,
+                channels=channels,
+                device=dev,
+                underflow=fp16_run,
+                loss_scale=loss_scale,
+            ) as rec,
+            _extra_inputs(model, layout, backward, dev, fp16_run, loss_scale) as extra,
+        ):
             for i in range(batches):
                 if progress:
                     progress("run", i, batches)
@@ -420,7 +425,11 @@ def scan(
                         del grads
                 del out, loss
                 rec.end_batch()
+                for r in extra:
+                    r.end_batch()
             raw = rec.result(batches)
+            for r in extra:
+                raw.update(r.result(batches))
         if progress:
             progress("run", batches, batches)
 
@@ -435,7 +444,16 @@ def scan(
         for name, r in raw.items()
     }  # fmt: skip
     layers = tuple(records[n] for n, _ in targets if records[n].calls > 0)
-    stream = stream_points(layout, records, stream_in[0] if stream_in else None)
+    streams: tuple[StreamRecord, ...] = ()
+    main = None
+    if layout.streams:  # an encoder-decoder: the decoder's stream is `stream`/`summary`
+        streams = stream_records(layout, records)
+        main = primary(streams)
+    stream = (
+        main.points
+        if main is not None
+        else stream_points(layout, records, stream_in[0] if stream_in else None)
+    )
     fit = growth_fit(stream)
     run = RunInfo(
         dtype=dtype_name(run_dtype or model_dtype), amp=amp, device=dev.type,
@@ -447,7 +465,7 @@ def scan(
     info = _with_blocks(info, layout)
     ctx = CheckContext(
         info=info, run=run, layout=layout, layers=layers, stream=stream, fit=fit,
-        params=params_before, thresholds=th,
+        params=params_before, thresholds=th, streams=streams,
     )  # fmt: skip
     summary = Summary(
         growth_exponent=fit.exponent, gain_per_block=fit.gain, growth=fit.growth,
@@ -458,9 +476,33 @@ def scan(
     return Report(
         model=info, run=run, layers=layers, stream=stream, findings=findings,
         summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
-        branches=branch_records(layout, layers, stream), layout=proof.proofs,
-        skipped=skipped,
+        branches=stream_branch_records(layout, layers, stream, streams), layout=proof.proofs,
+        skipped=skipped, streams=streams,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _extra_inputs(
+    model: nn.Module,
+    layout: Layout,
+    backward: bool,
+    dev: torch.device,
+    underflow: bool,
+    loss_scale: float,
+) -> Iterator[list[Recorder]]:
+    """One recorder per further stream's input (an encoder-decoder's decoder: k = 0 of its
+    stream is its first block's input), beside the main recorder's own stream input."""
+    mods = dict(model.named_modules())
+    with contextlib.ExitStack() as stack:
+        yield [
+            stack.enter_context(
+                Recorder(
+                    [], stream_input=(input_name(name), mods[name]), backward=backward,
+                    channels=False, device=dev, underflow=underflow, loss_scale=loss_scale,
+                )
+            )
+            for name in stream_input_blocks(layout)[1:]
+        ]  # fmt: skip
 
 
 def _probe_run(

@@ -174,6 +174,20 @@ class StreamPoint:
 
 
 @dataclass(frozen=True)
+class StreamRecord:
+    """One residual stream of a model that has several (an encoder-decoder's encoder and
+    decoder): its points (k from 0 at its first block's input) and its own growth fit.
+    The primary stream (the last, which feeds the head) is also the report's `stream`
+    and `summary`."""
+
+    name: str
+    container: str | None
+    primary: bool
+    points: tuple[StreamPoint, ...]
+    summary: Summary
+
+
+@dataclass(frozen=True)
 class BranchRecord:
     """One residual branch (attention or MLP output) against the stream it writes into."""
 
@@ -327,6 +341,9 @@ class BlockInfo:
     # Every branch by role (set by the layout self-check; empty: attn/mlp above are a guess).
     branches: tuple[BranchInfo, ...] = ()
     proof: BlockProof | None = None
+    # Which residual stream the block belongs to: "main", or the name of its block list
+    # ("encoder", "decoder") when the model has several (see Layout.streams).
+    stream: str = "main"
 
     def branch_list(self) -> tuple[BranchInfo, ...]:
         """The proven branches, else the guessed attention/MLP pair."""
@@ -351,6 +368,27 @@ class Layout:
     roles: dict[str, str] = field(default_factory=dict)  # module name → Role value
     block_of: dict[str, int] = field(default_factory=dict)  # module name → block index
     note: str | None = None  # e.g. why no blocks were found
+    # (name, container) of each residual stream in execution order, when the model has
+    # more than one (an encoder-decoder: encoder, decoder); empty: one stream, "main".
+    # Block indices run on through the streams (decoder block 0 follows the encoder's).
+    streams: tuple[tuple[str, str], ...] = ()
 
     def role(self, name: str) -> str:
         return self.roles.get(name, Role.OTHER.value)
+
+    def stream_blocks(self) -> list[tuple[str, tuple[BlockInfo, ...]]]:
+        """(stream name, its blocks) per residual stream, in execution order."""
+        if not self.streams:
+            return [("main", self.blocks)] if self.blocks else []
+        return [
+            (name, tuple(b for b in self.blocks if b.stream == name)) for name, _ in self.streams
+        ]
+
+    def block_label(self, index: int | None) -> str:
+        """'block 3', or 'decoder block 1' (numbered within its stream) with several."""
+        if index is None or not self.streams:
+            return f"block {index}"
+        for name, blocks in self.stream_blocks():
+            if blocks and blocks[0].index <= index <= blocks[-1].index:
+                return f"{name} block {index - blocks[0].index}"
+        return f"block {index}"

@@ -602,11 +602,69 @@ PENDING: dict[str, Callable[[], nn.Module]] = {
 }  # fmt: skip
 
 
+# encoder-decoders: (encoder list, decoder list, decoder block 1's cross-attention, its
+# output projection)
+SEQ2SEQ = {
+    "t5": ("encoder.block", "decoder.block", "decoder.block.1.layer.1.EncDecAttention", "o"),
+    "bart": ("model.encoder.layers", "model.decoder.layers",
+             "model.decoder.layers.1.encoder_attn", "out_proj"),
+    "whisper": ("model.encoder.layers", "model.decoder.layers",
+                "model.decoder.layers.1.encoder_attn", "out_proj"),
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("name", list(PENDING))
 def test_other_families_are_quiet_and_proven(name: str) -> None:
     report = profile(PENDING[name]())
     assert report.layout and all(p.status == "verified" for p in report.layout)
     assert not loud(report), summary(report)
+    if name in SEQ2SEQ:
+        _both_stacks_profiled(report, name)
+
+
+def _both_stacks_profiled(report: Report, name: str) -> None:
+    """Two streams (encoder, decoder), every block of both proven, decoder blocks with a
+    cross-attention branch (3 writes: k grows by 3), the decoder as `stream`/`summary`."""
+    enc, dec, _, _ = SEQ2SEQ[name]
+    assert [(s.name, s.container, s.primary) for s in report.streams] == [
+        ("encoder", enc, False), ("decoder", dec, True)
+    ]  # fmt: skip
+    assert [p.name for p in report.layout] == [
+        f"{c}.{i}" for c in (enc, dec) for i in range(LAYERS)
+    ]
+    assert [p.stream for p in report.layout] == ["encoder"] * LAYERS + ["decoder"] * LAYERS
+    for p in report.layout:
+        assert p.status == "verified" and p.residual is not None and p.tolerance is not None
+        assert p.residual <= p.tolerance
+        want = ("attn", "mlp") if p.stream == "encoder" else ("attn", "cross_attn", "mlp")
+        assert p.roles == want, (name, p)
+    encoder, decoder = report.streams
+    assert [p.k for p in encoder.points] == [0, 2, 4, 6, 8]
+    assert [p.k for p in decoder.points] == [0, 3, 6, 9, 12]
+    assert [p.block for p in decoder.points] == [None, *range(LAYERS, 2 * LAYERS)]
+    assert decoder.points[0].name == f"{dec}.0:input" and decoder.points[0].rms
+    assert report.stream == decoder.points and report.summary == decoder.summary
+    assert encoder.summary.growth is not None and decoder.summary.grad_ratio is not None
+    cross = [b for b in report.branches if b.kind == "cross_attn"]
+    assert [b.block for b in cross] == list(range(LAYERS, 2 * LAYERS))
+    # the JSON round trip keeps the streams; the table shows one stream table per stream
+    back = Report.from_dict(json.loads(report.to_json()))
+    assert back.streams == report.streams
+
+
+@pytest.mark.parametrize("name", list(SEQ2SEQ))
+def test_zeroed_cross_attention_in_the_decoder_is_a_dead_branch_there(name: str) -> None:
+    _, _, cross, out = SEQ2SEQ[name]
+    model = PENDING[name]()
+    with torch.no_grad():
+        for p in model.get_submodule(f"{cross}.{out}").parameters():
+            p.zero_()
+    report = profile(model)
+    dead = [f for f in report.findings if f.check == CheckId.DEAD_BRANCH]
+    assert [f.severity for f in dead] == [Severity.WARN], summary(report)
+    assert dead[0].layers == (cross,)
+    assert "cross-attention of decoder block 1" in dead[0].message
+    assert all(p.status == "verified" for p in report.layout)
 
 
 def test_skipped_checks_are_listed() -> None:

@@ -28,6 +28,7 @@ from actscan.types import (
     RunInfo,
     Skip,
     StreamPoint,
+    StreamRecord,
     finding_order,
 )
 
@@ -42,6 +43,9 @@ class CheckContext:
     fit: GrowthFit
     params: tuple[ParamRecord, ...]
     thresholds: Thresholds
+    # Every residual stream when there are several (encoder-decoder): `stream` and `fit`
+    # are then the primary (decoder) one's, and the depth checks run on each in turn.
+    streams: tuple[StreamRecord, ...] = ()
 
 
 Check = Callable[[CheckContext], "list[Finding | Skip]"]

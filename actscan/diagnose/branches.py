@@ -17,7 +17,7 @@ from actscan.diagnose.common import (
     skip,
     warn_or_error,
 )
-from actscan.measure.stats import branch_records
+from actscan.measure.streams import all_points, stream_branch_records
 from actscan.types import BranchRecord, CheckId, Finding, LayerRecord, ParamRecord, Severity, Skip
 
 if TYPE_CHECKING:
@@ -65,12 +65,14 @@ def _branches(ctx: CheckContext) -> list[_Branch]:
     for r in ctx.layers:
         if r.block is not None:
             in_block.setdefault(r.block, []).append(r)
-    grad_at = {p.block: p.grad_rms for p in ctx.stream if p.block is not None}
+    grad_at = {
+        p.block: p.grad_rms for p in all_points(ctx.stream, ctx.streams) if p.block is not None
+    }
     params_of: dict[str, list[ParamRecord]] = {}
     for p in ctx.params:
         params_of.setdefault(p.module, []).append(p)
     out = []
-    for rec in branch_records(ctx.layout, ctx.layers, ctx.stream):
+    for rec in stream_branch_records(ctx.layout, ctx.layers, ctx.stream, ctx.streams):
         if rec.verified is False:
             continue
         own = by_name[rec.name]
@@ -191,7 +193,7 @@ def dead_branch(ctx: CheckContext) -> list[Finding | Skip]:
     }
     parts = []
     for b in rest:
-        what = f"{kind_name(b.rec)} of block {b.rec.block} ({b.rec.name}"
+        what = f"{kind_name(b.rec)} of {ctx.layout.block_label(b.rec.block)} ({b.rec.name}"
         what += f" → {b.rec.write}: " if b.rec.write else ": "
         if b.ratio is not None and b.ratio <= th.dead_branch_ratio:
             written = b.rec.write_rms if b.rec.write else (b.gain.rms if b.gain else b.rec.rms)

@@ -4,8 +4,10 @@ sqrt-growth, exp-growth, collapse, vanishing-grad and exploding-grad)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import (
@@ -21,10 +23,64 @@ from actscan.diagnose.common import (
     skip,
     too_few_blocks,
 )
+from actscan.measure.stats import growth_fit
 from actscan.types import CheckId, Finding, Severity, Skip, StreamPoint
 
 if TYPE_CHECKING:
-    from actscan.diagnose import CheckContext
+    from actscan.diagnose import Check, CheckContext
+
+
+def _place(ctx: CheckContext, p: StreamPoint) -> str:
+    if p.block is None:
+        name = _name(ctx)
+        return f"the {name} stream's first block input" if name else "the first block's input"
+    return _b(ctx, p)
+
+
+def _b(ctx: CheckContext, p: StreamPoint) -> str:
+    """'block 3', or 'decoder block 1' when the model has several streams."""
+    return ctx.layout.block_label(p.block)
+
+
+def _name(ctx: CheckContext) -> str | None:
+    """The name of the stream `ctx.stream` is, when the model has several."""
+    if not ctx.layout.streams:
+        return None
+    block = next((p.block for p in ctx.stream if p.block is not None), None)
+    return next((b.stream for b in ctx.layout.blocks if b.index == block), None)
+
+
+def _stream(ctx: CheckContext) -> str:
+    name = _name(ctx)
+    return f"{name} stream" if name else "residual stream"
+
+
+def per_stream(check: Check) -> Check:
+    """Run a depth check on each residual stream of a model that has several (encoder,
+    decoder), each with its own points and growth fit. Findings add up; a check skipped on
+    some stream is listed as skipped there (silence is not a pass), with the stream named."""
+
+    @functools.wraps(check)
+    def run(ctx: CheckContext) -> list[Finding | Skip]:
+        if len(ctx.streams) < 2:
+            return check(ctx)
+        out: list[Finding | Skip] = []
+        skips: dict[str, list[str]] = {}
+        for s in ctx.streams:
+            blocks = tuple(b for b in ctx.layout.blocks if b.stream == s.name)
+            sub = replace(
+                ctx, stream=s.points, fit=growth_fit(s.points),
+                layout=replace(ctx.layout, blocks=blocks),
+            )  # fmt: skip
+            for item in check(sub):
+                if isinstance(item, Skip):
+                    skips.setdefault(item.check, []).append(f"{s.name} stream: {item.reason}")
+                else:
+                    out.append(item)
+        out += [skip(CheckId(c), "; ".join(why)) for c, why in skips.items()]
+        return out
+
+    return run
 
 
 def total_gain(ctx: CheckContext, pts: Sequence[StreamPoint]) -> float | None:
@@ -69,6 +125,7 @@ def _first_crossing(pts: Sequence[StreamPoint], ref: float, factor: float) -> St
     return None
 
 
+@per_stream
 def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
     """Stream RMS ∝ k^p with p near ½ and a large drift: unscaled branches accumulating."""
     th = ctx.thresholds
@@ -96,10 +153,10 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
         else ""
     )
     message = (
-        f"The residual stream's RMS grows ×{n(drift)} from block {first.block}'s output to "
-        f"block {last.block}'s ({n(first.rms)} → {n(last.rms)}{over_embedding}), "
+        f"The {_stream(ctx)}'s RMS grows ×{n(drift)} from {_b(ctx, first)}'s output to "
+        f"{_b(ctx, last)}'s ({n(first.rms)} → {n(last.rms)}{over_embedding}), "
         f"RMS ∝ k^{n(p)}{var_fit}: each of the {k} residual branches adds its full variance "
-        f"(×{n(th.growth_warn)} is crossed at block {cross.block})."
+        f"(×{n(th.growth_warn)} is crossed at {_b(ctx, cross)})."
     )
     hint = (
         f"Scale the residual output projections (attention out, MLP down) by 1/√(2L) = "
@@ -141,6 +198,7 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
     ]
 
 
+@per_stream
 def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
     """γ^L far above 1 with sustained growth (exp-growth) or far below 1 (collapse)."""
     th = ctx.thresholds
@@ -162,9 +220,9 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
         cross = _first_crossing(pts, first.rms, th.exp_gain_warn) or last  # type: ignore[arg-type]
         message = (
             f"Each block multiplies the stream's RMS by γ = {n(gamma)} (geometric fit over "
-            f"{L} blocks), γ^L = {n(total)}: RMS {n(first.rms)} at block {first.block} → "
-            f"{n(last.rms)} at block {last.block}, past ×{n(th.exp_gain_warn)} at block "
-            f"{cross.block}."
+            f"{L} blocks), γ^L = {n(total)}: RMS {n(first.rms)} at {_b(ctx, first)} → "
+            f"{n(last.rms)} at {_b(ctx, last)}, past ×{n(th.exp_gain_warn)} at "
+            f"{_b(ctx, cross)}."
         )
         hint = (
             "Growth compounds through depth: make each block variance-preserving — fan-in "
@@ -183,8 +241,8 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
         cross = _first_crossing(pts, first.rms, 1 / th.exp_gain_warn) or last  # type: ignore[arg-type]
         message = (
             f"The stream's RMS shrinks by γ = {n(gamma)} per block (γ^L = {n(total)} over {L} "
-            f"blocks): {n(first.rms)} at block {first.block} → {n(last.rms)} at block "
-            f"{last.block}, below 1/{n(th.exp_gain_warn)} of its start from block {cross.block}."
+            f"blocks): {n(first.rms)} at {_b(ctx, first)} → {n(last.rms)} at "
+            f"{_b(ctx, last)}, below 1/{n(th.exp_gain_warn)} of its start from {_b(ctx, cross)}."
         )
         hint = (
             "The signal decays toward zero through depth: initialize so each layer preserves "
@@ -198,6 +256,7 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
     return []
 
 
+@per_stream
 def gradients(ctx: CheckContext) -> list[Finding | Skip]:
     """Relative activation gradient r = RMS(∂L/∂x)·RMS(x), first block's input vs last output.
 
@@ -221,7 +280,7 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
     top = r[-1]
     ratio = r[0] / top
     first, last = pts[0], pts[-1]
-    where = "the first block's input" if first.block is None else f"block {first.block}'s output"
+    where = _place(ctx, first) + ("'s output" if first.block is not None else "")
     if ratio <= 1 / th.grad_ratio_warn:
         severity, threshold = grade(
             ratio, 1 / th.grad_ratio_warn, 1 / th.grad_ratio_error, above=False
@@ -233,10 +292,10 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
             first,
         )  # fmt: skip
         message = (
-            f"The gradient reaching {where} is {n(1 / ratio)}× weaker than at block "
-            f"{last.block}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
+            f"The gradient reaching {where} is {n(1 / ratio)}× weaker than at "
+            f"{_b(ctx, last)}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
             f"{n(r[0])} vs {n(top)}); it falls below 1/{n(th.grad_ratio_warn)} at "
-            f"{_place(cross)}."
+            f"{_place(ctx, cross)}."
         )
         hint = (
             "Early blocks barely learn: pre-norm (x + F(LN(x))) keeps an identity path for the "
@@ -255,9 +314,9 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
             first,
         )  # fmt: skip
         message = (
-            f"The gradient reaching {where} is {n(ratio)}× stronger than at block "
-            f"{last.block}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
-            f"{n(r[0])} vs {n(top)}); it passes ×{n(th.grad_ratio_warn)} at {_place(cross)}."
+            f"The gradient reaching {where} is {n(ratio)}× stronger than at "
+            f"{_b(ctx, last)}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
+            f"{n(r[0])} vs {n(top)}); it passes ×{n(th.grad_ratio_warn)} at {_place(ctx, cross)}."
         )
         hint = (
             "The backward pass amplifies through depth: lower the per-block gain (fan-in init, "
@@ -269,7 +328,3 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
                     message, hint)
         ]  # fmt: skip
     return []
-
-
-def _place(p: StreamPoint) -> str:
-    return "the first block's input" if p.block is None else f"block {p.block}"

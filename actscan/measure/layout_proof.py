@@ -15,8 +15,8 @@ and which module consumed which tensor (by tensor identity). From that data flow
 
 Norms of any combination of the recorded vectors come from one Gram matrix per block,
 computed on the device when the block returns, and all Grams reach the host in one
-transfer after the pass: no host sync inside hooks. The proof works on one block list
-(one stream); an encoder-decoder's second stack is a second call with its own `stream`.
+transfer after the pass: no host sync inside hooks. An encoder-decoder's two stacks are
+proven in the same pass, each block under its own stream's name (`BlockInfo.stream`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ TOLERANCE = {
     torch.bfloat16: 3e-2,
 }
 MAX_SEARCH = 24  # candidate groups searched in subsets (beyond: unverified)
+ZERO_COEF = 1e-3  # a fitted write coefficient this small: the candidate is no write
 
 Key = tuple[Any, ...]
 
@@ -556,11 +557,12 @@ def prove_blocks(
     blocks: Sequence[BlockInfo],
     run: Any,
     *,
-    stream: str = "main",
+    stream: str | None = None,
 ) -> tuple[list[BlockInfo], dict[str, str]]:
-    """Prove one block list. `run()` does the forward pass (the caller picks inputs, dtype,
+    """Prove block lists. `run()` does the forward pass (the caller picks inputs, dtype,
     autocast). Returns the blocks with their branches and proofs, and the role updates of
-    the modules inside them."""
+    the modules inside them. Each proof is recorded under `stream`, else the block's own
+    stream (`BlockInfo.stream`: "main", or "encoder"/"decoder" of an encoder-decoder)."""
     modules = dict(model.named_modules())
     modes = [(m, m.training) for m in model.modules()]
     try:
@@ -581,13 +583,13 @@ def prove_blocks(
     for b, tr in zip(blocks, traces, strict=True):
         if tr is None or tr.gram is None:
             why = "the block did not run in the probe pass" if tr is None else tr.note
-            out.append(_unverified(b, "skipped", why, stream=stream))
+            out.append(_unverified(b, "skipped", why, stream=stream or b.stream))
             continue
         k = len(tr.keys)
         assert flat is not None
         gram = flat[offset : offset + k * k].reshape(k, k)
         offset += k * k
-        out.append(_prove_one(b, tr, gram, modules, roles, stream))
+        out.append(_prove_one(b, tr, gram, modules, roles, stream or b.stream))
     return out, roles
 
 
@@ -615,6 +617,8 @@ def _prove_one(
             break
         if tried >= 4096:
             break
+    if found is not None and found.scales:
+        found = _unfit(blk, found, tol)
     if found is None:
         found = blk.search(tol)
     if found is None and (chain := blk.plain_chain()):
@@ -668,6 +672,25 @@ def _prove_one(
     )  # fmt: skip
 
 
+def _unfit(blk: _Block, found: _Outcome, tol: float) -> _Outcome:
+    """A fit zeroes the candidates that are no writes (an encoder-decoder block's q/k/v
+    projections, stream-shaped and consumed by functional ops: 9 candidates, too many for
+    the subset search): drop them, and keep unit coefficients when they hold. A write
+    that is exactly zero (a zeroed output projection) has no coefficient to fit: kept."""
+    kept = tuple(
+        w
+        for w in found.writes
+        if abs(found.scales.get(w, 1.0)) > ZERO_COEF or blk.norm(blk.idx[w]) == 0
+    )
+    if not kept or kept == found.writes:
+        return found
+    for fitted in (False, True):
+        o = blk.evaluate(_Hypothesis(kept, found.norms, fitted))
+        if o.residual <= tol:
+            return o
+    return found
+
+
 def prove_layout(model: nn.Module, layout: Layout, run: Any) -> ProofResult:
     """The layout with every block proven (or marked), and notes for the user."""
     if not layout.blocks:
@@ -679,7 +702,7 @@ def prove_layout(model: nn.Module, layout: Layout, run: Any) -> ProofResult:
             f"layout self-check could not run ({type(err).__name__}: "
             f"{str(err).splitlines()[0] if str(err) else ''}): branch checks unverified"
         )
-        blocks = [_unverified(b, "skipped", note) for b in layout.blocks]
+        blocks = [_unverified(b, "skipped", note, stream=b.stream) for b in layout.blocks]
         return ProofResult(
             replace(layout, blocks=tuple(blocks)),
             tuple(b.proof for b in blocks if b.proof is not None),

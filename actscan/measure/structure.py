@@ -47,9 +47,10 @@ def _has_children(mod: nn.Module) -> bool:
     return next(mod.children(), None) is not None
 
 
-def find_blocks(model: nn.Module) -> tuple[str, list[str]] | None:
-    """The longest ModuleList (or Sequential) of same-class composite children."""
-    best: tuple[tuple[int, int, int], str, list[str]] | None = None
+def _block_lists(model: nn.Module) -> list[tuple[tuple[int, int, int], str, list[str]]]:
+    """(score, container, block names) of every ModuleList (or Sequential) of same-class
+    composite children, in registration order."""
+    out = []
     for order, (name, mod) in enumerate(model.named_modules()):
         if not isinstance(mod, nn.ModuleList | nn.Sequential):
             continue
@@ -59,10 +60,67 @@ def find_blocks(model: nn.Module) -> tuple[str, list[str]] | None:
         if len({type(m) for _, m in kids}) != 1 or not _has_children(kids[0][1]):
             continue
         score = (len(kids), int(isinstance(mod, nn.ModuleList)), -order)
-        names = [f"{name}.{k}" if name else k for k, _ in kids]
-        if best is None or score > best[0]:
-            best = (score, name, names)
-    return None if best is None else (best[1], best[2])
+        out.append((score, name, [f"{name}.{k}" if name else k for k, _ in kids]))
+    return out
+
+
+def find_blocks(model: nn.Module) -> tuple[str, list[str]] | None:
+    """The longest ModuleList (or Sequential) of same-class composite children."""
+    lists = _block_lists(model)
+    if not lists:
+        return None
+    _, name, names = max(lists, key=lambda c: c[0])
+    return name, names
+
+
+def _nested(a: str, b: str) -> bool:
+    """One module path is the other or inside it ('' is the root, around everything)."""
+    return a == b or not a or not b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def find_streams(model: nn.Module) -> list[tuple[str, str, list[str]]]:
+    """(stream name, container, block names) per residual stream, in registration order.
+
+    One stream: the longest block list (`find_blocks`), named "main". Several when the
+    longest list and at least one other are disjoint, non-nested ModuleLists of ≥ 2
+    same-class composite blocks, none inside another block list: an encoder-decoder's
+    `encoder.layers`/`decoder.layers` (T5's `encoder.block`/`decoder.block`), two towers.
+    Lists nested in blocks (MoE experts, T5's per-block `layer`) or around them (Swin's
+    stages) never start a stream. Names come from the containers' paths, less the parts
+    they share ("model.encoder.layers", "model.decoder.layers" → "encoder", "decoder").
+    """
+    lists = _block_lists(model)
+    if not lists:
+        return []
+    best = max(lists, key=lambda c: c[0])
+    outer = [c for c in lists if not any(o[1] != c[1] and _nested(o[1], c[1]) for o in lists)]
+    if best not in outer or not isinstance(model.get_submodule(best[1]), nn.ModuleList):
+        return [("main", best[1], best[2])]
+    found = [
+        c for c in outer
+        if c is best or (len(c[2]) >= 2 and isinstance(model.get_submodule(c[1]), nn.ModuleList))
+    ]  # fmt: skip
+    if len(found) < 2:
+        return [("main", best[1], best[2])]
+    found.sort(key=lambda c: -c[0][2])  # registration order
+    names = _stream_names([c[1] for c in found])
+    return [(n, c[1], c[2]) for n, c in zip(names, found, strict=True)]
+
+
+def _stream_names(paths: list[str]) -> list[str]:
+    """Each path less the leading and trailing parts all of them share; the full path
+    when that leaves nothing or two alike."""
+    parts = [p.split(".") for p in paths]
+    lead = 0
+    while all(len(p) > lead and p[lead] == parts[0][lead] for p in parts):
+        lead += 1
+    trail = 0
+    while all(len(p) > lead + trail and p[-1 - trail] == parts[0][-1 - trail] for p in parts):
+        trail += 1
+    names = [".".join(p[lead : len(p) - trail]) for p in parts]
+    if any(not n for n in names) or len(set(names)) < len(names):
+        return paths
+    return names
 
 
 def _find_branch(block: nn.Module, pattern: re.Pattern[str]) -> str | None:
@@ -85,19 +143,20 @@ def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
     order = {name: i for i, name in enumerate(modules)}
     roles: dict[str, str] = {}
     block_of: dict[str, int] = {}
-    found = find_blocks(model)
+    streams = find_streams(model)
     blocks: list[BlockInfo] = []
-    container = None
+    # the primary stream's list: the last one (an encoder-decoder's decoder)
+    container = streams[-1][1] if streams else None
     note = None
 
-    if found is None:
+    if not streams:
         note = (
             "no repeated blocks found (no nn.ModuleList of same-class modules): "
             "per-module statistics only, no residual stream"
         )
-    else:
-        container, names = found
-        for i, bname in enumerate(names):
+    for stream, _, names in streams:
+        for bname in names:
+            i = len(blocks)  # indices run on through the streams
             block = modules[bname]
             attn_rel = _find_branch(block, _ATTN_RE)
             mlp_rel = _find_branch(block, _MLP_RE)
@@ -106,7 +165,9 @@ def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
             attn = f"{bname}.{attn_rel}" if attn_rel else None
             mlp = f"{bname}.{mlp_rel}" if mlp_rel else None
             adds = int(attn is not None) + int(mlp is not None) or 1
-            blocks.append(BlockInfo(index=i, name=bname, attn=attn, mlp=mlp, adds=adds))
+            blocks.append(
+                BlockInfo(index=i, name=bname, attn=attn, mlp=mlp, adds=adds, stream=stream)
+            )
             roles[bname] = Role.STREAM.value
             for sub_name, sub in block.named_modules(prefix=bname):
                 block_of[sub_name] = i
@@ -176,6 +237,7 @@ def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
         roles=roles,
         block_of=block_of,
         note=note,
+        streams=tuple((n, c) for n, c, _ in streams) if len(streams) > 1 else (),
     )
 
 

@@ -97,25 +97,35 @@ def to_markdown(report: Report, fail_on: str | FailOn = FailOn.ERROR) -> str:
     if report.skipped:
         out += ["", "Not checked:", ""]
         out += [f"- {_code(sk.check)}: {_cell(sk.reason)}" for sk in report.skipped]
-    out += ["", "#### Residual stream", ""]
-    if report.stream:
-        out += ["| k | block | name | RMS | grad RMS |", "| ---: | ---: | --- | ---: | ---: |"]
-        for p in report.stream:
-            block = NONE if p.block is None else str(p.block)
-            out.append(f"| {p.k} | {block} | {_code(p.name)} | {num(p.rms)} | {num(p.grad_rms)} |")
-    else:
-        out.append("No residual stream found.")
-    s = report.summary
-    summary = [
-        f"{label} {num(value)}"
-        for value, label in (
-            (s.growth_exponent, "growth exponent p ="),
-            (s.gain_per_block, "gain per block"),
-        )
-        if value is not None
-    ]
-    if summary:
-        out += ["", "Stream: " + ", ".join(summary) + "."]
+    # one section per residual stream when there are several (encoder, decoder)
+    sections = [(f"Residual stream: {s.name}", s.points, s.summary, f"Stream {s.name}: ")
+                for s in report.streams] or [
+        ("Residual stream", report.stream, report.summary, "Stream: ")
+    ]  # fmt: skip
+    for title, points, s, lead in sections:
+        out += ["", f"#### {title}", ""]
+        if points:
+            out += ["| k | block | name | RMS | grad RMS |", "| ---: | ---: | --- | ---: | ---: |"]
+            # blocks numbered within their stream when there are several
+            first = next((p.block for p in points if p.block is not None), 0)
+            first = first if report.streams else 0
+            for p in points:
+                block = NONE if p.block is None else str(p.block - first)
+                out.append(
+                    f"| {p.k} | {block} | {_code(p.name)} | {num(p.rms)} | {num(p.grad_rms)} |"
+                )
+        else:
+            out.append("No residual stream found.")
+        summary = [
+            f"{label} {num(value)}"
+            for value, label in (
+                (s.growth_exponent, "growth exponent p ="),
+                (s.gain_per_block, "gain per block"),
+            )
+            if value is not None
+        ]
+        if summary:
+            out += ["", lead + ", ".join(summary) + "."]
     if report.notes:
         out += ["", *(f"- {_cell(note)}" for note in report.notes)]
     out += ["", _gate_line(report, gate), ""]

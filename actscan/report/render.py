@@ -16,7 +16,7 @@ from rich.text import Text
 
 from actscan.report.numfmt import NONE, as_float, num
 from actscan.report.report import Report
-from actscan.types import Finding, Severity, Skip, finding_order
+from actscan.types import Finding, Severity, Skip, StreamPoint, Summary, finding_order
 
 SPARK = "▁▂▃▄▅▆▇█"
 # Values whose max/min is within this factor are drawn flat: one step of an 8-level
@@ -94,15 +94,43 @@ def header(report: Report) -> Text:
 def stream_table(report: Report) -> Table | None:
     if not report.stream:
         return None
-    rms = [as_float(p.rms) for p in report.stream]
+    return _stream_table(report.stream, "Residual stream")
+
+
+def stream_tables(report: Report) -> list[Table]:
+    """One table per residual stream (an encoder-decoder's encoder and decoder; blocks
+    numbered within each), else the one stream's."""
+    if not report.streams:
+        table = stream_table(report)
+        return [] if table is None else [table]
+    return [
+        _stream_table(s.points, f"Residual stream: {s.name}"
+                      + (f" ({s.container})" if s.container else ""), local=True)
+        for s in report.streams
+        if s.points
+    ]  # fmt: skip
+
+
+def block_labels(report: Report) -> dict[int, str]:
+    """Global block index → 'decoder 1' (its stream, its index there) with several streams."""
+    out: dict[int, str] = {}
+    for s in report.streams:
+        blocks = [p.block for p in s.points if p.block is not None]
+        out.update({b: f"{s.name} {i}" for i, b in enumerate(blocks)})
+    return out
+
+
+def _stream_table(points: Sequence[StreamPoint], title: str, *, local: bool = False) -> Table:
+    rms = [as_float(p.rms) for p in points]
     top = max((v for v in rms if v is not None and math.isfinite(v)), default=0.0)
-    t = Table(title="Residual stream", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     cols = ("k", "block", "module", "RMS", "max|x|", "grad RMS", "RMS vs depth")
     for col in cols:
         t.add_column(col, justify="left" if col in ("module", "RMS vs depth") else "right")
-    for p in report.stream:
+    first = next((p.block for p in points if p.block is not None), 0) if local else 0
+    for p in points:
         t.add_row(
-            str(p.k), NONE if p.block is None else str(p.block), p.name, num(p.rms),
+            str(p.k), NONE if p.block is None else str(p.block - first), p.name, num(p.rms),
             num(p.max_abs), num(p.grad_rms), bar(p.rms, top),
         )  # fmt: skip
     return t
@@ -115,10 +143,11 @@ def branch_table(report: Report) -> Table | None:
     for col in ("block", "branch", "module", "RMS", "÷stream", "max|x|", "ch ratio", "grad RMS",
                 "‖∇θ‖"):  # fmt: skip
         t.add_column(col, justify="left" if col in ("branch", "module") else "right")
+    labels = block_labels(report)
     for b in report.branches:
         t.add_row(
-            str(b.block), b.kind, b.name, num(b.rms), num(b.ratio), num(b.max_abs),
-            num(b.channel_max_ratio), num(b.grad_rms), num(b.param_grad_norm),
+            labels.get(b.block, str(b.block)), b.kind, b.name, num(b.rms), num(b.ratio),
+            num(b.max_abs), num(b.channel_max_ratio), num(b.grad_rms), num(b.param_grad_norm),
         )  # fmt: skip
     return t
 
@@ -188,11 +217,22 @@ def findings_panel(
 
 
 def summary_line(report: Report) -> Text | None:
-    s = report.summary
     if not report.stream:
         return None
-    text = Text("Stream: ", style="bold")
-    rms = [p.rms for p in report.stream]
+    return _summary_line("Stream: ", report.stream, report.summary)
+
+
+def summary_lines(report: Report) -> list[Text]:
+    """The stream summary, one line per residual stream when there are several."""
+    if not report.streams:
+        line = summary_line(report)
+        return [] if line is None else [line]
+    return [_summary_line(f"Stream {s.name}: ", s.points, s.summary) for s in report.streams]
+
+
+def _summary_line(title: str, points: Sequence[StreamPoint], s: Summary) -> Text:
+    text = Text(title, style="bold")
+    rms = [p.rms for p in points]
     flat = " (flat: within ×1.05)" if is_flat(rms) and len(rms) > 1 else ""
     text.append(f"RMS {spark(rms)}{flat}  ")
     parts = [
@@ -220,13 +260,12 @@ def render_report(
         console.print(header(report))
         for note in report.notes:
             console.print(Text(f"note: {note}", style="yellow"))
-        for table in (stream_table(report), branch_table(report)):
+        for table in (*stream_tables(report), branch_table(report)):
             if table is not None:
                 console.print(table)
         if all_modules or not report.stream:
             console.print(modules_table(report))
-        line = summary_line(report)
-        if line is not None:
+        for line in summary_lines(report):
             console.print(line)
     console.print(
         findings_panel(report.findings, skipped=report.skipped, backward=report.run.backward)

@@ -24,6 +24,7 @@ from actscan.types import (
     Severity,
     Skip,
     StreamPoint,
+    StreamRecord,
     Summary,
 )
 
@@ -43,6 +44,9 @@ class Report:
     branches: tuple[BranchRecord, ...] = ()
     layout: tuple[BlockProof, ...] = ()  # the layout self-check, per block
     skipped: tuple[Skip, ...] = ()  # checks that did not run, with the reason
+    # every residual stream when there are several (encoder-decoder); `stream` and
+    # `summary` are the primary one's
+    streams: tuple[StreamRecord, ...] = ()
 
     def __post_init__(self) -> None:
         # A plain dict (the pre-typed form) is still accepted and becomes a Summary.
@@ -85,6 +89,16 @@ class Report:
                 "branches": [asdict(b) for b in self.branches],
                 "layout": [asdict(p) for p in self.layout],
                 "skipped": [asdict(s) for s in self.skipped],
+                "streams": [
+                    {
+                        "name": s.name,
+                        "container": s.container,
+                        "primary": s.primary,
+                        "points": [asdict(p) for p in s.points],
+                        "summary": dict(s.summary),
+                    }
+                    for s in self.streams
+                ],
             }
         )
 
@@ -125,6 +139,16 @@ class Report:
                 for d in data.get("layout", ())
             ),
             skipped=tuple(build(Skip, d) for d in data.get("skipped", ())),
+            streams=tuple(
+                StreamRecord(
+                    name=d["name"],
+                    container=d.get("container"),
+                    primary=bool(d.get("primary")),
+                    points=tuple(build(StreamPoint, p) for p in d.get("points", ())),
+                    summary=Summary.from_mapping(d.get("summary", {})),
+                )
+                for d in data.get("streams", ())
+            ),
         )
 
     def to_markdown(self, fail_on: str | FailOn = FailOn.ERROR) -> str:
