@@ -22,7 +22,10 @@ from actscan.report.report import SCHEMA_VERSION, Report
 from actscan.types import Severity
 
 # Hugging Face config keys, in the order they are tried (GPT-2 style names second).
-HF_DEPTH = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+HF_DEPTH = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers")
+# An encoder-decoder's other stack follows the swept depth (T5's num_decoder_layers,
+# BART/Whisper's encoder_layers + decoder_layers), so both streams change together.
+HF_DEPTH_COMPANIONS = ("num_decoder_layers", "encoder_layers", "decoder_layers")
 HF_WIDTH = ("hidden_size", "n_embd", "d_model", "dim")
 HF_HEADS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
 HF_FF = ("intermediate_size", "n_inner", "ffn_dim", "d_ff")
@@ -237,6 +240,10 @@ def size_overrides(base: BaseConfig, depth: int | None, width: int | None) -> di
         if base.depth_key is None:
             raise UsageError(f"--depth: no depth key in the config (tried {', '.join(HF_DEPTH)})")
         out[base.depth_key] = str(depth)
+        if base.kind == "hf":
+            for key in HF_DEPTH_COMPANIONS:
+                if isinstance(v.get(key), int) and key != base.depth_key:
+                    out[key] = str(depth)
     if width is None:
         return out
     if base.width_key is None:

@@ -226,3 +226,15 @@ def test_weights_are_refused(isolated: Path) -> None:
     w.write_bytes(b"\x00" * 16)
     res = cli("sweep", str(w), "--depth", "2", *RUN)
     assert res.exit_code == 2 and "from a config" in res.stderr
+
+
+def test_depth_moves_both_stacks_of_an_encoder_decoder(tmp_path: Path) -> None:
+    """BART/Whisper name their depth encoder_layers + decoder_layers, T5 num_layers +
+    num_decoder_layers: a depth sweep sets both, so both streams change together."""
+    bart = {"model_type": "bart", "encoder_layers": 2, "decoder_layers": 2, "d_model": 64}
+    t5 = {"model_type": "t5", "num_layers": 2, "num_decoder_layers": 2, "d_model": 64}
+    for values, keys in ((bart, {"encoder_layers", "decoder_layers"}),
+                         (t5, {"num_layers", "num_decoder_layers"})):  # fmt: skip
+        path = tmp_path / f"{values['model_type']}.json"
+        path.write_text(json.dumps(values))
+        assert size_overrides(base_config(str(path), {}), 6, None) == dict.fromkeys(keys, "6")
