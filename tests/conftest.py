@@ -8,8 +8,9 @@ import difflib
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -343,3 +344,25 @@ def plant_checks(monkeypatch: pytest.MonkeyPatch, checks: Callable[..., Iterable
     monkeypatch.setattr(
         sys.modules["actscan.scanner"], "evaluate", lambda ctx: (tuple(checks(ctx)), ())
     )
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Every test on one intra-op thread (tiny models only spin with more), restored after
+    tests that change it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def one_line_error(result: Any, *needles: str) -> str:
+    """A CLI result that exits 2 with exactly one `actscan: error:` line on stderr holding
+    every needle, and no traceback; returns the line."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("actscan: error: "), result.stderr
+    assert "Traceback" not in result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]

@@ -9,7 +9,6 @@ import copy
 import inspect
 import json
 import sys
-from collections.abc import Iterator
 from dataclasses import fields, replace
 from typing import Any
 
@@ -20,15 +19,6 @@ from torch import nn
 
 from actscan import Finding, LayerRecord, Report, Severity, scan
 from actscan.report.schema import validate_report
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Intra-op threads only spin on a small shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # -- a user-style model (nothing actscan-specific about it) ----------------------------

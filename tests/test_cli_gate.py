@@ -83,17 +83,6 @@ def plant(monkeypatch: pytest.MonkeyPatch) -> Planted:
     return install
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Any:
-    """Intra-op threads only spin on a small shared machine: tiny models run 10-20× faster."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(autouse=True)
 def isolated_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Run in an empty folder so no project config on the way up interferes."""

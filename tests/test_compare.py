@@ -43,15 +43,6 @@ RUN = ["--seq-len", "16", "--batch", "2"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    """Tiny matmuls: one thread avoids oversubscription on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def measure(target: str, init: str | None = None, **overrides: str) -> Report:
     r = resolve(target, TargetOptions(init=init, overrides={**SMALL, **overrides}))
     return scan(r.model, info=r.info, batch=2, seq_len=16, seed=0, init=init)

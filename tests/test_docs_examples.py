@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tomllib
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +53,6 @@ branch_scale: none
 init: gpt2
 """
 SHELL_OPS = {"|", ">", ">>", "||", "&&", ";", "2>", "2>&1"}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Intra-op threads only spin on a small shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

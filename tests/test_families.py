@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import one_line_error as _error
 from typer.testing import CliRunner
 
 from actscan.cli import app
@@ -72,17 +73,6 @@ def _json(result) -> dict:
     assert result.exit_code in (0, 1), (result.exit_code, result.output)
     assert "Traceback" not in result.output
     return json.loads(result.stdout)
-
-
-def _error(result, *needles: str) -> str:
-    """Exit 2 and exactly one `actscan: error:` line holding every needle."""
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("actscan: error: "), result.stderr
-    assert "Traceback" not in result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 # -- models that do not take token ids, encoder-decoders ----------------------------------

@@ -40,14 +40,6 @@ BATCH, SEQ = 2, 16
 GROWTH = {CheckId.EXP_GROWTH, CheckId.SQRT_GROWTH}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # --------------------------------------------------------------------------- the table
 
 DEC = {

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import one_line_error as _error
 from typer.testing import CliRunner
 
 from actscan.cli import app
@@ -70,17 +71,6 @@ def minilm() -> Path:
 
 def run(*args: object):
     return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def _error(result, *needles: str) -> str:
-    """Exit 2, exactly one `actscan: error:` line on stderr, containing every needle."""
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("actscan: error: "), result.stderr
-    assert "Traceback" not in result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def _hidden_rms(model: torch.nn.Module, task: str, vocab: int, seed: int = 0) -> list[float]:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from conftest import plant_checks
 from typer.testing import CliRunner
 
@@ -20,14 +19,6 @@ from actscan.types import Finding, Severity
 
 RUN = ["--seq-len", "16", "--batch", "2"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -65,7 +65,7 @@ def _offline() -> None:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """transformers logs config advice (token ids, is_decoder) that is noise here."""
     import warnings
 
@@ -117,7 +117,7 @@ def hf_config(
             "with package.module:callable instead"
         )
     try:
-        with _quiet():
+        with quiet():
             config = CONFIG_MAPPING[model_type].from_dict(dict(data))
     except Exception as err:  # transformers validates fields with many error types
         raise ConfigError(f"{where}: invalid {model_type} config: {st.first_line(err)}") from None
@@ -250,7 +250,7 @@ def build_hf_model(config: Any, where: str, *, seed: int = 0) -> nn.Module:
 
     auto = _seq2seq(config)[1] or (AutoModelForCausalLM if wants_causal_lm(config) else AutoModel)
     try:
-        with _quiet(), torch.random.fork_rng(devices=[]):
+        with quiet(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return auto.from_config(config, attn_implementation="eager", dtype=torch.float32)
     except Exception as err:  # a config transformers cannot build (bad sizes, …)
@@ -297,7 +297,7 @@ def _with_weights(
         kwargs["add_pooling_layer"] = False
         notes = (*notes, "the checkpoint has no pooler: profiling the encoder without one")
     try:
-        with _quiet(), torch.random.fork_rng(devices=[]):
+        with quiet(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(opts.seed)  # anything transformers initializes is seeded
             model, loaded = cls.from_pretrained(
                 None, config=config, state_dict=dict(tensors), **kwargs,

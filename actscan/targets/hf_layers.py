@@ -15,9 +15,10 @@ index stays valid in a deeper model, so they are left as they are.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
+
+from actscan.targets.hf import quiet
 
 __all__ = ["DEPTH_KEYS", "depth_of", "resize_per_layer"]
 
@@ -69,22 +70,6 @@ def _repeat(items: Sequence[Any], depth: int) -> list[Any]:
     return [items[i % p] for i in range(depth)]
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(level)
-
-
 def _rule(config: Any, keys: Sequence[str], depth: int) -> dict[str, Any] | None:
     """What the config class itself puts in `keys` at `depth` when they are not given
     (its __post_init__ rule), or None if it cannot say."""
@@ -96,7 +81,7 @@ def _rule(config: Any, keys: Sequence[str], depth: int) -> dict[str, Any] | None
     for k in keys:
         data.pop(k, None)
     try:
-        with _quiet():
+        with quiet():
             fresh = type(config).from_dict(data)
     except Exception:  # a config that only validates at its own depth: fall back
         return None
