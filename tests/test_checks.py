@@ -28,7 +28,7 @@ from conftest import (
 
 import actscan.diagnose.thresholds as thresholds_module
 from actscan.diagnose import CHECKS, CheckContext, run_checks
-from actscan.diagnose.common import grade, severity_for, warn_or_error
+from actscan.diagnose.common import grade, warn_or_error
 from actscan.diagnose.thresholds import DEFAULT, Thresholds, parse_threshold_options
 from actscan.errors import UsageError
 from actscan.types import CHECK_ORDER, CheckId, Finding, Severity
@@ -481,7 +481,7 @@ def test_one_warn_error_helper() -> None:
     assert grade(0.05, 0.1, 0.01, above=False) == (Severity.WARN, 0.1)
     assert grade(0.01, 0.1, 0.01, above=False) == (Severity.ERROR, 0.01)
     assert warn_or_error(True, 0.5) == (Severity.ERROR, 0.5)
-    assert [severity_for(v, 4, 10) for v in (3, 4, 10)] == [None, Severity.WARN, Severity.ERROR]
+    assert [grade(v, 4, 10)[0] for v in (4, 10)] == [Severity.WARN, Severity.ERROR]
     # no check spells the warn/error choice out again
     for module in {inspect.getmodule(fn) for fn in CHECKS.values()}:
         assert "Severity.ERROR if" not in inspect.getsource(module), module

@@ -14,7 +14,7 @@ from conftest import make_report
 from actscan.compare import json_safe as compare_json_safe
 from actscan.errors import UsageError
 from actscan.report import output
-from actscan.report.formats import fmt_num, to_junit, to_markdown, write_atomic
+from actscan.report.formats import to_junit, to_markdown, write_atomic
 from actscan.report.numfmt import num
 from actscan.report.report import Report
 from actscan.report.schema import load_schema, validate_report
@@ -120,7 +120,6 @@ def test_schema_ships_as_package_data():
 )
 def test_one_number_format(x, s):
     assert num(x) == s
-    assert fmt_num is num  # the CI formats' older name is the same function
 
 
 def test_markdown_golden(golden):

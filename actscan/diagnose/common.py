@@ -66,12 +66,6 @@ def grade(value: float, warn: float, error: float, *, above: bool = True) -> tup
     return warn_or_error(value >= error if above else value <= error, warn, error)
 
 
-def severity_for(value: float, warn: float, error: float, *, above: bool = True) -> Severity | None:
-    """warn/error/None for a value against a pair of thresholds (above or below)."""
-    past = (lambda t: value >= t) if above else (lambda t: value <= t)
-    return grade(value, warn, error, above=above)[0] if past(warn) or past(error) else None
-
-
 def listing(items: Iterable[str], limit: int = 4) -> str:
     """'a, b, c and 5 more' for messages."""
     items = list(items)

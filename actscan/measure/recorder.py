@@ -487,12 +487,13 @@ class Recorder:
             kept += members
             widths += [width] * len(members)
         head = torch.stack([self._n, self._mean, self._m2, self._zeros, self._nonfinite,
-                            amax, self._gsq, self._pgsq]).flatten()  # fmt: skip
-        flat = torch.cat([head, *summaries, *blocks]).cpu().tolist()
-        n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq = (
-            flat[k * m : (k + 1) * m] for k in range(8)
+                            amax, self._gsq, self._pgsq, self._uf.to(_ACC),
+                            self._guf.to(_ACC)]).flatten()  # fmt: skip
+        flat = torch.cat([head, *summaries, *blocks]).cpu().tolist()  # the one transfer
+        n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq, uf, guf = (
+            flat[k * m : (k + 1) * m] for k in range(10)
         )
-        pos = 8 * m
+        pos = 10 * m
         summary: list[dict[str, Any]] = [{} for _ in range(m)]
         for members in groups.values():
             k = len(members)
@@ -527,14 +528,16 @@ class Recorder:
                 order=self._order[i],
                 **summary[i],
             )
-        return self._fp16(out) if self.underflow or self.loss_scale != 1.0 else out
+        if self.underflow or self.loss_scale != 1.0:
+            return self._fp16(out, uf, guf)
+        return out
 
-    def _fp16(self, out: dict[str, RawStats]) -> dict[str, RawStats]:
-        """fp16 runs: the underflow counts (one more host transfer), and gradient sums
-        unscaled by the loss scale."""
+    def _fp16(
+        self, out: dict[str, RawStats], uf: list[float], guf: list[float]
+    ) -> dict[str, RawStats]:
+        """fp16 runs: the underflow counts, and gradient sums unscaled by the loss scale."""
         from dataclasses import replace
 
-        uf, guf = torch.stack([self._uf, self._guf]).cpu().tolist()
         s2 = self.loss_scale**2
 
         def unscaled(x: float | None) -> float | None:

@@ -18,13 +18,12 @@ from actscan.types import CHECK_ORDER, FailOn, Finding, Severity, finding_order
 if TYPE_CHECKING:
     from actscan.report.report import Report
 
-__all__ = ["fmt_count", "fmt_num", "to_junit", "to_markdown", "write_atomic"]
+__all__ = ["fmt_count", "to_junit", "to_markdown", "write_atomic"]
 
 _MAX_LAYERS = 3
 
 
 # -- number formatting ----------------------------------------------------------------
-fmt_num = num  # the one number format (actscan.report.numfmt), under its older name here
 
 
 def fmt_count(n: int) -> str:
