@@ -392,3 +392,83 @@ class Layout:
             if blocks and blocks[0].index <= index <= blocks[-1].index:
                 return f"{name} block {index - blocks[0].index}"
         return f"block {index}"
+
+
+# -- the first optimizer steps (`--steps N`) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class OptimizerInfo:
+    """The optimizer the steps ran with (the report's `dynamics.optimizer`)."""
+
+    name: str  # "adamw" | "adam" | "sgd"
+    lr: float
+    betas: tuple[float, float] | None = (0.9, 0.95)  # None for sgd
+    eps: float | None = 1e-8  # None for sgd
+    weight_decay: float = 0.0
+    warmup: int = 0  # linear warmup steps (0: none)
+    parametrization: str = "sp"  # "sp" | "mup": how learning rates were set per group
+
+
+@dataclass(frozen=True)
+class LogitStats:
+    """The output logits on the probe batch: max, and log Z = logsumexp over the vocab."""
+
+    max: float | None
+    log_z_mean: float | None
+    log_z_std: float | None
+
+
+@dataclass(frozen=True)
+class ChangeRecord:
+    """One stream point or branch output on the fixed probe batch at step t.
+
+    rel = ‖x_t − x_0‖ / ‖x_0‖ (0 at t = 0); abs_mean = mean |x_t|, delta_mean =
+    mean |x_t − x_0| (the coordinate check's two curves).
+    """
+
+    name: str
+    kind: str  # "stream" | a branch role ("attn", "mlp", …) | "head"
+    k: int | None  # stream points: residual additions so far
+    block: int | None  # branches: their block
+    rel: float | None
+    abs_mean: float | None = None
+    delta_mean: float | None = None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What step t measured (t = 0: before any update; the profile itself)."""
+
+    t: int
+    loss: float | None
+    lr: float  # the learning rate the step after this measurement used (warmup applied)
+    stream: tuple[tuple[int, float | None], ...] = ()  # (k, rms) of the step's batch
+    change: tuple[ChangeRecord, ...] = ()
+    logits: LogitStats | None = None
+    attn_max: float | None = None  # largest pre-softmax attention score, where recorded
+    gain_drift: tuple[tuple[str, float], ...] = ()  # (norm module, ‖g − 1‖ / √n)
+
+
+@dataclass(frozen=True)
+class UpdateRecord:
+    """One parameter tensor over the steps: ratio[t-1] = ‖W_t − W_{t−1}‖ / ‖W_{t−1}‖ for
+    t = 1..N; grad_rms[t] for t = 0..N-1 (the gradient each update used)."""
+
+    param: str
+    block: int | None
+    role: str
+    kind: str  # ParamRecord.kind: "weight", "embedding", "norm-gain", "bias", …
+    ratio: tuple[float | None, ...]
+    grad_rms: tuple[float | None, ...]
+    numel: int = 0
+
+
+@dataclass(frozen=True)
+class Dynamics:
+    """The first optimizer steps: the report's `dynamics` (absent when steps = 0)."""
+
+    optimizer: OptimizerInfo
+    steps: tuple[StepRecord, ...]
+    updates: tuple[UpdateRecord, ...] = ()
+    probe: str | None = None  # what the probe batch holds, in words

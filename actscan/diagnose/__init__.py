@@ -20,6 +20,7 @@ from actscan.measure.stats import GrowthFit
 from actscan.types import (
     CHECK_ORDER,
     CheckId,
+    Dynamics,
     Finding,
     LayerRecord,
     Layout,
@@ -46,6 +47,8 @@ class CheckContext:
     # Every residual stream when there are several (encoder-decoder): `stream` and `fit`
     # are then the primary (decoder) one's, and the depth checks run on each in turn.
     streams: tuple[StreamRecord, ...] = ()
+    # the first optimizer steps, when the run took any (`--steps N`); None: step 0 only
+    dynamics: Dynamics | None = None
 
 
 Check = Callable[[CheckContext], "list[Finding | Skip]"]

@@ -15,6 +15,7 @@ from actscan.report.output import dumps, json_safe
 from actscan.types import (
     BlockProof,
     BranchRecord,
+    Dynamics,
     FailOn,
     Finding,
     LayerRecord,
@@ -47,6 +48,8 @@ class Report:
     # every residual stream when there are several (encoder-decoder); `stream` and
     # `summary` are the primary one's
     streams: tuple[StreamRecord, ...] = ()
+    # the first optimizer steps (`--steps N`, `scan(steps=N)`); None: step 0 only
+    dynamics: Dynamics | None = None
 
     def __post_init__(self) -> None:
         # A plain dict (the pre-typed form) is still accepted and becomes a Summary.
