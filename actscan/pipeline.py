@@ -72,7 +72,15 @@ def build_target(spec: TargetSpec, settings: Settings) -> tuple[Resolved, InputS
         seed=settings.seed, input_shape=spec.input_shape, allow_nonfinite=spec.allow_nonfinite,
         batch=settings.batch, seq_len=settings.seq_len, at_init=spec.at_init,
     )  # fmt: skip
-    resolved = resolve(spec.target, opts)
+    from actscan.distributed.runtime import current
+
+    run = current()
+    if run is not None:  # sharded from the start: no rank builds the whole model
+        from actscan.distributed.build import build_sharded
+
+        resolved = build_sharded(spec.target, opts, run)
+    else:
+        resolved = resolve(spec.target, opts)
     inputs: Any = resolved.inputs
     if spec.input_file is not None:
         from actscan.targets.inputs_file import load_input_file
