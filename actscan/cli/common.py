@@ -120,6 +120,13 @@ ThresholdOpt = Annotated[
     typer.Option("--threshold", help="Override a threshold: NAME=VALUE (repeatable)."),
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the findings.")]
+NProc = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc", min=1,
+        help="Run as N processes on this host (torchrun; FSDP2-sharded model, batch split).",
+    ),
+]  # fmt: skip
 AllowNonfinite = Annotated[
     bool, typer.Option("--allow-nonfinite", help="Run even if weights contain NaN/Inf.")
 ]
@@ -194,6 +201,17 @@ def _model_error_line(err: BaseException) -> str | None:
     from actscan.measure.prepare import model_error_line
 
     return model_error_line(err)
+
+
+def refuse_distributed(command: str) -> None:
+    """compare and sweep run in one process: under torchrun, one line (rank 0) and exit 2."""
+    from actscan.distributed.launch import launched
+
+    if launched():
+        if os.environ.get("RANK", "0") == "0":
+            print(f"actscan: error: {command} does not run distributed: profile each model "
+                  "with `actscan profile --nproc N --json FILE` instead", file=sys.stderr)  # fmt: skip
+        raise typer.Exit(EXIT_USAGE)
 
 
 # -- consoles -----------------------------------------------------------------------------

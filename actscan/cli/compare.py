@@ -63,6 +63,7 @@ def compare(
       actscan compare gpt2-124m --dtype fp32 --vs-dtype bf16
       actscan compare model.safetensors --vs-amp bf16 --json compare.json
     """
+    c.refuse_distributed("compare")
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+import functools
+import os
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -50,6 +53,7 @@ def profile(
     show_config: Annotated[
         bool, typer.Option("--show-config", help="Print the effective settings and exit.")
     ] = False,
+    nproc: c.NProc = None,
 ) -> None:
     """Measure one forward+backward pass and report the scale of activations and gradients.
 
@@ -59,7 +63,64 @@ def profile(
       actscan profile configs/gpt-48-naive.yaml --init fan-in --set branch_scale=depth
       actscan profile path/to/hf-model --dtype bf16 --json report.json
       actscan profile mypkg.models:build --input-shape 8,128 --fail-on warn
+      actscan profile configs/llama-12.toml --nproc 4   (or: torchrun … -m actscan profile …)
     """
+    from actscan.distributed.launch import launch, launched
+
+    if not launched() and nproc is not None:
+        raise typer.Exit(launch(nproc, sys.argv[1:]))
+    body = functools.partial(
+        _profile, target, config=config, dtype=dtype, amp=amp, init=init, set_=set_,
+        batch=batch, seq_len=seq_len, batches=batches, seed=seed, input_file=input_file,
+        device=device, modules=modules, no_backward=no_backward, dropout=dropout,
+        json_out=json_out, fmt=fmt, output=output, fail_on=fail_on, input_shape=input_shape,
+        threshold=threshold, quiet=quiet, allow_nonfinite=allow_nonfinite, at_init=at_init,
+        all_modules=all_modules, show_config=show_config,
+    )  # fmt: skip
+    if not launched():
+        body()
+        return
+    world = int(os.environ["WORLD_SIZE"])
+    if nproc is not None and nproc != world:
+        raise c.fail(f"--nproc {nproc} under a launcher that started {world} processes")
+    from actscan.distributed.runtime import run_ranked
+
+    raise typer.Exit(run_ranked(c.handle_errors(body), device.value if device else None))
+
+
+def _profile(
+    target: str,
+    *,
+    config: Any,
+    dtype: Any,
+    amp: Any,
+    init: str | None,
+    set_: list[str] | None,
+    batch: int | None,
+    seq_len: int | None,
+    batches: int | None,
+    seed: int | None,
+    input_file: Any,
+    device: Any,
+    modules: str | None,
+    no_backward: bool,
+    dropout: bool,
+    json_out: str | None,
+    fmt: c.FormatOpt,
+    output: str | None,
+    fail_on: Any,
+    input_shape: str | None,
+    threshold: list[str] | None,
+    quiet: bool,
+    allow_nonfinite: bool,
+    at_init: bool | None,
+    all_modules: bool,
+    show_config: bool,
+) -> None:
+    """The command itself, in one process or as one rank (only rank 0 writes)."""
+    from actscan.distributed.launch import launched
+
+    main = not launched() or os.environ.get("RANK", "0") == "0"
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
@@ -77,11 +138,13 @@ def profile(
         input_file=input_file, input_shape=c.parse_shape(input_shape),
         allow_nonfinite=allow_nonfinite, at_init=at_init,
     )  # fmt: skip
-    with c.ProgressSink(enabled=not quiet) as progress:
+    with c.ProgressSink(enabled=not quiet and main) as progress:
         scanned = scan_target(spec, settings, backward=not no_backward, progress=progress)
     from actscan.report.render import render_report
 
     report = scanned.report
+    if not main:  # every rank holds the merged report; rank 0 writes it
+        raise typer.Exit(c.gate_exit(report.findings, settings.fail_on))
     c.emit(
         [report], fmt=fmt, output=output, json_path=json_out, fail_on=settings.fail_on,
         render=lambda con: render_report(

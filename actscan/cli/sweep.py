@@ -66,6 +66,7 @@ def sweep(
       actscan sweep gpt-48-naive --depth 6,12,24,48 --vs-set branch_scale=depth
       actscan sweep configs/gpt-12-preln.yaml --width 128,256,512,1024 --plot width.png
     """
+    c.refuse_distributed("sweep")
     from actscan.models.arch import parse_set
     from actscan.pipeline import scan_target
     from actscan.sweep import base_config, parse_sizes, plan, run_sweep, size_notes

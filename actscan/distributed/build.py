@@ -357,6 +357,9 @@ def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
         return rows.to(torch.float32) if rows.is_floating_point() else rows
 
     missing = fill_local(model, read)
+    from actscan.distributed.fsdp import param_bytes
+
+    BUILD.peak_bytes = max(BUILD.peak_bytes, param_bytes(model))  # rows of its shards only
     if missing:
         raise BadInputError(
             f"bad checkpoint {path}: missing {len(missing)} tensors: {', '.join(missing[:3])}"

@@ -221,8 +221,10 @@ def run_ranked(body: Callable[[], int], device: str | None = None) -> int:
             code = body()
         except typer.Exit as stop:
             code = int(stop.exit_code)
-        if not s.run.is_main:
-            s.captured.write("")  # nothing is shown: a failing rank's line goes via rank 0
+        if code in (0, 1):
+            from actscan.distributed.stats import write
+
+            write(s.run.rank, s.run.world_size)
         return s.finish(code)
 
 

@@ -220,8 +220,7 @@ def _live_owners(model: nn.Module, owner: dict[int, str]) -> Iterator[None]:
                 key = _storage_key(p)
                 if key is None or held.get(key) == id(p):
                     continue  # the same parameter (tied): its first name stays
-                if key not in owner or key in held:  # new, or memory FSDP reused
-                    owner[key] = f"{mname}.{pname}" if mname else pname
+                owner[key] = f"{mname}.{pname}" if mname else pname  # FSDP reuses memory
                 held[key] = id(p)
 
         return hook
@@ -238,8 +237,7 @@ def _live_owners(model: nn.Module, owner: dict[int, str]) -> Iterator[None]:
 
 def _sharded(model: nn.Module) -> bool:
     """Whether FSDP shards the model's parameters (DTensors outside its forward)."""
-    p = next(model.parameters(), None)
-    return p is not None and type(p).__name__ == "DTensor"
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
 
 
 def first_batch_of_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
