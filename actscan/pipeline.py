@@ -77,7 +77,6 @@ def build_target(spec: TargetSpec, settings: Settings) -> tuple[Resolved, InputS
     run = current()
     if run is not None:  # sharded from the start: no rank builds the whole model
         from actscan.distributed.build import build_sharded
-
         from actscan.distributed.stats import track
 
         resolved = build_sharded(spec.target, opts, run)

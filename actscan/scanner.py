@@ -361,9 +361,10 @@ def scan(
         from actscan.distributed.merge import merge_recorder as merge
         from actscan.distributed.runtime import shard_source
 
-        check_supported(run_dtype, model_dtype=next(
-            (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32))
+        weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        check_supported(run_dtype, model_dtype=weights or torch.float32)
         recorded = shard_source(source, dist_run, _batch_size(source))
+    rows = _batch_size(recorded) if dist_run is not None else None  # a rank's batch
 
     def compute_loss(out: Any, b: Batch) -> torch.Tensor:
         if loss_fn is not None:
@@ -423,13 +424,10 @@ def scan(
                 underflow=fp16_run,
                 loss_scale=loss_scale,
                 merge=merge,
-                rows=_batch_size(recorded) if dist_run is not None else None,
+                rows=rows,
                 main=dist_run is None or dist_run.is_main,
             ) as rec,
-            _extra_inputs(
-                model, layout, backward, dev, fp16_run, loss_scale, merge,
-                _batch_size(recorded) if dist_run is not None else None,
-            ) as extra,
+            _extra_inputs(model, layout, backward, dev, fp16_run, loss_scale, merge, rows) as extra,
         ):
             for i in range(batches):
                 if progress:

@@ -209,8 +209,11 @@ def refuse_distributed(command: str) -> None:
 
     if launched():
         if os.environ.get("RANK", "0") == "0":
-            print(f"actscan: error: {command} does not run distributed: profile each model "
-                  "with `actscan profile --nproc N --json FILE` instead", file=sys.stderr)  # fmt: skip
+            line = (
+                f"actscan: error: {command} does not run distributed: profile each model "
+                "with `actscan profile --nproc N --json FILE` instead"
+            )
+            print(line, file=sys.stderr)
         raise typer.Exit(EXIT_USAGE)
 
 

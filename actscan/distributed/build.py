@@ -201,9 +201,9 @@ def _builtin(cfg: ArchConfig, source: str, opts: TargetOptions, run: DistRun) ->
     _, values = _unitwise_values(cfg, opts.seed, rows_of, run.device)
     materialize(shell, run.device)
     missing = fill_local(shell, lambda n, lo, hi: values.get(n))
+    values.clear()
     if missing:
         raise UsageError(f"sharded build: no values for {', '.join(missing[:3])}")
-    del values
     info = ModelInfo(
         source=source, family=cfg.family, n_params=sum(p.numel() for p in shell.parameters()),
         n_blocks=cfg.n_layers, d_model=cfg.d_model, vocab_size=cfg.vocab_size,
@@ -272,9 +272,7 @@ class _ParamsOnMeta:
             if param is not None and not param.is_meta:
                 p = mod._parameters[name]
                 assert p is not None
-                mod._parameters[name] = nn.Parameter(
-                    p.to("meta"), requires_grad=p.requires_grad
-                )
+                mod._parameters[name] = nn.Parameter(p.to("meta"), requires_grad=p.requires_grad)
 
         nn.Module.register_parameter = register  # type: ignore[method-assign]
 

@@ -40,10 +40,12 @@ def without_nproc(argv: Sequence[str]) -> list[str]:
 
 def launch(nproc: int, argv: Sequence[str]) -> int:
     """Run `python -m actscan ARGV` (without --nproc) as `nproc` ranks; their exit code."""
+    os.environ.setdefault("LOGLEVEL", "CRITICAL")  # torchrun's agent logs (read at import)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     args = get_args_parser().parse_args(
@@ -56,7 +58,7 @@ def launch(nproc: int, argv: Sequence[str]) -> int:
         codes = [f.exitcode for f in err.failures.values()]
         code = codes[0] if codes else 2
         return code if code in (1, 2, 3, 130) else 2
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SignalException):  # Ctrl-C: the agent stopped every rank
         return 130
     except Exception as err:  # the launcher itself (rendezvous, ports…)
         line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

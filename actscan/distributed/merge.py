@@ -3,9 +3,10 @@
 Each rank's `Recorder` accumulates its own rows of every batch, as a one-process run
 does. Right before its one host transfer (`Recorder.result`), `merge_recorder` combines
 the ranks' accumulators in place, driven by the recorder's declaration `Recorder.MERGE`:
-one entry per state attribute, naming how it reduces (docs/design.md, "Distributed
-runs"). All attributes of one kind travel together, so the cost is one collective per
-kind, whatever the number of modules, batches or statistics:
+one entry per state attribute, naming how it reduces
+(docs/design.md, "Distributed runs"). All attributes of one kind travel together, so
+the cost is one collective per kind, whatever the number of modules, batches or
+statistics:
 
     "sum"       all-reduce SUM (fp64: counts stay exact, sums of squares add up)
     "max"       all-reduce MAX          "min"  all-reduce MIN
@@ -86,7 +87,10 @@ def _chan(obj: Any, groups: Sequence[str], dev: torch.device, world: int) -> Non
         return
     names = [g.split(",") for g in groups]
     stacked = torch.stack(
-        [torch.cat([_as_tensor(getattr(obj, a), dev) for a in trio]) for trio in zip(*names)]
+        [
+            torch.cat([_as_tensor(getattr(obj, a), dev) for a in trio])
+            for trio in zip(*names, strict=True)
+        ]
     )  # (3, Σm)
     ranks = _gather(stacked, world)
     n, mean, m2 = ranks[0][0].clone(), ranks[0][1].clone(), ranks[0][2].clone()
@@ -184,8 +188,8 @@ def sharded_moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float,
     if not rows:
         return []
     mine = torch.stack(rows)
-    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    mine_d = mine.to(dev) if dev is not None else mine
+    nccl = dist.get_backend() == "nccl"  # nccl gathers device tensors only
+    mine_d = mine.to(torch.device("cuda", torch.cuda.current_device())) if nccl else mine
     ranks = [r.cpu() for r in _gather(mine_d, dist.get_world_size())]
     n, mean, m2, bad = (ranks[0][:, j].clone() for j in range(4))
     for other in ranks[1:]:

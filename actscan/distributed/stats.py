@@ -40,8 +40,10 @@ class ParamMemory:
                     self.params += list(group.fsdp_params)
         self.total = sum(p.numel() * p.element_size() for p in model.parameters())
         self.peak = 0
-        self.handles = [h for m in model.modules() for h in (
-            m.register_forward_pre_hook(self._pre), m.register_forward_hook(self._post))]  # fmt: skip
+        self.handles = []
+        for m in model.modules():
+            self.handles.append(m.register_forward_pre_hook(self._pre))
+            self.handles.append(m.register_forward_hook(self._post))
 
     def held(self) -> int:
         seen: set[int] = set()

@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -129,7 +129,7 @@ class Recorder:
 
     # How each accumulator merges across the ranks of a distributed run, one line per
     # state attribute (docs/design.md, "Distributed runs"): a new statistic adds its line.
-    MERGE: dict[str, str] = {
+    MERGE: ClassVar[dict[str, str]] = {
         "_n,_mean,_m2": "chan",  # Chan's merge of (count, mean, M2)
         "_zeros": "sum",
         "_nonfinite": "sum",
