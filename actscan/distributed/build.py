@@ -115,12 +115,12 @@ def _unitwise_values(
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        with torch.device("meta"), gpt._NoMetaNormal():
+        with torch.device("meta"), gpt.NoMetaNormal():
             model = gpt.ActscanGPT(cfg)  # draws nothing
-        draws = gpt._default_init_draws(model)
+        draws = gpt.default_init_draws(model)
         if draws is None:
             raise UsageError(f"{cfg.family}: this architecture has no sharded build")
-        gpt._skip_draws(draws)
+        gpt.skip_draws(draws)
         blocks = [f"blocks.{i}" for i in range(cfg.n_layers)]
         values: dict[str, torch.Tensor] = {}
         held = 0
@@ -133,7 +133,7 @@ def _unitwise_values(
                 for n in unit:
                     if isinstance(mods[n], gpt.BranchGain):
                         mods[n].gain.fill_(mods[n].init_value)
-            with gpt._NoMetaNormal():
+            with gpt.NoMetaNormal():
                 gpt.init_weights(model, cfg)  # only this unit holds values: draws its share
             full = 0
             for n in unit:
@@ -186,7 +186,7 @@ def _builtin(cfg: ArchConfig, source: str, opts: TargetOptions, run: DistRun) ->
     with torch.device("meta"):
         from actscan.models import gpt
 
-        with gpt._NoMetaNormal():
+        with gpt.NoMetaNormal():
             shell = gpt.ActscanGPT(cfg)
     shard_model(shell, [f"blocks.{i}" for i in range(cfg.n_layers)], run.device)
     spans = {
@@ -287,11 +287,11 @@ def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
     from actscan.models.arch import read_config_file
     from actscan.targets.hf import (
         CONFIG_NAME,
-        _inputs,
-        _model_class,
         config_notes,
         hf_config,
         hf_info,
+        hf_inputs,
+        model_class,
         quiet,
     )
     from actscan.targets.resolve import Resolved
@@ -309,7 +309,7 @@ def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
     data = read_config_file(config_path)
     config = hf_config(data, str(config_path), opts.overrides)
     files = _weight_files(path)
-    cls = _model_class(config)
+    cls = model_class(config)
     try:
         with quiet(), no_init_weights(), _ParamsOnMeta():
             model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
@@ -375,7 +375,7 @@ def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
             )
         note = f"weights hold {n} non-finite values (NaN/Inf)"
     notes = config_notes(data, str(config_path)) + ((note,) if note else ())
-    return Resolved(model=model, info=info, inputs=_inputs(opts, info, model), notes=notes,
+    return Resolved(model=model, info=info, inputs=hf_inputs(opts, info, model), notes=notes,
                     extra={"tokenizer_dir": str(path)})  # fmt: skip
 
 

@@ -258,9 +258,9 @@ def _fast_build(cfg: ArchConfig, seed: int) -> ActscanGPT:
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        with torch.device("meta"), _NoMetaNormal():
+        with torch.device("meta"), NoMetaNormal():
             model = ActscanGPT(cfg)  # draws nothing: meta tensors hold no values
-        draws = _default_init_draws(model)
+        draws = default_init_draws(model)
         if draws is None:
             return ActscanGPT(cfg)
         _materialize(model)
@@ -270,7 +270,7 @@ def _fast_build(cfg: ArchConfig, seed: int) -> ActscanGPT:
             for mod in model.modules():
                 if isinstance(mod, BranchGain):
                     mod.gain.fill_(mod.init_value)
-        _skip_draws(draws)
+        skip_draws(draws)
         init_weights(model, cfg)
         return model
     finally:
@@ -288,7 +288,7 @@ def _materialize(model: nn.Module) -> None:
             setattr(mod, name, torch.empty(b.shape, dtype=b.dtype))
 
 
-class _NoMetaNormal(TorchFunctionMode):
+class NoMetaNormal(TorchFunctionMode):
     """normal_ of a meta tensor as a no-op: its meta kernel imports torch._dynamo (1.5 s)."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -300,7 +300,7 @@ class _NoMetaNormal(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _default_init_draws(model: nn.Module) -> int | None:
+def default_init_draws(model: nn.Module) -> int | None:
     """32-bit draws of the CPU generator PyTorch's default initialisers take for
     `model` (kaiming_uniform_/uniform_: one per value; normal_ of n ≥ 16 values: n, plus
     16 when n is not a multiple of 16), or None for a module not known to draw so."""
@@ -320,7 +320,7 @@ def _default_init_draws(model: nn.Module) -> int | None:
     return total
 
 
-def _skip_draws(count: int) -> None:
+def skip_draws(count: int) -> None:
     """Advance the default CPU generator by `count` 32-bit draws (int64 random_ takes
     two per value), through a 1M-value scratch."""
     buf = torch.empty(min(count // 2, 1 << 20), dtype=torch.int64)
