@@ -4,6 +4,7 @@ the caller's model comes back bit for bit (also when a step raises)."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 from typing import Any
 
@@ -269,3 +270,28 @@ def test_a_model_with_nothing_to_train_is_a_usage_error() -> None:
     model.requires_grad_(False)
     with pytest.raises(UsageError, match="nothing to train"):
         run(model, steps=1)
+
+
+def test_dynamics_json_round_trips_and_validates() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    from actscan.report.schema import validate_report
+
+    report = run(tiny(), steps=2, warmup=1)
+    data = json.loads(report.to_json())
+    validate_report(data)
+    dyn = data["dynamics"]
+    assert dyn["optimizer"] == {
+        "name": "adamw", "lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0,
+        "warmup": 1, "parametrization": "sp",
+    }  # fmt: skip
+    assert [s["t"] for s in dyn["steps"]] == [0, 1, 2]
+    assert dyn["steps"][1]["stream"][0].keys() == {"k", "rms"}
+    assert {"ratio", "grad_rms", "param", "block", "role", "kind"} <= dyn["updates"][0].keys()
+    back = Report.from_dict(data)
+    assert back.dynamics == report.dynamics
+    assert back.to_json() == report.to_json()
+    bad = json.loads(report.to_json())
+    bad["dynamics"]["steps"][0]["lr"] = "fast"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_report(bad)
+    assert "dynamics" not in json.loads(run(tiny()).to_json())

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from actscan.errors import UsageError
-from actscan.measure.inputs import Batch, InputSource, _logits
+from actscan.measure.inputs import Batch, InputSource
 from actscan.measure.recorder import first_tensor
 from actscan.measure.structure import is_norm
 from actscan.types import (
@@ -530,9 +530,18 @@ def _grad_rms(
     return out
 
 
+def output_logits(output: Any) -> torch.Tensor | None:
+    """The logits of a model output: `.logits` (transformers), `["logits"]`, else the first
+    float tensor (the built-in model returns its logits)."""
+    logits = getattr(output, "logits", None)
+    if isinstance(output, dict):
+        logits = output.get("logits", logits)
+    return logits if isinstance(logits, torch.Tensor) else first_tensor(output)
+
+
 def _logit_stats(out: Any, vocab_size: int | None, nan: torch.Tensor) -> torch.Tensor:
     """(max, log Z mean, log Z std) of vocabulary logits (B, T, V); NaN otherwise."""
-    logits = _logits(out) if vocab_size else None
+    logits = output_logits(out) if vocab_size else None
     if logits is None or logits.dim() != 3 or logits.shape[-1] != vocab_size:
         return torch.stack([nan] * 3)
     lf = logits.float()
