@@ -40,6 +40,12 @@ def profile(
     modules: c.Modules = None,
     no_backward: c.NoBackward = False,
     dropout: c.DropoutFlag = False,
+    steps: c.StepsOpt = None,
+    lr: c.LrOpt = None,
+    optimizer: c.OptimizerOpt = None,
+    eps: c.EpsOpt = None,
+    weight_decay: c.WeightDecayOpt = None,
+    warmup: c.WarmupOpt = None,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -67,13 +73,18 @@ def profile(
     """
     from actscan.distributed.launch import launch, launched
 
+    if (nproc is not None or launched()) and steps:  # the sharded optimizer is not built
+        if os.environ.get("RANK", "0") == "0":
+            print("actscan: error: --steps is not supported distributed yet", file=sys.stderr)
+        raise typer.Exit(c.EXIT_USAGE)
     if not launched() and nproc is not None:
         raise typer.Exit(launch(nproc, sys.argv[1:]))
     body = functools.partial(
         _profile, target, config=config, dtype=dtype, amp=amp, init=init, set_=set_,
         batch=batch, seq_len=seq_len, batches=batches, seed=seed, input_file=input_file,
         device=device, modules=modules, no_backward=no_backward, dropout=dropout,
-        json_out=json_out, fmt=fmt, output=output, fail_on=fail_on, input_shape=input_shape,
+        steps=steps, lr=lr, optimizer=optimizer, eps=eps, weight_decay=weight_decay,
+        warmup=warmup, json_out=json_out, fmt=fmt, output=output, fail_on=fail_on, input_shape=input_shape,
         threshold=threshold, quiet=quiet, allow_nonfinite=allow_nonfinite, at_init=at_init,
         all_modules=all_modules, show_config=show_config,
     )  # fmt: skip
@@ -105,6 +116,12 @@ def _profile(
     modules: str | None,
     no_backward: bool,
     dropout: bool,
+    steps: int | None,
+    lr: float | None,
+    optimizer: Any,
+    eps: float | None,
+    weight_decay: float | None,
+    warmup: int | None,
     json_out: str | None,
     fmt: c.FormatOpt,
     output: str | None,
@@ -124,6 +141,8 @@ def _profile(
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
+        steps=steps, optimizer=optimizer, lr=lr, eps=eps, weight_decay=weight_decay,
+        warmup=warmup, no_backward=no_backward,
     )  # fmt: skip
     if show_config:
         _print_settings(settings)
