@@ -207,3 +207,13 @@ def test_merge_spec_names_real_recorder_state() -> None:
         assert op in {"sum", "max", "min", "chan", "channels", "cat"}
         for a in attrs.split(","):
             assert hasattr(rec, a), a
+
+
+def test_steps_are_refused_distributed() -> None:
+    from typer.testing import CliRunner
+
+    from actscan.cli import app
+
+    res = CliRunner().invoke(app, ["profile", "gpt-12-preln", "--nproc", "2", "--steps", "2"])
+    assert res.exit_code == 2
+    assert res.output.strip() == "actscan: error: --steps is not supported distributed yet"

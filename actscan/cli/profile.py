@@ -74,9 +74,7 @@ def profile(
     from actscan.distributed.launch import launch, launched
 
     if (nproc is not None or launched()) and steps:  # the sharded optimizer is not built
-        if os.environ.get("RANK", "0") == "0":
-            print("actscan: error: --steps is not supported distributed yet", file=sys.stderr)
-        raise typer.Exit(c.EXIT_USAGE)
+        raise _fail_rank0("--steps is not supported distributed yet")
     if not launched() and nproc is not None:
         raise typer.Exit(launch(nproc, sys.argv[1:]))
     body = functools.partial(
@@ -84,19 +82,27 @@ def profile(
         batch=batch, seq_len=seq_len, batches=batches, seed=seed, input_file=input_file,
         device=device, modules=modules, no_backward=no_backward, dropout=dropout,
         steps=steps, lr=lr, optimizer=optimizer, eps=eps, weight_decay=weight_decay,
-        warmup=warmup, json_out=json_out, fmt=fmt, output=output, fail_on=fail_on, input_shape=input_shape,
-        threshold=threshold, quiet=quiet, allow_nonfinite=allow_nonfinite, at_init=at_init,
-        all_modules=all_modules, show_config=show_config,
+        warmup=warmup, json_out=json_out, fmt=fmt, output=output, fail_on=fail_on,
+        input_shape=input_shape, threshold=threshold, quiet=quiet,
+        allow_nonfinite=allow_nonfinite, at_init=at_init, all_modules=all_modules,
+        show_config=show_config,
     )  # fmt: skip
     if not launched():
         body()
         return
     world = int(os.environ["WORLD_SIZE"])
     if nproc is not None and nproc != world:
-        raise c.fail(f"--nproc {nproc} under a launcher that started {world} processes")
+        raise _fail_rank0(f"--nproc {nproc} under a launcher that started {world} processes")
     from actscan.distributed.runtime import run_ranked
 
     raise typer.Exit(run_ranked(c.handle_errors(body), device.value if device else None))
+
+
+def _fail_rank0(message: str) -> typer.Exit:
+    """One line (rank 0's, under a launcher: the other ranks print nothing) and exit 2."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"actscan: error: {message}", file=sys.stderr)
+    return typer.Exit(c.EXIT_USAGE)
 
 
 def _profile(
