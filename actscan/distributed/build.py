@@ -160,7 +160,9 @@ def _check_unitwise(cfg: ArchConfig, seed: int) -> None:
     from actscan.models.gpt import build_model
 
     try:
-        small = replace(cfg, n_layers=2)
+        # 2 layers, at most 1024 tokens × 64 positions: a few blocks' worth of memory
+        small = replace(cfg, n_layers=2, vocab_size=min(cfg.vocab_size, 1024),
+                        seq_len=min(cfg.seq_len, 64))  # fmt: skip
         ref = dict(build_model(small, seed=seed).named_parameters())
     except Exception:
         ref = None
