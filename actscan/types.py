@@ -465,6 +465,19 @@ class UpdateRecord:
 
 
 @dataclass(frozen=True)
+class BlockUpdates:
+    """The update ratios of one block's matrices of one role (embedding and weight
+    tensors; biases and norm gains apart), over every step: the updates table's row."""
+
+    block: int | None
+    role: str
+    params: int  # parameter tensors in the group
+    ratio_median: float | None  # median over steps and tensors
+    ratio_max: float | None
+    grad_rms_median: float | None
+
+
+@dataclass(frozen=True)
 class Dynamics:
     """The first optimizer steps: the report's `dynamics` (absent when steps = 0)."""
 
@@ -472,3 +485,5 @@ class Dynamics:
     steps: tuple[StepRecord, ...]
     updates: tuple[UpdateRecord, ...] = ()
     probe: str | None = None  # what the probe batch holds, in words
+    # derived from `updates` (actscan.measure.dynamics_stats.block_updates)
+    blocks: tuple[BlockUpdates, ...] = ()

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from actscan.errors import UsageError
+from actscan.measure.dynamics_stats import block_updates
 from actscan.measure.inputs import Batch, InputSource
 from actscan.measure.recorder import first_tensor
 from actscan.measure.structure import is_norm
@@ -616,4 +617,7 @@ def dynamics_record(
                 grad_rms=tuple(g[j] for g in raw.grad_rms), numel=numel,
             )
         )  # fmt: skip
-    return Dynamics(optimizer=raw.info, steps=tuple(steps), updates=tuple(updates), probe=raw.probe)
+    return Dynamics(
+        optimizer=raw.info, steps=tuple(steps), updates=tuple(updates), probe=raw.probe,
+        blocks=block_updates(updates),
+    )  # fmt: skip

@@ -225,8 +225,15 @@ def render_comparison(
         console.print(fit_table(cmp))
         if cmp.divergence is not None:
             console.print(divergence_table(cmp.divergence, all_layers=all_layers))
+        if cmp.steps is not None:
+            from actscan.report.render_dynamics import render_steps_comparison
+
+            for part in render_steps_comparison(cmp.steps):
+                console.print(part)
     console.print(findings_diff(cmp.findings))
     console.print(Text("Verdict: ", style="bold").append(cmp.verdict, style=""))
+    if cmp.steps is not None:
+        console.print(Text("Steps verdict: ", style="bold").append(cmp.steps.verdict, style=""))
 
 
 # -- sweep --------------------------------------------------------------------------------
