@@ -386,3 +386,51 @@ def test_cli_sweep_passes_steps_to_every_row() -> None:
     for row in rows:
         dyn = row["report"]["dynamics"]
         assert dyn["optimizer"]["lr"] == 0.01 and len(dyn["steps"]) == 2
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+class _Net(nn.Module):
+    def __init__(self, d: int = 16, n: int = 3) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, d)
+        self.blocks = nn.ModuleList(_Block(d) for _ in range(n))
+        self.out = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.out(h)
+
+
+def test_a_custom_model_cycles_the_users_batches_without_logits_or_attention() -> None:
+    torch.manual_seed(0)
+    net = _Net()
+    batches = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    seen: list[float] = []
+
+    def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        loss = out.square().mean()
+        seen.append(float(loss.detach()))
+        return loss
+
+    dyn = scan(net, inputs=batches, loss_fn=loss_fn, steps=3, lr=1e-2).dynamics
+    assert dyn is not None
+    assert all(s.logits is None and s.attn_max is None for s in dyn.steps)
+    # the step's batch t is the user's batch t mod 2; the loss each step reports is its own
+    assert [s.loss for s in dyn.steps] == pytest.approx(seen, rel=1e-6)
+    with torch.no_grad():
+        assert seen[0] == pytest.approx(float(net(batches[0]).square().mean()), rel=1e-6)
+    kinds = {c.kind for c in dyn.steps[1].change}
+    assert "stream" in kinds and "mlp" in kinds
+    assert dyn.steps[3].change[-1].rel > 0
+    assert {u.param for u in dyn.updates} == {n for n, _ in net.named_parameters()}
