@@ -147,6 +147,15 @@ class Thresholds:
     # error at init at 4× (loss at init ≳ 8 ln V, z-loss (log Z)² in the thousands).
     logit_freeze_error: float = 4.0
 
+    # ---- coord-check (`actscan sweep --width … --steps N`: μP's coordinate check) -------
+    # |log–log slope| of a module's mean |x_t| (or mean |x_t − x_0|) against width that
+    # still counts as flat. Measured (docs/checks.md#coord-check, widths 64–512, 3 Adam
+    # steps): μP stays within ±0.30 at lr ≤ 1e-2 (±0.08 at 1e-3); SP's readout grows
+    # ≥ +0.51 and its blocks ≥ +1.0. 0.4 sits between them.
+    coord_slope: float = 0.4
+    # A slope needs this many widths: two always fit a line exactly, three show a trend.
+    coord_min_widths: float = 3
+
     # ---- compare: precision divergence (not a check: reported, not gated) ----------------
     # Relative RMS error ‖a−b‖/‖a‖ of a layer's output against the higher precision. One
     # bf16 rounding is ≤ 2^-8 ≈ 0.4% per element (RMS ≈ 0.2%); at init the shipped configs

@@ -1,0 +1,346 @@
+"""The μP coordinate check: how each module's activations scale with width, step by step.
+
+Tensor Programs V (Yang et al. 2022) judges a parametrization by its coordinate check:
+train the same architecture at several widths for a few steps and plot mean |x_t| of every
+module against width. Under μP every curve is flat at every t (the activations and their
+updates stay Θ(1) coordinate-wise); under SP with Adam the updates of the hidden layers
+and the readout grow like a power of the width, so the learning rate that is safe at the
+small width blows up the large one. This module fits that power, the log–log slope of
+mean |x_t| (and of mean |x_t − x_0| for t ≥ 1) against width, per module and per t, and
+turns slopes beyond `coord-slope` into the `coord-check` finding.
+
+Input: the sweep's rows, each a Report whose `dynamics` holds the probe batch's
+ChangeRecords (abs_mean, delta_mean) per step. Pure: no torch, no printing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from actscan.diagnose.thresholds import Thresholds
+from actscan.types import CheckId, Finding, Severity
+
+if TYPE_CHECKING:
+    from actscan.report.report import Report
+
+# Logits (the readout's, and attention scores) are sums of d_model (d_head) products of
+# independent factors at init: under μP's 1/width readout multiplier and 1/d_head attention
+# scale they shrink like 1/√width, the allowed slope −0.5 (Tensor Programs V, §J "the
+# logits go to zero at init"); they become Θ(1) only once training correlates the factors.
+LOGIT_SHRINK = 0.5
+LOGIT_KINDS = frozenset({"head", "attn_logits", "scores", "attn_scores"})
+
+GROUPS = ("embedding", "early", "mid", "late", "head")
+
+
+@dataclass(frozen=True)
+class CoordSlope:
+    """One module at step t: its mean |x_t| (and mean |x_t − x_0|) per width, and the
+    log–log slopes against width (None: fewer than coord-min-widths positive values)."""
+
+    side: str
+    depth: int | None
+    name: str
+    kind: str  # ChangeRecord.kind: "stream" | a branch role | "head" | …
+    k: int | None
+    block: int | None
+    group: str  # one of GROUPS
+    t: int
+    abs_mean: tuple[float | None, ...]  # per width, in the sweep's width order
+    delta_mean: tuple[float | None, ...]
+    abs_slope: float | None
+    delta_slope: float | None  # None at t = 0 (x_0 − x_0 = 0)
+
+
+@dataclass(frozen=True)
+class CoordCurve:
+    """One module group's line in the coordinate-check plot: the geometric mean of its
+    modules' mean |x_t| (and mean |x_t − x_0|) per width, the slopes of those lines, and
+    whether any module of the group left the flat band at this t (a finding names it)."""
+
+    side: str
+    depth: int | None
+    group: str
+    t: int
+    abs_mean: tuple[float | None, ...]
+    delta_mean: tuple[float | None, ...] = ()
+    abs_slope: float | None = None
+    delta_slope: float | None = None
+    beyond: bool = False
+
+
+@dataclass(frozen=True)
+class CoordCheck:
+    """The coordinate check of a width sweep with steps."""
+
+    widths: tuple[int, ...]
+    steps: int
+    lr: float | None
+    bound: float  # coord-slope: |slope| allowed (logits: down to −0.5 − bound)
+    slopes: tuple[CoordSlope, ...]
+    curves: tuple[CoordCurve, ...]
+    findings: tuple[Finding, ...]
+
+
+# -- fitting --------------------------------------------------------------------------------
+def fit_slope(xs: Sequence[float], ys: Sequence[float | None], min_points: int) -> float | None:
+    """Least-squares slope of log y against log x over the pairs with finite y > 0; None
+    with fewer than `min_points` such pairs or a single distinct x."""
+    pts = [
+        (math.log(x), math.log(y))
+        for x, y in zip(xs, ys, strict=True)
+        if x > 0 and isinstance(y, int | float) and math.isfinite(y) and y > 0
+    ]
+    if len(pts) < max(2, min_points):
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    if sxx == 0:
+        return None
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+
+
+def block_group(block: int, n_blocks: int) -> str:
+    """Thirds of the stack by block centre: 2 blocks are early, late; 3 early, mid, late."""
+    pos = (block + 0.5) / max(n_blocks, 1)
+    return "early" if pos < 1 / 3 else "late" if pos > 2 / 3 else "mid"
+
+
+def _stream_blocks(report: Report) -> dict[int, int | None]:
+    return {p.k: p.block for p in report.stream}
+
+
+def _group(kind: str, k: int | None, block: int | None, n_blocks: int) -> str:
+    """head; embedding (the stream at k = 0, as the first block sees it); else the
+    third of the stack the module's block is in."""
+    if kind == "head":
+        return "head"
+    if (kind == "stream" and k == 0) or kind in ("embed", "embedding") or block is None:
+        return "embedding"
+    return block_group(block, n_blocks)
+
+
+def _geomean(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if isinstance(v, float) and math.isfinite(v) and v > 0]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def coord_slopes(
+    rows: Sequence[tuple[str, int | None, int, Report]], min_widths: int, bound: float
+) -> tuple[tuple[int, ...], tuple[CoordSlope, ...], tuple[CoordCurve, ...]]:
+    """Slopes per (side, depth) × module × t from rows (side, depth, width, report).
+
+    Rows without dynamics are left out; a module is fitted over the widths that measured
+    it. Modules keep the order of the first row's change records (execution order)."""
+    widths = tuple(sorted({w for _, _, w, r in rows if r.dynamics is not None}))
+    series: dict[tuple[str, int | None], dict[int, Report]] = {}
+    for side, depth, width, report in rows:
+        if report.dynamics is not None:
+            series.setdefault((side, depth), {})[width] = report
+    slopes: list[CoordSlope] = []
+    curves: list[CoordCurve] = []
+    for (side, depth), by_width in series.items():
+        first = by_width[min(by_width)]
+        assert first.dynamics is not None
+        n_blocks = first.model.n_blocks or 1 + max(
+            (c.block for s in first.dynamics.steps for c in s.change if c.block is not None),
+            default=0,
+        )
+        blocks = _stream_blocks(first)
+        n_steps = max(len(r.dynamics.steps) for r in by_width.values() if r.dynamics)
+        keys: dict[tuple[str, str, int | None, int | None], None] = {}
+        for st in first.dynamics.steps[:1]:
+            for c in st.change:
+                keys[(c.name, c.kind, c.k, c.block)] = None
+        for t in range(n_steps):
+            table: dict[tuple[str, str, int | None, int | None], dict[int, tuple]] = {}
+            for w, r in by_width.items():
+                assert r.dynamics is not None
+                if t >= len(r.dynamics.steps):
+                    continue
+                for c in r.dynamics.steps[t].change:
+                    key = (c.name, c.kind, c.k, c.block)
+                    keys.setdefault(key, None)
+                    table.setdefault(key, {})[w] = (c.abs_mean, c.delta_mean)
+            group_vals: dict[str, list[tuple[tuple, tuple]]] = {}
+            group_beyond: dict[str, bool] = {}
+            for key in keys:
+                name, kind, k, block = key
+                got = table.get(key, {})
+                absv = tuple(got.get(w, (None, None))[0] for w in widths)
+                delv = tuple(got.get(w, (None, None))[1] for w in widths)
+                blk = block if block is not None else blocks.get(k) if k is not None else None
+                group = _group(kind, k, blk, n_blocks)
+                slope = CoordSlope(
+                    side=side, depth=depth, name=name, kind=kind, k=k, block=blk,
+                    group=group, t=t, abs_mean=absv, delta_mean=delv,
+                    abs_slope=fit_slope(widths, absv, min_widths),
+                    delta_slope=fit_slope(widths, delv, min_widths) if t else None,
+                )  # fmt: skip
+                slopes.append(slope)
+                group_beyond[group] = group_beyond.get(group, False) or beyond(slope, bound)
+                if kind not in LOGIT_KINDS or kind == "head":
+                    group_vals.setdefault(group, []).append((absv, delv))
+            for group in GROUPS:
+                if group not in group_vals:
+                    continue
+                vals = group_vals[group]
+                absc = tuple(_geomean([a[i] for a, _ in vals]) for i in range(len(widths)))
+                delc = tuple(_geomean([d[i] for _, d in vals]) for i in range(len(widths)))
+                curves.append(
+                    CoordCurve(
+                        side, depth, group, t, absc, delc if t else (),
+                        fit_slope(widths, absc, min_widths),
+                        fit_slope(widths, delc, min_widths) if t else None,
+                        group_beyond.get(group, False),
+                    )
+                )
+    return widths, tuple(slopes), tuple(curves)
+
+
+# -- judging ----------------------------------------------------------------------------------
+def allowed(kind: str, bound: float) -> tuple[float, float]:
+    """The slope interval that counts as flat: ±bound; logits may shrink like 1/√width."""
+    low = -bound - (LOGIT_SHRINK if kind in LOGIT_KINDS else 0.0)
+    return low, bound
+
+
+def beyond(s: CoordSlope, bound: float) -> bool:
+    """Does either slope of `s` leave the flat band?"""
+    low, high = allowed(s.kind, bound)
+    return any(v is not None and not low <= v <= high for v in (s.abs_slope, s.delta_slope))
+
+
+@dataclass(frozen=True)
+class _Excess:
+    slope: CoordSlope
+    quantity: str  # "|x|" | "Δ"
+    value: float
+    over: float  # how far beyond the interval (> 0)
+
+
+def _worst_per_module(slopes: Sequence[CoordSlope], bound: float, up: bool) -> list[_Excess]:
+    worst: dict[tuple[str, str, int | None, int | None], _Excess] = {}
+    for s in slopes:
+        low, high = allowed(s.kind, bound)
+        for quantity, value in (("|x|", s.abs_slope), ("Δ", s.delta_slope)):
+            if value is None:
+                continue
+            over = value - high if up else low - value
+            if over <= 0:
+                continue
+            key = (s.name, s.kind, s.k, s.block)
+            if key not in worst or over > worst[key].over:
+                worst[key] = _Excess(s, quantity, value, over)
+    return list(worst.values())
+
+
+def _where(e: _Excess) -> str:
+    what = "mean |x_t − x_0|" if e.quantity == "Δ" else "mean |x_t|"
+    return f"{e.slope.name} ({what} ∝ width^{e.value:+.2f} at t={e.slope.t})"
+
+
+def coord_findings(
+    slopes: Sequence[CoordSlope],
+    th: Thresholds,
+    *,
+    labels: Mapping[str, str] | None = None,
+    widths: Sequence[int] = (),
+) -> tuple[Finding, ...]:
+    """One finding per side (and depth) and direction: the modules whose slope leaves the
+    flat interval, worst first in the message, execution order in `layers`."""
+    bound = th.coord_slope
+    span = f"width {widths[0]}→{widths[-1]}" if widths else "width"
+    out: list[Finding] = []
+    sides = list(dict.fromkeys((s.side, s.depth) for s in slopes))
+    two = len({s for s, _ in sides}) > 1
+    for side, depth in sides:
+        mine = [s for s in slopes if s.side == side and s.depth == depth]
+        order = list(dict.fromkeys((s.name, s.kind, s.k, s.block) for s in mine))
+        who = ""
+        if two:
+            who = f"{side.upper()} ({(labels or {}).get(side, side)})"
+        if depth is not None:
+            who = f"{who} at depth {depth}".strip()
+        who = f"{who}: " if who else ""
+        for up in (True, False):
+            ex = _worst_per_module(mine, bound, up)
+            if not ex:
+                continue
+            ex_sorted = sorted(ex, key=lambda e: -e.over)
+            layers = tuple(
+                dict.fromkeys(
+                    e.slope.name
+                    for e in sorted(ex, key=lambda e: order.index(
+                        (e.slope.name, e.slope.kind, e.slope.k, e.slope.block)))
+                )
+            )  # fmt: skip
+            shown = "; ".join(_where(e) for e in ex_sorted[:4])
+            more = f"; +{len(ex_sorted) - 4} more" if len(ex_sorted) > 4 else ""
+            groups = ", ".join(
+                g for g in GROUPS if any(e.slope.group == g for e in ex)
+            )
+            worst = ex_sorted[0]
+            if up:
+                message = (
+                    f"{who}{len(ex)} module(s) grow with {span} beyond the flat band "
+                    f"(|slope| ≤ {bound:g}) in {groups}: {shown}{more}. Under μTransfer the "
+                    "learning rate tuned at the small width makes these blow up at the large one."
+                )
+                hint = (
+                    "Use μP (Tensor Programs V, Table 3, Adam): hidden matrices' learning rate "
+                    "and init variance ∝ 1/width, readout ×1/width (or zero-initialised), "
+                    "attention 1/d_head; built-in configs: --set parametrization=mup."
+                )
+            else:
+                message = (
+                    f"{who}{len(ex)} module(s) shrink with {span} beyond the flat band "
+                    f"(|slope| ≤ {bound:g}; logits may shrink like 1/√width) in {groups}: "
+                    f"{shown}{more}. Their updates vanish at width: the large model stops "
+                    "learning features there (a kernel-like limit), so tuned rates do not "
+                    "transfer."
+                )
+                hint = (
+                    "Check that layer's learning-rate and init scaling against μP: a "
+                    "learning rate or multiplier divided by width once too often shrinks "
+                    "its updates (vectors and embeddings keep lr η under Adam)."
+                )
+            out.append(
+                Finding(
+                    check=CheckId.COORD_CHECK, severity=Severity.WARN, layers=layers,
+                    value=worst.value, threshold=bound if up else -bound, message=message,
+                    hint=hint,
+                )
+            )  # fmt: skip
+    return tuple(out)
+
+
+def coord_check(
+    rows: Sequence[tuple[str, int | None, int, Report]],
+    th: Thresholds,
+    *,
+    labels: Mapping[str, str] | None = None,
+) -> CoordCheck | None:
+    """The coordinate check of a width sweep, or None when no row took steps or fewer
+    than two widths did."""
+    min_widths = max(2, int(th.coord_min_widths))
+    widths, slopes, curves = coord_slopes(rows, min_widths, th.coord_slope)
+    if len(widths) < 2:
+        return None
+    dyn = next(r.dynamics for _, _, _, r in rows if r.dynamics is not None)
+    assert dyn is not None
+    return CoordCheck(
+        widths=widths,
+        steps=max(len(r.dynamics.steps) for *_, r in rows if r.dynamics is not None) - 1,
+        lr=dyn.optimizer.lr,
+        bound=th.coord_slope,
+        slopes=slopes,
+        curves=curves,
+        findings=coord_findings(slopes, th, labels=labels, widths=widths),
+    )

@@ -1,0 +1,178 @@
+"""The μP coordinate check (actscan/diagnose/coord.py) on synthetic dynamics: the slope
+fit against numpy, the finding's direction and the flat band, the sweep document."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from actscan.diagnose.coord import (
+    LOGIT_SHRINK,
+    allowed,
+    block_group,
+    coord_check,
+    fit_slope,
+)
+from actscan.diagnose.thresholds import DEFAULT
+from actscan.report.report import Report
+from actscan.settings import Ignore
+from actscan.sweep import Sweep, SweepPoint, run_sweep
+from actscan.types import (
+    ChangeRecord,
+    CheckId,
+    Dynamics,
+    ModelInfo,
+    OptimizerInfo,
+    RunInfo,
+    Severity,
+    StepRecord,
+    StreamPoint,
+)
+
+WIDTHS = (32, 64, 128, 256)
+N_BLOCKS = 4
+
+
+def modules() -> list[tuple[str, str, int | None, int | None]]:
+    """(name, kind, k, block): stream points, branches, head, in execution order."""
+    out: list[tuple[str, str, int | None, int | None]] = [("blocks.0.in", "stream", 0, None)]
+    for b in range(N_BLOCKS):
+        out += [(f"blocks.{b}.attn", "attn", None, b), (f"blocks.{b}.mlp", "mlp", None, b)]
+        out.append((f"blocks.{b}", "stream", 2 * (b + 1), b))
+    out.append(("head", "head", None, None))
+    return out
+
+
+def report(width: int, exps: dict[str, float], steps: int = 2, head_exp: float = -0.5) -> Report:
+    """A report whose module `name` has mean |x_t| = c·width^p, p = exps.get(name, 0) at
+    t ≥ 1 (0 at t = 0; the head −0.5 at t = 0), and mean |x_t − x_0| the same law."""
+    rng = np.random.default_rng(width)
+    steps_rec = []
+    for t in range(steps + 1):
+        change = []
+        for name, kind, k, block in modules():
+            if t == 0:
+                p = head_exp if kind == "head" else 0.0
+            else:
+                p = exps.get(name, head_exp if kind == "head" else 0.0)
+            c = 1.0 + 0.02 * rng.standard_normal()  # small per-width noise
+            change.append(
+                ChangeRecord(name, kind, k, block, rel=0.0 if t == 0 else 0.1,
+                             abs_mean=c * width**p, delta_mean=0.0 if t == 0 else c * width**p)
+            )  # fmt: skip
+        steps_rec.append(StepRecord(t=t, loss=1.0, lr=1e-2, change=tuple(change)))
+    dyn = Dynamics(OptimizerInfo("adamw", 1e-2), tuple(steps_rec))
+    stream = tuple(
+        StreamPoint(k=k, block=block, name=name, rms=1.0)
+        for name, kind, k, block in modules()
+        if kind == "stream" and k is not None
+    )
+    info = ModelInfo(source="synthetic", family="actscan-gpt", n_params=1, n_blocks=N_BLOCKS)
+    return Report(info, RunInfo(), (), stream, dynamics=dyn)
+
+
+def rows(exps: dict[str, float], side: str = "a", **kw) -> list:
+    return [(side, None, w, report(w, exps, **kw)) for w in WIDTHS]
+
+
+def test_fit_slope_matches_numpy_polyfit() -> None:
+    rng = np.random.default_rng(0)
+    xs = [16, 32, 64, 128, 256]
+    ys = [float(x**0.73 * math.exp(0.1 * rng.standard_normal())) for x in xs]
+    expected = np.polyfit(np.log(xs), np.log(ys), 1)[0]
+    assert fit_slope(xs, ys, 3) == pytest.approx(expected, rel=1e-12)
+    # non-positive / missing values are dropped, then too few points give None
+    assert fit_slope(xs, [None, 0.0, -1.0, ys[3], ys[4]], 3) is None
+    assert fit_slope(xs, [None, ys[1], ys[2], ys[3], float("nan")], 3) == pytest.approx(
+        np.polyfit(np.log(xs[1:4]), np.log(ys[1:4]), 1)[0], rel=1e-12
+    )
+
+
+def test_flat_modules_give_no_finding_and_slopes_near_zero() -> None:
+    cc = coord_check(rows({}), DEFAULT)
+    assert cc is not None and cc.widths == WIDTHS and cc.steps == 2
+    assert cc.findings == ()
+    body = [s for s in cc.slopes if s.kind != "head"]
+    assert all(abs(s.abs_slope) < 0.05 for s in body)
+    assert all(s.delta_slope is None for s in cc.slopes if s.t == 0)
+    heads = [s for s in cc.slopes if s.kind == "head"]
+    assert all(s.abs_slope == pytest.approx(-LOGIT_SHRINK, abs=0.05) for s in heads)
+
+
+def test_growing_module_is_named_with_its_direction_and_slope() -> None:
+    cc = coord_check(rows({"blocks.3.mlp": 1.0, "head": 0.6}), DEFAULT)
+    assert cc is not None
+    (f,) = cc.findings
+    assert f.check == CheckId.COORD_CHECK and f.severity is Severity.WARN
+    assert f.layers == ("blocks.3.mlp", "head")  # execution order
+    assert "grow with width 32→256" in f.message and "late" in f.message
+    assert f.value == pytest.approx(1.0, abs=0.05) and f.threshold == DEFAULT.coord_slope
+    late = [c for c in cc.curves if c.group == "late" and c.t == 1]
+    assert late and late[0].beyond
+    assert not any(c.beyond for c in cc.curves if c.group == "early")
+
+
+def test_shrinking_module_is_a_separate_finding_and_logits_may_shrink_like_inverse_sqrt() -> None:
+    cc = coord_check(rows({"blocks.0.attn": -0.8}), DEFAULT)
+    assert cc is not None
+    (f,) = cc.findings
+    assert "shrink" in f.message and f.layers == ("blocks.0.attn",)
+    assert f.threshold == -DEFAULT.coord_slope
+    # the head shrinking like 1/√width is flat for logits, like 1/width it is not
+    assert coord_check(rows({}, head_exp=-0.5), DEFAULT).findings == ()
+    (f,) = coord_check(rows({}, head_exp=-1.2), DEFAULT).findings
+    assert f.layers == ("head",) and "shrink" in f.message
+    assert allowed("head", 0.4) == (-0.9, 0.4) and allowed("mlp", 0.4) == (-0.4, 0.4)
+
+
+def test_bound_is_a_threshold_and_two_widths_do_not_judge() -> None:
+    grows = rows({"blocks.2.mlp": 0.3})
+    assert coord_check(grows, DEFAULT).findings == ()
+    assert coord_check(grows, DEFAULT.with_overrides({"coord-slope": 0.2})).findings
+    two = grows[:2]
+    cc = coord_check(two, DEFAULT)  # coord-min-widths 3: slopes None, nothing judged
+    assert cc is not None and cc.findings == () and all(s.abs_slope is None for s in cc.slopes)
+    assert coord_check(grows[:1], DEFAULT) is None
+
+
+def test_groups_thirds_of_the_stack() -> None:
+    assert [block_group(b, 2) for b in range(2)] == ["early", "late"]
+    assert [block_group(b, 3) for b in range(3)] == ["early", "mid", "late"]
+    assert [block_group(b, 6) for b in range(6)] == ["early"] * 2 + ["mid"] * 2 + ["late"] * 2
+    cc = coord_check(rows({}), DEFAULT)
+    groups = {s.name: s.group for s in cc.slopes}
+    assert groups["blocks.0.in"] == "embedding" and groups["head"] == "head"
+    assert groups["blocks.0.attn"] == "early" and groups["blocks.3"] == "late"
+
+
+def test_sweep_carries_the_check_in_json_and_ignores_apply() -> None:
+    by_width = {w: report(w, {"blocks.3": 1.2}) for w in WIDTHS}
+    points = [SweepPoint("a", None, w, (("d_model", str(w)),)) for w in WIDTHS]
+
+    def scan_point(p: SweepPoint) -> Report:
+        return by_width[p.width]
+
+    sw = run_sweep("x", points, scan_point, labels=[("a", "x")], widths=WIDTHS)
+    assert isinstance(sw, Sweep) and sw.coord is not None
+    assert [f.layers for f in sw.findings] == [("blocks.3",)]
+    doc = json.loads(sw.to_json())
+    coord = doc["coord"]
+    assert coord["widths"] == list(WIDTHS) and coord["steps"] == 2 and coord["lr"] == 1e-2
+    assert coord["bound"] == DEFAULT.coord_slope
+    row = next(s for s in coord["slopes"] if s["name"] == "blocks.3" and s["t"] == 1)
+    assert row["abs_slope"] == pytest.approx(1.2, abs=0.05) and row["group"] == "late"
+    assert len(row["abs_mean"]) == len(WIDTHS)
+    assert coord["findings"][0]["check"] == "coord-check"
+    assert {c["group"] for c in coord["curves"]} == {"embedding", "early", "mid", "late", "head"}
+    ignored = run_sweep(
+        "x", points, scan_point, labels=[("a", "x")], widths=WIDTHS,
+        ignores=(Ignore("coord-check", "known"),),
+    )  # fmt: skip
+    assert ignored.findings == () and ignored.coord is not None
+    # without steps (or without a width axis) there is no coordinate check
+    plain = {w: Report(r.model, r.run, (), r.stream) for w, r in by_width.items()}
+    sw0 = run_sweep("x", points, lambda p: plain[p.width], labels=[("a", "x")], widths=WIDTHS)
+    assert sw0.coord is None and json.loads(sw0.to_json())["coord"] is None
