@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -375,28 +375,10 @@ def coord_dict(coord: CoordCheck | None) -> dict[str, Any] | None:
         "steps": coord.steps,
         "lr": coord.lr,
         "bound": coord.bound,
-        "slopes": [
-            {
-                "side": s.side, "depth": s.depth, "name": s.name, "kind": s.kind, "k": s.k,
-                "block": s.block, "group": s.group, "t": s.t, "abs_slope": s.abs_slope,
-                "delta_slope": s.delta_slope, "abs_mean": list(s.abs_mean),
-                "delta_mean": list(s.delta_mean),
-            }  # fmt: skip
-            for s in coord.slopes
-        ],
-        "curves": [
-            {"side": c.side, "depth": c.depth, "group": c.group, "t": c.t,
-             "abs_mean": list(c.abs_mean), "delta_mean": list(c.delta_mean) or None,
-             "abs_slope": c.abs_slope, "delta_slope": c.delta_slope,
-             "beyond": c.beyond}  # fmt: skip
-            for c in coord.curves
-        ],
+        "slopes": [asdict(s) for s in coord.slopes],
+        "curves": [{**asdict(c), "delta_mean": list(c.delta_mean) or None} for c in coord.curves],
         "findings": [
-            {
-                "check": f.check, "severity": f.severity.value, "layers": list(f.layers),
-                "value": f.value, "threshold": f.threshold, "message": f.message,
-                "hint": f.hint,
-            }  # fmt: skip
+            {**asdict(f), "severity": f.severity.value, "layers": list(f.layers)}
             for f in coord.findings
         ],
     }

@@ -195,7 +195,12 @@ def coord_slopes(
                 delc = tuple(_geomean([d[i] for _, d in vals]) for i in range(len(widths)))
                 curves.append(
                     CoordCurve(
-                        side, depth, group, t, absc, delc if t else (),
+                        side,
+                        depth,
+                        group,
+                        t,
+                        absc,
+                        delc if t else (),
                         fit_slope(widths, absc, min_widths),
                         fit_slope(widths, delc, min_widths) if t else None,
                         group_beyond.get(group, False),
@@ -283,9 +288,7 @@ def coord_findings(
             )  # fmt: skip
             shown = "; ".join(_where(e) for e in ex_sorted[:4])
             more = f"; +{len(ex_sorted) - 4} more" if len(ex_sorted) > 4 else ""
-            groups = ", ".join(
-                g for g in GROUPS if any(e.slope.group == g for e in ex)
-            )
+            groups = ", ".join(g for g in GROUPS if any(e.slope.group == g for e in ex))
             worst = ex_sorted[0]
             if up:
                 message = (

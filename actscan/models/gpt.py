@@ -201,9 +201,7 @@ class ActscanGPT(nn.Module):
         params = dict(self.named_parameters())  # tied weights once
         if self.config.parametrization != "mup":
             return [{"params": list(params.values()), "lr": lr, "name": "all"}]
-        hidden = [
-            p for n, p in params.items() if n.startswith("blocks.") and p.ndim >= 2
-        ]
+        hidden = [p for n, p in params.items() if n.startswith("blocks.") and p.ndim >= 2]
         ids = {id(p) for p in hidden}
         rest = [p for p in params.values() if id(p) not in ids]
         groups = [
