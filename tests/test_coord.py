@@ -176,3 +176,47 @@ def test_sweep_carries_the_check_in_json_and_ignores_apply() -> None:
     plain = {w: Report(r.model, r.run, (), r.stream) for w, r in by_width.items()}
     sw0 = run_sweep("x", points, lambda p: plain[p.width], labels=[("a", "x")], widths=WIDTHS)
     assert sw0.coord is None and json.loads(sw0.to_json())["coord"] is None
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_draws_one_panel_per_step_and_one_line_per_group(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from actscan.report import plot
+
+    cc = coord_check(rows({"blocks.3.mlp": 1.0}) + rows({}, side="b"), DEFAULT)
+    drawn: list[Figure] = []
+    save = plot._save
+    monkeypatch.setattr(
+        plot, "_save", lambda fig, out, fmt: drawn.append(fig) or save(fig, out, fmt)
+    )
+    out = plot.plot_coord(cc.curves, cc.widths, tmp_path / "coord.png", title="x")
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    (fig,) = drawn
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == ["t = 0", "t = 1", "t = 2"]
+    assert all(ax.get_xscale() == "log" and ax.get_yscale() == "log" for ax in axes)
+    lines = axes[1].get_lines()
+    assert len(lines) == 2 * 5  # two sides × embedding, early, mid, late, head
+    assert list(lines[0].get_xdata()) == list(WIDTHS)
+    assert {ln.get_linestyle() for ln in lines} == {"-", "--"}
+
+
+def test_plot_bad_input_is_one_clear_error(tmp_path, monkeypatch) -> None:
+    import sys
+
+    from actscan.errors import ActscanError, UsageError
+    from actscan.report.plot import check_plot, plot_coord
+
+    cc = coord_check(rows({}), DEFAULT)
+    with pytest.raises(UsageError, match=r"folder .* does not exist"):
+        check_plot(tmp_path / "no" / "x.png")
+    with pytest.raises(UsageError, match="unsupported image type"):
+        plot_coord(cc.curves, cc.widths, tmp_path / "x.gif")
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ActscanError, match=r"actscan\[plot\]"):
+        plot_coord(cc.curves, cc.widths, tmp_path / "x.png")
+    assert list(tmp_path.iterdir()) == []
