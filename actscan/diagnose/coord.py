@@ -268,6 +268,18 @@ def coord_findings(
     for side, depth in sides:
         mine = [s for s in slopes if s.side == side and s.depth == depth]
         order = list(dict.fromkeys((s.name, s.kind, s.k, s.block) for s in mine))
+
+        def exec_key(e: _Excess, order: list = order) -> tuple[float, int, int]:
+            """Execution order: the stream's input, each block's branches then its
+            output, the head (records come stream points first)."""
+            s = e.slope
+            idx = order.index((s.name, s.kind, s.k, s.block))
+            if s.kind == "head":
+                return (math.inf, 0, idx)
+            if s.block is None:
+                return (-1, 0, idx)
+            return (s.block, 1 if s.kind == "stream" else 0, idx)
+
         who = ""
         if two:
             who = f"{side.upper()} ({(labels or {}).get(side, side)})"
@@ -279,13 +291,7 @@ def coord_findings(
             if not ex:
                 continue
             ex_sorted = sorted(ex, key=lambda e: -e.over)
-            layers = tuple(
-                dict.fromkeys(
-                    e.slope.name
-                    for e in sorted(ex, key=lambda e: order.index(
-                        (e.slope.name, e.slope.kind, e.slope.k, e.slope.block)))
-                )
-            )  # fmt: skip
+            layers = tuple(dict.fromkeys(e.slope.name for e in sorted(ex, key=exec_key)))
             shown = "; ".join(_where(e) for e in ex_sorted[:4])
             more = f"; +{len(ex_sorted) - 4} more" if len(ex_sorted) > 4 else ""
             groups = ", ".join(g for g in GROUPS if any(e.slope.group == g for e in ex))
