@@ -375,6 +375,7 @@ def coord_dict(coord: CoordCheck | None) -> dict[str, Any] | None:
         "steps": coord.steps,
         "lr": coord.lr,
         "bound": coord.bound,
+        "shrink": coord.shrink,
         "slopes": [asdict(s) for s in coord.slopes],
         "curves": [{**asdict(c), "delta_mean": list(c.delta_mean) or None} for c in coord.curves],
         "findings": [

@@ -120,12 +120,13 @@ def test_shrinking_module_is_a_separate_finding_and_logits_may_shrink_like_inver
     assert cc is not None
     (f,) = cc.findings
     assert "shrink" in f.message and f.layers == ("blocks.0.attn",)
-    assert f.threshold == -DEFAULT.coord_slope
+    assert f.threshold == -DEFAULT.coord_shrink
     # the head shrinking like 1/√width is flat for logits, like 1/width it is not
     assert coord_check(rows({}, head_exp=-0.5), DEFAULT).findings == ()
     (f,) = coord_check(rows({}, head_exp=-1.2), DEFAULT).findings
     assert f.layers == ("head",) and "shrink" in f.message
-    assert allowed("head", 0.4) == (-0.9, 0.4) and allowed("mlp", 0.4) == (-0.4, 0.4)
+    th = DEFAULT.with_overrides({"coord-slope": 0.4, "coord-shrink": 0.7})
+    assert allowed("head", th) == (-0.9, 0.4) and allowed("mlp", th) == (-0.7, 0.4)
 
 
 def test_bound_is_a_threshold_and_two_widths_do_not_judge() -> None:
@@ -161,7 +162,7 @@ def test_sweep_carries_the_check_in_json_and_ignores_apply() -> None:
     doc = json.loads(sw.to_json())
     coord = doc["coord"]
     assert coord["widths"] == list(WIDTHS) and coord["steps"] == 2 and coord["lr"] == 1e-2
-    assert coord["bound"] == DEFAULT.coord_slope
+    assert (coord["bound"], coord["shrink"]) == (DEFAULT.coord_slope, DEFAULT.coord_shrink)
     row = next(s for s in coord["slopes"] if s["name"] == "blocks.3" and s["t"] == 1)
     assert row["abs_slope"] == pytest.approx(1.2, abs=0.05) and row["group"] == "late"
     assert len(row["abs_mean"]) == len(WIDTHS)

@@ -79,7 +79,8 @@ class CoordCheck:
     widths: tuple[int, ...]
     steps: int
     lr: float | None
-    bound: float  # coord-slope: |slope| allowed (logits: down to −0.5 − bound)
+    bound: float  # coord-slope: the largest slope that is flat (growth side)
+    shrink: float  # coord-shrink: the most negative slope that is flat is −shrink
     slopes: tuple[CoordSlope, ...]
     curves: tuple[CoordCurve, ...]
     findings: tuple[Finding, ...]
@@ -132,7 +133,7 @@ def _geomean(values: Sequence[float | None]) -> float | None:
 
 
 def coord_slopes(
-    rows: Sequence[tuple[str, int | None, int, Report]], min_widths: int, bound: float
+    rows: Sequence[tuple[str, int | None, int, Report]], min_widths: int, th: Thresholds
 ) -> tuple[tuple[int, ...], tuple[CoordSlope, ...], tuple[CoordCurve, ...]]:
     """Slopes per (side, depth) × module × t from rows (side, depth, width, report).
 
@@ -184,7 +185,7 @@ def coord_slopes(
                     delta_slope=fit_slope(widths, delv, min_widths) if t else None,
                 )  # fmt: skip
                 slopes.append(slope)
-                group_beyond[group] = group_beyond.get(group, False) or beyond(slope, bound)
+                group_beyond[group] = group_beyond.get(group, False) or beyond(slope, th)
                 if kind not in LOGIT_KINDS or kind == "head":
                     group_vals.setdefault(group, []).append((absv, delv))
             for group in GROUPS:
@@ -210,15 +211,17 @@ def coord_slopes(
 
 
 # -- judging ----------------------------------------------------------------------------------
-def allowed(kind: str, bound: float) -> tuple[float, float]:
-    """The slope interval that counts as flat: ±bound; logits may shrink like 1/√width."""
-    low = -bound - (LOGIT_SHRINK if kind in LOGIT_KINDS else 0.0)
-    return low, bound
+def allowed(kind: str, th: Thresholds) -> tuple[float, float]:
+    """The slope interval that counts as flat: [−coord-shrink, coord-slope]; logits may
+    shrink like 1/√width, [−0.5 − coord-slope, coord-slope]."""
+    if kind in LOGIT_KINDS:
+        return -LOGIT_SHRINK - th.coord_slope, th.coord_slope
+    return -th.coord_shrink, th.coord_slope
 
 
-def beyond(s: CoordSlope, bound: float) -> bool:
+def beyond(s: CoordSlope, th: Thresholds) -> bool:
     """Does either slope of `s` leave the flat band?"""
-    low, high = allowed(s.kind, bound)
+    low, high = allowed(s.kind, th)
     return any(v is not None and not low <= v <= high for v in (s.abs_slope, s.delta_slope))
 
 
@@ -230,10 +233,10 @@ class _Excess:
     over: float  # how far beyond the interval (> 0)
 
 
-def _worst_per_module(slopes: Sequence[CoordSlope], bound: float, up: bool) -> list[_Excess]:
+def _worst_per_module(slopes: Sequence[CoordSlope], th: Thresholds, up: bool) -> list[_Excess]:
     worst: dict[tuple[str, str, int | None, int | None], _Excess] = {}
     for s in slopes:
-        low, high = allowed(s.kind, bound)
+        low, high = allowed(s.kind, th)
         for quantity, value in (("|x|", s.abs_slope), ("Δ", s.delta_slope)):
             if value is None:
                 continue
@@ -287,7 +290,7 @@ def coord_findings(
             who = f"{who} at depth {depth}".strip()
         who = f"{who}: " if who else ""
         for up in (True, False):
-            ex = _worst_per_module(mine, bound, up)
+            ex = _worst_per_module(mine, th, up)
             if not ex:
                 continue
             ex_sorted = sorted(ex, key=lambda e: -e.over)
@@ -299,7 +302,7 @@ def coord_findings(
             if up:
                 message = (
                     f"{who}{len(ex)} module(s) grow with {span} beyond the flat band "
-                    f"(|slope| ≤ {bound:g}) in {groups}: {shown}{more}. Under μTransfer the "
+                    f"(slope ≤ {bound:g}) in {groups}: {shown}{more}. Under μTransfer the "
                     "learning rate tuned at the small width makes these blow up at the large one."
                 )
                 hint = (
@@ -310,7 +313,7 @@ def coord_findings(
             else:
                 message = (
                     f"{who}{len(ex)} module(s) shrink with {span} beyond the flat band "
-                    f"(|slope| ≤ {bound:g}; logits may shrink like 1/√width) in {groups}: "
+                    f"(slope ≥ −{th.coord_shrink:g}; logits may shrink like 1/√width) in {groups}: "
                     f"{shown}{more}. Their updates vanish at width: the large model stops "
                     "learning features there (a kernel-like limit), so tuned rates do not "
                     "transfer."
@@ -323,7 +326,7 @@ def coord_findings(
             out.append(
                 Finding(
                     check=CheckId.COORD_CHECK, severity=Severity.WARN, layers=layers,
-                    value=worst.value, threshold=bound if up else -bound, message=message,
+                    value=worst.value, threshold=bound if up else -th.coord_shrink, message=message,
                     hint=hint,
                 )
             )  # fmt: skip
@@ -339,7 +342,7 @@ def coord_check(
     """The coordinate check of a width sweep, or None when no row took steps or fewer
     than two widths did."""
     min_widths = max(2, int(th.coord_min_widths))
-    widths, slopes, curves = coord_slopes(rows, min_widths, th.coord_slope)
+    widths, slopes, curves = coord_slopes(rows, min_widths, th)
     if len(widths) < 2:
         return None
     dyn = next(r.dynamics for _, _, _, r in rows if r.dynamics is not None)
@@ -349,6 +352,7 @@ def coord_check(
         steps=max(len(r.dynamics.steps) for *_, r in rows if r.dynamics is not None) - 1,
         lr=dyn.optimizer.lr,
         bound=th.coord_slope,
+        shrink=th.coord_shrink,
         slopes=slopes,
         curves=curves,
         findings=coord_findings(slopes, th, labels=labels, widths=widths),

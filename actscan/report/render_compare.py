@@ -329,7 +329,7 @@ def coord_table(sw: Sweep) -> Table:
     t = Table(
         title=(
             f"Coordinate check: slope of mean |x| vs width {'/'.join(map(str, cc.widths))} "
-            f"(flat within ±{num(cc.bound)}; logits may go to −0.5{lr})"
+            f"(flat: −{num(cc.shrink)} to +{num(cc.bound)}; logits down to −0.5 more{lr})"
         ),
         box=box.SIMPLE_HEAD,
         title_justify="left",
