@@ -30,10 +30,15 @@ def sweep(args: argparse.Namespace, param: str, lr: float) -> dict[str, Any]:
     cmd = [
         sys.executable, "-m", "actscan", "sweep", args.config, "--width", args.widths,
         "--steps", str(args.steps), "--lr", str(lr), "--set", f"parametrization={param}",
-        "--set", f"n_layers={args.depth}", "--set", f"seq_len={args.seq_len}",
-        "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--seed", str(args.seed),
-        "--device", "cpu", "--fail-on", "never", "--json", "-", "--quiet",
+        "--seed", str(args.seed), "--device", "cpu", "--fail-on", "never", "--json", "-",
+        "--quiet",
     ]  # fmt: skip
+    if args.depth is not None:
+        cmd += ["--set", f"n_layers={args.depth}"]
+    if args.batch is not None:
+        cmd += ["--batch", str(args.batch)]
+    if args.seq_len is not None:
+        cmd += ["--seq-len", str(args.seq_len)]
     for s in args.set or []:
         cmd += ["--set", s]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -43,34 +48,34 @@ def sweep(args: argparse.Namespace, param: str, lr: float) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
-def extremes(coord: dict[str, Any], t: int) -> tuple[float, float, float | None]:
-    """(min, max) over non-head modules of both slopes at t, and the head's worst."""
-    vals, head = [], []
-    for s in coord["slopes"]:
-        if s["t"] != t:
-            continue
-        pair = [v for v in (s["abs_slope"], s["delta_slope"]) if isinstance(v, float)]
-        (head if s["kind"] == "head" else vals).extend(pair)
-    worst_head = max(head, key=abs) if head else None
-    return min(vals), max(vals), worst_head
+def extremes(items: list[dict[str, Any]], t: int) -> tuple[float, float]:
+    """(min, max) of both slopes at t over non-head modules or groups."""
+    vals = [
+        v
+        for s in items
+        if s["t"] == t and s.get("kind", s.get("group")) != "head"
+        for v in (s["abs_slope"], s["delta_slope"])
+        if isinstance(v, float)
+    ]
+    return min(vals), max(vals)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="gpt-12-preln")
     ap.add_argument("--widths", default="64,128,256,512")
-    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--depth", type=int, default=None, help="default: the config's")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--lrs", default="1e-3,3e-3,1e-2")
     ap.add_argument("--params", default="sp,mup")
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--seq-len", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=None, help="default: the sweep's (4)")
+    ap.add_argument("--seq-len", type=int, default=None, help="default: the config's")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", help="extra --set for every sweep")
     args = ap.parse_args()
     print(
-        f"config {args.config}, depth {args.depth}, widths {args.widths}, steps {args.steps}, "
-        f"batch {args.batch}×{args.seq_len}, AdamW"
+        f"config {args.config}, depth {args.depth or 'as configured'}, widths {args.widths}, "
+        f"steps {args.steps}, batch {args.batch or 4}×{args.seq_len or 'config seq_len'}, AdamW"
     )
     print("group slopes per t: |x| / Δ (fit of the group's geometric-mean line)\n")
     for lr in (float(x) for x in args.lrs.split(",")):
@@ -98,9 +103,12 @@ def main() -> None:
                     + "  ".join(f"t{t}:{x:<12}" for t, x in zip(steps, row, strict=True))
                 )
             for t in steps:
-                lo, hi, head = extremes(coord, t)
-                h = f"{head:+.2f}" if head is not None else "—"
-                print(f"  t{t} modules: slopes in [{lo:+.2f}, {hi:+.2f}], head worst {h}")
+                glo, ghi = extremes(coord["curves"], t)
+                mlo, mhi = extremes(coord["slopes"], t)
+                print(
+                    f"  t{t} block groups in [{glo:+.2f}, {ghi:+.2f}], "
+                    f"single modules in [{mlo:+.2f}, {mhi:+.2f}]"
+                )
             verdict = [f"{f['severity']}: {', '.join(f['layers'][:6])}" for f in coord["findings"]]
             print("  findings: " + ("; ".join(verdict) if verdict else "none") + "\n")
 

@@ -102,25 +102,41 @@ def test_flat_modules_give_no_finding_and_slopes_near_zero() -> None:
     assert all(s.abs_slope == pytest.approx(-LOGIT_SHRINK, abs=0.05) for s in heads)
 
 
-def test_growing_module_is_named_with_its_direction_and_slope() -> None:
-    cc = coord_check(rows({"blocks.3.mlp": 1.0, "head": 0.6}), DEFAULT)
+LATE = ("blocks.3.attn", "blocks.3.mlp", "blocks.3")
+
+
+def test_growing_group_is_named_with_its_direction_and_slope() -> None:
+    cc = coord_check(rows({**dict.fromkeys(LATE, 1.0), "head": 0.6}), DEFAULT)
     assert cc is not None
     (f,) = cc.findings
     assert f.check == CheckId.COORD_CHECK and f.severity is Severity.WARN
-    assert f.layers == ("blocks.3.mlp", "head")  # execution order
-    assert "grow with width 32→256" in f.message and "late" in f.message
+    assert f.layers == (*LATE, "head")  # execution order: branches, the block's output, head
+    assert "grow with width 32→256" in f.message and "late |x| +1.00" in f.message
+    assert "head |x| +0.60" in f.message
     assert f.value == pytest.approx(1.0, abs=0.05) and f.threshold == DEFAULT.coord_slope
     late = [c for c in cc.curves if c.group == "late" and c.t == 1]
-    assert late and late[0].beyond
-    assert not any(c.beyond for c in cc.curves if c.group == "early")
+    assert late and late[0].beyond and late[0].abs_slope == pytest.approx(1.0, abs=0.05)
+    assert not any(c.beyond for c in cc.curves if c.group in ("early", "mid", "embedding"))
 
 
-def test_shrinking_module_is_a_separate_finding_and_logits_may_shrink_like_inverse_sqrt() -> None:
-    cc = coord_check(rows({"blocks.0.attn": -0.8}), DEFAULT)
+def test_one_module_alone_does_not_flag_its_group_but_is_named_when_the_group_moves() -> None:
+    # a single scattered module (μP at a large lr): its group's line stays flat
+    cc = coord_check(rows({"blocks.3.mlp": 0.6}), DEFAULT)
+    assert cc.findings == ()
+    assert any(s.abs_slope > 0.55 for s in cc.slopes if s.name == "blocks.3.mlp")
+    # the group moves: only the module that leaves the band is named
+    (f,) = coord_check(rows({"blocks.3.mlp": 1.5}), DEFAULT).findings
+    assert f.layers == ("blocks.3.mlp",)
+
+
+def test_shrinking_group_is_a_separate_finding_and_logits_may_shrink_like_inverse_sqrt() -> None:
+    early = ("blocks.0.attn", "blocks.0.mlp", "blocks.0")
+    cc = coord_check(rows({**dict.fromkeys(early, -1.0), "head": 0.6}), DEFAULT)
     assert cc is not None
-    (f,) = cc.findings
-    assert "shrink" in f.message and f.layers == ("blocks.0.attn",)
-    assert f.threshold == -DEFAULT.coord_shrink
+    grow, shrink = cc.findings
+    assert "grow" in grow.message and grow.layers == ("head",)
+    assert "shrink" in shrink.message and shrink.layers == early
+    assert shrink.threshold == -DEFAULT.coord_shrink and shrink.value == pytest.approx(-1, abs=0.05)
     # the head shrinking like 1/√width is flat for logits, like 1/width it is not
     assert coord_check(rows({}, head_exp=-0.5), DEFAULT).findings == ()
     (f,) = coord_check(rows({}, head_exp=-1.2), DEFAULT).findings
@@ -130,7 +146,7 @@ def test_shrinking_module_is_a_separate_finding_and_logits_may_shrink_like_inver
 
 
 def test_bound_is_a_threshold_and_two_widths_do_not_judge() -> None:
-    grows = rows({"blocks.2.mlp": 0.3})
+    grows = rows(dict.fromkeys(LATE, 0.25))
     assert coord_check(grows, DEFAULT).findings == ()
     assert coord_check(grows, DEFAULT.with_overrides({"coord-slope": 0.2})).findings
     two = grows[:2]
@@ -150,7 +166,7 @@ def test_groups_thirds_of_the_stack() -> None:
 
 
 def test_sweep_carries_the_check_in_json_and_ignores_apply() -> None:
-    by_width = {w: report(w, {"blocks.3": 1.2}) for w in WIDTHS}
+    by_width = {w: report(w, dict.fromkeys(LATE, 1.2)) for w in WIDTHS}
     points = [SweepPoint("a", None, w, (("d_model", str(w)),)) for w in WIDTHS]
 
     def scan_point(p: SweepPoint) -> Report:
@@ -158,7 +174,7 @@ def test_sweep_carries_the_check_in_json_and_ignores_apply() -> None:
 
     sw = run_sweep("x", points, scan_point, labels=[("a", "x")], widths=WIDTHS)
     assert isinstance(sw, Sweep) and sw.coord is not None
-    assert [f.layers for f in sw.findings] == [("blocks.3",)]
+    assert [f.layers for f in sw.findings] == [LATE]
     doc = json.loads(sw.to_json())
     coord = doc["coord"]
     assert coord["widths"] == list(WIDTHS) and coord["steps"] == 2 and coord["lr"] == 1e-2
@@ -188,7 +204,7 @@ def test_plot_draws_one_panel_per_step_and_one_line_per_group(tmp_path, monkeypa
 
     from actscan.report import plot
 
-    cc = coord_check(rows({"blocks.3.mlp": 1.0}) + rows({}, side="b"), DEFAULT)
+    cc = coord_check(rows(dict.fromkeys(LATE, 1.0)) + rows({}, side="b"), DEFAULT)
     drawn: list[Figure] = []
     save = plot._save
     monkeypatch.setattr(

@@ -59,7 +59,7 @@ class CoordSlope:
 class CoordCurve:
     """One module group's line in the coordinate-check plot: the geometric mean of its
     modules' mean |x_t| (and mean |x_t − x_0|) per width, the slopes of those lines, and
-    whether any module of the group left the flat band at this t (a finding names it)."""
+    whether either slope leaves the flat band (what `coord-check` judges)."""
 
     side: str
     depth: int | None
@@ -170,7 +170,6 @@ def coord_slopes(
                     keys.setdefault(key, None)
                     table.setdefault(key, {})[w] = (c.abs_mean, c.delta_mean)
             group_vals: dict[str, list[tuple[tuple, tuple]]] = {}
-            group_beyond: dict[str, bool] = {}
             for key in keys:
                 name, kind, k, block = key
                 got = table.get(key, {})
@@ -185,7 +184,6 @@ def coord_slopes(
                     delta_slope=fit_slope(widths, delv, min_widths) if t else None,
                 )  # fmt: skip
                 slopes.append(slope)
-                group_beyond[group] = group_beyond.get(group, False) or beyond(slope, th)
                 if kind not in LOGIT_KINDS or kind == "head":
                     group_vals.setdefault(group, []).append((absv, delv))
             for group in GROUPS:
@@ -194,19 +192,17 @@ def coord_slopes(
                 vals = group_vals[group]
                 absc = tuple(_geomean([a[i] for a, _ in vals]) for i in range(len(widths)))
                 delc = tuple(_geomean([d[i] for _, d in vals]) for i in range(len(widths)))
+                a_slope = fit_slope(widths, absc, min_widths)
+                d_slope = fit_slope(widths, delc, min_widths) if t else None
+                low, high = allowed("head" if group == "head" else "stream", th)
+                out = any(v is not None and not low <= v <= high for v in (a_slope, d_slope))
                 curves.append(
                     CoordCurve(
-                        side,
-                        depth,
-                        group,
-                        t,
-                        absc,
-                        delc if t else (),
-                        fit_slope(widths, absc, min_widths),
-                        fit_slope(widths, delc, min_widths) if t else None,
-                        group_beyond.get(group, False),
+                        side=side, depth=depth, group=group, t=t, abs_mean=absc,
+                        delta_mean=delc if t else (), abs_slope=a_slope, delta_slope=d_slope,
+                        beyond=out,
                     )
-                )
+                )  # fmt: skip
     return widths, tuple(slopes), tuple(curves)
 
 
@@ -219,91 +215,101 @@ def allowed(kind: str, th: Thresholds) -> tuple[float, float]:
     return -th.coord_shrink, th.coord_slope
 
 
-def beyond(s: CoordSlope, th: Thresholds) -> bool:
-    """Does either slope of `s` leave the flat band?"""
-    low, high = allowed(s.kind, th)
-    return any(v is not None and not low <= v <= high for v in (s.abs_slope, s.delta_slope))
+def _over(value: float | None, low: float, high: float, up: bool) -> float:
+    """How far `value` lies beyond the band on one side (≤ 0: inside, or no value)."""
+    if value is None:
+        return 0.0
+    return value - high if up else low - value
 
 
-@dataclass(frozen=True)
-class _Excess:
-    slope: CoordSlope
-    quantity: str  # "|x|" | "Δ"
-    value: float
-    over: float  # how far beyond the interval (> 0)
+def _module_key(s: CoordSlope) -> tuple[str, str, int | None, int | None]:
+    return (s.name, s.kind, s.k, s.block)
 
 
-def _worst_per_module(slopes: Sequence[CoordSlope], th: Thresholds, up: bool) -> list[_Excess]:
-    worst: dict[tuple[str, str, int | None, int | None], _Excess] = {}
-    for s in slopes:
-        low, high = allowed(s.kind, th)
-        for quantity, value in (("|x|", s.abs_slope), ("Δ", s.delta_slope)):
-            if value is None:
-                continue
-            over = value - high if up else low - value
-            if over <= 0:
-                continue
-            key = (s.name, s.kind, s.k, s.block)
-            if key not in worst or over > worst[key].over:
-                worst[key] = _Excess(s, quantity, value, over)
-    return list(worst.values())
+def _exec_key(s: CoordSlope, first: dict[tuple, int]) -> tuple[float, int, int]:
+    """Execution order: the stream's input, each block's branches then its output, the
+    head (the engine records stream points first)."""
+    idx = first[_module_key(s)]
+    if s.kind == "head":
+        return (math.inf, 0, idx)
+    if s.block is None:
+        return (-1, 0, idx)
+    return (s.block, 1 if s.kind == "stream" else 0, idx)
 
 
-def _where(e: _Excess) -> str:
-    what = "mean |x_t − x_0|" if e.quantity == "Δ" else "mean |x_t|"
-    return f"{e.slope.name} ({what} ∝ width^{e.value:+.2f} at t={e.slope.t})"
+def _fmt_slope(s: CoordSlope | CoordCurve, quantity: str, value: float) -> str:
+    what = "Δ" if quantity == "delta" else "|x|"
+    return f"{what} {value:+.2f} at t={s.t}"
 
 
 def coord_findings(
     slopes: Sequence[CoordSlope],
+    curves: Sequence[CoordCurve],
     th: Thresholds,
     *,
     labels: Mapping[str, str] | None = None,
     widths: Sequence[int] = (),
 ) -> tuple[Finding, ...]:
-    """One finding per side (and depth) and direction: the modules whose slope leaves the
-    flat interval, worst first in the message, execution order in `layers`."""
-    bound = th.coord_slope
+    """One finding per side (and depth) and direction.
+
+    Judged per module group, as the coordinate-check plot is read: a group whose line
+    (geometric mean of its modules' mean |x_t|, or mean |x_t − x_0|) has a slope beyond
+    the band at some t. One module's slope alone is not enough: at a large learning rate
+    the narrowest model's trajectory is chaotic and single modules scatter by ±0.5 under
+    μP (docs/checks.md#coord-check). The finding names the flagged groups' modules whose
+    own slope leaves the band the same way (all of the group's when none does alone)."""
     span = f"width {widths[0]}→{widths[-1]}" if widths else "width"
     out: list[Finding] = []
-    sides = list(dict.fromkeys((s.side, s.depth) for s in slopes))
+    first = {_module_key(s): i for i, s in reversed(list(enumerate(slopes)))}
+    sides = list(dict.fromkeys((c.side, c.depth) for c in curves))
     two = len({s for s, _ in sides}) > 1
     for side, depth in sides:
-        mine = [s for s in slopes if s.side == side and s.depth == depth]
-        order = list(dict.fromkeys((s.name, s.kind, s.k, s.block) for s in mine))
-
-        def exec_key(e: _Excess, order: list = order) -> tuple[float, int, int]:
-            """Execution order: the stream's input, each block's branches then its
-            output, the head (records come stream points first)."""
-            s = e.slope
-            idx = order.index((s.name, s.kind, s.k, s.block))
-            if s.kind == "head":
-                return (math.inf, 0, idx)
-            if s.block is None:
-                return (-1, 0, idx)
-            return (s.block, 1 if s.kind == "stream" else 0, idx)
-
-        who = ""
-        if two:
-            who = f"{side.upper()} ({(labels or {}).get(side, side)})"
+        who = f"{side.upper()} ({(labels or {}).get(side, side)})" if two else ""
         if depth is not None:
             who = f"{who} at depth {depth}".strip()
         who = f"{who}: " if who else ""
+        mine = [c for c in curves if (c.side, c.depth) == (side, depth)]
+        mods = [s for s in slopes if (s.side, s.depth) == (side, depth)]
         for up in (True, False):
-            ex = _worst_per_module(mine, th, up)
-            if not ex:
+            worst_group: dict[str, tuple[float, CoordCurve, str, float]] = {}
+            for c in mine:
+                low, high = allowed("head" if c.group == "head" else "stream", th)
+                for quantity, v in (("abs", c.abs_slope), ("delta", c.delta_slope)):
+                    over = _over(v, low, high, up)
+                    if v is not None and over > 0 and over > worst_group.get(c.group, (0,))[0]:
+                        worst_group[c.group] = (over, c, quantity, v)
+            if not worst_group:
                 continue
-            ex_sorted = sorted(ex, key=lambda e: -e.over)
-            layers = tuple(dict.fromkeys(e.slope.name for e in sorted(ex, key=exec_key)))
-            shown = "; ".join(_where(e) for e in ex_sorted[:4])
-            more = f"; +{len(ex_sorted) - 4} more" if len(ex_sorted) > 4 else ""
-            groups = ", ".join(g for g in GROUPS if any(e.slope.group == g for e in ex))
-            worst = ex_sorted[0]
+            named: dict[tuple, tuple[float, CoordSlope, str, float]] = {}
+            for group in worst_group:
+                in_group = [s for s in mods if s.group == group]
+                for s in in_group:
+                    low, high = allowed(s.kind, th)
+                    for quantity, v in (("abs", s.abs_slope), ("delta", s.delta_slope)):
+                        over = _over(v, low, high, up)
+                        key = _module_key(s)
+                        if v is not None and over > 0 and over > named.get(key, (0,))[0]:
+                            named[key] = (over, s, quantity, v)
+                if not any(n[1].group == group for n in named.values()):
+                    for s in in_group:
+                        named.setdefault(_module_key(s), (0.0, s, "abs", s.abs_slope or 0.0))
+            layers = tuple(
+                dict.fromkeys(
+                    n[1].name for n in sorted(named.values(), key=lambda n: _exec_key(n[1], first))
+                )
+            )
+            groups = sorted(worst_group.values(), key=lambda g: GROUPS.index(g[1].group))
+            glist = ", ".join(f"{g[1].group} {_fmt_slope(g[1], g[2], g[3])}" for g in groups)
+            top = sorted(named.values(), key=lambda n: -n[0])[:3]
+            mlist = "; ".join(f"{n[1].name} {_fmt_slope(n[1], n[2], n[3])}" for n in top)
+            worst = max(worst_group.values(), key=lambda g: g[0])
+            band = f"slope ≤ {th.coord_slope:g}" if up else f"slope ≥ −{th.coord_shrink:g}"
             if up:
                 message = (
-                    f"{who}{len(ex)} module(s) grow with {span} beyond the flat band "
-                    f"(slope ≤ {bound:g}) in {groups}: {shown}{more}. Under μTransfer the "
-                    "learning rate tuned at the small width makes these blow up at the large one."
+                    f"{who}{len(groups)} module group(s) grow with {span} beyond the flat band "
+                    f"({band}; log–log slope of the group's mean |x|): {glist}. Worst modules: "
+                    f"{mlist}. Under μTransfer the learning rate tuned at the small width "
+                    "makes these blow up at the large one."
                 )
                 hint = (
                     "Use μP (Tensor Programs V, Table 3, Adam): hidden matrices' learning rate "
@@ -312,22 +318,22 @@ def coord_findings(
                 )
             else:
                 message = (
-                    f"{who}{len(ex)} module(s) shrink with {span} beyond the flat band "
-                    f"(slope ≥ −{th.coord_shrink:g}; logits may shrink like 1/√width) in {groups}: "
-                    f"{shown}{more}. Their updates vanish at width: the large model stops "
-                    "learning features there (a kernel-like limit), so tuned rates do not "
-                    "transfer."
+                    f"{who}{len(groups)} module group(s) shrink with {span} beyond the flat "
+                    f"band ({band}; logits may shrink like 1/√width): {glist}. Worst modules: "
+                    f"{mlist}. Their updates vanish at width (or the narrow models are "
+                    "overdriven at this learning rate), so tuned rates do not transfer."
                 )
                 hint = (
-                    "Check that layer's learning-rate and init scaling against μP: a "
-                    "learning rate or multiplier divided by width once too often shrinks "
-                    "its updates (vectors and embeddings keep lr η under Adam)."
+                    "Check those layers' learning-rate and init scaling against μP (a rate or "
+                    "multiplier divided by width once too often shrinks the updates; vectors "
+                    "and embeddings keep lr η under Adam), and that the learning rate is sane "
+                    "at the smallest width (update-size)."
                 )
             out.append(
                 Finding(
                     check=CheckId.COORD_CHECK, severity=Severity.WARN, layers=layers,
-                    value=worst.value, threshold=bound if up else -th.coord_shrink, message=message,
-                    hint=hint,
+                    value=worst[3], threshold=th.coord_slope if up else -th.coord_shrink,
+                    message=message, hint=hint,
                 )
             )  # fmt: skip
     return tuple(out)
@@ -355,5 +361,5 @@ def coord_check(
         shrink=th.coord_shrink,
         slopes=slopes,
         curves=curves,
-        findings=coord_findings(slopes, th, labels=labels, widths=widths),
+        findings=coord_findings(slopes, curves, th, labels=labels, widths=widths),
     )

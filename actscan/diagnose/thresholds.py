@@ -148,14 +148,15 @@ class Thresholds:
     logit_freeze_error: float = 4.0
 
     # ---- coord-check (`actscan sweep --width … --steps N`: μP's coordinate check) -------
-    # Log–log slope of a module's mean |x_t| (or mean |x_t − x_0|) against width above
-    # which it grows with width. Measured (docs/checks.md#coord-check, widths 64–512, 3
-    # AdamW steps, lr 1e-3…1e-2, depth 2–12): μP ≤ +0.24, SP's readout ≥ +0.49 and its
-    # blocks ≥ +0.98 at every t. 0.4 sits between them.
-    coord_slope: float = 0.4
-    # …and below −coord-shrink it shrinks with width (its updates vanish). μP's narrow
-    # models saturate first at a large lr: down to −0.54 at lr 1e-2 (−0.77 at 3e-2); SP
-    # never shrinks (≥ −0.01); a learning rate scaled 1/width too often gives −1.
+    # Log–log slope of a module group's mean |x_t| (or mean |x_t − x_0|) against width
+    # above which it grows with width. Measured (docs/checks.md#coord-check, widths
+    # 64–512, 3 AdamW steps, lr 1e-3…1e-2, depth 2–12): μP's groups ≤ +0.12; SP's readout
+    # ≥ +0.49 and its block groups ≥ +0.76 at every t. 0.3 sits between them.
+    coord_slope: float = 0.3
+    # …and below −coord-shrink a group shrinks with width (its updates vanish, or the
+    # narrow models are overdriven). μP at lr 1e-2: down to −0.48 (the narrowest model moves
+    # its weights by half their norm per step); SP never shrinks (≥ −0.01); a learning
+    # rate divided by width once too often gives −1.
     coord_shrink: float = 0.7
     # A slope needs this many widths: two always fit a line exactly, three show a trend.
     coord_min_widths: float = 3

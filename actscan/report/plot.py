@@ -148,9 +148,11 @@ def plot_coord(
                     else f"{side}: {c.group}",
                 )  # fmt: skip
             ax.set_xscale("log", base=2)
+            ax.set_xticks(list(widths), [str(w) for w in widths])
+            ax.minorticks_off()
             ax.set_yscale("log")
             ax.set_title(f"t = {t}" + (f" · depth {depth}" if depth is not None else ""))
-            ax.grid(True, which="both", alpha=0.3)
+            ax.grid(True, alpha=0.3)
             if r == nrows - 1:
                 ax.set_xlabel("width")
             if col == 0:

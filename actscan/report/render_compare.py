@@ -326,13 +326,16 @@ def coord_table(sw: Sweep) -> Table:
     cc = sw.coord
     assert cc is not None
     lr = f", lr {num(cc.lr)}" if cc.lr is not None else ""
+    widths = cc.widths
     t = Table(
-        title=(
-            f"Coordinate check: slope of mean |x| vs width {'/'.join(map(str, cc.widths))} "
-            f"(flat: −{num(cc.shrink)} to +{num(cc.bound)}; logits down to −0.5 more{lr})"
+        title=f"Coordinate check: log–log slope of mean |x| vs width {'/'.join(map(str, widths))}",
+        caption=(
+            f"flat: −{num(cc.shrink)} to +{num(cc.bound)} (logits down to −0.5 − "
+            f"{num(cc.bound)}); red: the group's line is not{lr}"
         ),
         box=box.SIMPLE_HEAD,
         title_justify="left",
+        caption_justify="left",
         pad_edge=False,
     )
     keys = list(dict.fromkeys((c.side, c.depth) for c in cc.curves))
