@@ -150,8 +150,8 @@ class Thresholds:
     # ---- coord-check (`actscan sweep --width … --steps N`: μP's coordinate check) -------
     # Log–log slope of a module group's mean |x_t| (or mean |x_t − x_0|) against width
     # above which it grows with width. Measured (docs/checks.md#coord-check, widths
-    # 64–512, 3 AdamW steps, lr 1e-3…1e-2, depth 2–12): μP's groups ≤ +0.12; SP's readout
-    # ≥ +0.49 and its block groups ≥ +0.76 at every t. 0.3 sits between them.
+    # 64–512, 3 AdamW steps, lr 1e-3…3e-2, 2–12 blocks): μP's groups ≤ +0.10; SP's readout
+    # reaches ≥ +0.51 and its block groups ≥ +0.86 at every t. 0.3 sits between them.
     coord_slope: float = 0.3
     # …and below −coord-shrink a group shrinks with width (its updates vanish, or the
     # narrow models are overdriven). μP at lr 1e-2: down to −0.48 (the narrowest model moves

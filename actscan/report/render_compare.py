@@ -325,13 +325,12 @@ def coord_table(sw: Sweep) -> Table:
     the flat band."""
     cc = sw.coord
     assert cc is not None
-    lr = f", lr {num(cc.lr)}" if cc.lr is not None else ""
-    widths = cc.widths
+    lr = f" (lr {num(cc.lr)})" if cc.lr is not None else ""
     t = Table(
-        title=f"Coordinate check: log–log slope of mean |x| vs width {'/'.join(map(str, widths))}",
+        title=f"Coordinate check{lr}: log–log slope of mean |x| vs width",
         caption=(
-            f"flat: −{num(cc.shrink)} to +{num(cc.bound)} (logits down to −0.5 − "
-            f"{num(cc.bound)}); red: the group's line is not{lr}"
+            f"flat: −{num(cc.shrink)}…+{num(cc.bound)}, logits −{num(0.5 + cc.bound)}…"
+            f"+{num(cc.bound)}; red: not flat"
         ),
         box=box.SIMPLE_HEAD,
         title_justify="left",
