@@ -288,3 +288,30 @@ def test_real_sweep_passes_mup(tmp_path) -> None:
     assert head0["abs_slope"] == pytest.approx(-0.5, abs=0.05)  # logits ∝ 1/√width at init
     opt = doc["rows"][0]["report"]["dynamics"]["optimizer"]
     assert opt["parametrization"] == "mup" and opt["lr"] == 1e-2
+
+
+def test_render_shows_the_group_table_and_the_verdict() -> None:
+    import io
+
+    from rich.console import Console
+
+    from actscan.report.render_compare import render_sweep
+
+    points = [SweepPoint("a", None, w, ()) for w in WIDTHS]
+
+    def text(exps: dict[str, float], quiet: bool = False) -> str:
+        by_width = {w: report(w, exps) for w in WIDTHS}
+        sw = run_sweep("x", points, lambda p: by_width[p.width], labels=[("a", "x")], widths=WIDTHS)
+        buf = io.StringIO()
+        render_sweep(sw, Console(file=buf, width=160, color_system=None), quiet=quiet)
+        return buf.getvalue()
+
+    grows = text(dict.fromkeys(LATE, 1.0))
+    assert "Coordinate check (lr 0.01)" in grows and "t=2 |x|  Δ" in grows
+    late = next(line for line in grows.splitlines() if line.strip().startswith("late"))
+    assert late.split()[2:4] == ["+1.00", "+1.00"]  # t=0 noise-flat, then |x| and Δ at t=1
+    assert "WARN  coord-check" in grows and "late |x| +1.00" in grows
+    flat = text({})
+    assert "Coordinate check: flat" in flat and "coord-check" not in flat
+    quiet = text(dict.fromkeys(LATE, 1.0), quiet=True)
+    assert "log–log slope" not in quiet and "WARN  coord-check" in quiet
