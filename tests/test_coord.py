@@ -314,4 +314,4 @@ def test_render_shows_the_group_table_and_the_verdict() -> None:
     flat = text({})
     assert "Coordinate check: flat" in flat and "coord-check" not in flat
     quiet = text(dict.fromkeys(LATE, 1.0), quiet=True)
-    assert "log–log slope" not in quiet and "WARN  coord-check" in quiet
+    assert "Coordinate check (lr" not in quiet and "WARN  coord-check" in quiet
