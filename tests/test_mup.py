@@ -93,3 +93,20 @@ def test_config_knobs_validate_and_report() -> None:
         build_config({"n_layers": 2, "mup_base_width": 0})
     with pytest.raises(ConfigError, match="sets the attention scale itself"):
         apply_overrides(c, {"attn_scale": "1/dk"})
+
+
+def test_checkpoints_store_the_new_knobs_only_when_used(tmp_path) -> None:
+    """An SP model saves the same config as before the knobs existed; a μP one keeps them."""
+    import json
+
+    from safetensors import safe_open
+
+    from actscan.targets.checkpoint import save_builtin
+
+    for p, base, expect in (("sp", 64, set()), ("mup", 32, {"parametrization", "mup_base_width"})):
+        path = tmp_path / f"{p}.safetensors"
+        save_builtin(build_model(cfg(64, p, base=base)), path)
+        with safe_open(str(path), "pt") as fh:
+            stored = json.loads(fh.metadata()["actscan_config"])
+        assert {"parametrization", "mup_base_width"} & set(stored) == expect
+        assert build_config(stored) == cfg(64, p, base=base)  # missing: the default

@@ -105,6 +105,21 @@ class ArchConfig:
         return asdict(self)
 
 
+# Knobs added after checkpoints began to store their config: a saved config lists them
+# only when they differ from the default, so a model that does not use them saves the
+# same file as before (and reads back the same: a missing key is the default).
+LATER_KNOBS = ("parametrization", "mup_base_width")
+
+
+def saved_config(cfg: ArchConfig) -> dict[str, Any]:
+    """The config a checkpoint stores: every field but later knobs at their default."""
+    data = cfg.to_dict()
+    for key in LATER_KNOBS:
+        if data[key] == _FIELDS[key].default:
+            del data[key]
+    return data
+
+
 _CHOICES: dict[str, tuple[str, ...]] = {
     "norm": NORMS,
     "placement": PLACEMENTS,
