@@ -229,7 +229,7 @@ def test_plot_bad_input_is_one_clear_error(tmp_path, monkeypatch) -> None:
     from actscan.report.plot import check_plot, plot_coord
 
     cc = coord_check(rows({}), DEFAULT)
-    with pytest.raises(UsageError, match=r"folder .* does not exist"):
+    with pytest.raises(UsageError, match=r"is not an existing folder"):
         check_plot(tmp_path / "no" / "x.png")
     with pytest.raises(UsageError, match="unsupported image type"):
         plot_coord(cc.curves, cc.widths, tmp_path / "x.gif")
@@ -315,3 +315,34 @@ def test_render_shows_the_group_table_and_the_verdict() -> None:
     assert "Coordinate check: flat" in flat and "coord-check" not in flat
     quiet = text(dict.fromkeys(LATE, 1.0), quiet=True)
     assert "Coordinate check (lr" not in quiet and "WARN  coord-check" in quiet
+
+
+@pytest.mark.parametrize(
+    ("plot", "needle"),
+    [
+        ("no/such/folder/c.png", "is not an existing folder"),
+        ("c.gif", "unsupported image type '.gif'"),
+        ("c.png", "actscan[plot]"),  # matplotlib missing
+    ],
+)
+def test_sweep_plot_bad_input_is_one_line_exit_2_before_any_scan(
+    tmp_path, monkeypatch, plot: str, needle: str
+) -> None:
+    import sys
+
+    from conftest import one_line_error
+    from typer.testing import CliRunner
+
+    import actscan.pipeline
+    from actscan.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    if needle == "actscan[plot]":
+        monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    scans: list[object] = []
+    monkeypatch.setattr(actscan.pipeline, "scan_target", lambda *a, **k: scans.append(a))
+    res = CliRunner().invoke(
+        app, ["sweep", "gpt-12-preln", "--width", "32,64,128", "--steps", "2", "--plot", plot]
+    )
+    one_line_error(res, needle)
+    assert scans == [] and not list(tmp_path.iterdir())

@@ -76,7 +76,7 @@ def check_plot(path: str | Path) -> str:
     if fmt not in ("png", "svg", "pdf"):
         raise UsageError(f"--plot: unsupported image type '.{fmt}' (use .png, .svg or .pdf)")
     if not out.absolute().parent.is_dir():
-        raise UsageError(f"cannot write {path}: folder {out.parent} does not exist")
+        raise UsageError(f"cannot write {path}: {out.parent} is not an existing folder")
     return fmt
 
 
