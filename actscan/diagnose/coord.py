@@ -6,8 +6,9 @@ module against width. Under μP every curve is flat at every t (the activations 
 updates stay Θ(1) coordinate-wise); under SP with Adam the updates of the hidden layers
 and the readout grow like a power of the width, so the learning rate that is safe at the
 small width blows up the large one. This module fits that power, the log–log slope of
-mean |x_t| (and of mean |x_t − x_0| for t ≥ 1) against width, per module and per t, and
-turns slopes beyond `coord-slope` into the `coord-check` finding.
+mean |x_t| (and of mean |x_t − x_0| for t ≥ 1) against width, per module, per module
+group (the plot's lines) and per t, and turns group lines outside the flat band
+(`coord-slope`, `coord-shrink`) into the `coord-check` finding.
 
 Input: the sweep's rows, each a Report whose `dynamics` holds the probe batch's
 ChangeRecords (abs_mean, delta_mean) per step. Pure: no torch, no printing.
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
 
 # Logits (the readout's, and attention scores) are sums of d_model (d_head) products of
 # independent factors at init: under μP's 1/width readout multiplier and 1/d_head attention
-# scale they shrink like 1/√width, the allowed slope −0.5 (Tensor Programs V, §J "the
-# logits go to zero at init"); they become Θ(1) only once training correlates the factors.
+# scale they shrink like 1/√width, the allowed slope −0.5 (measured −0.49 at t = 0); they
+# become Θ(1) only once training correlates the factors. Attention-score records, where a
+# change record carries them, keep their slopes but join no group line (not judged).
 LOGIT_SHRINK = 0.5
 LOGIT_KINDS = frozenset({"head", "attn_logits", "scores", "attn_scores"})
 
