@@ -73,12 +73,17 @@ class CheckId(StrEnum):
     OUTLIER_CHANNELS = "outlier-channels"
     LOGIT_SCALE = "logit-scale"
     INIT_SCALE = "init-scale"
+    # Judged across the rows of a width sweep with steps (actscan/diagnose/coord.py), not
+    # per report: not in the per-report registry (SWEEP_CHECKS).
+    COORD_CHECK = "coord-check"
 
 
 # Findings of equal severity are listed in this order everywhere (run_checks, the findings
 # panel, Markdown, JUnit cases): numerics make everything else moot, measured depth
 # pathologies explain most others, static init observations come last.
 CHECK_ORDER: tuple[CheckId, ...] = tuple(CheckId)
+# Checks that judge a sweep's rows together, not one report: no per-report check emits them.
+SWEEP_CHECKS: frozenset[CheckId] = frozenset({CheckId.COORD_CHECK})
 _CHECK_RANK = {c.value: i for i, c in enumerate(CHECK_ORDER)}
 
 
