@@ -59,6 +59,10 @@ class ArchConfig:
     layerscale_init: float = 1e-4
     norm_eps: float = 1e-5
     mlp_bias_init: float = 0.0  # constant for the MLP up-projection bias (planted pathologies)
+    # Normalise q and k per head (the config's norm over head_dim) before the dot product,
+    # as OLMo 2, Gemma 3 and Wortsman et al. 2023 do: attention scores stay bounded by
+    # √d_head·|g_q||g_k| however large the weights grow, so they cannot run away in training.
+    qk_norm: bool = False
     name: str | None = None
     family: str = FAMILY
 
