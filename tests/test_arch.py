@@ -178,6 +178,7 @@ def test_qk_norm_bounds_attention_scores_when_weights_grow(norm: str) -> None:
     at 1/√d_head, however large the q/k weights grow; without the norms the scores grow
     with the square of the weights (the attention-logit growth QK-norm exists to stop)."""
     scores: dict[bool, float] = {}
+    recorded: dict[bool, float] = {}
     x = torch.randint(128, (2, 16), generator=torch.Generator().manual_seed(0))
     for qk in (False, True):
         model = build_model(ArchConfig(**SMALL, norm=norm, qk_norm=qk), seed=0)
@@ -192,7 +193,12 @@ def test_qk_norm_bounds_attention_scores_when_weights_grow(norm: str) -> None:
             if qk:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             scores[qk] = float((q @ k.transpose(-2, -1)).abs().max()) * attn.scale
-            model(x)  # runs end to end with the norms
+            hook = attn.logits.register_forward_hook(
+                lambda _m, _i, out, qk=qk: recorded.setdefault(qk, float(out.abs().max()))
+            )
+            model(x)  # the model's own forward applies the norms where the scores are taken
+            hook.remove()
+        assert recorded[qk] == pytest.approx(scores[qk], rel=1e-5)
     assert scores[True] <= math.sqrt(16) + 1e-4  # head_dim 16
     assert scores[False] > 20 * scores[True]
     cfg = build_config({**SMALL, "qk_norm": "true"})
