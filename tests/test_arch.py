@@ -194,7 +194,7 @@ def test_qk_norm_bounds_attention_scores_when_weights_grow(norm: str) -> None:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             scores[qk] = float((q @ k.transpose(-2, -1)).abs().max()) * attn.scale
             hook = attn.logits.register_forward_hook(
-                lambda _m, _i, out, qk=qk: recorded.setdefault(qk, float(out.abs().max()))
+                lambda _m, _i, out, qk=qk: recorded.update({qk: float(out.abs().max())})
             )
             model(x)  # the model's own forward applies the norms where the scores are taken
             hook.remove()
