@@ -73,6 +73,12 @@ class CheckId(StrEnum):
     OUTLIER_CHANNELS = "outlier-channels"
     LOGIT_SCALE = "logit-scale"
     INIT_SCALE = "init-scale"
+    # the first optimizer steps (`--steps N`; actscan/diagnose/dynamics.py)
+    UPDATE_SIZE = "update-size"
+    AMPLIFICATION = "amplification"
+    ATTN_LOGIT_GROWTH = "attn-logit-growth"
+    LOGIT_DRIFT = "logit-drift"
+    ADAM_EPSILON = "adam-epsilon"
 
 
 # Findings of equal severity are listed in this order everywhere (run_checks, the findings

@@ -147,6 +147,28 @@ class Thresholds:
     # error at init at 4× (loss at init ≳ 8 ln V, z-loss (log Z)² in the thousands).
     logit_freeze_error: float = 4.0
 
+    # ---- the first optimizer steps (--steps N): docs/calibration-dynamics.md ----------------
+    # update-size: median over the steps of ‖W_t − W_{t−1}‖/‖W_{t−1}‖ for a weight matrix.
+    # Adam moves every coordinate by ≈ lr, so a GPT-2-init matrix (std 0.02) moves
+    # ≈ lr/0.02 of its norm per step whatever its gradient.
+    update_ratio_warn: float = 0.3
+    update_ratio_error: float = 1.0
+    # info: a matrix moving this many times the median matrix's ratio.
+    update_outlier: float = 10.0
+    # amplification: after the first update, the probe's change per block in the second
+    # half of the stack ÷ in the first half. Post-LN grows linearly (≈ 1), Pre-LN saturates.
+    amplification_sustain: float = 0.8
+    # attn-logit-growth: largest pre-softmax attention score after the steps.
+    attn_logit_warn: float = 10.0
+    # …having grown at least this many times since step 0.
+    attn_logit_growth: float = 10.0
+    # error at Gemma 2's soft cap.
+    attn_logit_cap: float = 50.0
+    # logit-drift: |log Z_t − log Z_0| in nats over the steps.
+    log_z_drift: float = 2.0
+    # adam-epsilon: gradient RMS ÷ eps at or below which Adam's update shrinks.
+    adam_eps_ratio: float = 10.0
+
     # ---- compare: precision divergence (not a check: reported, not gated) ----------------
     # Relative RMS error ‖a−b‖/‖a‖ of a layer's output against the higher precision. One
     # bf16 rounding is ≤ 2^-8 ≈ 0.4% per element (RMS ≈ 0.2%); at init the shipped configs
