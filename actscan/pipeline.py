@@ -118,6 +118,12 @@ def scan_target(
         init=spec.init,
         progress=progress,
         dropout=settings.dropout,
+        steps=settings.steps,
+        optimizer=settings.optimizer,
+        lr=settings.lr,
+        eps=settings.eps,
+        weight_decay=settings.weight_decay,
+        warmup=settings.warmup,
     )
     if resolved.notes:
         report = replace(report, notes=tuple(dict.fromkeys(resolved.notes + report.notes)))

@@ -46,6 +46,12 @@ def sweep(
     modules: c.Modules = None,
     no_backward: c.NoBackward = False,
     dropout: c.DropoutFlag = False,
+    steps: c.StepsOpt = None,
+    lr: c.LrOpt = None,
+    optimizer: c.OptimizerOpt = None,
+    eps: c.EpsOpt = None,
+    weight_decay: c.WeightDecayOpt = None,
+    warmup: c.WarmupOpt = None,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -74,6 +80,8 @@ def sweep(
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
+        steps=steps, optimizer=optimizer, lr=lr, eps=eps, weight_decay=weight_decay,
+        warmup=warmup, no_backward=no_backward,
     )  # fmt: skip
     a_side = side_a(target, None, init, set_, settings)
     sides = [a_side]

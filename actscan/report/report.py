@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from actscan import __version__
+from actscan.report.dynamics_io import dynamics_from_dict, dynamics_to_dict
 from actscan.report.output import dumps, json_safe
 from actscan.types import (
     BlockProof,
@@ -102,6 +103,7 @@ class Report:
                     }
                     for s in self.streams
                 ],
+                **({"dynamics": dynamics_to_dict(self.dynamics)} if self.dynamics else {}),
             }
         )
 
@@ -152,6 +154,7 @@ class Report:
                 )
                 for d in data.get("streams", ())
             ),
+            dynamics=dynamics_from_dict(data["dynamics"]) if data.get("dynamics") else None,
         )
 
     def to_markdown(self, fail_on: str | FailOn = FailOn.ERROR) -> str:
