@@ -91,7 +91,9 @@ class Cell:
         )  # fmt: skip
 
 
-def grid(sets: list[tuple[str, int]], quick: bool) -> list[Cell]:
+def grid(
+    sets: list[tuple[str, int]], quick: bool, deep_sets: list[tuple[str, int]] | None = None
+) -> list[Cell]:
     if quick:
         return [
             Cell("post", 2, "none", qk, lr, "memorise", 0)
@@ -99,8 +101,13 @@ def grid(sets: list[tuple[str, int]], quick: bool) -> list[Cell]:
         ]
     cells = [
         Cell(p, n, b, qk, lr, task, seed)
-        for (task, seed), p, n, b, qk, lr in itertools.product(
-            sets, ("pre", "post"), (6, 24), ("none", "depth"), (False, True), LRS
+        for n in (6, 24)
+        for (task, seed), p, b, qk, lr in itertools.product(
+            sets if n == 6 or deep_sets is None else deep_sets,
+            ("pre", "post"),
+            ("none", "depth"),
+            (False, True),
+            LRS,
         )
     ]
     # cheapest first, so a trimmed run still covers every configuration at depth 6
@@ -345,13 +352,17 @@ def rows(cells: list[Cell], trained: dict[str, Any], scanned: dict[str, Any]) ->
         if c.key in trained:
             by_config.setdefault(c.config_key, []).append({**trained[c.key], "lr": c.lr})
     best = {}
+    grid_lrs: dict[str, int] = {}
+    for c in cells:
+        grid_lrs[c.config_key] = grid_lrs.get(c.config_key, 0) + 1
+    by_config = {k: v for k, v in by_config.items() if len(v) == grid_lrs[k]}
     for key, runs in by_config.items():
         finals = [(final_loss(r["losses"]), r["lr"]) for r in runs]
         finite_finals = [f for f in finals if math.isfinite(f[0])]
         best[key] = min(finite_finals) if finite_finals else (float("nan"), math.inf)
     for c in cells:
-        if c.key not in trained:
-            continue
+        if c.key not in trained or c.config_key not in by_config:
+            continue  # a configuration without its whole lr grid cannot be labelled
         run = {**trained[c.key], "lr": c.lr}
         unstable, why = label(run, best[c.config_key])
         yield {
@@ -378,45 +389,75 @@ def report(cells: list[Cell], train_cache: Path, scan_cache: Path, out: Path | N
 
     all_rows = [r for r in rows(cells, load(train_cache), load(scan_cache)) if r["scan"]]
     lines = [
-        "| task | seed | placement | L | branch scale | qk_norm | lr | loss @0 | final | best "
-        "of config | label | findings (warn/error) | info | amp. slope | attn max @10 | "
-        "max update / lr |",
-        "|" + "---|" * 16,
+        "| task | seed | placement | L | branch scale | qk_norm | lr | loss @0 | @10 | final "
+        "| best of config | label | warn/error findings | info findings | update ratio | "
+        "attn max | log Z drift | grad ≤ 10 eps | amp. shape |",
+        "|" + "---|" * 19,
     ]
     for r in all_rows:
         c, s = r["cell"], r["scan"]
         nums = s["numbers"]
         fired = ", ".join(f"{k} ({v})" for k, v in sorted(s["fired"].items())) or "–"
         verdict = f"**unstable** ({r['why']})" if r["unstable"] else "ok"
+        losses = r["run"]["losses"]
         lines.append(
             f"| {c.task} | {c.seed} | {c.placement} | {c.layers} | {c.branch} | "
-            f"{'on' if c.qk else 'off'} | {c.lr:g} | {r['run']['losses'][0]:.2f} | "
-            f"{r['final']:.2f} | {r['best']:.2f} | {verdict} | "
-            f"{fired} | {', '.join(s['info']) or '–'} | {_f(nums.get('amplification_slope'))} | "
-            f"{_f(nums.get('attn_max'))} | {_f(nums.get('update_over_lr'))} |"
+            f"{'on' if c.qk else 'off'} | {c.lr:g} | {losses[0]:.2f} | "
+            f"{losses[min(10, len(losses) - 1)]:.2f} | {r['final']:.2f} | {r['best']:.2f} | "
+            f"{verdict} | {fired} | {', '.join(s['info']) or '–'} | "
+            f"{_f(nums.get('update_max'))} | {_f(nums.get('attn_max'))} | "
+            f"{_f(nums.get('log_z_drift'))} | {_pct(nums.get('eps_low_share'))} | "
+            f"{_f(nums.get('amplification_sustain'))} |"
         )
     truth = [r["unstable"] for r in all_rows]
     summary = [
-        "| check | fires (warn/error) | TP | FP | FN | TN | precision | recall | base rate |",
+        "| check | fires (warn/error) | TP | FP | FN | TN | precision | recall | info only |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    base = ratio(sum(truth), len(truth))
     for check in [*DYNAMICS_CHECKS, "any"]:
         pred = [
             bool(r["scan"]["fired"]) if check == "any" else check in r["scan"]["fired"]
             for r in all_rows
         ]
+        info = sum(check in r["scan"]["info"] for r in all_rows) if check != "any" else "–"
         tp, fp, fn, tn = prf(pred, truth)
         summary.append(
             f"| {'**any dynamics check**' if check == 'any' else '`' + check + '`'} | "
             f"{sum(pred)} | {tp} | {fp} | {fn} | {tn} | {ratio(tp, tp + fp)} | "
-            f"{ratio(tp, tp + fn)} | {base} |"
+            f"{ratio(tp, tp + fn)} | {info} |"
+        )
+    groups = [
+        "| subset | runs | unstable | flagged (warn/error) | precision | recall |",
+        "|---|---|---|---|---|---|",
+    ]
+    subsets: list[tuple[str, Callable[[Cell], bool]]] = [
+        ("depth 6", lambda c: c.layers == 6),
+        ("depth 24", lambda c: c.layers == 24),
+        ("Pre-LN", lambda c: c.placement == "pre"),
+        ("Post-LN", lambda c: c.placement == "post"),
+        ("qk_norm off", lambda c: not c.qk),
+        ("qk_norm on", lambda c: c.qk),
+        ("lr 3e-2, qk_norm off", lambda c: c.lr == 3e-2 and not c.qk),
+        ("lr 3e-2, qk_norm on", lambda c: c.lr == 3e-2 and c.qk),
+        ("lr ≤ 3e-3", lambda c: c.lr <= 3e-3),
+    ]
+    for name, keep in subsets:
+        sub = [r for r in all_rows if keep(r["cell"])]
+        if not sub:
+            continue
+        tp, fp, fn, _ = prf([bool(r["scan"]["fired"]) for r in sub], [r["unstable"] for r in sub])
+        groups.append(
+            f"| {name} | {len(sub)} | {sum(r['unstable'] for r in sub)} | {tp + fp} | "
+            f"{ratio(tp, tp + fp)} | {ratio(tp, tp + fn)} |"
         )
     text = "\n".join(
         [
-            f"{len(all_rows)} runs, {sum(truth)} unstable.",
+            f"{len(all_rows)} runs, {sum(truth)} unstable (base rate "
+            f"{ratio(sum(truth), len(truth))}: the precision of flagging every run).",
             "",
             *summary,
+            "",
+            *groups,
             "",
             *lines,
             "",
@@ -434,10 +475,20 @@ def report(cells: list[Cell], train_cache: Path, scan_cache: Path, out: Path | N
     return text
 
 
+def _pct(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return "0" if x == 0 else f"{100 * x:.2g}%"
+
+
 def _f(x: float | None) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "–"
     return f"{x:.3g}"
+
+
+def _sets(text: str) -> list[tuple[str, int]]:
+    return [(t, int(s)) for t, _, s in (x.partition(":") for x in text.split(","))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,19 +497,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase", default="all", choices=("train", "scan", "report", "all"))
     ap.add_argument("--cache", default="calibrate_dynamics", help="cache file prefix")
     ap.add_argument("--steps", type=int, default=150, help="training steps per run")
+    ap.add_argument("--deep-steps", type=int, default=100, help="… for the 24-layer runs")
     ap.add_argument(
         "--sets", default="memorise:0,memorise:1,markov:0", help="task:seed pairs to run"
     )
+    ap.add_argument("--deep-sets", default="memorise:0", help="… for the 24-layer runs")
     ap.add_argument("--out", default=None, help="Markdown file to update (between markers)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     steps = 60 if args.quick else args.steps
-    sets = [(t, int(s)) for t, _, s in (x.partition(":") for x in args.sets.split(","))]
-    cells = grid(sets, args.quick)
+    cells = grid(_sets(args.sets), args.quick, _sets(args.deep_sets))
     prefix = args.cache + ("-quick" if args.quick else "")
     train_cache, scan_cache = Path(f"{prefix}-train.jsonl"), Path(f"{prefix}-scan.jsonl")
     if args.phase in ("train", "all"):
-        run_phase("train", cells, train_cache, lambda c: train(c, steps))
+        deep = 60 if args.quick else args.deep_steps
+        run_phase(
+            "train", cells, train_cache, lambda c: train(c, deep if c.layers >= 24 else steps)
+        )
     if args.phase in ("scan", "all"):
         run_phase("scan", cells, scan_cache, scan_cell)
     if args.phase in ("report", "all"):

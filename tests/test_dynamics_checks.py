@@ -25,7 +25,7 @@ from actscan.types import (
     UpdateRecord,
 )
 
-N_BLOCKS = 8
+N_BLOCKS = 12
 STEPS = 5
 
 
@@ -126,7 +126,7 @@ def test_healthy_record_is_quiet() -> None:
 def test_update_size_fires_on_large_updates_and_names_blocks() -> None:
     warn = findings(dyn(ratio=DEFAULT.update_ratio_warn * 1.2, lr=1e-2), CheckId.UPDATE_SIZE)
     assert [f.severity for f in warn] == [Severity.WARN]
-    assert "blocks 0–7" in warn[0].message and "Lower the learning rate" in warn[0].hint
+    assert "blocks 0–11" in warn[0].message and "Lower the learning rate" in warn[0].hint
     assert warn[0].value == pytest.approx(DEFAULT.update_ratio_warn * 1.2)
     err = findings(dyn(ratio=DEFAULT.update_ratio_error * 1.5, lr=3e-2), CheckId.UPDATE_SIZE)
     assert err[0].severity is Severity.ERROR
@@ -151,7 +151,7 @@ def test_update_size_frozen_and_outlier() -> None:
 def test_amplification_separates_post_ln_from_pre_ln_shape() -> None:
     post = findings(dyn(curve="post"), CheckId.AMPLIFICATION, placement="post")
     assert len(post) == 1 and post[0].value == pytest.approx(1.0)  # rel ∝ depth
-    assert "Post-LN" in post[0].message and "blocks.7" in post[0].layers
+    assert "Post-LN" in post[0].message and "blocks.11" in post[0].layers
     assert post[0].severity is Severity.INFO
     assert not findings(dyn(curve="pre"), CheckId.AMPLIFICATION)  # saturates: ratio 0
 
@@ -166,7 +166,7 @@ def test_amplification_skips_on_a_shallow_stack() -> None:
     )
     _, skips = evaluate(with_dyn(d))
     reason = {s.check: s.reason for s in skips}[CheckId.AMPLIFICATION.value]
-    assert reason == "needs the probe's change at 4 block outputs, found 2"
+    assert reason == "needs the probe's change at 12 block outputs, found 2"
 
 
 def test_attn_logit_growth() -> None:
@@ -196,7 +196,8 @@ def test_logit_drift() -> None:
 def test_adam_epsilon() -> None:
     low = findings(dyn(grad=5e-8), CheckId.ADAM_EPSILON)
     assert [f.severity for f in low] == [Severity.WARN]
-    assert low[0].value == pytest.approx(5.0) and "1e-15" in low[0].hint
+    assert low[0].value == pytest.approx(1.0)  # every matrix: the whole model
+    assert "5× eps" in low[0].message and "1e-15" in low[0].hint
     assert not findings(dyn(grad=1e-3), CheckId.ADAM_EPSILON)
     # a larger eps makes the same gradients too small for it
     assert findings(dyn(grad=1e-3, eps=1e-3), CheckId.ADAM_EPSILON)
@@ -204,6 +205,35 @@ def test_adam_epsilon() -> None:
     assert {s.check: s.reason for s in skips}[CheckId.ADAM_EPSILON.value] == (
         "not an Adam-family optimizer (sgd)"
     )
+
+
+def test_adam_epsilon_small_share_is_info_and_collapse_is_named() -> None:
+    d = dyn()
+    one = "blocks.2.mlp.up.weight"
+    collapsing = (1e-3, 1e-5, 1e-7, 2e-8, 2e-8)
+    d = replace(
+        d,
+        updates=tuple(
+            replace(u, grad_rms=collapsing, numel=4) if u.param == one else u for u in d.updates
+        ),
+    )
+    f = findings(d, CheckId.ADAM_EPSILON)
+    share = 4 / (4096 * (4 * N_BLOCKS - 1) + 4)
+    assert [(x.severity, x.layers) for x in f] == [(Severity.INFO, (one,))]
+    assert f[0].value == pytest.approx(share) and share < DEFAULT.adam_eps_share
+    assert "collapsed over the steps" in f[0].message and "block 2" in f[0].message
+    assert "not eps" in f[0].hint and "lower the learning rate" in f[0].hint
+
+
+def test_adam_epsilon_ignores_gradients_that_are_zero_by_construction() -> None:
+    """A bias on k gets ~1e-12 from step 0 (softmax is shift-invariant over keys)."""
+    d = dyn()
+    k_bias = UpdateRecord(
+        param="blocks.0.attn.k_norm.bias", block=0, role="attn", kind="bias",
+        ratio=(0.0,) * STEPS, grad_rms=(3e-12,) * STEPS, numel=10**6,
+    )  # fmt: skip
+    d = replace(d, updates=(*d.updates, k_bias))
+    assert not findings(d, CheckId.ADAM_EPSILON)
 
 
 def test_numbers_are_what_the_checks_judge() -> None:

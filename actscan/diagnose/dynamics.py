@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import finding, finite, listing, n, positive, skip
+from actscan.diagnose.thresholds import DEFAULT
 from actscan.types import CheckId, Dynamics, Finding, Severity, Skip, UpdateRecord
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ MATRIX_KINDS = ("weight", "embedding")
 # construction (a bias on k: softmax is shift-invariant over keys), not one that shrank;
 # adam-epsilon leaves it out.
 STRUCTURAL_ZERO = 1e-6
+ADAM_EPS_RATIO = DEFAULT.adam_eps_ratio  # numbers() reports the share at the default
 
 DYNAMICS_CHECKS: tuple[str, ...] = (
     CheckId.UPDATE_SIZE.value,
@@ -46,7 +48,8 @@ class DynStats:
     steps: int
     lr: float
     adam: bool
-    # per matrix parameter: median over steps of ‖W_t − W_{t−1}‖ / ‖W_{t−1}‖
+    # per matrix parameter: median over the steps (the first update left out when there
+    # are 3 or more) of ‖W_t − W_{t−1}‖ / ‖W_{t−1}‖
     update: dict[str, float] = field(default_factory=dict)
     update_block: dict[str, int | None] = field(default_factory=dict)
     update_kind: dict[str, str] = field(default_factory=dict)
@@ -67,6 +70,16 @@ class DynStats:
     # Adam: per parameter, the smallest gradient RMS over the steps ÷ eps
     grad_over_eps: dict[str, float] = field(default_factory=dict)
     eps: float | None = None
+    numel: dict[str, int] = field(default_factory=dict)
+
+    def eps_low(self, ratio: float) -> tuple[list[str], float]:
+        """Tensors whose gradient RMS fell to ≤ ratio × eps at some step (smallest
+        first), and their share of the judged parameters by count of values."""
+        low = sorted((p for p, r in self.grad_over_eps.items() if r <= ratio),
+                     key=self.grad_over_eps.__getitem__)  # fmt: skip
+        total = sum(self.numel.get(p, 0) for p in self.grad_over_eps)
+        share = sum(self.numel.get(p, 0) for p in low) / total if total else 0.0
+        return low, share
 
     @property
     def update_max(self) -> float | None:
@@ -94,7 +107,9 @@ def _update_stats(updates: Sequence[UpdateRecord]) -> tuple[dict, dict, dict, tu
             continue
         if u.kind not in MATRIX_KINDS:
             continue
-        med = _median(u.ratio)
+        # Adam's first update is lr·sign(g) in every coordinate: its size is set by lr and
+        # the init alone, so with 3+ steps the median leaves it out.
+        med = _median(u.ratio[1:] if len(u.ratio) >= 3 else u.ratio)
         if med is not None:
             ratio[u.param], block[u.param], kind[u.param] = med, u.block, u.kind
     return ratio, block, kind, tuple(frozen)
@@ -156,6 +171,7 @@ def statistics(d: Dynamics) -> DynStats:
         change_last=last[-1][2] if last else None, attn=attn,  # type: ignore[arg-type]
         attn_growth=attn_growth, log_z=log_z, log_z_drift=drift,  # type: ignore[arg-type]
         loss=tuple(s.loss for s in d.steps), grad_over_eps=g_eps, eps=opt.eps,
+        numel={u.param: u.numel for u in d.updates},
     )  # fmt: skip
 
 
@@ -172,6 +188,7 @@ def numbers(d: Dynamics) -> dict[str, float | None]:
         "attn_growth": s.attn_growth,
         "log_z_drift": s.log_z_drift,
         "grad_over_eps_min": min(s.grad_over_eps.values()) if s.grad_over_eps else None,
+        "eps_low_share": s.eps_low(ADAM_EPS_RATIO)[1] if s.grad_over_eps else None,
     }
 
 
@@ -273,15 +290,15 @@ def amplification(ctx: CheckContext) -> list[Finding | Skip]:
         return out
     th = ctx.thresholds
     s = statistics(ctx.dynamics)  # type: ignore[arg-type]
-    if len(s.change) < th.min_blocks or s.sustain is None:
+    if len(s.change) < th.amplification_min_blocks or s.sustain is None:
         return [
             skip(
                 CheckId.AMPLIFICATION,
-                f"needs the probe's change at {int(th.min_blocks)} block outputs, "
-                f"found {len(s.change)}",
+                f"needs the probe's change at {int(th.amplification_min_blocks)} block "
+                f"outputs, found {len(s.change)}",
             )
         ]
-    if s.sustain < th.amplification_sustain:
+    if s.sustain < th.amplification_sustain or (s.change_first or 0) > th.amplification_linear:
         return []
     first, last = s.change[0], s.change[-1]
     mid = min(s.change, key=lambda p: abs(p[0] - (first[0] + last[0]) / 2))
@@ -358,7 +375,7 @@ def logit_drift(ctx: CheckContext) -> list[Finding | Skip]:
     head = next((r.name for r in ctx.layers if r.role == "head"), "head")
     return [
         finding(
-            CheckId.LOGIT_DRIFT, Severity.INFO, [head], s.log_z_drift, th.log_z_drift,
+            CheckId.LOGIT_DRIFT, Severity.WARN, [head], s.log_z_drift, th.log_z_drift,
             f"log Z of the output softmax moved by {n(s.log_z_drift)} nats in {s.steps} "
             f"step{'s' if s.steps > 1 else ''} ({n(s.log_z[0])} at step 0, {n(s.log_z[worst])}"
             f" at step {worst}). The loss is invariant to a shift of all logits, so nothing "
@@ -373,6 +390,13 @@ def logit_drift(ctx: CheckContext) -> list[Finding | Skip]:
 # ---- adam-epsilon ---------------------------------------------------------------------------
 
 
+def _collapsed(d: Dynamics | None, param: str) -> bool:
+    """Did the tensor's gradient start ≥ 1000× above its smallest value over the steps?"""
+    u = next((u for u in (d.updates if d else ()) if u.param == param), None)
+    gs = [g for g in (u.grad_rms if u else ()) if finite(g)]
+    return bool(gs) and positive(gs[0]) and gs[0] >= 1000 * min(gs)  # type: ignore[operator,type-var]
+
+
 def adam_epsilon(ctx: CheckContext) -> list[Finding | Skip]:
     if (out := _no_steps(ctx, CheckId.ADAM_EPSILON)) is not None:
         return out
@@ -384,23 +408,37 @@ def adam_epsilon(ctx: CheckContext) -> list[Finding | Skip]:
     s = statistics(d)
     if not s.grad_over_eps:
         return [skip(CheckId.ADAM_EPSILON, "no gradient RMS per parameter was recorded")]
-    low = sorted((p for p, r in s.grad_over_eps.items() if r <= th.adam_eps_ratio),
-                 key=s.grad_over_eps.__getitem__)  # fmt: skip
+    low, share = s.eps_low(th.adam_eps_ratio)
     if not low:
         return []
     worst = s.grad_over_eps[low[0]]
     block = {u.param: u.block for u in d.updates}
     shrink = worst / (worst + 1)
-    return [
-        finding(
-            CheckId.ADAM_EPSILON, Severity.WARN, low, worst, th.adam_eps_ratio,
-            f"{len(low)} parameter tensor{'s' if len(low) > 1 else ''} have a gradient RMS "
-            f"within {n(th.adam_eps_ratio)}× of Adam's eps = {n(s.eps)}: "
-            f"{_where(low, block)}; the smallest is {n(worst)}× eps. Adam's step is "
-            "g/(√v + eps), so with √v ≈ eps it shrinks to "
-            f"~{pct_(shrink)} of lr there (and stops being scale-free): those weights learn "
-            "slower than the rest, as in large runs whose gradients fall below eps.",
-            "Lower eps (1e-15 or below, as large-scale runs use) or rescale the loss; "
-            "check the gradients are not vanishing upstream.",
+    sev = Severity.WARN if share >= th.adam_eps_share else Severity.INFO
+    head = (
+        f"{len(low)} parameter tensor{'s' if len(low) > 1 else ''} ({pct_(share)} of the "
+        f"parameters) had a gradient RMS within {n(th.adam_eps_ratio)}× of Adam's eps = "
+        f"{n(s.eps)} at some step: {_where(low, block)}; the smallest is {n(worst)}× eps. "
+        f"Adam's step is g/(√v + eps), so there it shrinks to ~{pct_(shrink)} of lr"
+    )
+    if _collapsed(d, low[0]):
+        message = (
+            f"{head}. These gradients were normal at step 0 and collapsed over the steps "
+            "(by ≥ 1000×): the weights below stop moving. In the calibration every run "
+            "whose gradients collapsed like this failed to train."
         )
-    ]  # fmt: skip
+        hint = (
+            "The collapse is the problem, not eps (a smaller eps only lets Adam amplify a "
+            "vanishing gradient): lower the learning rate or warm it up; in a deep Post-LN "
+            "stack prefer Pre-LN or DeepNorm / Admin initialisation."
+        )
+    else:
+        message = (
+            f"{head} (and stops being scale-free): those weights learn slower than the rest, "
+            "as in large runs whose gradients fall below eps."
+        )
+        hint = (
+            "Lower eps (1e-15 or below, as large-scale runs use) or scale the loss up; check "
+            "that the gradients are not vanishing upstream."
+        )
+    return [finding(CheckId.ADAM_EPSILON, sev, low, share, th.adam_eps_share, message, hint)]
