@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from actscan.diagnose.common import finding, finite, listing, n, positive, skip
+from actscan.diagnose.common import finding, finite, grade, listing, n, positive, skip
 from actscan.diagnose.thresholds import DEFAULT
 from actscan.types import CheckId, Dynamics, Finding, Severity, Skip, UpdateRecord
 
@@ -239,15 +239,15 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
     med = stats.median(s.update.values())
     if big:
         worst = s.update[big[0]]
-        sev = Severity.ERROR if worst >= th.update_ratio_error else Severity.WARN
+        sev, threshold = grade(worst, th.update_ratio_warn, th.update_ratio_error)
         adam = " Adam's step is ≈ lr per coordinate whatever the gradient, so" if s.adam else ""
         res.append(
             finding(
-                CheckId.UPDATE_SIZE, sev, big, worst,
-                th.update_ratio_error if sev is Severity.ERROR else th.update_ratio_warn,
-                f"Each step rewrites {pct_(worst)} of {big[0]}'s norm (median over "
-                f"{s.steps} steps of ‖ΔW‖/‖W‖; {n(worst / s.lr)}× the lr {n(s.lr)}); "
-                f"{len(big)} of {len(s.update)} matrices are at ≥ {pct_(th.update_ratio_warn)}"
+                CheckId.UPDATE_SIZE, sev, big, worst, threshold,
+                f"Each step rewrites {pct_(worst)} of {big[0]}'s norm (median of ‖ΔW‖/‖W‖ "
+                f"over {_steps_judged(s.steps)}; {n(worst / s.lr)}× the lr {n(s.lr)}); "
+                f"{len(big)} of {len(s.update)} matrices {'is' if len(big) == 1 else 'are'} at ≥ "
+                f"{pct_(th.update_ratio_warn)}"
                 f" per step: {_where(big, s.update_block)}. The median matrix moves "
                 f"{pct_(med)} per step.{adam} at this lr the weights are rewritten within "
                 f"~{max(1, round(1 / worst))} step{'s' if round(1 / worst) > 1 else ''} and "
@@ -276,6 +276,13 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
             )
         )  # fmt: skip
     return res
+
+
+def _steps_judged(steps: int) -> str:
+    """Which updates the median covers (the first is left out with 3 or more)."""
+    if steps >= 3:
+        return f"steps 2–{steps}"
+    return "the first step" if steps == 1 else "both steps"
 
 
 def pct_(x: float) -> str:
@@ -382,7 +389,8 @@ def logit_drift(ctx: CheckContext) -> list[Finding | Skip]:
             "holds log Z: it can drift until the softmax saturates or bf16 loses the "
             "logits' differences (PaLM's output-logit divergence).",
             "Add a z-loss, 1e-4 · (log Z)² as in PaLM, which pins log Z near 0 at no cost "
-            "to the loss.",
+            "to the loss; a drift this fast in the first steps also means the lr is too high "
+            "for the head: lower it or warm it up.",
         )
     ]  # fmt: skip
 
