@@ -2,22 +2,24 @@
 
     python benchmarks/calibrate_dynamics.py [--quick] [--phase train|scan|report|all]
         [--cache PREFIX] [--steps 150] [--sets memorise:0,memorise:1,markov:0]
-        [--out docs/calibration-dynamics.md]
+        [--deep-steps 100] [--deep-sets memorise:0] [--out docs/calibration-dynamics.md]
 
 Two phases, both resumable (every finished run is one line of the cache, keyed by its
 grid cell, so an interrupted grid picks up where it stopped):
 
-  train  trains each grid cell for --steps AdamW steps (betas 0.9/0.95, eps 1e-8, no
-         weight decay, no warmup) on CPU, one thread, and records the loss curve.
+  train  trains each grid cell for --steps (--deep-steps) AdamW steps (betas 0.9/0.95,
+         eps 1e-8, no weight decay, no warmup) on CPU, one thread; records the loss curve.
   scan   runs `scan(model, steps=10, lr=lr)` (the same config, init seed, task batches
-         and learning rate) and records every dynamics finding and the numbers behind it.
-  report joins the two and writes the Markdown table with precision/recall per check
-         (docs/calibration-dynamics.md).
+         and learning rate) and stores its whole Dynamics record.
+  report re-runs the dynamics checks on the stored records with the current thresholds,
+         joins them to the labels and writes the Markdown tables with precision/recall per
+         check (between the markers of --out: docs/calibration-dynamics.md).
 
 Grid: placement pre/post × depth 6/24 × branch scale none/depth × qk_norm off/on ×
-lr 1e-3/3e-3/1e-2/3e-2, for each task and seed. Models: actscan-gpt, d_model 64, 4 heads,
-vocab 128, seq 32, GPT-2 init, batches of 8. `--quick` trains 4 cells (2-layer, 60 steps)
-to check the pipeline end to end in seconds.
+lr 1e-3/3e-3/1e-2/3e-2, for each task:seed of --sets (depth 6, --steps) and --deep-sets
+(depth 24, --deep-steps: trimmed so the grid fits ~30 min on a shared 2-core machine).
+Models: actscan-gpt, d_model 64, 4 heads, vocab 128, seq 32, GPT-2 init, batches of 8.
+`--quick` trains 4 cells (2-layer, 60 steps) to check the pipeline end to end in seconds.
 
 Tasks (structured, so a run that trains reaches a loss far below ln V):
   memorise  16 fixed random sequences, each batch 8 of them drawn at random: a model that
