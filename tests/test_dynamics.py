@@ -295,3 +295,142 @@ def test_dynamics_json_round_trips_and_validates() -> None:
     with pytest.raises(jsonschema.ValidationError):
         validate_report(bad)
     assert "dynamics" not in json.loads(run(tiny()).to_json())
+
+
+# -- the command line ------------------------------------------------------------------
+TINY = ["gpt-12-preln", "--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2",
+        "--set", "vocab_size=64", "--batch", "2", "--seq-len", "8"]  # fmt: skip
+
+
+def cli(*args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from actscan.cli import app
+
+    return CliRunner().invoke(app, list(args), env={"NO_COLOR": "1", "COLUMNS": "150"})
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--steps", "-1"], "--steps"),
+        (["--steps", "2", "--lr", "0"], "--lr"),
+        (["--steps", "2", "--lr", "nan"], "--lr"),
+        (["--steps", "2", "--optimizer", "lion"], "--optimizer"),
+        (["--steps", "2", "--no-backward"], "--no-backward"),
+        (["--steps", "2", "--warmup", "3"], "--warmup"),
+    ],
+)
+def test_cli_bad_step_options_are_one_line_exit_2(args: list[str], needle: str) -> None:
+    from conftest import one_line_error
+
+    one_line_error(cli("profile", *TINY, *args), needle)
+
+
+def test_cli_profile_steps_renders_the_tables_and_writes_json(tmp_path: Any) -> None:
+    out = tmp_path / "r.json"
+    result = cli("profile", *TINY, "--steps", "2", "--lr", "0.01", "--json", str(out))
+    assert result.exit_code in (0, 1), result.output
+    text = result.stdout
+    for needle in ("2 optimizer steps: adamw lr 0.01", "Residual stream over the steps",
+                   "t=2", "Updates per block", "loss ", "attn max", "log Z"):  # fmt: skip
+        assert needle in text, needle
+    data = json.loads(out.read_text())
+    assert data["dynamics"]["optimizer"]["lr"] == 0.01 and len(data["dynamics"]["steps"]) == 3
+    md = cli("profile", *TINY, "--steps", "1", "--format", "markdown", "-q")
+    assert "#### Optimizer steps (1)" in md.stdout and "median ‖ΔW‖/‖W‖" in md.stdout
+
+
+def test_cli_compare_with_steps_puts_the_sides_side_by_side() -> None:
+    result = cli("compare", *TINY, "--vs-set", "placement=post", "--steps", "2", "--json", "-")
+    assert result.exit_code in (0, 1), result.output
+    data = json.loads(result.stdout)
+    steps = data["steps"]
+    assert steps["a"]["steps"] == 2 and steps["b"]["ratio_spread"] is not None
+    assert [k for k, _, _ in steps["amplification"]] == [0, 2, 4]
+    assert data["a"]["dynamics"] and data["b"]["dynamics"]
+    table = cli("compare", *TINY, "--vs-set", "placement=post", "--steps", "2")
+    assert "Steps verdict:" in table.stdout and "Amplification" in table.stdout
+
+
+def test_steps_verdict_names_the_side_with_even_updates_and_small_change() -> None:
+    from dataclasses import replace
+
+    from actscan.compare_steps import compare_steps
+    from actscan.types import BlockUpdates, ChangeRecord, StepRecord
+
+    base = run(tiny(), steps=1).dynamics
+    assert base is not None
+
+    def side(spread: float, amp: float) -> Any:
+        blocks = (BlockUpdates(0, "mlp", 1, 0.01, 0.01, 1e-3),
+                  BlockUpdates(1, "mlp", 1, 0.01 * spread, 0.01, 1e-3))  # fmt: skip
+        last = StepRecord(t=1, loss=1.0, lr=1e-3,
+                          change=(ChangeRecord("blocks.1", "stream", 4, 1, amp),))  # fmt: skip
+        return replace(base, blocks=blocks, steps=(base.steps[0], last))
+
+    assert compare_steps(side(1.2, 0.5), side(8.0, 2.0)).saner == "a"
+    assert compare_steps(side(8.0, 2.0), side(1.2, 0.5)).saner == "b"
+    mixed = compare_steps(side(1.2, 2.0), side(8.0, 0.5))
+    assert mixed.saner is None and mixed.verdict.startswith("mixed")
+    assert compare_steps(side(1.2, 0.5), side(1.25, 0.52)).saner is None
+
+
+def test_cli_sweep_passes_steps_to_every_row() -> None:
+    args = ["sweep", "gpt-12-preln", "--depth", "1,2", "--set", "d_model=32", "--set",
+            "n_heads=2", "--set", "vocab_size=64", "--batch", "2", "--seq-len", "8"]  # fmt: skip
+    result = cli(*args, "--steps", "1", "--lr", "0.01", "--json", "-", "-q")
+    assert result.exit_code in (0, 1), result.output
+    rows = json.loads(result.stdout)["rows"]
+    assert len(rows) == 2
+    for row in rows:
+        dyn = row["report"]["dynamics"]
+        assert dyn["optimizer"]["lr"] == 0.01 and len(dyn["steps"]) == 2
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+class _Net(nn.Module):
+    def __init__(self, d: int = 16, n: int = 3) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, d)
+        self.blocks = nn.ModuleList(_Block(d) for _ in range(n))
+        self.out = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.out(h)
+
+
+def test_a_custom_model_cycles_the_users_batches_without_logits_or_attention() -> None:
+    torch.manual_seed(0)
+    net = _Net()
+    batches = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    seen: list[float] = []
+
+    def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        loss = out.square().mean()
+        seen.append(float(loss.detach()))
+        return loss
+
+    dyn = scan(net, inputs=batches, loss_fn=loss_fn, steps=3, lr=1e-2).dynamics
+    assert dyn is not None
+    assert all(s.logits is None and s.attn_max is None for s in dyn.steps)
+    # the step's batch t is the user's batch t mod 2; the loss each step reports is its own
+    assert [s.loss for s in dyn.steps] == pytest.approx(seen, rel=1e-6)
+    with torch.no_grad():
+        assert seen[0] == pytest.approx(float(net(batches[0]).square().mean()), rel=1e-6)
+    kinds = {c.kind for c in dyn.steps[1].change}
+    assert "stream" in kinds and "mlp" in kinds
+    assert dyn.steps[3].change[-1].rel > 0
+    assert {u.param for u in dyn.updates} == {n for n, _ in net.named_parameters()}

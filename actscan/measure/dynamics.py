@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from actscan.errors import UsageError
+from actscan.measure.dynamics_stats import block_updates
 from actscan.measure.inputs import Batch, InputSource
 from actscan.measure.recorder import first_tensor
 from actscan.measure.structure import is_norm
@@ -229,14 +230,14 @@ class Point:
 def probe_points(layout: Layout) -> list[Point]:
     """The primary stream's points (k = 0 at its first block's input), every branch, and
     the head."""
-    from actscan.measure.streams import input_name
-
     out: list[Point] = []
     streams = layout.stream_blocks()
     if streams:
         blocks = streams[-1][1]  # the primary stream feeds the head: the last one
         if blocks:
-            out.append(Point(input_name(blocks[0].name), "stream", k=0))
+            # the recorder's stream-input name (streams.input_name, not imported here:
+            # streams → stats → diagnose would cycle when this module is imported first)
+            out.append(Point(f"{blocks[0].name}:input", "stream", k=0))
             k = 0
             for b in blocks:
                 k += b.adds
@@ -373,7 +374,9 @@ def run_steps(
     points = probe_points(layout)
     stream_idx = [i for i, p in enumerate(points) if p.kind == "stream"]
     first = source(0)
-    lead = first.token_ids if first.token_ids is not None else first_tensor(first.kwargs)
+    lead = first.token_ids
+    if lead is None:
+        lead = first_tensor((first.args, first.kwargs))
     rows = probe_rows(model, int(lead.shape[0]) if lead is not None and lead.dim() else 1)
     probe_batch = prepare(cut_batch(source(PROBE_INDEX), rows))
     raw = StepsRaw(
@@ -616,4 +619,7 @@ def dynamics_record(
                 grad_rms=tuple(g[j] for g in raw.grad_rms), numel=numel,
             )
         )  # fmt: skip
-    return Dynamics(optimizer=raw.info, steps=tuple(steps), updates=tuple(updates), probe=raw.probe)
+    return Dynamics(
+        optimizer=raw.info, steps=tuple(steps), updates=tuple(updates), probe=raw.probe,
+        blocks=block_updates(updates),
+    )  # fmt: skip

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from actscan.measure.dynamics_stats import block_updates
 from actscan.types import (
+    BlockUpdates,
     ChangeRecord,
     Dynamics,
     LogitStats,
@@ -40,6 +42,7 @@ def dynamics_to_dict(d: Dynamics) -> dict[str, Any]:
         "updates": [
             {**asdict(u), "ratio": list(u.ratio), "grad_rms": list(u.grad_rms)} for u in d.updates
         ],
+        "blocks": [asdict(b) for b in d.blocks],
     }
 
 
@@ -91,4 +94,18 @@ def dynamics_from_dict(data: dict[str, Any]) -> Dynamics:
         )
         for u in data.get("updates", ())
     )  # fmt: skip
-    return Dynamics(optimizer=optimizer, steps=steps, updates=updates, probe=data.get("probe"))
+    blocks = (
+        tuple(
+            BlockUpdates(
+                block=b.get("block"), role=b["role"], params=int(b.get("params", 0)),
+                ratio_median=_num(b.get("ratio_median")), ratio_max=_num(b.get("ratio_max")),
+                grad_rms_median=_num(b.get("grad_rms_median")),
+            )
+            for b in data["blocks"]
+        )
+        if "blocks" in data
+        else block_updates(updates)
+    )  # fmt: skip
+    return Dynamics(
+        optimizer=optimizer, steps=steps, updates=updates, probe=data.get("probe"), blocks=blocks
+    )
