@@ -206,3 +206,22 @@ def test_qk_norm_bounds_attention_scores_when_weights_grow(norm: str) -> None:
     from actscan.models.gpt import arch_facts
 
     assert arch_facts(cfg)["qk_norm"] is True and arch_facts(ArchConfig())["qk_norm"] is False
+
+
+def test_checkpoints_store_qk_norm_only_when_used(tmp_path: Path) -> None:
+    """A model without QK-norm saves the same config (and file) as before the knob."""
+    import json
+
+    from safetensors import safe_open
+
+    from actscan.targets.checkpoint import save_builtin
+
+    for qk in (False, True):
+        path = tmp_path / f"qk{qk}.safetensors"
+        save_builtin(build_model(ArchConfig(**SMALL, qk_norm=qk)), path)
+        with safe_open(str(path), "pt") as fh:
+            stored = json.loads(fh.metadata()["actscan_config"])
+            names = set(fh.keys())
+        assert ("qk_norm" in stored) is qk
+        assert build_config(stored) == ArchConfig(**SMALL, qk_norm=qk)
+        assert ("blocks.0.attn.q_norm.weight" in names) is qk

@@ -112,7 +112,7 @@ class ArchConfig:
 # Knobs added after checkpoints began to store their config: a saved config lists them
 # only when they differ from the default, so a model that does not use them saves the
 # same file as before (and reads back the same: a missing key is the default).
-LATER_KNOBS = ("parametrization", "mup_base_width")
+LATER_KNOBS = ("parametrization", "mup_base_width", "qk_norm")
 
 
 def saved_config(cfg: ArchConfig) -> dict[str, Any]:
