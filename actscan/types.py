@@ -73,6 +73,12 @@ class CheckId(StrEnum):
     OUTLIER_CHANNELS = "outlier-channels"
     LOGIT_SCALE = "logit-scale"
     INIT_SCALE = "init-scale"
+    # the first optimizer steps (`--steps N`; actscan/diagnose/dynamics.py)
+    UPDATE_SIZE = "update-size"
+    AMPLIFICATION = "amplification"
+    ATTN_LOGIT_GROWTH = "attn-logit-growth"
+    LOGIT_DRIFT = "logit-drift"
+    ADAM_EPSILON = "adam-epsilon"
     # Judged across the rows of a width sweep with steps (actscan/diagnose/coord.py), not
     # per report: not in the per-report registry (SWEEP_CHECKS).
     COORD_CHECK = "coord-check"

@@ -59,7 +59,7 @@ CHECKS: dict[tuple[CheckId, ...], Check] = {}
 
 
 def _register() -> None:
-    from actscan.diagnose import branches, channels, depth, init, numerics, underflow
+    from actscan.diagnose import branches, channels, depth, dynamics, init, numerics, underflow
 
     CHECKS.update(
         {
@@ -73,6 +73,11 @@ def _register() -> None:
             (CheckId.OUTLIER_CHANNELS,): channels.outlier_channels,
             (CheckId.LOGIT_SCALE,): numerics.logit_scale,
             (CheckId.INIT_SCALE,): init.init_scale,
+            (CheckId.UPDATE_SIZE,): dynamics.update_size,
+            (CheckId.AMPLIFICATION,): dynamics.amplification,
+            (CheckId.ATTN_LOGIT_GROWTH,): dynamics.attn_logit_growth,
+            (CheckId.LOGIT_DRIFT,): dynamics.logit_drift,
+            (CheckId.ADAM_EPSILON,): dynamics.adam_epsilon,
         }
     )
 

@@ -147,6 +147,51 @@ class Thresholds:
     # error at init at 4× (loss at init ≳ 8 ln V, z-loss (log Z)² in the thousands).
     logit_freeze_error: float = 4.0
 
+    # ---- the first optimizer steps (--steps N) -----------------------------------------
+    # Set from training outcomes: docs/calibration-dynamics.md (128 tiny runs, 35 that
+    # failed to train; "P/R" = precision/recall of the warn against failure; base rate 0.27).
+    # update-size: the largest median (over the steps after the first) of a weight matrix's
+    # ‖W_t − W_{t−1}‖/‖W_{t−1}‖. Adam moves each coordinate by ≈ lr, so a GPT-2-init
+    # matrix (std 0.02) moves ≈ lr/0.02 of its norm per step. No run that trained reached
+    # 0.19; 0.2 flags 13 runs, all failed (P 1.00, R 0.37).
+    update_ratio_warn: float = 0.2
+    # error when a step moves a matrix by its whole norm: the weights are replaced every
+    # step (by construction; the grid's largest was 0.29).
+    update_ratio_error: float = 1.0
+    # info: a matrix moving this many times the median matrix's ratio (1/√(2L)-scaled
+    # projections sit at √(2L)×, ×7 at 24 layers; ×10 is beyond the usual depth scaling).
+    update_outlier: float = 10.0
+    # amplification (info only: it did not predict failure): after the first update, the
+    # probe's change per block in the second half of the stack ÷ in the first half. Post-LN
+    # grows linearly (0.91–1.11 measured), Pre-LN saturates (0.27–0.36) and Pre-LN with
+    # 1/√(2L) rises like a logarithm (0.58–0.67).
+    amplification_sustain: float = 0.8
+    # …judged only while the first step changes the last block output by at most this
+    # (relative): past it every curve saturates and flattens (Post-LN at lr ≥ 1e-2: 0.06–0.5).
+    amplification_linear: float = 1.0
+    # …on stacks of at least this many blocks: a Pre-LN change saturates within its first
+    # ~6 blocks, so only a stack twice that deep shows the saturation in its second half
+    # (at 6 blocks Pre-LN curves measured as straight as Post-LN ones: ratio 1.1–1.2).
+    amplification_min_blocks: float = 12
+    # attn-logit-growth: the largest pre-softmax attention score after the steps. Every
+    # run that trained stayed ≤ 8.7; ≥ 10 flags 15 runs, all failed (P 1.00, R 0.43: QK-norm
+    # runs fail without large scores, at lrs where Post-LN fails anyway).
+    attn_logit_warn: float = 10.0
+    # …having grown at least this many times since step 0 (scores large by construction,
+    # QK-norm's ~4 at init, are not growth; failing runs grew ×70–500).
+    attn_logit_growth: float = 10.0
+    # error at Gemma 2's soft cap (every run past it failed; Kimi K2 clips at τ = 100).
+    attn_logit_cap: float = 50.0
+    # logit-drift: the largest |log Z_t − log Z_0| over the steps, in nats. Runs that failed
+    # drifted 0.3–1.1 in 10 steps; ≥ 0.4 flags 29 runs, 25 failed (P 0.86, R 0.71).
+    log_z_drift: float = 0.4
+    # adam-epsilon: gradient RMS ÷ eps at or below which Adam's update shrinks (the step is
+    # g/(√v + eps): at ratio 10 it is 91 % of lr, at 1 half).
+    adam_eps_ratio: float = 10.0
+    # …warn when the tensors below it hold at least this share of the parameters (fewer:
+    # info). A few QK-norm gains of a trained-fine run reached it (share < 1e-3); the runs
+    # whose gradients collapsed had 0.1–92 % (P 1.00, R 0.43).
+    adam_eps_share: float = 0.001
     # ---- coord-check (`actscan sweep --width … --steps N`: μP's coordinate check) -------
     # Log–log slope of a module group's mean |x_t| (or mean |x_t − x_0|) against width
     # above which it grows with width. Measured (docs/checks.md#coord-check, widths

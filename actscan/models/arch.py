@@ -69,6 +69,10 @@ class ArchConfig:
     layerscale_init: float = 1e-4
     norm_eps: float = 1e-5
     mlp_bias_init: float = 0.0  # constant for the MLP up-projection bias (planted pathologies)
+    # Normalise q and k per head (the config's norm over head_dim) before the dot product,
+    # as OLMo 2, Gemma 3 and Wortsman et al. 2023 do: attention scores stay bounded by
+    # √d_head·|g_q||g_k| however large the weights grow, so they cannot run away in training.
+    qk_norm: bool = False
     name: str | None = None
     family: str = FAMILY
 
@@ -108,7 +112,7 @@ class ArchConfig:
 # Knobs added after checkpoints began to store their config: a saved config lists them
 # only when they differ from the default, so a model that does not use them saves the
 # same file as before (and reads back the same: a missing key is the default).
-LATER_KNOBS = ("parametrization", "mup_base_width")
+LATER_KNOBS = ("parametrization", "mup_base_width", "qk_norm")
 
 
 def saved_config(cfg: ArchConfig) -> dict[str, Any]:

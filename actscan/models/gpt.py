@@ -63,10 +63,11 @@ class BranchGain(nn.Module):
         return self.gain * x
 
 
-def _norm(cfg: ArchConfig) -> nn.Module:
+def _norm(cfg: ArchConfig, dim: int | None = None) -> nn.Module:
+    dim = cfg.d_model if dim is None else dim
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.d_model, cfg.norm_eps)
-    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        return RMSNorm(dim, cfg.norm_eps)
+    return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 def _rope(x: torch.Tensor) -> torch.Tensor:
@@ -89,6 +90,10 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.logits = AttentionLogits()
+        # QK-norm (cfg.qk_norm): per-head norms of q and k; absent otherwise, so a model
+        # without it has exactly the parameters, draws and outputs it always had.
+        self.q_norm = _norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = _norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.scale = {
             "1/sqrt(dk)": 1.0 / math.sqrt(cfg.head_dim),
             "1/dk": 1.0 / cfg.head_dim,
@@ -103,6 +108,8 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).split(c, dim=-1)
         # (B, T, C) -> (B, H, T, D)
         q, k, v = (z.view(b, t, self.n_heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             q, k = _rope(q), _rope(k)
         scores = self.logits((q @ k.transpose(-2, -1)) * self.scale)  # (B, H, T, T)
@@ -406,4 +413,5 @@ def arch_facts(cfg: ArchConfig) -> dict[str, object]:
         "init_std": cfg.init_std,
         "tie_embeddings": cfg.tie_embeddings,
         "n_layers": cfg.n_layers,
+        "qk_norm": cfg.qk_norm,
     }
