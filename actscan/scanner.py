@@ -25,6 +25,7 @@ from torch import nn
 from actscan.diagnose import CheckContext, evaluate
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.errors import UsageError
+from actscan.measure.attention import attention_probes
 from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
 from actscan.measure.layout_proof import prove_layout
 from actscan.measure.model_inputs import describe_batch, hf_input_source
@@ -287,6 +288,7 @@ def scan(
     ignore: Iterable[Ignore | Mapping[str, Any]] | None = None,
     at_init: bool | None = None,
     dropout: bool = False,
+    attention: bool = True,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -307,6 +309,8 @@ def scan(
         dropout: keep dropout on (nn.Dropout* modules and the dropout rates attention
           modules and HF configs hold). Off by default: the run is in train mode (norms use
           batch statistics) but reproducible.
+        attention: per-head attention probes (score max/std, entropy, sink: the report's
+          `attention`); False switches them off (`--no-attention`).
     """
     ignores = parse_ignores(ignore, origin="scan()") if ignore is not None else ()
     if batches < 1:
@@ -405,6 +409,7 @@ def scan(
                 loss_scale=loss_scale,
             ) as rec,
             _extra_inputs(model, layout, backward, dev, fp16_run, loss_scale) as extra,
+            attention_probes(model, layout, info.family, enabled=attention) as probes,
         ):
             for i in range(batches):
                 if progress:
@@ -430,6 +435,9 @@ def scan(
             raw = rec.result(batches)
             for r in extra:
                 raw.update(r.result(batches))
+        attn_records = probes.records() if probes is not None else ()
+        if probes is not None:
+            notes.extend(probes.notes)
         if progress:
             progress("run", batches, batches)
 
@@ -465,7 +473,7 @@ def scan(
     info = _with_blocks(info, layout)
     ctx = CheckContext(
         info=info, run=run, layout=layout, layers=layers, stream=stream, fit=fit,
-        params=params_before, thresholds=th, streams=streams,
+        params=params_before, thresholds=th, streams=streams, attention=attn_records,
     )  # fmt: skip
     summary = Summary(
         growth_exponent=fit.exponent, gain_per_block=fit.gain, growth=fit.growth,
@@ -477,7 +485,7 @@ def scan(
         model=info, run=run, layers=layers, stream=stream, findings=findings,
         summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
         branches=stream_branch_records(layout, layers, stream, streams), layout=proof.proofs,
-        skipped=skipped, streams=streams,
+        skipped=skipped, streams=streams, attention=attn_records,
     )  # fmt: skip
 
 

@@ -13,11 +13,13 @@ from typing import Any
 from actscan import __version__
 from actscan.report.output import dumps, json_safe
 from actscan.types import (
+    AttentionRecord,
     BlockProof,
     BranchRecord,
     Dynamics,
     FailOn,
     Finding,
+    HeadRecord,
     LayerRecord,
     ModelInfo,
     ParamRecord,
@@ -50,6 +52,8 @@ class Report:
     streams: tuple[StreamRecord, ...] = ()
     # the first optimizer steps (`--steps N`, `scan(steps=N)`); None: step 0 only
     dynamics: Dynamics | None = None
+    # per attention layer: its heads' score max/std, entropy and sink (attention probes)
+    attention: tuple[AttentionRecord, ...] = ()
 
     def __post_init__(self) -> None:
         # A plain dict (the pre-typed form) is still accepted and becomes a Summary.
@@ -102,6 +106,9 @@ class Report:
                     }
                     for s in self.streams
                 ],
+                "attention": [
+                    {**asdict(a), "heads": [asdict(h) for h in a.heads]} for a in self.attention
+                ],
             }
         )
 
@@ -151,6 +158,13 @@ class Report:
                     summary=Summary.from_mapping(d.get("summary", {})),
                 )
                 for d in data.get("streams", ())
+            ),
+            attention=tuple(
+                build(
+                    AttentionRecord,
+                    {**d, "heads": tuple(build(HeadRecord, h) for h in d.get("heads", ()))},
+                )
+                for d in data.get("attention", ())
             ),
         )
 
