@@ -118,6 +118,7 @@ def scan_target(
         init=spec.init,
         progress=progress,
         dropout=settings.dropout,
+        attention=settings.attention,
     )
     if resolved.notes:
         report = replace(report, notes=tuple(dict.fromkeys(resolved.notes + report.notes)))

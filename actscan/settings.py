@@ -65,12 +65,13 @@ SOURCE_API = "python"  # a value passed to Settings(...) directly
 # The run settings a project file or the command line can set, in --show-config order.
 RUN_KEYS = (
     "fail_on", "dtype", "amp", "batch", "seq_len", "batches", "seed", "device", "modules",
-    "dropout",
+    "dropout", "attention",
 )  # fmt: skip
 DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {
         "fail_on": "error", "dtype": None, "amp": None, "batch": 4, "seq_len": None,
         "batches": 1, "seed": 0, "device": "auto", "modules": None, "dropout": False,
+        "attention": True,
     }
 )  # fmt: skip
 
@@ -164,6 +165,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "device": _choice("cpu", "cuda", "auto"),
     "modules": _regex,
     "dropout": _bool,
+    "attention": _bool,
     "thresholds": _thresholds,
 }
 KNOWN_KEYS = (*_VALIDATORS, "ignore")
@@ -417,6 +419,7 @@ class Settings:
     device: str = "auto"
     modules: str | None = None
     dropout: bool = False  # keep dropout on in the (train-mode) run
+    attention: bool = True  # attention probes (--no-attention: off)
     thresholds: Mapping[str, float] = field(default_factory=dict)
     ignores: tuple[Ignore, ...] = ()
     project: Path | None = None

@@ -97,6 +97,13 @@ DropoutFlag = Annotated[
         "--dropout", help="Keep dropout on (the run is in train mode; dropout is off by default)."
     ),
 ]
+NoAttention = Annotated[
+    bool,
+    typer.Option(
+        "--no-attention",
+        help="Switch the attention probes off (per-head scores, entropy, sink; the Heads table).",
+    ),
+]
 NoBackward = Annotated[
     bool, typer.Option("--no-backward", help="Forward only: no gradient statistics.")
 ]
@@ -261,6 +268,7 @@ def resolve_settings(
     modules: str | None,
     threshold: list[str] | None,
     dropout: bool = False,
+    no_attention: bool = False,
 ) -> Settings:
     """The shared run options (None: not given) > [tool.actscan] > defaults, validated."""
     from actscan.diagnose.thresholds import parse_threshold_options
@@ -271,6 +279,7 @@ def resolve_settings(
             "fail_on": fail_on, "dtype": dtype, "amp": amp, "batch": batch, "seq_len": seq_len,
             "batches": batches, "seed": seed, "device": device, "modules": modules,
             "dropout": True if dropout else None,
+            "attention": False if no_attention else None,
             "thresholds": parse_threshold_options(threshold) or None,
         }
     )  # fmt: skip

@@ -38,6 +38,7 @@ def compare(
     modules: c.Modules = None,
     no_backward: c.NoBackward = False,
     dropout: c.DropoutFlag = False,
+    no_attention: c.NoAttention = False,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -66,6 +67,7 @@ def compare(
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
+        no_attention=no_attention,
     )  # fmt: skip
     if b is None and not (vs_init or vs_set or vs_dtype or vs_amp or vs_config):
         raise c.fail(

@@ -37,6 +37,7 @@ def profile(
     modules: c.Modules = None,
     no_backward: c.NoBackward = False,
     dropout: c.DropoutFlag = False,
+    no_attention: c.NoAttention = False,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -63,6 +64,7 @@ def profile(
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
+        no_attention=no_attention,
     )  # fmt: skip
     if show_config:
         _print_settings(settings)

@@ -46,6 +46,7 @@ def sweep(
     modules: c.Modules = None,
     no_backward: c.NoBackward = False,
     dropout: c.DropoutFlag = False,
+    no_attention: c.NoAttention = False,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -74,6 +75,7 @@ def sweep(
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
+        no_attention=no_attention,
     )  # fmt: skip
     a_side = side_a(target, None, init, set_, settings)
     sides = [a_side]

@@ -85,10 +85,10 @@ def score_findings(ctx: CheckContext) -> list[Finding]:
         rec, head = max(big, key=lambda x: x[1].score_max)  # type: ignore[arg-type, return-value]
         top = float(head.score_max)  # type: ignore[arg-type]
         over = top >= th.attn_score_max_error
-        if at_init:
-            sev = Severity.ERROR if over else Severity.WARN
-        else:
-            sev = Severity.WARN if over else Severity.INFO
+        # at init: warn, error past τ; a checkpoint: info, warn past τ (one notch lower)
+        sev = grade(top, th.attn_score_max, th.attn_score_max_error)[0]
+        if not at_init:
+            sev = Severity.WARN if sev is Severity.ERROR else Severity.INFO
         out.append(
             finding(
                 CheckId.LOGIT_SCALE, sev, _layers(big), top,

@@ -234,9 +234,9 @@ def _attention_logits(ctx: CheckContext) -> list[Finding]:
     from actscan.diagnose.attention import score_findings
 
     unscaled = _unscaled_attention(ctx)
-    if unscaled or not ctx.attention:
-        return unscaled or _recorded_scores(ctx)
-    return score_findings(ctx)
+    if ctx.attention:
+        return unscaled + score_findings(ctx)
+    return unscaled or _recorded_scores(ctx)
 
 
 def _unscaled_attention(ctx: CheckContext) -> list[Finding]:
