@@ -327,6 +327,11 @@ def test_builtin_model_reports_the_same_fields() -> None:
     finally:
         handle.remove()
     assert [a.name for a in report.attention] == ["blocks.0.attn", "blocks.1.attn"]
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(4))
+    plain = model(ids)
+    with AttentionProbes(model) as probes:
+        probed = model(ids)
+    assert torch.equal(plain, probed) and len(probes.records()) == 2
     rec = report.attention[1]
     s = scores[-1]
     causal = torch.ones(16, 16, dtype=torch.bool).tril()
