@@ -239,6 +239,13 @@ def test_batches_merge_exactly() -> None:
             assert ha.sink == pytest.approx(hb.sink, rel=1e-6)
 
 
+@pytest.mark.parametrize("run", [{"amp": "bf16"}, {"dtype": "bf16"}])
+def test_half_precision_runs_keep_every_layer(run: dict[str, str]) -> None:
+    report = scan(build("llama", "sdpa", num_key_value_heads=2), **SMALL, **run)
+    assert len(report.attention) == 2
+    assert not [n for n in report.notes if "attention probes" in n]
+
+
 def test_self_check_drops_a_layer_the_recomputation_gets_wrong(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

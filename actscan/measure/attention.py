@@ -231,7 +231,7 @@ class AttentionProbes:
             if not self._active:
                 return
             acc = self._acc(attn, "builtin")
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast(scores.device.type, enabled=False):
                 s = scores.detach().to(torch.float32, copy=True)  # a scratch copy
                 tq, tk = s.shape[-2], s.shape[-1]
                 allowed, bias = _allowed(None, True, tq, tk, None, s.device)
@@ -302,10 +302,14 @@ class AttentionProbes:
             if self._active and not args:
                 acc = self._acc(module, impl)
                 if acc.error is None:
+                    dev = query.device.type
+                    # under autocast the model's matmuls ran in half precision: compare
+                    # at that tolerance, but recompute in float32
+                    half = torch.is_autocast_enabled(dev)
                     try:
-                        with torch.no_grad():
+                        with torch.no_grad(), torch.autocast(dev, enabled=False):
                             self._measure(acc, module, impl, query, key, value,
-                                          attention_mask, kwargs, out)  # fmt: skip
+                                          attention_mask, kwargs, out, half)  # fmt: skip
                     except Exception as err:  # the model's output stands; the layer is dropped
                         acc.error = f"{type(err).__name__}: {err}".splitlines()[0]
             elif self._active:
@@ -325,6 +329,7 @@ class AttentionProbes:
         mask: Any,
         kwargs: dict[str, Any],
         out: Any,
+        half: bool = False,
     ) -> None:
         if mask is not None and not isinstance(mask, torch.Tensor):
             raise TypeError(f"mask of type {type(mask).__name__}")
@@ -349,7 +354,7 @@ class AttentionProbes:
         allowed, bias = _allowed(mask, causal, tq, tk, window, s.device)
         acc.softcap = float(softcap) if softcap is not None else None
         acc.window = int(window) if isinstance(window, int) else None
-        acc.tol = CHECK_TOL.get(query.dtype, CHECK_TOL_HALF)
+        acc.tol = CHECK_TOL_HALF if half else CHECK_TOL.get(query.dtype, CHECK_TOL_HALF)
         stats = self._fold(acc, s, allowed, bias, kv_heads=key.shape[1], keep=True)
         dropout = float(kwargs.get("dropout") or 0.0)
         if dropout > 0 and module.training:
