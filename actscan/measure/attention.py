@@ -194,9 +194,7 @@ class AttentionProbes:
     # -- install / remove -----------------------------------------------------------
     def __enter__(self) -> AttentionProbes:
         try:
-            if self._builtin():
-                pass
-            else:
+            if not self._builtin():
                 self._interface()
             self._active = True
         except BaseException:
@@ -420,7 +418,8 @@ class AttentionProbes:
                 f"attention probes dropped {len(failed)} layer{'s' if len(failed) > 1 else ''} "
                 f"of {self.family or 'the model'} (first {first.name}: {first.error})"
             )
-        if not accs and self._attention_like():
+        explained = any(n.startswith("attention probes unavailable") for n in self.notes)
+        if not accs and not explained and self._attention_like():
             self.notes.append(
                 f"attention probes unavailable for {self.family or type(self.model).__name__}: "
                 "its attention does not call transformers' attention interface"
