@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from actscan import __version__
+from actscan.compare_steps import StepsComparison, compare_steps
 from actscan.report.numfmt import num
 from actscan.report.output import dumps, json_safe
 from actscan.report.report import SCHEMA_VERSION, Report
@@ -159,6 +160,8 @@ class Comparison:
     # (stream name, its points paired by k) per residual stream both sides have, when a
     # side has several (encoder-decoder); `stream` is the primary (decoder) one's
     streams: tuple[tuple[str, tuple[StreamPair, ...]], ...] = ()
+    # both sides took optimizer steps (`--steps N`): their dynamics side by side
+    steps: StepsComparison | None = None
 
     @property
     def match(self) -> str:
@@ -200,6 +203,7 @@ class Comparison:
                     "both": [{"a": finding(x), "b": finding(y)} for x, y in self.findings.both],
                 },
                 "divergence": div,
+                **({"steps": asdict(self.steps)} if self.steps is not None else {}),
                 "verdict": self.verdict,
                 "notes": list(self.notes),
                 "a": self.a.to_dict(),
@@ -399,6 +403,8 @@ def compare_reports(
         a=a, b=b, label_a=label_a, label_b=label_b, layers=layers, stream=stream,
         branches=match_branches(a, b), unmatched_a=un_a, unmatched_b=un_b, findings=findings,
         divergence=divergence, notes=tuple(notes), streams=streams,
+        steps=compare_steps(a.dynamics, b.dynamics, label_a=label_a, label_b=label_b)
+        if a.dynamics is not None and b.dynamics is not None else None,
     )  # fmt: skip
     return replace(cmp, verdict=verdict(cmp))
 

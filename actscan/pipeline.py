@@ -118,6 +118,12 @@ def scan_target(
         init=spec.init,
         progress=progress,
         dropout=settings.dropout,
+        steps=settings.steps,
+        optimizer=settings.optimizer,
+        lr=settings.lr,
+        eps=settings.eps,
+        weight_decay=settings.weight_decay,
+        warmup=settings.warmup,
         attention=settings.attention,
     )
     if resolved.notes:

@@ -26,6 +26,7 @@ from actscan.diagnose import CheckContext, evaluate
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.errors import UsageError
 from actscan.measure.attention import attention_probes
+from actscan.measure.dynamics import StepSpec, StepsRaw, caller_state, dynamics_record, run_steps
 from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
 from actscan.measure.layout_proof import prove_layout
 from actscan.measure.model_inputs import describe_batch, hf_input_source
@@ -288,6 +289,13 @@ def scan(
     ignore: Iterable[Ignore | Mapping[str, Any]] | None = None,
     at_init: bool | None = None,
     dropout: bool = False,
+    steps: int = 0,
+    optimizer: str = "adamw",
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.95),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    warmup: int = 0,
     attention: bool = True,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
@@ -309,10 +317,20 @@ def scan(
         dropout: keep dropout on (nn.Dropout* modules and the dropout rates attention
           modules and HF configs hold). Off by default: the run is in train mode (norms use
           batch statistics) but reproducible.
+        steps: after the step-0 profile, take this many optimizer steps (`optimizer`
+          "adamw" | "adam" | "sgd", `lr`, `betas`, `eps`, `weight_decay`, linear
+          `warmup` steps) and measure each t = 0..N into `report.dynamics`
+          (actscan.measure.dynamics says what and how). The report's layers, stream and
+          findings stay the step-0 measurement; the model's weights, `.grad`, modes and
+          buffers are restored bit for bit afterwards, also when a step raises. A model
+          with `actscan_param_groups(lr) -> list[dict]` trains with its own param groups.
         attention: per-head attention probes (score max/std, entropy, sink: the report's
           `attention`); False switches them off (`--no-attention`).
     """
     ignores = parse_ignores(ignore, origin="scan()") if ignore is not None else ()
+    spec = StepSpec(steps, optimizer, lr, tuple(betas), eps, weight_decay, warmup).check()
+    if steps and not backward:
+        raise UsageError("--steps needs the backward pass: drop --no-backward")
     if batches < 1:
         raise UsageError(f"batches must be ≥ 1, got {batches}")
     if modules is not None:
@@ -388,7 +406,10 @@ def scan(
     stored_note = stored_dtype_note(info.arch, dtype_name(run_dtype or model_dtype))
     if stored_note:
         notes.append(stored_note)
-    with preserved(model, dev, run_dtype, dropout=dropout):
+    step0: tuple[torch.Tensor, Any] | None = None
+    raw_steps: StepsRaw | None = None
+    restore = caller_state(model) if steps else contextlib.nullcontext()
+    with restore, preserved(model, dev, run_dtype, dropout=dropout):
         # Layout self-check: one batch-1 forward of the same inputs, before the recorder.
         proof = prove_layout(model, layout, _probe_run(model, source, dev, run_dtype, amp))
         layout = proof.layout
@@ -427,6 +448,8 @@ def scan(
                         scaled = loss.float() * loss_scale if loss_scale != 1.0 else loss
                         grads = torch.autograd.grad(scaled, grad_params, allow_unused=True)
                         rec.add_param_grads(dict(zip(grad_params, grads, strict=True)))
+                        if steps and i == 0:  # the first update's gradient: no second pass
+                            step0 = (loss.detach(), grads)
                         del grads
                 del out, loss
                 rec.end_batch()
@@ -440,6 +463,21 @@ def scan(
             notes.extend(probes.notes)
         if progress:
             progress("run", batches, batches)
+        if steps:
+            if step0 is None:
+                raise UsageError(
+                    "--steps: no parameter requires grad, so there is nothing to train"
+                )
+            raw_steps = run_steps(
+                model, spec, layout=layout, source=source, step0=step0, loss_of=compute_loss,
+                prepare=lambda b: cast_batch(b, dev, run_dtype),
+                autocast=lambda: (
+                    torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp
+                    else contextlib.nullcontext()
+                ),
+                loss_scale=loss_scale, vocab_size=info.vocab_size, progress=progress,
+            )  # fmt: skip
+            step0 = None
 
     params_before = param_records(model, layout, usage, gains)  # weights are unchanged
     mods = dict(model.named_modules())
@@ -471,9 +509,11 @@ def scan(
         inputs=describe_batch(source(0)),
     )  # fmt: skip
     info = _with_blocks(info, layout)
+    dynamics = dynamics_record(raw_steps, stream, params_before) if raw_steps else None
     ctx = CheckContext(
         info=info, run=run, layout=layout, layers=layers, stream=stream, fit=fit,
-        params=params_before, thresholds=th, streams=streams, attention=attn_records,
+        params=params_before, thresholds=th, streams=streams, dynamics=dynamics,
+        attention=attn_records,
     )  # fmt: skip
     summary = Summary(
         growth_exponent=fit.exponent, gain_per_block=fit.gain, growth=fit.growth,
@@ -485,7 +525,7 @@ def scan(
         model=info, run=run, layers=layers, stream=stream, findings=findings,
         summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
         branches=stream_branch_records(layout, layers, stream, streams), layout=proof.proofs,
-        skipped=skipped, streams=streams, attention=attn_records,
+        skipped=skipped, streams=streams, dynamics=dynamics, attention=attn_records,
     )  # fmt: skip
 
 

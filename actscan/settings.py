@@ -65,12 +65,14 @@ SOURCE_API = "python"  # a value passed to Settings(...) directly
 # The run settings a project file or the command line can set, in --show-config order.
 RUN_KEYS = (
     "fail_on", "dtype", "amp", "batch", "seq_len", "batches", "seed", "device", "modules",
-    "dropout", "attention",
+    "dropout", "steps", "optimizer", "lr", "eps", "weight_decay", "warmup", "attention",
 )  # fmt: skip
 DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {
         "fail_on": "error", "dtype": None, "amp": None, "batch": 4, "seq_len": None,
         "batches": 1, "seed": 0, "device": "auto", "modules": None, "dropout": False,
+        "steps": 0, "optimizer": "adamw", "lr": 1e-3, "eps": 1e-8, "weight_decay": 0.0,
+        "warmup": 0,
         "attention": True,
     }
 )  # fmt: skip
@@ -133,6 +135,19 @@ def _bool(v: Any) -> Any:
     return v
 
 
+def _number(*, positive: bool) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise ValueError(f"must be a finite number, got {v!r}")
+        if positive and v <= 0:
+            raise ValueError(f"must be > 0, got {v!r}")
+        if v < 0:
+            raise ValueError(f"must be ≥ 0, got {v!r}")
+        return float(v)
+
+    return check
+
+
 def _regex(v: Any) -> Any:
     if not isinstance(v, str):
         raise ValueError(f"must be a regular expression string, got {v!r}")
@@ -165,6 +180,12 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "device": _choice("cpu", "cuda", "auto"),
     "modules": _regex,
     "dropout": _bool,
+    "steps": _int(0),
+    "optimizer": _choice("adamw", "adam", "sgd"),
+    "lr": _number(positive=True),
+    "eps": _number(positive=False),
+    "weight-decay": _number(positive=False),
+    "warmup": _int(0),
     "attention": _bool,
     "thresholds": _thresholds,
 }
@@ -419,6 +440,13 @@ class Settings:
     device: str = "auto"
     modules: str | None = None
     dropout: bool = False  # keep dropout on in the (train-mode) run
+    # the first optimizer steps (actscan.measure.dynamics): 0 = the step-0 profile only
+    steps: int = 0
+    optimizer: str = "adamw"
+    lr: float = 1e-3  # the learning rate you will train with
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup: int = 0  # linear warmup steps
     attention: bool = True  # attention probes (--no-attention: off)
     thresholds: Mapping[str, float] = field(default_factory=dict)
     ignores: tuple[Ignore, ...] = ()
@@ -433,6 +461,15 @@ class Settings:
             if key not in sources:
                 sources[key] = SOURCE_DEFAULT if value == DEFAULTS[key] else SOURCE_API
             self._validate(key, value, sources[key])
+        if self.warmup > self.steps:
+            src = sources.get("warmup", SOURCE_API)
+            where = {SOURCE_CLI: "--warmup", SOURCE_API: "Settings(warmup=...)"}.get(
+                src, f"{src} warmup"
+            )
+            raise UsageError(
+                f"{where} {self.warmup} is longer than steps {self.steps}: the steps would "
+                "never reach the learning rate"
+            )
         object.__setattr__(self, "thresholds", self._checked_thresholds(sources))
         if self.ignores:
             ignores = parse_ignores(self.ignores, origin=sources.get("ignore", "settings"))

@@ -74,12 +74,17 @@ class CheckId(StrEnum):
     LOGIT_SCALE = "logit-scale"
     ATTN_ENTROPY = "attn-entropy"
     INIT_SCALE = "init-scale"
+    # Judged across the rows of a width sweep with steps (actscan/diagnose/coord.py), not
+    # per report: not in the per-report registry (SWEEP_CHECKS).
+    COORD_CHECK = "coord-check"
 
 
 # Findings of equal severity are listed in this order everywhere (run_checks, the findings
 # panel, Markdown, JUnit cases): numerics make everything else moot, measured depth
 # pathologies explain most others, static init observations come last.
 CHECK_ORDER: tuple[CheckId, ...] = tuple(CheckId)
+# Checks that judge a sweep's rows together, not one report: no per-report check emits them.
+SWEEP_CHECKS: frozenset[CheckId] = frozenset({CheckId.COORD_CHECK})
 _CHECK_RANK = {c.value: i for i, c in enumerate(CHECK_ORDER)}
 
 
@@ -466,6 +471,19 @@ class UpdateRecord:
 
 
 @dataclass(frozen=True)
+class BlockUpdates:
+    """The update ratios of one block's matrices of one role (embedding and weight
+    tensors; biases and norm gains apart), over every step: the updates table's row."""
+
+    block: int | None
+    role: str
+    params: int  # parameter tensors in the group
+    ratio_median: float | None  # median over steps and tensors
+    ratio_max: float | None
+    grad_rms_median: float | None
+
+
+@dataclass(frozen=True)
 class Dynamics:
     """The first optimizer steps: the report's `dynamics` (absent when steps = 0)."""
 
@@ -473,6 +491,8 @@ class Dynamics:
     steps: tuple[StepRecord, ...]
     updates: tuple[UpdateRecord, ...] = ()
     probe: str | None = None  # what the probe batch holds, in words
+    # derived from `updates` (actscan.measure.dynamics_stats.block_updates)
+    blocks: tuple[BlockUpdates, ...] = ()
 
 
 # -- attention probes (per attention layer, per head) ------------------------------------

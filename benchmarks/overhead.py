@@ -17,6 +17,15 @@ benchmarks/results/<timestamp>.json so runs can be compared across commits):
             transformers.
   e2e       `actscan profile configs/gpt2-124m.yaml` end to end vs benchmarks/
             handwritten_gpt2.py (build the same model + one forward/backward, same batch).
+  steps     `--steps N` at 12 × 768 (--step-batch × --step-seq tokens, default 2 × 64: small,
+            for a loaded CPU): N optimizer steps measured by actscan.measure.dynamics
+            (the step-0 gradient pass, then run_steps: probe forward, stream taps, update
+            ratios, gradient RMS, gain drift, one transfer per step) ÷ the same N AdamW steps
+            written by hand (fwd+bwd+step per batch, plus the final loss), interleaved;
+            the weights are reset between runs, untimed.
+  steps-e2e `actscan profile configs/gpt2-124m.yaml --steps 10` end to end ÷
+            `benchmarks/handwritten_gpt2.py --steps 10` (build + 10 AdamW steps), same
+            batch (--step-batch × --step-seq).
   attention attention probes on ÷ off: a transformers GPT-2 config (12 × 768, 12 heads,
             vocab 50257) with eager attention, seq 256, batch --attn-batch (2), forward +
             next-token loss + backward, interleaved, median; the probes are entered and
@@ -43,7 +52,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-SECTIONS = ("overhead", "rss", "batches", "help", "e2e", "attention")
+SECTIONS = ("overhead", "rss", "batches", "help", "e2e", "steps", "steps-e2e", "attention")
 # name -> (config file, batch, seq_len)
 MODELS = {
     "12x768": ("configs/gpt2-124m.yaml", 4, 256),
@@ -56,6 +65,8 @@ TARGETS = {  # upper bounds, from the performance issue
     "actscan --help (s)": 0.30,
     "profile end-to-end": 1.00,
     "RSS batches 16 / 1": 1.05,
+    "optimizer step 12x768": 1.15,
+    "profile --steps 10 end-to-end": 1.20,
     "attention probes 12x768": 1.15,
 }
 
@@ -333,6 +344,119 @@ def bench_e2e(device: str, reps: int, threads: int | None) -> dict[str, Any]:
     return {"samples": samples, "median": med, "ratio": med["profile"] / med["handwritten"]}
 
 
+class OptimizerSteps:
+    """N AdamW steps of a 12 × 768 model: by hand, and as `scan(steps=N)` measures them."""
+
+    def __init__(self, device: str, n: int, batch: int, seq: int) -> None:
+        import torch
+
+        from actscan.measure.inputs import token_source
+        from actscan.measure.structure import detect_layout
+
+        self.model, _ = build("12x768", device)
+        self.model.train()
+        self.device, self.n = device, n
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.saved = [p.detach().clone() for p in self.params]
+        vocab = self.model.config.vocab_size
+        src = token_source(vocab, batch, seq, seed=0)
+        self.source = lambda i: src(i).to(torch.device(device))
+        self.layout = detect_layout(self.model, "actscan-gpt")
+
+    def reset(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for p, v in zip(self.params, self.saved, strict=True):
+                p.copy_(v)
+                p.grad = None
+
+    def plain(self) -> None:
+        import torch
+
+        from actscan.measure.inputs import next_token_loss
+
+        opt = torch.optim.AdamW(self.params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+        for t in range(self.n):
+            x = self.source(t).args[0]
+            loss = next_token_loss(self.model(x), x)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            x = self.source(self.n).args[0]
+            float(next_token_loss(self.model(x), x))  # the final loss, as the scan reports
+
+    def instrumented(self) -> None:
+        import contextlib
+
+        import torch
+
+        from actscan.measure.dynamics import StepSpec, run_steps
+        from actscan.measure.inputs import default_loss
+
+        loss_of = default_loss("causal-lm", self.model.config.vocab_size)
+        b = self.source(0)
+        loss = loss_of(self.model(*b.args), b)  # the profile's batch 0 (hooks aside)
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        run_steps(
+            self.model, StepSpec(self.n), layout=self.layout, source=self.source,
+            step0=(loss.detach(), grads), loss_of=loss_of, prepare=lambda x: x,
+            autocast=contextlib.nullcontext, vocab_size=self.model.config.vocab_size,
+        )  # fmt: skip
+
+
+def bench_steps(device: str, reps: int, n: int, batch: int, seq: int) -> dict[str, Any]:
+    """Interleaved (plain, instrumented) runs of N steps, weights reset between (untimed)."""
+    st = OptimizerSteps(device, n, batch, seq)
+    fns = {"plain": st.plain, "instrumented": st.instrumented}
+    for fn in fns.values():  # warm-up
+        fn()
+        st.reset()
+    samples: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in fns}
+    for r in range(reps):
+        order = ("plain", "instrumented") if r % 2 == 0 else ("instrumented", "plain")
+        for k in order:
+            w, c = time_once(fns[k], device)
+            st.reset()
+            samples[k]["wall"].append(w)
+            samples[k]["cpu"].append(c)
+    med = {k: {m: statistics.median(v) for m, v in s.items()} for k, s in samples.items()}
+    pairs = [i / p for i, p in zip(samples["instrumented"]["wall"], samples["plain"]["wall"],
+                                   strict=True)]  # fmt: skip
+    return {
+        "steps": n, "batch": batch, "seq_len": seq, "reps": reps, "samples": samples,
+        "median": med, "ratio": med["instrumented"]["wall"] / med["plain"]["wall"],
+        "ratio_cpu": med["instrumented"]["cpu"] / med["plain"]["cpu"],
+        "ratio_pairs_median": statistics.median(pairs),
+    }  # fmt: skip
+
+
+def bench_steps_e2e(
+    device: str, reps: int, threads: int | None, n: int, batch: int, seq: int
+) -> dict[str, Any]:
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    size = ["--batch", str(batch), "--seq-len", str(seq), "--device", device]
+    cmds = {
+        "profile": [*actscan_cmd(), "profile", "configs/gpt2-124m.yaml", "--quiet",
+                    "--fail-on", "never", "--steps", str(n), *size],
+        "handwritten": [sys.executable, str(ROOT / "benchmarks" / "handwritten_gpt2.py"),
+                        "--steps", str(n), *size],
+    }  # fmt: skip
+    samples: dict[str, list[float]] = {k: [] for k in cmds}
+    for r in range(reps):
+        order = list(cmds) if r % 2 == 0 else list(cmds)[::-1]
+        for k in order:
+            t = time.perf_counter()
+            subprocess.run(cmds[k], capture_output=True, check=True, cwd=ROOT, env=env)
+            samples[k].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return {"steps": n, "batch": batch, "seq_len": seq, "samples": samples, "median": med,
+            "ratio": med["profile"] / med["handwritten"]}  # fmt: skip
+
+
 # -- report ---------------------------------------------------------------------------------
 def machine(device: str) -> dict[str, Any]:
     import torch
@@ -394,6 +518,21 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         shown = (f"{e['ratio']:.3f}×  ({e['median']['handwritten']:.2f} s → "
                  f"{e['median']['profile']:.2f} s)")  # fmt: skip
         add("profile end-to-end", e["ratio"], shown)
+    if "steps" in res:
+        s = res["steps"]
+        med = s["median"]
+        shown = (
+            f"{s['ratio']:.3f}×  ({s['steps']} steps, {s['batch']}×{s['seq_len']} tokens: "
+            f"{med['plain']['wall']:.2f} s → {med['instrumented']['wall']:.2f} s; per pair "
+            f"{s['ratio_pairs_median']:.3f}×; cpu {s['ratio_cpu']:.3f}×)"
+        )
+        add("optimizer step 12x768", s["ratio"], shown)
+    if "steps-e2e" in res:
+        e = res["steps-e2e"]
+        med = e["median"]
+        shown = (f"{e['ratio']:.3f}×  ({e['batch']}×{e['seq_len']} tokens: "
+                 f"{med['handwritten']:.2f} s → {med['profile']:.2f} s)")  # fmt: skip
+        add("profile --steps 10 end-to-end", e["ratio"], shown)
     if "attention" in res:
         a = res["attention"]
         shown = (
@@ -429,6 +568,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=None, help="timed runs per side (≥ 5)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")
+    ap.add_argument("--step-batch", type=int, default=2, help="sequences per step (steps*)")
+    ap.add_argument("--step-seq", type=int, default=64, help="tokens per sequence (steps*)")
+    ap.add_argument("--step-n", type=int, default=3, help="optimizer steps per run (steps)")
     ap.add_argument("--attn-batch", type=int, default=2, help="attention section's batch [2]")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -467,6 +609,16 @@ def main() -> None:
         n = 3 if args.quick else 5
         print(f"actscan profile vs hand-written: {n} interleaved pairs ...", flush=True)
         res["e2e"] = bench_e2e(args.device, n, args.threads)
+    if "steps" in only:
+        n = 3 if args.quick else 5
+        print(f"{args.step_n} optimizer steps, instrumented vs by hand: {n} pairs ...", flush=True)
+        res["steps"] = bench_steps(args.device, n, args.step_n, args.step_batch, args.step_seq)
+    if "steps-e2e" in only:
+        n = 3 if args.quick else 5
+        print(f"profile --steps 10 vs a hand-written 10-step loop: {n} pairs ...", flush=True)
+        res["steps-e2e"] = bench_steps_e2e(
+            args.device, n, args.threads, 10, args.step_batch, args.step_seq
+        )
     if "attention" in only:
         n = 5 if args.quick else reps
         print(f"attention probes on vs off: {n} interleaved pairs ...", flush=True)

@@ -107,6 +107,24 @@ NoAttention = Annotated[
 NoBackward = Annotated[
     bool, typer.Option("--no-backward", help="Forward only: no gradient statistics.")
 ]
+# The first optimizer steps (checked in Settings: a bad value is one line, exit 2).
+StepsOpt = Annotated[
+    int | None,
+    typer.Option("--steps", help="Take N optimizer steps and measure each (0: step 0 only) [0]."),
+]
+LrOpt = Annotated[
+    float | None, typer.Option("--lr", help="The learning rate you will train with [1e-3].")
+]
+OptimizerOpt = Annotated[
+    str | None, typer.Option("--optimizer", help="adamw|adam|sgd for --steps [adamw].")
+]
+EpsOpt = Annotated[float | None, typer.Option("--eps", help="Adam's epsilon for --steps [1e-8].")]
+WeightDecayOpt = Annotated[
+    float | None, typer.Option("--weight-decay", help="Weight decay for --steps [0].")
+]
+WarmupOpt = Annotated[
+    int | None, typer.Option("--warmup", help="Linear learning-rate warmup steps [0].")
+]
 JsonOut = Annotated[
     str | None, typer.Option("--json", help="Write the JSON report to PATH ('-' = stdout).")
 ]
@@ -268,21 +286,32 @@ def resolve_settings(
     modules: str | None,
     threshold: list[str] | None,
     dropout: bool = False,
+    steps: int | None = None,
+    optimizer: str | None = None,
+    lr: float | None = None,
+    eps: float | None = None,
+    weight_decay: float | None = None,
+    warmup: int | None = None,
+    no_backward: bool = False,
     no_attention: bool = False,
 ) -> Settings:
     """The shared run options (None: not given) > [tool.actscan] > defaults, validated."""
     from actscan.diagnose.thresholds import parse_threshold_options
     from actscan.settings import Settings
 
-    return Settings.resolve(
+    settings = Settings.resolve(
         {
             "fail_on": fail_on, "dtype": dtype, "amp": amp, "batch": batch, "seq_len": seq_len,
             "batches": batches, "seed": seed, "device": device, "modules": modules,
-            "dropout": True if dropout else None,
+            "dropout": True if dropout else None, "steps": steps, "optimizer": optimizer,
+            "lr": lr, "eps": eps, "weight_decay": weight_decay, "warmup": warmup,
             "attention": False if no_attention else None,
             "thresholds": parse_threshold_options(threshold) or None,
         }
     )  # fmt: skip
+    if no_backward and settings.steps:
+        raise UsageError("--steps needs the backward pass: drop --no-backward")
+    return settings
 
 
 def check_outputs(fmt: FormatOpt, output: str | None, json_path: str | None) -> None:

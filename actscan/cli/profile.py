@@ -37,6 +37,12 @@ def profile(
     modules: c.Modules = None,
     no_backward: c.NoBackward = False,
     dropout: c.DropoutFlag = False,
+    steps: c.StepsOpt = None,
+    lr: c.LrOpt = None,
+    optimizer: c.OptimizerOpt = None,
+    eps: c.EpsOpt = None,
+    weight_decay: c.WeightDecayOpt = None,
+    warmup: c.WarmupOpt = None,
     no_attention: c.NoAttention = False,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
@@ -64,6 +70,8 @@ def profile(
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
+        steps=steps, optimizer=optimizer, lr=lr, eps=eps, weight_decay=weight_decay,
+        warmup=warmup, no_backward=no_backward,
         no_attention=no_attention,
     )  # fmt: skip
     if show_config:

@@ -167,6 +167,20 @@ class Thresholds:
     # on random tokens), warn when every head of a layer is collapsed.
     attn_entropy_collapse: float = 0.1
 
+    # ---- coord-check (`actscan sweep --width … --steps N`: μP's coordinate check) -------
+    # Log–log slope of a module group's mean |x_t| (or mean |x_t − x_0|) against width
+    # above which it grows with width. Measured (docs/checks.md#coord-check, widths
+    # 64–512, 3 AdamW steps, lr 1e-3…3e-2, 2–12 blocks): μP's groups ≤ +0.10; SP's readout
+    # reaches ≥ +0.51 and its block groups ≥ +0.86 at every t. 0.3 sits between them.
+    coord_slope: float = 0.3
+    # …and below −coord-shrink a group shrinks with width (its updates vanish, or the
+    # narrow models are overdriven). μP at lr 1e-2: down to −0.48 (the narrowest model moves
+    # its weights by half their norm per step); SP never shrinks (≥ −0.01); a learning
+    # rate divided by width once too often gives −1.
+    coord_shrink: float = 0.7
+    # A slope needs this many widths: two always fit a line exactly, three show a trend.
+    coord_min_widths: float = 3
+
     # ---- compare: precision divergence (not a check: reported, not gated) ----------------
     # Relative RMS error ‖a−b‖/‖a‖ of a layer's output against the higher precision. One
     # bf16 rounding is ≤ 2^-8 ≈ 0.4% per element (RMS ≈ 0.2%); at init the shipped configs

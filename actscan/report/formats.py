@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from actscan.report.numfmt import NONE, num
 from actscan.report.output import write_atomic
-from actscan.types import CHECK_ORDER, FailOn, Finding, Severity, finding_order
+from actscan.types import CHECK_ORDER, Dynamics, FailOn, Finding, Severity, finding_order
 
 if TYPE_CHECKING:
     from actscan.report.report import Report
@@ -125,10 +125,40 @@ def to_markdown(report: Report, fail_on: str | FailOn = FailOn.ERROR) -> str:
         ]
         if summary:
             out += ["", lead + ", ".join(summary) + "."]
+    if report.dynamics is not None:
+        out += _dynamics_markdown(report.dynamics)
     if report.notes:
         out += ["", *(f"- {_cell(note)}" for note in report.notes)]
     out += ["", _gate_line(report, gate), ""]
     return "\n".join(out)
+
+
+def _dynamics_markdown(dyn: Dynamics) -> list[str]:
+    """`--steps N`: the optimizer, one row per step (loss, lr, attention max, log Z, the
+    probe's change at the last stream point) and the updates per block."""
+    o = dyn.optimizer
+    out = ["", f"#### Optimizer steps ({len(dyn.steps) - 1})", "",
+           f"{o.name}, lr {num(o.lr)}" + (f", warmup {o.warmup}" if o.warmup else "")
+           + (f", {o.parametrization}" if o.parametrization != "sp" else "") + ".", "",
+           "| t | loss | lr | attn max | log Z | Δ probe (last k) |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for s in dyn.steps:
+        last = [c.rel for c in s.change if c.kind == "stream"]
+        out.append(
+            f"| {s.t} | {num(s.loss)} | {num(s.lr)} | {num(s.attn_max)} "
+            f"| {num(s.logits.log_z_mean if s.logits else None)} "
+            f"| {num(last[-1] if last else None)} |"
+        )
+    if dyn.blocks:
+        out += ["", "| block | role | median ‖ΔW‖/‖W‖ | max | median grad RMS |",
+                "| ---: | --- | ---: | ---: | ---: |"]  # fmt: skip
+        for b in dyn.blocks:
+            block = NONE if b.block is None else str(b.block)
+            out.append(
+                f"| {block} | {_cell(b.role)} | {num(b.ratio_median)} | {num(b.ratio_max)} "
+                f"| {num(b.grad_rms_median)} |"
+            )
+    return out
 
 
 # -- JUnit ----------------------------------------------------------------------------

@@ -353,6 +353,11 @@ def render_report(
             console.print(modules_table(report))
         for line in summary_lines(report):
             console.print(line)
+        if report.dynamics is not None:
+            from actscan.report.render_dynamics import render_dynamics
+
+            for part in render_dynamics(report.dynamics):
+                console.print(part)
     console.print(
         findings_panel(report.findings, skipped=report.skipped, backward=report.run.backward)
     )

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from actscan import __version__
+from actscan.report.dynamics_io import dynamics_from_dict, dynamics_to_dict
 from actscan.report.output import dumps, json_safe
 from actscan.types import (
     AttentionRecord,
@@ -106,6 +107,7 @@ class Report:
                     }
                     for s in self.streams
                 ],
+                **({"dynamics": dynamics_to_dict(self.dynamics)} if self.dynamics else {}),
                 "attention": [
                     {**asdict(a), "heads": [asdict(h) for h in a.heads]} for a in self.attention
                 ],
@@ -159,6 +161,7 @@ class Report:
                 )
                 for d in data.get("streams", ())
             ),
+            dynamics=dynamics_from_dict(data["dynamics"]) if data.get("dynamics") else None,
             attention=tuple(
                 build(
                     AttentionRecord,

@@ -1,0 +1,625 @@
+"""The first optimizer steps (`scan(steps=N)`, `--steps N`): the step loop and what it measures.
+
+Why: the right initial variance is the one that keeps the *update* sane, not only the
+one that looks good at step 0 (a deep Post-LN stack is quiet at init and fragile once the
+branches move). So after the step-0 profile the model takes N real optimizer steps and
+each t = 0..N records, as scalars only:
+
+- the loss and the stream RMS per k of the step's batch (batch index t of the input
+  source: fresh seeded draws, or your inputs cycled);
+- on a fixed probe batch (batch `PROBE_INDEX` of the same source: a separate seeded draw
+  for invented inputs), run forward without gradient at every t: for every stream point,
+  branch and the head, rel = ‖x_t − x_0‖/‖x_0‖, mean |x_t| and mean |x_t − x_0|; the
+  logits' max and log Z (mean, std over positions) for causal LMs; the largest
+  pre-softmax attention score where the model marks its scores (`attention_score_modules`);
+- per trainable parameter tensor, the update ratio ‖W_{t+1} − W_t‖/‖W_t‖ and the RMS of
+  the gradient the update used;
+- each norm module's gain drift ‖g − 1‖/√n.
+
+Cost: the step-0 pass is the profile itself (its gradient drives the first update: no
+second pass); steps t ≥ 1 hook only the stream points of the step's batch (one norm per
+point), and the probe is `probe_rows` sequences of its batch, not all of them. Every
+step's scalars are reduced on the device and reach the host in one transfer per step.
+Memory: O(steps × modules) scalars, the probe's stream/branch/head outputs at t = 0, one
+copy of the weights (the previous step's, for the update ratios) and one of the caller's
+weights (`caller_state`: restored bit for bit afterwards, also when a step raises).
+
+Per-group learning rates: a model with a method `actscan_param_groups(lr) -> list[dict]`
+(torch param-group dicts, each with its "params" and optionally its own "lr") trains with
+those groups (μP scales hidden matrices' Adam learning rate by 1/width_mult this way);
+otherwise one group holds every trainable parameter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from actscan.errors import UsageError
+from actscan.measure.dynamics_stats import block_updates
+from actscan.measure.inputs import Batch, InputSource
+from actscan.measure.recorder import first_tensor
+from actscan.measure.structure import is_norm
+from actscan.types import (
+    ChangeRecord,
+    Dynamics,
+    Layout,
+    LogitStats,
+    OptimizerInfo,
+    ParamRecord,
+    StepRecord,
+    StreamPoint,
+    UpdateRecord,
+)
+
+OPTIMIZERS = ("adamw", "adam", "sgd")
+# The probe is batch PROBE_INDEX of the input source: for seeded sources (invented token
+# ids, --input-shape) a draw no step batch uses; for a list of your batches, one of them.
+PROBE_INDEX = 1_000_003
+_vnorm = torch.linalg.vector_norm
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """How to take the steps (validated by `check`)."""
+
+    steps: int
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup: int = 0
+
+    def check(self) -> StepSpec:
+        """Raise UsageError (one line) on a value no optimizer run could use."""
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
+            raise UsageError(f"--steps must be an integer ≥ 0, got {self.steps!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(
+                f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}"
+            )
+        if not _positive(self.lr):
+            raise UsageError(f"--lr must be a finite number > 0, got {self.lr!r}")
+        if not (_finite(self.eps) and self.eps >= 0):
+            raise UsageError(f"--eps must be a finite number ≥ 0, got {self.eps!r}")
+        if not (_finite(self.weight_decay) and self.weight_decay >= 0):
+            raise UsageError(
+                f"--weight-decay must be a finite number ≥ 0, got {self.weight_decay!r}"
+            )
+        if len(self.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in self.betas):
+            raise UsageError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise UsageError(f"--warmup must be an integer ≥ 0, got {self.warmup!r}")
+        if self.warmup > self.steps:
+            raise UsageError(
+                f"--warmup {self.warmup} is longer than --steps {self.steps}: "
+                "the steps would never reach the learning rate"
+            )
+        return self
+
+
+def _finite(x: Any) -> bool:
+    return not isinstance(x, bool) and isinstance(x, int | float) and math.isfinite(x)
+
+
+def _positive(x: Any) -> bool:
+    return _finite(x) and x > 0
+
+
+def warmup_factor(t: int, warmup: int) -> float:
+    """Linear warmup: the update after measurement t uses lr × min(1, (t + 1)/warmup), so
+    the first update is lr/warmup and update `warmup` − 1 is the full lr."""
+    return 1.0 if warmup <= 0 else min(1.0, (t + 1) / warmup)
+
+
+def optimizer_info(spec: StepSpec, model: nn.Module) -> OptimizerInfo:
+    sgd = spec.optimizer == "sgd"
+    config = getattr(model, "config", None)
+    return OptimizerInfo(
+        name=spec.optimizer, lr=float(spec.lr), betas=None if sgd else tuple(spec.betas),
+        eps=None if sgd else float(spec.eps), weight_decay=float(spec.weight_decay),
+        warmup=spec.warmup, parametrization=str(getattr(config, "parametrization", "sp")),
+    )  # fmt: skip
+
+
+def param_groups(model: nn.Module, lr: float) -> list[dict[str, Any]]:
+    """The model's own groups (`actscan_param_groups(lr)`), else one of all trainable
+    parameters."""
+    hook = getattr(model, "actscan_param_groups", None)
+    if not callable(hook):
+        return [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    groups = hook(lr)
+    if not isinstance(groups, list) or not all(
+        isinstance(g, dict) and "params" in g for g in groups
+    ):
+        raise UsageError(
+            f"{type(model).__name__}.actscan_param_groups(lr) must return a list of "
+            'dicts with "params" (torch param groups)'
+        )
+    return [{**g, "params": list(g["params"])} for g in groups]
+
+
+def build_optimizer(spec: StepSpec, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=spec.lr, weight_decay=spec.weight_decay)
+    cls = torch.optim.AdamW if spec.optimizer == "adamw" else torch.optim.Adam
+    return cls(
+        groups, lr=spec.lr, betas=tuple(spec.betas), eps=spec.eps,
+        weight_decay=spec.weight_decay,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def caller_state(model: nn.Module) -> Iterator[None]:
+    """Give the model back exactly as it came: parameter and buffer values (bit for bit),
+    `.grad` (the same tensor objects, never written: the steps start from `.grad = None`),
+    requires_grad and every module's train/eval mode. Also when a step raises."""
+    params = list(model.parameters())
+    buffers = [b for b in model.buffers() if b is not None]
+    with torch.no_grad():
+        values = [p.detach().clone() for p in params]
+        buf_values = [b.detach().clone() for b in buffers]
+    grads = [p.grad for p in params]
+    flags = [p.requires_grad for p in params]
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        for p in params:
+            p.grad = None
+        yield
+    finally:
+        with torch.no_grad():
+            for p, v in zip(params, values, strict=True):
+                p.copy_(v)
+            for b, v in zip(buffers, buf_values, strict=True):
+                b.copy_(v)
+        for p, g, f in zip(params, grads, flags, strict=True):
+            p.grad = g
+            p.requires_grad_(f)
+        for m, mode in modes:
+            m.training = mode
+
+
+def attention_score_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules whose output is a pre-softmax attention score tensor (attn_max reads their
+    largest |value|): the built-in model's `AttentionLogits` markers. The one place to
+    extend for other families."""
+    from actscan.models.gpt import AttentionLogits
+
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, AttentionLogits)]
+
+
+def probe_rows(model: nn.Module, batch: int) -> int:
+    """Sequences of the probe batch that run: a quarter of a batch (at least one) keeps
+    the per-step probe forward cheap; two when the model has BatchNorm (train-mode batch
+    statistics need more than one sample)."""
+    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    want = max(2 if has_bn else 1, batch // 4)
+    return max(1, min(batch, want))
+
+
+def cut_batch(b: Batch, rows: int) -> Batch:
+    """The first `rows` samples of every tensor whose leading dim is the batch's."""
+    lead = b.token_ids if b.token_ids is not None else first_tensor((b.args, b.kwargs))
+    if lead is None or not lead.dim() or lead.shape[0] <= rows:
+        return b
+    n = lead.shape[0]
+
+    def cut(v: Any) -> Any:
+        return v[:rows] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
+
+    return Batch(tuple(cut(a) for a in b.args), {k: cut(v) for k, v in b.kwargs.items()})
+
+
+@dataclass(frozen=True)
+class Point:
+    """One probed output: a stream point (k), a branch (block, role) or the head."""
+
+    name: str  # record name; a stream input is "<block>:input"
+    kind: str  # "stream" | branch role | "head"
+    k: int | None = None
+    block: int | None = None
+
+
+def probe_points(layout: Layout) -> list[Point]:
+    """The primary stream's points (k = 0 at its first block's input), every branch, and
+    the head."""
+    out: list[Point] = []
+    streams = layout.stream_blocks()
+    if streams:
+        blocks = streams[-1][1]  # the primary stream feeds the head: the last one
+        if blocks:
+            # the recorder's stream-input name (streams.input_name, not imported here:
+            # streams → stats → diagnose would cycle when this module is imported first)
+            out.append(Point(f"{blocks[0].name}:input", "stream", k=0))
+            k = 0
+            for b in blocks:
+                k += b.adds
+                out.append(Point(b.name, "stream", k=k, block=b.index))
+    for b in layout.blocks:
+        for br in b.branch_list():
+            out.append(Point(br.name, br.role, block=b.index))
+    if layout.head:
+        out.append(Point(layout.head, "head"))
+    return out
+
+
+class _Taps:
+    """Forward (pre-)hooks that hand the first float tensor of each named output to
+    `sink(index, tensor)` while `on`; the first call per pass only (shared modules)."""
+
+    def __init__(self, model: nn.Module, names: Sequence[str]) -> None:
+        self.model, self.names = model, list(names)
+        self.on = False
+        self.seen: set[int] = set()
+        self.sink: Callable[[int, torch.Tensor], None] = lambda i, t: None
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> _Taps:
+        mods = dict(self.model.named_modules())
+        try:
+            for i, name in enumerate(self.names):
+                if name.endswith(":input"):
+                    mod = mods.get(name.removesuffix(":input"))
+                    if mod is not None:
+                        self._handles.append(
+                            mod.register_forward_pre_hook(self._pre(i), with_kwargs=True)
+                        )
+                elif (mod := mods.get(name)) is not None:
+                    self._handles.append(mod.register_forward_hook(self._post(i)))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def start(self) -> None:
+        self.on, self.seen = True, set()
+
+    def _take(self, i: int, t: torch.Tensor | None) -> None:
+        if self.on and t is not None and i not in self.seen and t.numel():
+            self.seen.add(i)
+            self.sink(i, t.detach())
+
+    def _pre(self, i: int) -> Callable[..., None]:
+        def hook(_m: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+            hidden = first_tensor(args)
+            if hidden is None:
+                hidden = kwargs.get("hidden_states")
+                hidden = hidden if hidden is not None else first_tensor(kwargs)
+            self._take(i, hidden)
+
+        return hook
+
+    def _post(self, i: int) -> Callable[..., None]:
+        def hook(_m: nn.Module, _a: Any, out: Any) -> None:
+            self._take(i, out if isinstance(out, torch.Tensor) else first_tensor(out))
+
+        return hook
+
+
+@dataclass
+class StepsRaw:
+    """Host values of the steps, before they become records (`dynamics_record`)."""
+
+    info: OptimizerInfo
+    points: list[Point]
+    params: list[tuple[str, int]]  # (name, numel) of each trainable parameter
+    gains: list[str]  # norm modules with a gain vector
+    losses: list[float | None] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    stream: list[list[float | None]] = field(default_factory=list)  # per t ≥ 1, per point
+    change: list[list[tuple[float | None, float | None, float | None]]] = field(
+        default_factory=list
+    )  # per t, per point: (rel, abs_mean, delta_mean)
+    logits: list[LogitStats | None] = field(default_factory=list)
+    attn_max: list[float | None] = field(default_factory=list)
+    gain_drift: list[list[float | None]] = field(default_factory=list)
+    ratio: list[list[float | None]] = field(default_factory=list)  # per update, per param
+    grad_rms: list[list[float | None]] = field(default_factory=list)
+    probe: str | None = None
+
+
+def _num(x: float) -> float | None:
+    return None if x != x else x  # NaN marks "not measured"
+
+
+def run_steps(
+    model: nn.Module,
+    spec: StepSpec,
+    *,
+    layout: Layout,
+    source: InputSource,
+    step0: tuple[torch.Tensor, Sequence[torch.Tensor | None]],
+    loss_of: Callable[[Any, Batch], torch.Tensor],
+    prepare: Callable[[Batch], Batch],
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+    loss_scale: float = 1.0,
+    vocab_size: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> StepsRaw:
+    """Take `spec.steps` optimizer steps from the current weights and measure t = 0..N.
+
+    step0: (loss, gradients of every trainable parameter in `model.parameters()` order)
+    of the profile's batch 0, the t = 0 step's batch: the first update uses them. The
+    caller restores the weights afterwards (`caller_state`); here they move.
+    `prepare` casts a batch to the run's device/dtype; `autocast()` is the run's autocast.
+    """
+    from actscan.measure.model_inputs import describe_batch
+    from actscan.measure.prepare import call_model
+
+    n_steps = spec.steps
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    if not params:
+        raise UsageError("--steps: no parameter requires grad, so there is nothing to train")
+    optimizer = build_optimizer(spec, param_groups(model, spec.lr))
+    base_lrs = [float(g["lr"]) for g in optimizer.param_groups]
+    gain_mods = [
+        (name, mod.weight)
+        for name, mod in model.named_modules()
+        if is_norm(mod) and isinstance(getattr(mod, "weight", None), torch.Tensor)
+        and mod.weight.dim() == 1
+    ]  # fmt: skip
+    points = probe_points(layout)
+    stream_idx = [i for i, p in enumerate(points) if p.kind == "stream"]
+    first = source(0)
+    lead = first.token_ids
+    if lead is None:
+        lead = first_tensor((first.args, first.kwargs))
+    rows = probe_rows(model, int(lead.shape[0]) if lead is not None and lead.dim() else 1)
+    probe_batch = prepare(cut_batch(source(PROBE_INDEX), rows))
+    raw = StepsRaw(
+        info=optimizer_info(spec, model), points=points,
+        params=[(n, p.numel()) for n, p in named], gains=[n for n, _ in gain_mods],
+        probe=describe_batch(probe_batch),
+    )  # fmt: skip
+    score_mods = attention_score_modules(model)
+    dev = params[0].device
+    nan = torch.full((), float("nan"), dtype=torch.float64, device=dev)
+
+    # the probe: outputs at t = 0 (kept), and per t the three change statistics
+    x0: dict[int, torch.Tensor] = {}
+    norm0: dict[int, torch.Tensor] = {}
+    change: dict[int, torch.Tensor] = {}
+    t_now = [0]
+
+    def probe_sink(i: int, x: torch.Tensor) -> None:
+        xf = x.float()
+        if t_now[0] == 0:
+            x0[i] = x.clone()
+            norm0[i] = _vnorm(xf, dtype=torch.float64)
+            zero = torch.zeros((), dtype=torch.float64, device=x.device)
+            change[i] = torch.stack([zero, xf.abs().mean(dtype=torch.float64), zero])
+            return
+        ref = x0.get(i)
+        if ref is None or ref.shape != x.shape:
+            change[i] = torch.stack([nan.to(x.device)] * 3)
+            return
+        d = xf - ref.float()
+        change[i] = torch.stack([
+            _vnorm(d, dtype=torch.float64) / norm0[i],
+            xf.abs().mean(dtype=torch.float64),
+            d.abs().mean(dtype=torch.float64),
+        ])  # fmt: skip
+
+    scores: list[torch.Tensor] = []
+    stream_sq: dict[int, torch.Tensor] = {}
+
+    def stream_sink(i: int, x: torch.Tensor) -> None:
+        stream_sq[i] = _vnorm(x, dtype=torch.float32).double() / math.sqrt(x.numel())
+
+    prev = [p.detach().clone() for p in params]  # W_t, for ‖W_{t+1} − W_t‖
+    probe_taps = _Taps(model, [p.name for p in points])
+    probe_taps.sink = probe_sink
+    stream_taps = _Taps(model, [points[i].name for i in stream_idx])
+    stream_taps.sink = stream_sink
+
+    def score_hook(_m: nn.Module, _a: Any, out: Any) -> None:
+        if isinstance(out, torch.Tensor) and probe_taps.on and out.numel():
+            scores.append(out.detach().abs().amax().double())
+
+    score_handles = [m.register_forward_hook(score_hook) for _, m in score_mods]
+    try:
+        with probe_taps, stream_taps:
+            for t in range(n_steps + 1):
+                if progress:
+                    progress("steps", t, n_steps)
+                t_now[0] = t
+                parts: list[torch.Tensor] = []
+                # 1. the probe, forward only
+                change.clear()
+                scores.clear()
+                probe_taps.start()
+                with torch.no_grad(), autocast():
+                    out = call_model(model, probe_batch)
+                probe_taps.on = False
+                for i in range(len(points)):
+                    parts.append(change.get(i, torch.stack([nan] * 3)).to(dev))
+                parts.append(_logit_stats(out, vocab_size, nan).to(dev))
+                del out
+                parts.append(torch.stack(scores).amax().reshape(1) if scores else nan.reshape(1))
+                # 2. the step's batch: t = 0 is the profile's batch 0
+                if t == 0:
+                    loss, grads = step0
+                    grads = list(grads)
+                else:
+                    b = prepare(source(t))
+                    stream_sq.clear()
+                    stream_taps.start()
+                    with torch.set_grad_enabled(t < n_steps), autocast():
+                        out = call_model(model, b)
+                        loss = loss_of(out, b)
+                    stream_taps.on = False
+                    del out
+                    for i in range(len(stream_idx)):
+                        parts.append(stream_sq.get(i, nan).reshape(1).to(dev))
+                    grads = []
+                    if t < n_steps:
+                        scaled = loss.float() * loss_scale if loss_scale != 1.0 else loss
+                        grads = list(torch.autograd.grad(scaled, params, allow_unused=True))
+                parts.append(loss.detach().double().reshape(1).to(dev))
+                # 3. norm gains
+                if gain_mods:
+                    ws = [w.detach() for _, w in gain_mods]
+                    drift = torch._foreach_norm(torch._foreach_sub(ws, 1.0))
+                    parts.append(
+                        torch.stack(
+                            [
+                                d.double() / math.sqrt(w.numel())
+                                for d, w in zip(drift, ws, strict=True)
+                            ]
+                        ).to(dev)
+                    )
+                # 4. the update
+                if t < n_steps:
+                    if loss_scale != 1.0:
+                        grads = [g / loss_scale if g is not None else None for g in grads]
+                    parts.append(_grad_rms(grads, params, nan).to(dev))
+                    for p, g in zip(params, grads, strict=True):
+                        p.grad = g
+                    factor = warmup_factor(t, spec.warmup)
+                    for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
+                        group["lr"] = base * factor
+                    raw.lrs.append(spec.lr * factor)
+                    with torch.no_grad():
+                        before = torch._foreach_norm(prev)
+                        optimizer.step()
+                        torch._foreach_sub_(prev, [p.detach() for p in params])
+                        delta = torch._foreach_norm(prev)
+                        torch._foreach_copy_(prev, [p.detach() for p in params])
+                    for p in params:
+                        p.grad = None
+                    del grads
+                    # undefined (None) for a weight that was exactly zero (a zero-init gain)
+                    den = torch.stack(before).double()
+                    ratio = torch.where(den > 0, torch.stack(delta).double() / den, nan)
+                    parts.append(ratio.to(dev))
+                else:
+                    raw.lrs.append(spec.lr * warmup_factor(t, spec.warmup))
+                host = torch.cat([x.reshape(-1) for x in parts]).cpu().tolist()  # one transfer
+                _unpack(raw, host, t, n_steps, len(points), len(stream_idx), len(gain_mods),
+                        len(params))  # fmt: skip
+    finally:
+        for h in score_handles:
+            h.remove()
+        for p in params:
+            p.grad = None
+    if progress:
+        progress("steps", n_steps, n_steps)
+    return raw
+
+
+def _grad_rms(
+    grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor], nan: torch.Tensor
+) -> torch.Tensor:
+    have = [(k, g) for k, g in enumerate(grads) if g is not None]
+    out = nan.expand(len(params)).clone()
+    if have:
+        norms = torch._foreach_norm([g for _, g in have])
+        vals = torch.stack([n.double() / math.sqrt(g.numel())
+                            for n, (_, g) in zip(norms, have, strict=True)])  # fmt: skip
+        out[torch.tensor([k for k, _ in have], device=out.device)] = vals.to(out.device)
+    return out
+
+
+def output_logits(output: Any) -> torch.Tensor | None:
+    """The logits of a model output: `.logits` (transformers), `["logits"]`, else the first
+    float tensor (the built-in model returns its logits)."""
+    logits = getattr(output, "logits", None)
+    if isinstance(output, dict):
+        logits = output.get("logits", logits)
+    return logits if isinstance(logits, torch.Tensor) else first_tensor(output)
+
+
+def _logit_stats(out: Any, vocab_size: int | None, nan: torch.Tensor) -> torch.Tensor:
+    """(max, log Z mean, log Z std) of vocabulary logits (B, T, V); NaN otherwise."""
+    logits = output_logits(out) if vocab_size else None
+    if logits is None or logits.dim() != 3 or logits.shape[-1] != vocab_size:
+        return torch.stack([nan] * 3)
+    lf = logits.float()
+    lz = torch.logsumexp(lf, dim=-1)
+    return torch.stack([lf.amax(), lz.mean(), lz.std(correction=0)]).double()
+
+
+def _unpack(
+    raw: StepsRaw, host: list[float], t: int, n_steps: int, n_points: int, n_stream: int,
+    n_gains: int, n_params: int,
+) -> None:  # fmt: skip
+    pos = 0
+
+    def take(n: int) -> list[float]:
+        nonlocal pos
+        out = host[pos : pos + n]
+        pos += n
+        return out
+
+    flat = take(3 * n_points)
+    raw.change.append(
+        [(_num(flat[3 * i]), _num(flat[3 * i + 1]), _num(flat[3 * i + 2])) for i in range(n_points)]
+    )
+    mx, mean, std = take(3)
+    raw.logits.append(
+        None if mean != mean else LogitStats(max=_num(mx), log_z_mean=mean, log_z_std=_num(std))
+    )
+    raw.attn_max.append(_num(take(1)[0]))
+    if t > 0:
+        raw.stream.append([_num(x) for x in take(n_stream)])
+    raw.losses.append(_num(take(1)[0]))
+    raw.gain_drift.append([_num(x) for x in take(n_gains)] if n_gains else [])
+    if t < n_steps:
+        raw.grad_rms.append([_num(x) for x in take(n_params)])
+        raw.ratio.append([_num(x) for x in take(n_params)])
+
+
+def dynamics_record(
+    raw: StepsRaw, stream: Sequence[StreamPoint], params: Sequence[ParamRecord]
+) -> Dynamics:
+    """The report's `dynamics`: t = 0's stream is the profile's own (`stream`); parameter
+    block/role/kind come from the profile's parameter records."""
+    stream_points = [p for p in raw.points if p.kind == "stream"]
+    steps = []
+    for t, loss in enumerate(raw.losses):
+        if t == 0:
+            s = tuple((p.k, p.rms) for p in stream)
+        else:
+            s = tuple((p.k or 0, v) for p, v in zip(stream_points, raw.stream[t - 1], strict=True))
+        changes = tuple(
+            ChangeRecord(name=p.name, kind=p.kind, k=p.k, block=p.block, rel=c[0],
+                         abs_mean=c[1], delta_mean=c[2])
+            for p, c in zip(raw.points, raw.change[t], strict=True)
+        )  # fmt: skip
+        drift = tuple(
+            (name, v) for name, v in zip(raw.gains, raw.gain_drift[t], strict=True) if v is not None
+        )
+        steps.append(
+            StepRecord(
+                t=t, loss=loss, lr=raw.lrs[t], stream=s, change=changes, logits=raw.logits[t],
+                attn_max=raw.attn_max[t], gain_drift=drift,
+            )
+        )  # fmt: skip
+    by_name: Mapping[str, ParamRecord] = {p.name: p for p in params}
+    updates = []
+    for j, (name, numel) in enumerate(raw.params):
+        rec = by_name.get(name)
+        updates.append(
+            UpdateRecord(
+                param=name, block=rec.block if rec else None, role=rec.role if rec else "other",
+                kind=rec.kind if rec else "other", ratio=tuple(r[j] for r in raw.ratio),
+                grad_rms=tuple(g[j] for g in raw.grad_rms), numel=numel,
+            )
+        )  # fmt: skip
+    return Dynamics(
+        optimizer=raw.info, steps=tuple(steps), updates=tuple(updates), probe=raw.probe,
+        blocks=block_updates(updates),
+    )  # fmt: skip
