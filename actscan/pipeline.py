@@ -134,6 +134,7 @@ def scan_target(
         eps=settings.eps,
         weight_decay=settings.weight_decay,
         warmup=settings.warmup,
+        attention=settings.attention,
     )
     if resolved.notes:
         report = replace(report, notes=tuple(dict.fromkeys(resolved.notes + report.notes)))

@@ -26,6 +26,7 @@ from actscan.diagnose import CheckContext, evaluate
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.distributed.runtime import current as dist_current
 from actscan.errors import UsageError
+from actscan.measure.attention import attention_probes
 from actscan.measure.dynamics import StepSpec, StepsRaw, caller_state, dynamics_record, run_steps
 from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
 from actscan.measure.layout_proof import prove_layout
@@ -299,6 +300,7 @@ def scan(
     eps: float = 1e-8,
     weight_decay: float = 0.0,
     warmup: int = 0,
+    attention: bool = True,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -326,6 +328,8 @@ def scan(
           findings stay the step-0 measurement; the model's weights, `.grad`, modes and
           buffers are restored bit for bit afterwards, also when a step raises. A model
           with `actscan_param_groups(lr) -> list[dict]` trains with its own param groups.
+        attention: per-head attention probes (score max/std, entropy, sink: the report's
+          `attention`); False switches them off (`--no-attention`).
     """
     ignores = parse_ignores(ignore, origin="scan()") if ignore is not None else ()
     spec = StepSpec(steps, optimizer, lr, tuple(betas), eps, weight_decay, warmup).check()
@@ -451,6 +455,7 @@ def scan(
                 main=dist_run is None or dist_run.is_main,
             ) as rec,
             _extra_inputs(model, layout, backward, dev, fp16_run, loss_scale, merge, rows) as extra,
+            attention_probes(model, layout, info.family, enabled=attention) as probes,
         ):
             for i in range(batches):
                 if progress:
@@ -483,6 +488,9 @@ def scan(
             raw = rec.result(batches)
             for r in extra:
                 raw.update(r.result(batches))
+        attn_records = probes.records(merge=dist_run is not None) if probes is not None else ()
+        if probes is not None:
+            notes.extend(probes.notes)
         if progress:
             progress("run", batches, batches)
         if steps:
@@ -537,6 +545,7 @@ def scan(
     ctx = CheckContext(
         info=info, run=run, layout=layout, layers=layers, stream=stream, fit=fit,
         params=params_before, thresholds=th, streams=streams, dynamics=dynamics,
+        attention=attn_records,
     )  # fmt: skip
     summary = Summary(
         growth_exponent=fit.exponent, gain_per_block=fit.gain, growth=fit.growth,
@@ -548,7 +557,7 @@ def scan(
         model=info, run=run, layers=layers, stream=stream, findings=findings,
         summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
         branches=stream_branch_records(layout, layers, stream, streams), layout=proof.proofs,
-        skipped=skipped, streams=streams, dynamics=dynamics,
+        skipped=skipped, streams=streams, dynamics=dynamics, attention=attn_records,
     )  # fmt: skip
 
 

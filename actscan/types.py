@@ -72,6 +72,7 @@ class CheckId(StrEnum):
     DEAD_UNITS = "dead-units"
     OUTLIER_CHANNELS = "outlier-channels"
     LOGIT_SCALE = "logit-scale"
+    ATTN_ENTROPY = "attn-entropy"
     INIT_SCALE = "init-scale"
     # the first optimizer steps (`--steps N`; actscan/diagnose/dynamics.py)
     UPDATE_SIZE = "update-size"
@@ -502,3 +503,41 @@ class Dynamics:
     probe: str | None = None  # what the probe batch holds, in words
     # derived from `updates` (actscan.measure.dynamics_stats.block_updates)
     blocks: tuple[BlockUpdates, ...] = ()
+
+
+# -- attention probes (per attention layer, per head) ------------------------------------
+
+
+@dataclass(frozen=True)
+class HeadRecord:
+    """One attention head, merged over batches and calls.
+
+    score_max / score_std: the pre-softmax scores (after scaling, soft-capping and any
+    additive position bias) over the allowed (query, key) pairs only. entropy: the mean
+    over queries of H(p) / ln(allowed keys), 1 = uniform, 0 = all mass on one key
+    (queries with one allowed key left out). sink: mean attention mass on key 0.
+    """
+
+    head: int
+    score_max: float | None
+    score_std: float | None
+    entropy: float | None
+    sink: float | None
+
+
+@dataclass(frozen=True)
+class AttentionRecord:
+    """One attention layer (module) and its heads (the report's `attention[]`)."""
+
+    name: str
+    block: int | None
+    heads: tuple[HeadRecord, ...]
+    queries: int = 0  # query positions per sequence (the largest seen)
+    keys: int = 0  # key positions per sequence (the largest seen)
+    mean_keys: float | None = None  # allowed keys per query, averaged over the judged queries
+    kv_heads: int | None = None  # key/value heads (< heads: GQA, 1: MQA)
+    kind: str = "self"  # "self" | "cross"
+    calls: int = 0
+    softcap: float | None = None  # tanh soft-cap the scores passed through (Gemma 2: 50)
+    sliding_window: int | None = None  # the layer's local window, when it has one
+    stream: str | None = None  # the residual stream it belongs to, when there are several

@@ -97,6 +97,13 @@ DropoutFlag = Annotated[
         "--dropout", help="Keep dropout on (the run is in train mode; dropout is off by default)."
     ),
 ]
+NoAttention = Annotated[
+    bool,
+    typer.Option(
+        "--no-attention",
+        help="Switch the attention probes off (per-head scores, entropy, sink; the Heads table).",
+    ),
+]
 NoBackward = Annotated[
     bool, typer.Option("--no-backward", help="Forward only: no gradient statistics.")
 ]
@@ -307,6 +314,7 @@ def resolve_settings(
     weight_decay: float | None = None,
     warmup: int | None = None,
     no_backward: bool = False,
+    no_attention: bool = False,
 ) -> Settings:
     """The shared run options (None: not given) > [tool.actscan] > defaults, validated."""
     from actscan.diagnose.thresholds import parse_threshold_options
@@ -318,6 +326,7 @@ def resolve_settings(
             "batches": batches, "seed": seed, "device": device, "modules": modules,
             "dropout": True if dropout else None, "steps": steps, "optimizer": optimizer,
             "lr": lr, "eps": eps, "weight_decay": weight_decay, "warmup": warmup,
+            "attention": False if no_attention else None,
             "thresholds": parse_threshold_options(threshold) or None,
         }
     )  # fmt: skip

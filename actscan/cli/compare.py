@@ -44,6 +44,7 @@ def compare(
     eps: c.EpsOpt = None,
     weight_decay: c.WeightDecayOpt = None,
     warmup: c.WarmupOpt = None,
+    no_attention: c.NoAttention = False,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -75,6 +76,7 @@ def compare(
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
         steps=steps, optimizer=optimizer, lr=lr, eps=eps, weight_decay=weight_decay,
         warmup=warmup, no_backward=no_backward,
+        no_attention=no_attention,
     )  # fmt: skip
     if b is None and not (vs_init or vs_set or vs_dtype or vs_amp or vs_config):
         raise c.fail(

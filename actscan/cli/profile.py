@@ -46,6 +46,7 @@ def profile(
     eps: c.EpsOpt = None,
     weight_decay: c.WeightDecayOpt = None,
     warmup: c.WarmupOpt = None,
+    no_attention: c.NoAttention = False,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -82,7 +83,8 @@ def profile(
         batch=batch, seq_len=seq_len, batches=batches, seed=seed, input_file=input_file,
         device=device, modules=modules, no_backward=no_backward, dropout=dropout,
         steps=steps, lr=lr, optimizer=optimizer, eps=eps, weight_decay=weight_decay,
-        warmup=warmup, json_out=json_out, fmt=fmt, output=output, fail_on=fail_on,
+        warmup=warmup, no_attention=no_attention, json_out=json_out, fmt=fmt, output=output,
+        fail_on=fail_on,
         input_shape=input_shape, threshold=threshold, quiet=quiet,
         allow_nonfinite=allow_nonfinite, at_init=at_init, all_modules=all_modules,
         show_config=show_config,
@@ -128,6 +130,7 @@ def _profile(
     eps: float | None,
     weight_decay: float | None,
     warmup: int | None,
+    no_attention: bool,
     json_out: str | None,
     fmt: c.FormatOpt,
     output: str | None,
@@ -149,6 +152,7 @@ def _profile(
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
         steps=steps, optimizer=optimizer, lr=lr, eps=eps, weight_decay=weight_decay,
         warmup=warmup, no_backward=no_backward,
+        no_attention=no_attention,
     )  # fmt: skip
     if show_config:
         _print_settings(settings)

@@ -146,6 +146,26 @@ class Thresholds:
     logit_freeze: float = 1.0
     # error at init at 4× (loss at init ≳ 8 ln V, z-loss (log Z)² in the thousands).
     logit_freeze_error: float = 4.0
+    # Largest pre-softmax attention score (attention probes). Gemma 2 bounds its scores
+    # with a tanh soft-cap of 50 (attn_logit_softcapping): past 50 a score is beyond what a
+    # production model lets through. At init, where scores are O(1) (healthy: max ≤ 1 on
+    # every family measured), warn; in a checkpoint, info (MiniLM-L6's layer 0 reaches 54).
+    attn_score_max: float = 50.0
+    # Kimi K2's QK-Clip threshold τ = 100: MuonClip rescales W_q, W_k of any head whose max
+    # logit passes 100, the attention-logit explosion that precedes loss spikes. error at
+    # init, warn in a checkpoint.
+    attn_score_max_error: float = 100.0
+
+    # ---- attn-entropy ---------------------------------------------------------------------------
+    # Normalised entropy e = H(p)/ln n of a head (n: allowed keys per query; the head
+    # spreads over n^e keys). Gaussian scores of std σ give e ≈ 1 − σ²/(2 ln n): healthy
+    # heads at init sit at ≥ 0.99 (σ ≲ 0.1 on every family measured); 0.5 is √n of n keys,
+    # scores at 0.7× the freezing point √(2 ln n). Warn at init below it.
+    attn_entropy_low: float = 0.5
+    # Below 0.1 (1.5 of 64 keys) the head is collapsed onto one key: error at init; in a
+    # checkpoint info (positional and sink heads do this on purpose: MiniLM-L6 has 2 of 72
+    # on random tokens), warn when every head of a layer is collapsed.
+    attn_entropy_collapse: float = 0.1
 
     # ---- the first optimizer steps (--steps N) -----------------------------------------
     # Set from training outcomes: docs/calibration-dynamics.md (128 tiny runs, 35 that
