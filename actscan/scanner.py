@@ -31,9 +31,16 @@ from actscan.measure.model_inputs import describe_batch, hf_input_source
 from actscan.measure.prepare import call_model, check_positions, refuse_meta, unwrap_compiled
 from actscan.measure.recorder import Recorder, iter_named, moments
 from actscan.measure.stats import growth_fit, layer_record, stream_points
-from actscan.measure.streams import input_name, primary, stream_branch_records, stream_records
+from actscan.measure.streams import (
+    all_points,
+    input_name,
+    primary,
+    stream_branch_records,
+    stream_records,
+)
 from actscan.measure.streams import stream_inputs as stream_input_blocks
 from actscan.measure.structure import detect_layout, is_norm
+from actscan.measure.tokens import channel_maxima, stream_names, streams_with_views, with_views
 from actscan.measure.usage import Usage, measure_usage, norm_gains
 from actscan.report.report import Report
 from actscan.settings import Ignore, apply_ignores, parse_ignores
@@ -287,6 +294,7 @@ def scan(
     ignore: Iterable[Ignore | Mapping[str, Any]] | None = None,
     at_init: bool | None = None,
     dropout: bool = False,
+    decode_token: Callable[[int], str] | None = None,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -307,6 +315,8 @@ def scan(
         dropout: keep dropout on (nn.Dropout* modules and the dropout rates attention
           modules and HF configs hold). Off by default: the run is in train mode (norms use
           batch statistics) but reproducible.
+        decode_token: token id -> its text (the tokenizer's), for the per-token view
+          (`top_values[].text`, massive-activations); None: ids only.
     """
     ignores = parse_ignores(ignore, origin="scan()") if ignore is not None else ()
     if batches < 1:
@@ -361,6 +371,9 @@ def scan(
         if layout.blocks
         else None
     )
+    token_names = stream_names(
+        [b.name for b in layout.blocks], [stream_in[0]] if stream_in else [], layout.embed
+    )
     notes: list[str] = [layout.note] if layout.note else []
     if compiled_note:
         notes.append(compiled_note)
@@ -403,6 +416,7 @@ def scan(
                 device=dev,
                 underflow=fp16_run,
                 loss_scale=loss_scale,
+                tokens=token_names,
             ) as rec,
             _extra_inputs(model, layout, backward, dev, fp16_run, loss_scale) as extra,
         ):
@@ -454,6 +468,8 @@ def scan(
         if main is not None
         else stream_points(layout, records, stream_in[0] if stream_in else None)
     )
+    stream = with_views(stream, raw, source, decode_token)
+    streams = streams_with_views(streams, raw, source, decode_token)
     fit = growth_fit(stream)
     run = RunInfo(
         dtype=dtype_name(run_dtype or model_dtype), amp=amp, device=dev.type,
@@ -478,6 +494,7 @@ def scan(
         summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
         branches=stream_branch_records(layout, layers, stream, streams), layout=proof.proofs,
         skipped=skipped, streams=streams,
+        channel_maxima=channel_maxima(all_points(stream, streams), raw),
     )  # fmt: skip
 
 
@@ -499,6 +516,7 @@ def _extra_inputs(
                 Recorder(
                     [], stream_input=(input_name(name), mods[name]), backward=backward,
                     channels=False, device=dev, underflow=underflow, loss_scale=loss_scale,
+                    tokens=[input_name(name)],
                 )
             )
             for name in stream_input_blocks(layout)[1:]

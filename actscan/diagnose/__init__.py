@@ -59,7 +59,7 @@ CHECKS: dict[tuple[CheckId, ...], Check] = {}
 
 
 def _register() -> None:
-    from actscan.diagnose import branches, channels, depth, init, numerics, underflow
+    from actscan.diagnose import branches, channels, depth, init, numerics, tokens, underflow
 
     CHECKS.update(
         {
@@ -71,6 +71,7 @@ def _register() -> None:
             (CheckId.DEAD_BRANCH,): branches.dead_branch,
             (CheckId.DEAD_UNITS,): channels.dead_units,
             (CheckId.OUTLIER_CHANNELS,): channels.outlier_channels,
+            (CheckId.MASSIVE_ACTIVATIONS,): tokens.massive_activations,
             (CheckId.LOGIT_SCALE,): numerics.logit_scale,
             (CheckId.INIT_SCALE,): init.init_scale,
         }

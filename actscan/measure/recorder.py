@@ -31,6 +31,12 @@ instrumented step costs little more than reading each activation a few times:
 - One host transfer at the very end (`result()`), which also summarises each module's
   per-channel max-abs (dead/live counts, median and max of the live channels) with one
   sort per width, so that no per-channel list is walked in Python.
+- At the stream points (`tokens=`: the names whose per-token view is kept) each batch
+  also gets, see `_token_view`: the top-k |x| with their flat positions (topk of x and of
+  −x, no |x| copy of the activation), and, on a strided subsample of at most `_SUB`
+  values (stride coprime to the width, so every channel is sampled): the median |x| and
+  per channel how many sampled values exceed `HIT_RMS` × the sample's RMS. Batches merge
+  on the device (concat + topk; medians and counts stacked), read in the one transfer.
 Limits: values above ~1.8e19 overflow the fp32 squares (the variance reads inf), as
 they did with Welford in fp32; flushing denormals to zero (torch.set_flush_denormal)
 makes subnormals count as zeros.
@@ -39,6 +45,7 @@ Hooks are removed in `__exit__`, also when the forward raises.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -65,6 +72,15 @@ _WORK = (torch.float32, torch.float64)  # reduced as they are; others upcast to 
 _SERIAL = 1 << 18
 _vnorm = torch.linalg.vector_norm
 FP16_TINY = 2.0**-14  # fp16's smallest normal value (6.10e-05)
+TOP_K = 8  # largest |x| kept per stream point, with (batch, position, channel)
+# The per-token view's median and channel counts read a strided subsample of at most this
+# many values: a sample median of 64K values is within ~0.5% of the exact one, and
+# kthvalue over a 12 × 768 × 1024 activation costs as much as the rest of the hook.
+_SUB = 1 << 16
+# A sampled value is a "hit" for its channel above this multiple of the sample's RMS (a
+# Gaussian passes 6σ once in 5e8 values): a channel that is large across tokens hits on
+# a large fraction of them, one carrying a massive value on a few tokens on almost none.
+HIT_RMS = 6.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +110,14 @@ class RawStats:
     channel_live: int | None = None
     channel_median: float | None = None
     channel_top: float | None = None
+    # The per-token view (stream points only, else empty/None): the top-k |x| as
+    # (signed value, batch index, flat index within that batch's tensor), the tensor's
+    # shape, the median |x| (median of the per-batch sample medians) and per channel the
+    # fraction of sampled values above HIT_RMS × RMS (None when not per channel).
+    top: tuple[tuple[float, int, int], ...] = ()
+    shape: tuple[int, ...] = ()
+    median_abs: float | None = None
+    channel_hits: tuple[float, ...] | None = None
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
@@ -131,6 +155,7 @@ class Recorder:
         device: torch.device | str = "cpu",
         underflow: bool = False,
         loss_scale: float = 1.0,
+        tokens: Sequence[str] = (),
     ) -> None:
         self.targets = list(targets)
         self.underflow = underflow
@@ -174,6 +199,16 @@ class Recorder:
         self._uf_pend: list[tuple[list[int], torch.Tensor]] = []
         self._guf_pend: list[tuple[list[int], torch.Tensor]] = []
         self._uf_last: tuple[Any, int, list[int]] | None = None
+        # The per-token view: module index -> its running (|top|, signed top, code) with
+        # code = batch · numel + flat index; per-batch medians; channel hit/sample counts.
+        self._tok_ix = {self.names.index(n) for n in tokens if n in self.names}
+        self._tok_top: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._tok_med: dict[int, list[torch.Tensor]] = {}
+        self._tok_hits: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = {}
+        self._tok_shape: dict[int, tuple[int, ...]] = {}
+        self._tok_last: tuple[Any, int, tuple[Any, ...]] | None = None
+        self._tok_cols: dict[tuple[int, int, int, torch.device], torch.Tensor] = {}
+        self._batch = 0
 
     # -- hooks ---------------------------------------------------------------------
     def _reset_pending(self) -> None:
@@ -211,6 +246,8 @@ class Recorder:
             return
         if self.underflow:
             self._count_underflow(i, t)
+        if i in self._tok_ix:
+            self._token_view(i, t)
         last = self._last
         if last is not None and last[0]() is t and last[1] == t._version:
             self._repeat(i, last)
@@ -231,6 +268,70 @@ class Recorder:
         self._last = (weakref.ref(t), t._version, start, len(self._pend), hi, lo,
                       per_channel, mods)  # fmt: skip
         self._update_channels(i, hi, lo, per_channel)
+
+    def _token_view(self, i: int, t: torch.Tensor) -> None:
+        """Top-k |x| with positions, the median |x| and per-channel hit counts of one
+        stream tensor, merged into module i's running view; all on the device."""
+        last = self._tok_last
+        if last is not None and last[0]() is t and last[1] == t._version:
+            vals, codes, med, hits = last[2]
+        else:
+            x = t.detach()
+            if x.dtype not in _WORK:
+                x = x.float()
+            flat = x.reshape(-1)
+            numel = flat.numel()
+            k = min(TOP_K, numel)
+            hi, hi_i = flat.topk(k)
+            lo, lo_i = flat.topk(k, largest=False)
+            both = torch.cat([hi, lo])
+            pick = both.abs().topk(k).indices
+            vals = both[pick]
+            codes = torch.cat([hi_i, lo_i])[pick] + self._batch * numel
+            c = x.shape[-1] if x.dim() >= 2 else numel
+            step = max(1, -(-numel // _SUB))
+            while step > 1 and math.gcd(step, c) != 1:
+                step += 1
+            sub = flat[::step].abs()
+            med = sub.kthvalue((sub.numel() + 1) // 2).values
+            hits = None
+            if self.channels and c <= _MAX_CHANNELS and x.dim() >= 2:
+                cols = self._sample_cols(sub.numel(), step, c, x.device)
+                rms = _vnorm(sub) / sub.numel() ** 0.5
+                big = (sub > HIT_RMS * rms).to(_ACC)
+                hits = (
+                    torch.zeros(c, dtype=_ACC, device=x.device).index_add_(0, cols, big),
+                    torch.zeros(c, dtype=_ACC, device=x.device).index_add_(
+                        0, cols, torch.ones_like(big)
+                    ),
+                )
+            self._tok_last = (weakref.ref(t), t._version, (vals, codes, med, hits))
+        self._tok_shape.setdefault(i, tuple(t.shape))
+        run = self._tok_top.get(i)
+        if run is not None:
+            vals = torch.cat([run[1], vals])
+            codes = torch.cat([run[2], codes])
+            pick = vals.abs().topk(min(TOP_K, vals.numel())).indices
+            vals, codes = vals[pick], codes[pick]
+        self._tok_top[i] = (vals.abs(), vals, codes)
+        self._tok_med.setdefault(i, []).append(med.to(_ACC))
+        acc = self._tok_hits.get(i, ())
+        if hits is None or acc is None or (acc and acc[0].shape != hits[0].shape):
+            self._tok_hits[i] = None  # another width, or not per channel: no counts
+        elif acc:
+            acc[0].add_(hits[0])
+            acc[1].add_(hits[1])
+        else:
+            self._tok_hits[i] = (hits[0].clone(), hits[1].clone())
+
+    def _sample_cols(self, m: int, step: int, c: int, dev: torch.device) -> torch.Tensor:
+        """Channel of each value of flat[::step][:m] (a cached index tensor)."""
+        key = (m, step, c, dev)
+        cols = self._tok_cols.get(key)
+        if cols is None:
+            cols = (torch.arange(m, dtype=torch.int64) * step % c).to(dev)
+            self._tok_cols[key] = cols
+        return cols
 
     def _reduce(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """Queue Σx, row norms and the two counts of x, chunk by chunk; (amax, amin)."""
@@ -453,6 +554,8 @@ class Recorder:
             self._gsq.index_add_(0, _ix(gidx, dev), gsq[_ix(src, dev)])
         self._merge_underflow()
         self._reset_pending()
+        self._tok_last = None
+        self._batch += 1
 
     def _merge_underflow(self) -> None:
         dev = self.device
@@ -489,7 +592,8 @@ class Recorder:
         head = torch.stack([self._n, self._mean, self._m2, self._zeros, self._nonfinite,
                             amax, self._gsq, self._pgsq, self._uf.to(_ACC),
                             self._guf.to(_ACC)]).flatten()  # fmt: skip
-        flat = torch.cat([head, *summaries, *blocks]).cpu().tolist()  # the one transfer
+        tok_parts, tok_layout = self._token_parts()
+        flat = torch.cat([head, *summaries, *blocks, *tok_parts]).cpu().tolist()  # the one transfer
         n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq, uf, guf = (
             flat[k * m : (k + 1) * m] for k in range(10)
         )
@@ -507,6 +611,7 @@ class Recorder:
         for i, width in zip(kept, widths, strict=True):
             chan_lists[i] = tuple(flat[pos : pos + width])
             pos += width
+        views = self._token_results(flat, pos, tok_layout)
         out: dict[str, RawStats] = {}
         for i, name in enumerate(self.names):
             cnt = int(n[i])
@@ -527,10 +632,41 @@ class Recorder:
                 else None,
                 order=self._order[i],
                 **summary[i],
+                **views.get(i, {}),
             )
         if self.underflow or self.loss_scale != 1.0:
             return self._fp16(out, uf, guf)
         return out
+
+    def _token_parts(self) -> tuple[list[torch.Tensor], list[tuple[int, int, int]]]:
+        """The per-token views as fp64 pieces of the one transfer: per module (index, k,
+        width of the hit counts): values, codes, median, hit fractions."""
+        parts: list[torch.Tensor] = []
+        layout: list[tuple[int, int, int]] = []
+        dev = self.device
+        for i, (_, vals, codes) in self._tok_top.items():
+            meds = torch.stack(self._tok_med[i]).to(dev)
+            hits = self._tok_hits.get(i)
+            frac = [] if not hits else [(hits[0] / hits[1].clamp_min(1)).to(dev)]
+            parts += [vals.to(dev, _ACC), codes.to(dev, _ACC), meds.median()[None], *frac]
+            layout.append((i, vals.numel(), frac[0].numel() if frac else 0))
+        return parts, layout
+
+    def _token_results(
+        self, flat: list[float], pos: int, layout: list[tuple[int, int, int]]
+    ) -> dict[int, dict[str, Any]]:
+        """RawStats fields of the per-token views, read from the transferred list."""
+        views: dict[int, dict[str, Any]] = {}
+        for i, k, width in layout:
+            shape = self._tok_shape[i]
+            numel = math.prod(shape)
+            vals, codes = flat[pos : pos + k], flat[pos + k : pos + 2 * k]
+            med = flat[pos + 2 * k]
+            hits = tuple(flat[pos + 2 * k + 1 : pos + 2 * k + 1 + width]) if width else None
+            pos += 2 * k + 1 + width
+            top = tuple((v, int(c) // numel, int(c) % numel) for v, c in zip(vals, codes, strict=True))
+            views[i] = {"top": top, "shape": shape, "median_abs": med, "channel_hits": hits}
+        return views
 
     def _fp16(
         self, out: dict[str, RawStats], uf: list[float], guf: list[float]
