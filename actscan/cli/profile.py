@@ -46,6 +46,14 @@ def profile(
     quiet: c.Quiet = False,
     allow_nonfinite: c.AllowNonfinite = False,
     at_init: c.AtInit = None,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            "--plot",
+            help="Draw stream RMS vs k, per-channel max |x| per stream point and attention "
+            "entropy per layer × head to PATH (.png/.svg/.pdf; needs actscan[plot]).",
+        ),
+    ] = None,
     all_modules: Annotated[bool, typer.Option("--all", help="Table of every module.")] = False,
     show_config: Annotated[
         bool, typer.Option("--show-config", help="Print the effective settings and exit.")
@@ -59,6 +67,7 @@ def profile(
       actscan profile configs/gpt-48-naive.yaml --init fan-in --set branch_scale=depth
       actscan profile path/to/hf-model --dtype bf16 --json report.json
       actscan profile mypkg.models:build --input-shape 8,128 --fail-on warn
+      actscan profile path/to/hf-model --input text.txt --plot profile.png
     """
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
@@ -70,6 +79,10 @@ def profile(
     if dtype is not None and amp is not None and dtype is not c.DTypeOpt.fp32:
         raise c.fail("--dtype and --amp together: autocast runs fp32 weights (drop --dtype)")
     c.check_outputs(fmt, output, json_out)
+    if plot is not None:  # fail now, not after a long scan
+        from actscan.report.plot import check_plot
+
+        check_plot(plot)
     from actscan.pipeline import TargetSpec, scan_target
 
     spec = TargetSpec(
@@ -82,6 +95,10 @@ def profile(
     from actscan.report.render import render_report
 
     report = scanned.report
+    if plot is not None:
+        from actscan.report.plot import plot_profile, profile_figure
+
+        plot_profile(profile_figure(report), plot)
     c.emit(
         [report], fmt=fmt, output=output, json_path=json_out, fail_on=settings.fail_on,
         render=lambda con: render_report(

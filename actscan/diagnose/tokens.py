@@ -81,13 +81,19 @@ def massive_activations(ctx: CheckContext) -> list[Finding | Skip]:
         f"{token_label(g[0][1])} channel {g[0][1].channel}" for g in ranked[1:]
     ]  # fmt: skip
     more = f"; also {listing(others, 4)}" if others else ""
+    seqs = {(h[1].batch, h[1].sequence) for h in lead}
+    many = f" of {len(seqs)} sequences" if len(seqs) > 1 else ""
+    typical = (
+        "the median value included"
+        if med < scale / 2
+        else f"a median value keeps {n(med / scale)} levels"
+    )
     message = (
-        f"Massive activation at {token_label(big[1])}, channel {big[1].channel}: |x| = "
+        f"Massive activation at {token_label(big[1])}{many}, channel {big[1].channel}: |x| = "
         f"{n(abs(big[1].value))}, {n(big[2])}× the median |x| ({n(med)}); first at "
         f"{first[0].name} (k = {first[0].k}), at {len(where)} of {len(points)} stream "
         f"points{more}. Per-tensor int8 (s = max/127 = {n(scale)}) rounds every |x| below "
-        f"{n(scale / 2)} to 0, the median value included; fp16 keeps ×{n(FP16_MAX / top)} "
-        "headroom to 65504."
+        f"{n(scale / 2)} to 0, {typical}; fp16 keeps ×{n(FP16_MAX / top)} headroom to 65504."
     )
     if ctx.info.at_init:
         severity = Severity.WARN

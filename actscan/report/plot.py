@@ -1,4 +1,5 @@
-"""`--plot PATH`: stream RMS against k, one line per side/size. Optional (`actscan[plot]`).
+"""`--plot PATH`: stream RMS against k, one line per side/size (compare, sweep), and
+`profile --plot`'s three panels. Optional (`actscan[plot]`).
 
 matplotlib is imported only here and only when asked for; the object-oriented API
 (Figure + Agg canvas) leaves pyplot's global state and the user's backend alone.
@@ -8,12 +9,17 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from actscan.errors import ActscanError, UsageError
 from actscan.report.output import write_atomic
+
+if TYPE_CHECKING:
+    from actscan.report.report import Report
 
 
 @dataclass(frozen=True)
@@ -25,21 +31,48 @@ class Series:
     shade: float | None = None  # 0..1 along a colormap: one per size (None: default cycle)
 
 
-def plot_streams(series: Sequence[Series], path: str | Path, *, title: str = "") -> Path:
-    """Draw stream RMS vs k (log scale when the values span more than ×10) and write
-    PATH atomically; the format follows the suffix (.png, .svg, .pdf)."""
+def check_plot(path: str | Path) -> str:
+    """Fail before any work when PATH cannot be drawn: matplotlib missing, an image type
+    it does not write, a folder that does not exist. Returns the format."""
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        import matplotlib.backends.backend_agg  # noqa: F401
+        import matplotlib.figure  # noqa: F401
     except ImportError:
         raise ActscanError("--plot needs matplotlib: pip install 'actscan[plot]'") from None
     out = Path(path)
     fmt = out.suffix.lower().lstrip(".") or "png"
     if fmt not in ("png", "svg", "pdf"):
         raise UsageError(f"--plot: unsupported image type '.{fmt}' (use .png, .svg or .pdf)")
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        what = "is not a folder" if parent.exists() else "does not exist"
+        raise UsageError(f"cannot write {path}: {out.parent} {what}")
+    if out.is_dir():
+        raise UsageError(f"cannot write {path}: it is a folder")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"cannot write {path}: folder {out.parent} is not writable")
+    return fmt
+
+
+def plot_streams(series: Sequence[Series], path: str | Path, *, title: str = "") -> Path:
+    """Draw stream RMS vs k (log scale when the values span more than ×10) and write
+    PATH atomically; the format follows the suffix (.png, .svg, .pdf)."""
+    fmt = check_plot(path)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out = Path(path)
     fig = Figure(figsize=(7.5, 4.5), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
+    _stream_axes(ax, series, title)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt)
+    write_atomic(out, buf.getvalue())  # a reader never sees half an image
+    return out
+
+
+def _stream_axes(ax: Any, series: Sequence[Series], title: str, legend: bool = True) -> None:
     values: list[float] = []
     for s in series:
         pts = [
@@ -62,12 +95,107 @@ def plot_streams(series: Sequence[Series], path: str | Path, *, title: str = "")
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    if series:
+    if series and legend:
         ax.legend(fontsize="small")
+
+
+# Columns of the channel heat map: wider streams are shown binned, each bin the max of its
+# channels, so a single outlier channel stays one visible column (display only).
+MAX_COLUMNS = 512
+Heads = Sequence[tuple[str, Sequence[float | None]]]
+
+
+@dataclass(frozen=True)
+class ProfileFigure:
+    """What `profile --plot` draws, as measured: the stream (one series), each stream
+    point's per-channel max-abs (Report.channel_maxima: empty for a report read from
+    JSON), and per attention layer its heads' normalised entropy (None: probes off or
+    unavailable)."""
+
+    stream: Series
+    channel_maxima: Sequence[tuple[str, Sequence[float]]] = ()
+    heads: Heads | None = None
+    title: str = ""
+
+
+def profile_figure(report: Report) -> ProfileFigure:
+    """The three panels' data, read off a report. Attention comes from the report's
+    `attention` records (layer name, each head's normalised entropy) when the run has
+    them; without, the panel says the probes were off or unavailable."""
+    attention = getattr(report, "attention", None) or ()
+    heads = [(a.name, [h.entropy for h in a.heads]) for a in attention] or None
+    m = report.model
+    return ProfileFigure(
+        stream=Series("stream", tuple(p.k for p in report.stream),
+                      tuple(p.rms for p in report.stream)),
+        channel_maxima=report.channel_maxima, heads=heads,
+        title=f"{m.source} ({m.family}, {m.n_blocks} blocks, d={m.d_model})",
+    )  # fmt: skip
+
+
+def plot_profile(fig_data: ProfileFigure, path: str | Path) -> Path:
+    """One figure, three panels: stream RMS vs k; a stream point × channel heat map of
+    per-channel max |x| (log colour); a layer × head heat map of attention entropy."""
+    fmt = check_plot(path)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(16, 4.8), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    a_rms, a_ch, a_head = fig.subplots(1, 3, width_ratios=(1.0, 1.4, 1.0))
+    _stream_axes(a_rms, [fig_data.stream], "Residual stream RMS vs k", legend=False)
+
+    rows = [tuple(v for v in vals) for _, vals in fig_data.channel_maxima]
+    width = max((len(r) for r in rows), default=0)
+    if rows and all(len(r) == width for r in rows) and width:
+        step = -(-width // MAX_COLUMNS)
+        grid = [
+            [max(r[j : j + step]) for j in range(0, width, step)] for r in rows
+        ]  # fmt: skip
+        pos = [v for r in grid for v in r if math.isfinite(v) and v > 0]
+        lo, hi = (min(pos), max(pos)) if pos else (1e-3, 1.0)
+        norm = LogNorm(vmin=lo, vmax=hi) if hi > lo else Normalize(vmin=0, vmax=hi or 1)
+        im = a_ch.imshow(
+            [[v if math.isfinite(v) and v > 0 else float("nan") for v in r] for r in grid],
+            aspect="auto", interpolation="nearest", cmap="magma", norm=norm,
+            extent=(-0.5, width - 0.5, len(rows) - 0.5, -0.5),
+        )  # fmt: skip
+        fig.colorbar(im, ax=a_ch, label="max |x| per channel")
+        a_ch.set_yticks(range(len(rows)), [n for n, _ in fig_data.channel_maxima],
+                        fontsize="x-small")  # fmt: skip
+        a_ch.set_xlabel("channel" + (f" (max over {step} per column)" if step > 1 else ""))
+    else:
+        _empty(a_ch, "per-channel maxima not available\n(not recorded, or a report read from JSON)")
+    a_ch.set_title("Per-channel max |x| at each stream point")
+
+    heads = [(n, list(e)) for n, e in fig_data.heads or ()]
+    n_heads = max((len(e) for _, e in heads), default=0)
+    if heads and n_heads:
+        grid = [
+            [float("nan") if v is None else v for v in e] + [float("nan")] * (n_heads - len(e))
+            for _, e in heads
+        ]  # fmt: skip
+        im = a_head.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis",
+                           vmin=0.0, vmax=1.0)  # fmt: skip
+        fig.colorbar(im, ax=a_head, label="entropy / ln(keys)")
+        a_head.set_yticks(range(len(heads)), [n for n, _ in heads], fontsize="x-small")
+        a_head.set_xlabel("head")
+    else:
+        _empty(a_head, "attention probes off/unavailable")
+    a_head.set_title("Attention entropy, layer × head")
+    if fig_data.title:
+        fig.suptitle(fig_data.title)
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt)
-    write_atomic(out, buf.getvalue())  # a reader never sees half an image
-    return out
+    write_atomic(Path(path), buf.getvalue())
+    return Path(path)
+
+
+def _empty(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
 
 
 def _viridis(t: float) -> tuple[float, float, float, float]:
