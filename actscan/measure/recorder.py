@@ -664,7 +664,9 @@ class Recorder:
             med = flat[pos + 2 * k]
             hits = tuple(flat[pos + 2 * k + 1 : pos + 2 * k + 1 + width]) if width else None
             pos += 2 * k + 1 + width
-            top = tuple((v, int(c) // numel, int(c) % numel) for v, c in zip(vals, codes, strict=True))
+            top = tuple(
+                (v, int(c) // numel, int(c) % numel) for v, c in zip(vals, codes, strict=True)
+            )
             views[i] = {"top": top, "shape": shape, "median_abs": med, "channel_hits": hits}
         return views
 

@@ -72,9 +72,7 @@ def with_views(
         if r is None or not r.top:
             out.append(p)
             continue
-        out.append(
-            replace(p, top_values=top_values(r, source, decode), median_abs=r.median_abs)
-        )
+        out.append(replace(p, top_values=top_values(r, source, decode), median_abs=r.median_abs))
     return tuple(out)
 
 

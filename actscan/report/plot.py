@@ -35,7 +35,7 @@ def check_plot(path: str | Path) -> str:
     """Fail before any work when PATH cannot be drawn: matplotlib missing, an image type
     it does not write, a folder that does not exist. Returns the format."""
     try:
-        import matplotlib.backends.backend_agg  # noqa: F401
+        import matplotlib.backends.backend_agg
         import matplotlib.figure  # noqa: F401
     except ImportError:
         raise ActscanError("--plot needs matplotlib: pip install 'actscan[plot]'") from None
