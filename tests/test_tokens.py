@@ -98,7 +98,7 @@ def test_large_tensors_use_a_strided_sample_that_covers_every_channel() -> None:
     x[..., 40] *= 100.0  # a channel large on every token
     raw = _record([x])["lin"]
     exact = x.abs().median().item()
-    assert raw.median_abs == pytest.approx(exact, rel=0.03)
+    assert raw.median_abs == pytest.approx(exact, rel=0.06)  # 4096 samples: ~2% s.e.
     hits = raw.channel_hits
     assert hits is not None and hits[40] > 0.5
     assert max(h for c, h in enumerate(hits) if c != 40) == 0.0
