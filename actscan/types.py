@@ -191,7 +191,7 @@ class StreamPoint:
     std: float | None = None
     max_abs: float | None = None
     # The per-token view: the largest |x| with where they sit, and the median |x| (of a
-    # strided sample of ≤ 65536 values per batch; median of the batches' medians).
+    # strided sample of ≤ 4096 values per batch; median of the batches' medians).
     top_values: tuple[TopValue, ...] = ()
     median_abs: float | None = None
 
