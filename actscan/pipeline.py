@@ -111,6 +111,11 @@ def scan_target(
     if progress is not None:
         progress.stage(f"building {spec.target}")
     resolved, inputs = build_target(spec, settings)
+    decode = None
+    if spec.input_file is not None:
+        from actscan.targets.inputs_file import token_decoder
+
+        decode = token_decoder(spec.input_file, resolved)
     report = scan(
         resolved.model,
         inputs=inputs,
@@ -135,6 +140,7 @@ def scan_target(
         weight_decay=settings.weight_decay,
         warmup=settings.warmup,
         attention=settings.attention,
+        decode_token=decode,
     )
     if resolved.notes:
         report = replace(report, notes=tuple(dict.fromkeys(resolved.notes + report.notes)))

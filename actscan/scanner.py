@@ -34,9 +34,16 @@ from actscan.measure.model_inputs import describe_batch, hf_input_source
 from actscan.measure.prepare import call_model, check_positions, refuse_meta, unwrap_compiled
 from actscan.measure.recorder import Recorder, iter_named, moments
 from actscan.measure.stats import growth_fit, layer_record, stream_points
-from actscan.measure.streams import input_name, primary, stream_branch_records, stream_records
+from actscan.measure.streams import (
+    all_points,
+    input_name,
+    primary,
+    stream_branch_records,
+    stream_records,
+)
 from actscan.measure.streams import stream_inputs as stream_input_blocks
 from actscan.measure.structure import detect_layout, is_norm
+from actscan.measure.tokens import channel_maxima, stream_names, streams_with_views, with_views
 from actscan.measure.usage import Usage, measure_usage, norm_gains
 from actscan.report.report import Report
 from actscan.settings import Ignore, apply_ignores, parse_ignores
@@ -301,6 +308,7 @@ def scan(
     weight_decay: float = 0.0,
     warmup: int = 0,
     attention: bool = True,
+    decode_token: Callable[[int], str] | None = None,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -330,6 +338,8 @@ def scan(
           with `actscan_param_groups(lr) -> list[dict]` trains with its own param groups.
         attention: per-head attention probes (score max/std, entropy, sink: the report's
           `attention`); False switches them off (`--no-attention`).
+        decode_token: token id -> its text (the tokenizer's), for the per-token view
+          (`top_values[].text`, massive-activations); None: ids only.
     """
     ignores = parse_ignores(ignore, origin="scan()") if ignore is not None else ()
     spec = StepSpec(steps, optimizer, lr, tuple(betas), eps, weight_decay, warmup).check()
@@ -401,6 +411,9 @@ def scan(
         if layout.blocks
         else None
     )
+    token_names = stream_names(
+        [b.name for b in layout.blocks], [stream_in[0]] if stream_in else [], layout.embed
+    )
     notes: list[str] = [layout.note] if layout.note else []
     if compiled_note:
         notes.append(compiled_note)
@@ -453,6 +466,7 @@ def scan(
                 merge=merge,
                 rows=rows,
                 main=dist_run is None or dist_run.is_main,
+                tokens=token_names,
             ) as rec,
             _extra_inputs(model, layout, backward, dev, fp16_run, loss_scale, merge, rows) as extra,
             attention_probes(model, layout, info.family, enabled=attention) as probes,
@@ -530,6 +544,8 @@ def scan(
         if main is not None
         else stream_points(layout, records, stream_in[0] if stream_in else None)
     )
+    stream = with_views(stream, raw, source, decode_token)
+    streams = streams_with_views(streams, raw, source, decode_token)
     fit = growth_fit(stream)
     run = RunInfo(
         dtype=dtype_name(run_dtype or model_dtype), amp=amp, device=dev.type,
@@ -558,6 +574,7 @@ def scan(
         summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
         branches=stream_branch_records(layout, layers, stream, streams), layout=proof.proofs,
         skipped=skipped, streams=streams, dynamics=dynamics, attention=attn_records,
+        channel_maxima=channel_maxima(all_points(stream, streams), raw),
     )  # fmt: skip
 
 
@@ -582,6 +599,7 @@ def _extra_inputs(
                     [], stream_input=(input_name(name), mods[name]), backward=backward,
                     channels=False, device=dev, underflow=underflow, loss_scale=loss_scale,
                     merge=merge, rows=rows, main=rows is None or dist_current().is_main,
+                    tokens=[input_name(name)],
                 )
             )
             for name in stream_input_blocks(layout)[1:]

@@ -71,6 +71,7 @@ class CheckId(StrEnum):
     DEAD_BRANCH = "dead-branch"
     DEAD_UNITS = "dead-units"
     OUTLIER_CHANNELS = "outlier-channels"
+    MASSIVE_ACTIVATIONS = "massive-activations"
     LOGIT_SCALE = "logit-scale"
     ATTN_ENTROPY = "attn-entropy"
     INIT_SCALE = "init-scale"
@@ -176,6 +177,24 @@ class LayerRecord:
 
 
 @dataclass(frozen=True)
+class TopValue:
+    """One of the largest |x| at a stream point (the per-token view), merged over batches.
+
+    token: position in the sequence; sequence: row of the batch; batch: which batch
+    (0-based); channel: index along the last dimension. token_id / text: the input token
+    there, when the inputs are token ids (text only for `--input` text files).
+    """
+
+    value: float  # signed
+    token: int
+    channel: int
+    sequence: int | None = None
+    batch: int = 0
+    token_id: int | None = None
+    text: str | None = None
+
+
+@dataclass(frozen=True)
 class StreamPoint:
     """The residual stream at one depth: k = residual additions so far."""
 
@@ -187,6 +206,10 @@ class StreamPoint:
     mean: float | None = None
     std: float | None = None
     max_abs: float | None = None
+    # The per-token view: the largest |x| with where they sit, and the median |x| (of a
+    # strided sample of ≤ 4096 values per batch; median of the batches' medians).
+    top_values: tuple[TopValue, ...] = ()
+    median_abs: float | None = None
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@
 
 Measures, and prints as a table (raw samples and machine facts go to
 benchmarks/results/<timestamp>.json so runs can be compared across commits):
+  tokens    the per-token view's share: instrumented with it (as scan() runs) ÷ without
+            it (the recorder before issue 13), interleaved pairs, both models.
   overhead  instrumented ÷ plain forward+backward, in this process, interleaved, median
             of ≥ 5 runs after a warm-up: every module hooked, per-channel statistics and
             gradients on, the Recorder driven exactly as actscan.scanner drives it. Models:
@@ -52,7 +54,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-SECTIONS = ("overhead", "rss", "batches", "help", "e2e", "steps", "steps-e2e", "attention")
+SECTIONS = (
+    "overhead", "tokens", "rss", "batches", "help", "e2e", "steps", "steps-e2e", "attention",
+)  # fmt: skip
 # name -> (config file, batch, seq_len)
 MODELS = {
     "12x768": ("configs/gpt2-124m.yaml", 4, 256),
@@ -68,6 +72,8 @@ TARGETS = {  # upper bounds, from the performance issue
     "optimizer step 12x768": 1.15,
     "profile --steps 10 end-to-end": 1.20,
     "attention probes 12x768": 1.15,
+    "per-token view 12x768": 1.03,
+    "per-token view 48x256": 1.05,
 }
 
 
@@ -97,13 +103,21 @@ class Steps:
     What a scan pays once (building the Recorder, reading result()) is `per_scan()`.
     """
 
-    def __init__(self, model: Any, ids: Any, device: str) -> None:
+    def __init__(self, model: Any, ids: Any, device: str, tokens: bool = True) -> None:
         from actscan.measure.structure import detect_layout
+        from actscan.measure.tokens import stream_names
 
         self.model, self.ids, self.device = model, ids, device
         self.params = [p for p in model.parameters() if p.requires_grad]
-        first = detect_layout(model, "actscan-gpt").blocks[0].name
+        layout = detect_layout(model, "actscan-gpt")
+        first = layout.blocks[0].name
         self.stream = (f"{first}:input", model.get_submodule(first))
+        # the per-token view's stream points, as scan() asks for them
+        self.tokens = (
+            stream_names([b.name for b in layout.blocks], [self.stream[0]], layout.embed)
+            if tokens
+            else []
+        )
         self.batches = 0
         self.rec = self.recorder()
 
@@ -112,7 +126,7 @@ class Steps:
 
         targets = list(iter_named(self.model, None))
         return Recorder(targets, stream_input=self.stream, backward=True, channels=True,
-                        device=self.device)  # fmt: skip
+                        device=self.device, tokens=self.tokens)  # fmt: skip
 
     def plain(self) -> None:
         import torch
@@ -287,6 +301,24 @@ def bench_attention(device: str, reps: int, batch: int) -> dict[str, Any]:
         "ratio_pairs_median": statistics.median(pairs),
         "ratio_cpu": statistics.median(cpu["probed"]) / statistics.median(cpu["plain"]),
     }  # fmt: skip
+
+
+def bench_tokens(name: str, device: str, reps: int, warmup: int) -> dict[str, Any]:
+    """Instrumented with the per-token view ÷ without it: interleaved pairs."""
+    model, ids = build(name, device)
+    on, off = Steps(model, ids, device, tokens=True), Steps(model, ids, device, tokens=False)
+    fns = {"on": on.instrumented, "off": off.instrumented}
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(reps):
+        for k in ("on", "off") if r % 2 == 0 else ("off", "on"):
+            samples[k].append(time_once(fns[k], device)[0])
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    pairs = [a / b for a, b in zip(samples["on"], samples["off"], strict=True)]
+    return {"model": name, "samples": samples, "median": med, "ratio": med["on"] / med["off"],
+            "ratio_pairs_median": statistics.median(pairs)}  # fmt: skip
 
 
 def bench_rss(device: str, threads: int | None) -> dict[str, Any]:
@@ -498,6 +530,12 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"cpu {o['ratio_cpu']:.3f}×; +{o['per_scan_s'] * 1000:.0f} ms per scan)"
             )
             add(f"overhead {name}", o["ratio"], shown)  # fmt: skip
+    for name in MODELS:
+        t = res.get(f"tokens {name}")
+        if t:
+            shown = (f"{t['ratio']:.3f}×  ({t['median']['off']:.3f} s → {t['median']['on']:.3f}"
+                     f" s; per pair {t['ratio_pairs_median']:.3f}×)")  # fmt: skip
+            add(f"per-token view {name}", t["ratio"], shown)
     if "rss" in res:
         r = res["rss"]
         shown = (f"{r['ratio']:.3f}×  ({r['plain']['peak_mb']:.0f} → "
@@ -605,6 +643,12 @@ def main() -> None:
             n = 5 if big and args.quick else reps if not big else max(5, reps - 2)
             print(f"overhead {name}: {n} interleaved pairs ...", flush=True)
             res[f"overhead {name}"] = bench_overhead(name, args.device, n, 1 if big else 2)
+    if "tokens" in only:
+        for name in [m.strip() for m in args.models.split(",") if m.strip() in MODELS]:
+            big = name == "12x768"
+            n = 5 if big and args.quick else reps if not big else max(5, reps - 2)
+            print(f"per-token view {name}: {n} interleaved pairs ...", flush=True)
+            res[f"tokens {name}"] = bench_tokens(name, args.device, n, 1 if big else 2)
     if "e2e" in only:
         n = 3 if args.quick else 5
         print(f"actscan profile vs hand-written: {n} interleaved pairs ...", flush=True)

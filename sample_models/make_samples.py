@@ -91,6 +91,21 @@ def fp16_overflow() -> torch.nn.Module:
     return model
 
 
+MASSIVE_CHANNEL = 5  # the channel of position 0's massive value
+MASSIVE_VALUE = 2000.0
+
+
+@torch.no_grad()
+def massive_activation() -> torch.nn.Module:
+    """Position 0's learned position embedding has channel 5 set to 2000: every sequence's
+    first token carries one massive value (~3000× the median |x|) down the whole stream, as
+    trained LLMs do on their start token (Sun et al. 2024)."""
+    cfg = replace(HEALTHY, name="massive-activation", tie_embeddings=False)
+    model = build_model(cfg, seed=SEED)
+    model.pos_emb.weight[0, MASSIVE_CHANNEL] = MASSIVE_VALUE
+    return model
+
+
 def tiny_gpt2_hf(folder: Path) -> None:
     """A Hugging Face-layout GPT-2 (2 layers, hidden 64) with a byte-level tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -163,6 +178,7 @@ SAMPLES = {
     "dead-branch": dead_branch,
     "gpt-48-naive": gpt_48_naive,
     "fp16-overflow": fp16_overflow,
+    "massive-activation": massive_activation,
 }
 FP16_STORED = {"gpt-48-naive"}  # stored in fp16 to fit 2 MB; loaded back into fp32
 

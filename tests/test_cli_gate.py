@@ -411,7 +411,7 @@ def test_project_thresholds_reach_the_checks(
     seen = plant()
     assert profile("-q").exit_code == 0
     assert seen["ctx"].thresholds.outlier_ratio == 7.5
-    assert seen["ctx"].thresholds.outlier_abs == 6.0  # untouched: the default
+    assert seen["ctx"].thresholds.outlier_abs == 0.0  # untouched: the default (off)
     result = profile("-q", "--threshold", "outlier-ratio=3", "--threshold", "outlier_abs=2")
     assert result.exit_code == 0, result.output
     assert (seen["ctx"].thresholds.outlier_ratio, seen["ctx"].thresholds.outlier_abs) == (3, 2)
@@ -437,7 +437,7 @@ def test_show_config_prints_values_and_sources(tmp_path: Path, monkeypatch: pyte
     assert rows["seq-len"] == ("8", "command line")
     assert rows["seed"] == ("0", "default")
     assert rows["threshold outlier-ratio"] == ("9", "pyproject.toml")
-    assert rows["threshold outlier-abs"] == ("6", "default")
+    assert rows["threshold outlier-abs"] == ("0", "default")
     assert "ignore dead-branch at /rezero/: zero at init" in result.stdout
 
 

@@ -269,7 +269,7 @@ def test_settings_precedence_cli_over_file_over_default(tmp_path):
     assert dict(s.thresholds) == {"outlier-ratio": 3.0, "growth-warn": 5.0}
     assert s.source("thresholds.outlier-ratio") == "command line"
     assert s.source("thresholds.growth-warn") == src
-    assert s.threshold_set().outlier_ratio == 3.0 and s.threshold_set().outlier_abs == 6.0
+    assert s.threshold_set().outlier_ratio == 3.0 and s.threshold_set().outlier_abs == 0.0
     assert s.ignores == (Ignore(check="collapse", reason="known"),)
     assert s.source("ignore") == src and s.project == path
     assert list(s.run_values()) == [

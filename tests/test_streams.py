@@ -142,5 +142,5 @@ def test_single_stream_reports_are_unchanged() -> None:
     assert data["streams"] == []
     assert [p["k"] for p in data["stream"]] == [0, 2, 4, 6, 8]
     assert set(data["stream"][0]) == {"k", "block", "name", "rms", "grad_rms", "mean", "std",
-                                      "max_abs"}  # fmt: skip
+                                      "max_abs", "top_values", "median_abs"}  # fmt: skip
     assert {p["stream"] for p in data["layout"]} == {"main"}

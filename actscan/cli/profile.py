@@ -56,6 +56,14 @@ def profile(
     quiet: c.Quiet = False,
     allow_nonfinite: c.AllowNonfinite = False,
     at_init: c.AtInit = None,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            "--plot",
+            help="Draw stream RMS vs k, per-channel max |x| per stream point and attention "
+            "entropy per layer × head to PATH (.png/.svg/.pdf; needs actscan[plot]).",
+        ),
+    ] = None,
     all_modules: Annotated[bool, typer.Option("--all", help="Table of every module.")] = False,
     show_config: Annotated[
         bool, typer.Option("--show-config", help="Print the effective settings and exit.")
@@ -71,6 +79,7 @@ def profile(
       actscan profile path/to/hf-model --dtype bf16 --json report.json
       actscan profile mypkg.models:build --input-shape 8,128 --fail-on warn
       actscan profile configs/llama-12.toml --nproc 4   (or: torchrun … -m actscan profile …)
+      actscan profile path/to/hf-model --input text.txt --plot profile.png
     """
     from actscan.distributed.launch import launch, launched
 
@@ -83,7 +92,8 @@ def profile(
         batch=batch, seq_len=seq_len, batches=batches, seed=seed, input_file=input_file,
         device=device, modules=modules, no_backward=no_backward, dropout=dropout,
         steps=steps, lr=lr, optimizer=optimizer, eps=eps, weight_decay=weight_decay,
-        warmup=warmup, no_attention=no_attention, json_out=json_out, fmt=fmt, output=output,
+        warmup=warmup, no_attention=no_attention, plot=plot, json_out=json_out, fmt=fmt,
+        output=output,
         fail_on=fail_on,
         input_shape=input_shape, threshold=threshold, quiet=quiet,
         allow_nonfinite=allow_nonfinite, at_init=at_init, all_modules=all_modules,
@@ -131,6 +141,7 @@ def _profile(
     weight_decay: float | None,
     warmup: int | None,
     no_attention: bool,
+    plot: str | None,
     json_out: str | None,
     fmt: c.FormatOpt,
     output: str | None,
@@ -160,6 +171,10 @@ def _profile(
     if dtype is not None and amp is not None and dtype is not c.DTypeOpt.fp32:
         raise c.fail("--dtype and --amp together: autocast runs fp32 weights (drop --dtype)")
     c.check_outputs(fmt, output, json_out)
+    if plot is not None:  # fail now, not after a long scan
+        from actscan.report.plot import check_plot
+
+        check_plot(plot)
     from actscan.pipeline import TargetSpec, scan_target
 
     spec = TargetSpec(
@@ -174,6 +189,10 @@ def _profile(
     report = scanned.report
     if not main:  # every rank holds the merged report; rank 0 writes it
         raise typer.Exit(c.gate_exit(report.findings, settings.fail_on))
+    if plot is not None:
+        from actscan.report.plot import plot_profile, profile_figure
+
+        plot_profile(profile_figure(report), plot)
     c.emit(
         [report], fmt=fmt, output=output, json_path=json_out, fail_on=settings.fail_on,
         render=lambda con: render_report(

@@ -70,6 +70,7 @@ def _register() -> None:
         dynamics,
         init,
         numerics,
+        tokens,
         underflow,
     )
 
@@ -83,6 +84,7 @@ def _register() -> None:
             (CheckId.DEAD_BRANCH,): branches.dead_branch,
             (CheckId.DEAD_UNITS,): channels.dead_units,
             (CheckId.OUTLIER_CHANNELS,): channels.outlier_channels,
+            (CheckId.MASSIVE_ACTIVATIONS,): tokens.massive_activations,
             (CheckId.LOGIT_SCALE,): numerics.logit_scale,
             (CheckId.ATTN_ENTROPY,): attention.attn_entropy,
             (CheckId.INIT_SCALE,): init.init_scale,

@@ -118,14 +118,36 @@ def _channel_groups(
     return groups
 
 
+def token_local(ctx: CheckContext) -> set[tuple[int | None, int]]:
+    """(width, channel) of the massive activations the stream shows on a few tokens only:
+    the channel carries a massive value at a stream point where it is not an outlier
+    channel across tokens (actscan.measure.stats.channel_outliers, outlier-tokens)."""
+    from actscan.diagnose.tokens import massive_values
+    from actscan.measure.streams import all_points
+
+    th = ctx.thresholds
+    recs = {r.name: r for r in ctx.layers}
+    out: set[tuple[int | None, int]] = set()
+    points = all_points(ctx.stream, ctx.streams)
+    for p, tv, _ in massive_values(points, th.massive_ratio, th.massive_abs):
+        r = recs.get(p.name)
+        if r is not None and tv.channel not in r.outlier_channels:
+            out.add((r.n_channels, tv.channel))
+    return out
+
+
 def outlier_channels(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
     if not _has_channels(ctx):
         return [skip(CheckId.OUTLIER_CHANNELS, "per-channel statistics were not recorded")]
+    # A layer whose outlier channels are all massive activations of a few tokens (the
+    # same channel, the same width) is massive-activations' to report, not this check's.
+    local = token_local(ctx)
     hits = [
         r for r in ctx.layers
         if r.outlier_channels and r.role != "head" and r.type not in NOT_FEATURES
         and not r.nonfinite and positive(r.channel_max_ratio) and positive(r.max_abs)
+        and not all((r.n_channels, c) in local for c in r.outlier_channels)
     ]  # fmt: skip
     if not hits:
         return []

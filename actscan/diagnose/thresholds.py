@@ -22,11 +22,36 @@ class Thresholds:
     # hundreds of × the median, "massive activations" ~1000×. At 20× per-tensor int8
     # (s = max/127) leaves a typical value ≈ 127/20 ≈ 6 levels.
     outlier_ratio: float = 20.0
-    # …and at least this large in absolute value: LLM.int8()'s outlier threshold |x| ≥ 6.
-    outlier_abs: float = 6.0
+    # …and at least this many times the largest |x| a Gaussian with the tensor's own RMS
+    # reaches over its n values, √(2 ln n)·RMS: a floor that scales with the tensor (an
+    # absolute floor hides a ×100 channel of a std-0.02 init stream). A channel ×r above
+    # the rest of a d-wide tensor reaches ≈ r/√(1 + r²/d) · √(ln(n/d)/ln n) × that maximum:
+    # ×100 at d = 64 over 32 tokens ≈ 5.4; measured 4.0 (BERT) to 6.6 (Qwen2 d 128) at the
+    # first layer it stands out in, across the family matrix (benchmarks/
+    # calibrate_outliers.py). Healthy inits and the tiny trained GPT-2 reach ≤ 2.4 on any
+    # layer (and none passes outlier-ratio). Limit: a tensor narrower than ~20 channels
+    # with one channel dominating its RMS stays under the floor.
+    outlier_gauss: float = 3.0
+    # Optional absolute floor (LLM.int8()'s |x| ≥ 6 for trained, normalised hidden states):
+    # 0 = off, as it depends on the model's scale; set 6 to reproduce LLM.int8().
+    outlier_abs: float = 0.0
+    # At stream points, a channel counts as an outlier only when it is large (> 6 × the
+    # tensor's RMS) on at least this fraction of its tokens: a ×r channel across tokens is
+    # there on ~40–75% of them, a massive activation on one token per sequence (1/T) —
+    # that one is reported by massive-activations, per token. LLM.int8()'s outlier features
+    # sit on ≥ 6% of the sequence dimensions; 10% keeps a first-token-only value at T ≥ 16
+    # out.
+    outlier_tokens: float = 0.1
     # error (models at init only: trained LLMs grow such channels on purpose) when per-tensor
     # int8 rounds a median-channel value to zero: ratio ≥ 2·127.
     outlier_ratio_error: float = 254.0
+
+    # ---- massive-activations (Sun et al. 2024, "Massive Activations in LLMs") ---------------
+    # A value at a stream point at least this many times the median |x| there …
+    massive_ratio: float = 1000.0
+    # … and at least this large: Sun et al.'s definition (|x| ≥ 100 and ≥ 1000× the median
+    # magnitude); trained LLMs carry a few on the start token / delimiters.
+    massive_abs: float = 100.0
 
     # ---- sqrt-growth (Var(x_k) ≈ a + b·k: the residual stream is an accumulator) -------
     # Fitted exponent of RMS ∝ k^p at or above which the stream is branch-dominated

@@ -44,16 +44,37 @@ def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 
 
+def gauss_max(rms: float, n: int) -> float:
+    """The largest |x| n Gaussian values of this RMS reach, about: √(2 ln n)·rms."""
+    return math.sqrt(2.0 * math.log(max(n, 2))) * rms
+
+
+def outlier_cut(med: float, rms: float | None, n: int, th: Thresholds) -> float:
+    """The channel max-abs at which a channel is an outlier: outlier-ratio × the median
+    channel's, and outlier-gauss × the maximum a Gaussian with the tensor's own RMS reaches
+    over its n values (scale-free: the same at init scale and at trained scale), and the
+    optional absolute floor outlier-abs."""
+    floor = th.outlier_gauss * gauss_max(rms, n) if rms is not None and math.isfinite(rms) else 0.0
+    return max(th.outlier_ratio * med, floor, th.outlier_abs)
+
+
 def channel_outliers(
     channel_max: Sequence[float] | None,
     th: Thresholds,
     summary: tuple[int, int, float, float | None] | None = None,
+    *,
+    rms: float | None = None,
+    n: int = 0,
+    hits: Sequence[float] | None = None,
 ) -> tuple[float | None, tuple[int, ...], float | None, int | None]:
     """(max/median ratio, outlier indices, median channel max, dead channel count).
 
     summary: (dead, live, median, max of live) as the recorder computes them on the device
     (RawStats.channel_*); without it they are computed here. Only a module whose largest
-    live channel reaches the cut is scanned for the indices.
+    live channel reaches the cut is scanned for the indices. rms, n: the tensor's RMS and
+    value count (the scale-free floor). hits: per channel, the fraction of its values above
+    6 × RMS (stream points only): a channel under outlier-tokens is large on a few tokens
+    only (massive activations, reported per token) and is not an outlier channel.
     """
     if not channel_max:
         return None, (), None, None
@@ -70,10 +91,12 @@ def channel_outliers(
     if len(channel_max) < 4 or not live or top is None:
         return None, (), med, dead
     ratio = top / med if med > 0 else None
-    cut = max(th.outlier_ratio * med, th.outlier_abs)
+    cut = outlier_cut(med, rms, n, th)
     if top < cut:  # no live channel reaches it (+inf and NaN never count)
         return ratio, (), med, dead
     idx = tuple(i for i, v in enumerate(channel_max) if math.isfinite(v) and v >= cut)
+    if hits is not None and len(hits) == len(channel_max):
+        idx = tuple(i for i in idx if hits[i] >= th.outlier_tokens)
     return ratio, idx, med, dead
 
 
@@ -85,7 +108,9 @@ def layer_record(
     summary = None
     if raw.channel_live is not None and raw.channel_dead is not None:
         summary = (raw.channel_dead, raw.channel_live, raw.channel_median or 0.0, raw.channel_top)
-    ratio, outliers, med, dead = channel_outliers(raw.channel_max, th, summary)
+    ratio, outliers, med, dead = channel_outliers(
+        raw.channel_max, th, summary, rms=rms, n=raw.numel, hits=raw.channel_hits
+    )
     grad_rms = grad_norm = None
     if raw.grad_sumsq is not None and raw.grad_numel:
         # grad_sumsq is per batch (averaged), grad_numel is over all batches

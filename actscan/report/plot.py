@@ -1,5 +1,6 @@
-"""`--plot PATH`: stream RMS against k, one line per side/size; a width sweep with steps
-draws the coordinate check instead (mean |x_t| vs width per t). Optional (`actscan[plot]`).
+"""`--plot PATH`: stream RMS against k, one line per side/size (compare, sweep); a width
+sweep with steps draws the coordinate check instead (mean |x_t| vs width per t); `profile
+--plot` draws three panels. Optional (`actscan[plot]`).
 
 matplotlib is imported only here and only when asked for; the object-oriented API
 (Figure + Agg canvas) leaves pyplot's global state and the user's backend alone.
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from actscan.errors import ActscanError, UsageError
 from actscan.report.output import write_atomic
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from actscan.diagnose.coord import CoordCurve
+    from actscan.report.report import Report
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,11 @@ def plot_streams(series: Sequence[Series], path: str | Path, *, title: str = "")
     """Draw stream RMS vs k (log scale when the values span more than ×10) and write
     PATH atomically; the format follows the suffix (.png, .svg, .pdf)."""
     fig, out, fmt = _figure(path, (7.5, 4.5))
-    ax = fig.add_subplot()
+    _stream_axes(fig.add_subplot(), series, title)
+    return _save(fig, out, fmt)
+
+
+def _stream_axes(ax: Any, series: Sequence[Series], title: str, legend: bool = True) -> None:
     values: list[float] = []
     for s in series:
         pts = [
@@ -59,15 +66,15 @@ def plot_streams(series: Sequence[Series], path: str | Path, *, title: str = "")
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    if series:
+    if series and legend:
         ax.legend(fontsize="small")
-    return _save(fig, out, fmt)
 
 
 def check_plot(path: str | Path) -> str:
-    """PATH's image format, once matplotlib imports and PATH's folder exists (a command
-    calls this before its scans, so a bad --plot fails in a second, not after them)."""
+    """Fail before any work when PATH cannot be drawn: matplotlib missing, an image type
+    it does not write, a folder that does not exist. Returns the format."""
     try:
+        import matplotlib.backends.backend_agg
         import matplotlib.figure  # noqa: F401
     except ImportError:
         raise ActscanError("--plot needs matplotlib: pip install 'actscan[plot]'") from None
@@ -75,8 +82,14 @@ def check_plot(path: str | Path) -> str:
     fmt = out.suffix.lower().lstrip(".") or "png"
     if fmt not in ("png", "svg", "pdf"):
         raise UsageError(f"--plot: unsupported image type '.{fmt}' (use .png, .svg or .pdf)")
-    if not out.absolute().parent.is_dir():
-        raise UsageError(f"cannot write {path}: {out.parent} is not an existing folder")
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        what = "is not a folder" if parent.exists() else "does not exist"
+        raise UsageError(f"cannot write {path}: {out.parent} {what}")
+    if out.is_dir():
+        raise UsageError(f"cannot write {path}: it is a folder")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"cannot write {path}: folder {out.parent} is not writable")
     return fmt
 
 
@@ -162,6 +175,98 @@ def plot_coord(
     if title:
         fig.suptitle(title)
     return _save(fig, out, fmt)
+
+
+# Columns of the channel heat map: wider streams are shown binned, each bin the max of its
+# channels, so a single outlier channel stays one visible column (display only).
+MAX_COLUMNS = 512
+Heads = Sequence[tuple[str, Sequence[float | None]]]
+
+
+@dataclass(frozen=True)
+class ProfileFigure:
+    """What `profile --plot` draws, as measured: the stream (one series), each stream
+    point's per-channel max-abs (Report.channel_maxima: empty for a report read from
+    JSON), and per attention layer its heads' normalised entropy (None: probes off or
+    unavailable)."""
+
+    stream: Series
+    channel_maxima: Sequence[tuple[str, Sequence[float]]] = ()
+    heads: Heads | None = None
+    title: str = ""
+
+
+def profile_figure(report: Report) -> ProfileFigure:
+    """The three panels' data, read off a report. Attention comes from the report's
+    `attention` records (layer name, each head's normalised entropy) when the run has
+    them; without, the panel says the probes were off or unavailable."""
+    attention = getattr(report, "attention", None) or ()
+    heads = [(a.name, [h.entropy for h in a.heads]) for a in attention] or None
+    m = report.model
+    return ProfileFigure(
+        stream=Series("stream", tuple(p.k for p in report.stream),
+                      tuple(p.rms for p in report.stream)),
+        channel_maxima=report.channel_maxima, heads=heads,
+        title=f"{m.source} ({m.family}, {m.n_blocks} blocks, d={m.d_model})",
+    )  # fmt: skip
+
+
+def plot_profile(fig_data: ProfileFigure, path: str | Path) -> Path:
+    """One figure, three panels: stream RMS vs k; a stream point × channel heat map of
+    per-channel max |x| (log colour); a layer × head heat map of attention entropy."""
+    fig, out, fmt = _figure(path, (16, 4.8))
+    from matplotlib.colors import LogNorm, Normalize
+
+    a_rms, a_ch, a_head = fig.subplots(1, 3, width_ratios=(1.0, 1.4, 1.0))
+    _stream_axes(a_rms, [fig_data.stream], "Residual stream RMS vs k", legend=False)
+
+    rows = [tuple(v for v in vals) for _, vals in fig_data.channel_maxima]
+    width = max((len(r) for r in rows), default=0)
+    if rows and all(len(r) == width for r in rows) and width:
+        step = -(-width // MAX_COLUMNS)
+        grid = [
+            [max(r[j : j + step]) for j in range(0, width, step)] for r in rows
+        ]  # fmt: skip
+        pos = [v for r in grid for v in r if math.isfinite(v) and v > 0]
+        lo, hi = (min(pos), max(pos)) if pos else (1e-3, 1.0)
+        norm = LogNorm(vmin=lo, vmax=hi) if hi > lo else Normalize(vmin=0, vmax=hi or 1)
+        im = a_ch.imshow(
+            [[v if math.isfinite(v) and v > 0 else float("nan") for v in r] for r in grid],
+            aspect="auto", interpolation="nearest", cmap="magma", norm=norm,
+            extent=(-0.5, width - 0.5, len(rows) - 0.5, -0.5),
+        )  # fmt: skip
+        fig.colorbar(im, ax=a_ch, label="max |x| per channel")
+        a_ch.set_yticks(range(len(rows)), [n for n, _ in fig_data.channel_maxima],
+                        fontsize="x-small")  # fmt: skip
+        a_ch.set_xlabel("channel" + (f" (max over {step} per column)" if step > 1 else ""))
+    else:
+        _empty(a_ch, "per-channel maxima not available\n(not recorded, or a report read from JSON)")
+    a_ch.set_title("Per-channel max |x| at each stream point")
+
+    heads = [(n, list(e)) for n, e in fig_data.heads or ()]
+    n_heads = max((len(e) for _, e in heads), default=0)
+    if heads and n_heads:
+        grid = [
+            [float("nan") if v is None else v for v in e] + [float("nan")] * (n_heads - len(e))
+            for _, e in heads
+        ]  # fmt: skip
+        im = a_head.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis",
+                           vmin=0.0, vmax=1.0)  # fmt: skip
+        fig.colorbar(im, ax=a_head, label="entropy / ln(keys)")
+        a_head.set_yticks(range(len(heads)), [n for n, _ in heads], fontsize="x-small")
+        a_head.set_xlabel("head")
+    else:
+        _empty(a_head, "attention probes off/unavailable")
+    a_head.set_title("Attention entropy, layer × head")
+    if fig_data.title:
+        fig.suptitle(fig_data.title)
+    return _save(fig, out, fmt)
+
+
+def _empty(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
 
 
 def _viridis(t: float) -> tuple[float, float, float, float]:

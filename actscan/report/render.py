@@ -144,6 +144,32 @@ def _stream_table(points: Sequence[StreamPoint], title: str, *, local: bool = Fa
     return t
 
 
+def tokens_table(report: Report) -> Table | None:
+    """The largest |x| of each stream point the massive-activations finding names: where
+    it sits (token, its text, channel) against the point's median |x|. None without one."""
+    named = {n for f in report.findings if f.check == "massive-activations" for n in f.layers}
+    points = [
+        p for s in (report.streams or ()) for p in s.points if p.name in named
+    ] or [p for p in report.stream if p.name in named]  # fmt: skip
+    rows = [(p, p.top_values[0]) for p in points if p.top_values]
+    if not rows:
+        return None
+    t = Table(
+        title="Tokens: the largest |x| per stream point (massive-activations)",
+        box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
+    )  # fmt: skip
+    for col in ("k", "module", "seq", "token", "text", "id", "channel", "value", "median|x|"):
+        t.add_column(col, justify="left" if col in ("module", "text") else "right")
+    for p, tv in rows:
+        t.add_row(
+            str(p.k), p.name, NONE if tv.sequence is None else str(tv.sequence), str(tv.token),
+            NONE if tv.text is None else repr(tv.text),
+            NONE if tv.token_id is None else str(tv.token_id), str(tv.channel), num(tv.value),
+            num(p.median_abs),
+        )  # fmt: skip
+    return t
+
+
 def branch_table(report: Report) -> Table | None:
     if not report.branches:
         return None
@@ -346,7 +372,8 @@ def render_report(
         console.print(header(report))
         for note in report.notes:
             console.print(Text(f"note: {note}", style="yellow"))
-        for table in (*stream_tables(report), branch_table(report), heads_table(report)):
+        tables = (*stream_tables(report), branch_table(report), heads_table(report))
+        for table in (*tables, tokens_table(report)):
             if table is not None:
                 console.print(table)
         if all_modules or not report.stream:

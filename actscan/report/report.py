@@ -30,6 +30,7 @@ from actscan.types import (
     StreamPoint,
     StreamRecord,
     Summary,
+    TopValue,
 )
 
 SCHEMA_VERSION = 1
@@ -55,6 +56,12 @@ class Report:
     dynamics: Dynamics | None = None
     # per attention layer: its heads' score max/std, entropy and sink (attention probes)
     attention: tuple[AttentionRecord, ...] = ()
+    # (stream point, per-channel max-abs) for `profile --plot`'s heat map. Not in the JSON:
+    # d values per point (4096 × 33 for a 32-layer 4k model, ~2 MB of text) would dwarf
+    # the report; a report read back from JSON has none (the plot says so).
+    channel_maxima: tuple[tuple[str, tuple[float, ...]], ...] = field(
+        default=(), repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         # A plain dict (the pre-typed form) is still accepted and becomes a Summary.
@@ -138,7 +145,7 @@ class Report:
             model=build(ModelInfo, data["model"]),
             run=build(RunInfo, data["run"]),
             layers=layers,
-            stream=tuple(build(StreamPoint, d) for d in data["stream"]),
+            stream=tuple(_point(d) for d in data["stream"]),
             findings=findings,
             summary=Summary.from_mapping(data.get("summary", {})),
             notes=tuple(data.get("notes", ())),
@@ -156,7 +163,7 @@ class Report:
                     name=d["name"],
                     container=d.get("container"),
                     primary=bool(d.get("primary")),
-                    points=tuple(build(StreamPoint, p) for p in d.get("points", ())),
+                    points=tuple(_point(p) for p in d.get("points", ())),
                     summary=Summary.from_mapping(d.get("summary", {})),
                 )
                 for d in data.get("streams", ())
@@ -187,3 +194,14 @@ class Report:
                 for f in bad
             ]
             raise AssertionError("\n".join(lines))
+
+
+def _known(tp: type, d: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(tp)}
+    return {k: v for k, v in d.items() if k in names}
+
+
+def _point(d: Mapping[str, Any]) -> StreamPoint:
+    """A stream point from JSON, its `top_values` back as TopValue records."""
+    tops = tuple(TopValue(**_known(TopValue, t)) for t in d.get("top_values") or ())
+    return StreamPoint(**{**_known(StreamPoint, d), "top_values": tops})

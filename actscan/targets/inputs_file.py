@@ -12,6 +12,7 @@ activations appear on frequent tokens), which is why this exists at all.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,23 @@ def tokenizer_folder(resolved: Resolved) -> Path | None:
         if any((folder / name).is_file() for name in TOKENIZER_FILES):
             return folder
     return None
+
+
+def token_decoder(path: Path, resolved: Resolved) -> Callable[[int], str] | None:
+    """id -> text with the model's own tokenizer, for `--input` text files (the per-token
+    view names the token); None for token-id files or when no tokenizer loads."""
+    if Path(path).suffix.lower() != ".txt":
+        return None
+    folder = tokenizer_folder(resolved)
+    if folder is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception:  # the text was tokenized already: ids without text are still right
+        return None
+    return lambda i: str(tok.decode([i]))
 
 
 def _tokenize_text(path: Path, resolved: Resolved, opts: TargetOptions) -> torch.Tensor:
