@@ -229,7 +229,7 @@ def test_plot_bad_input_is_one_clear_error(tmp_path, monkeypatch) -> None:
     from actscan.report.plot import check_plot, plot_coord
 
     cc = coord_check(rows({}), DEFAULT)
-    with pytest.raises(UsageError, match=r"is not an existing folder"):
+    with pytest.raises(UsageError, match=r"does not exist"):
         check_plot(tmp_path / "no" / "x.png")
     with pytest.raises(UsageError, match="unsupported image type"):
         plot_coord(cc.curves, cc.widths, tmp_path / "x.gif")
@@ -320,7 +320,7 @@ def test_render_shows_the_group_table_and_the_verdict() -> None:
 @pytest.mark.parametrize(
     ("plot", "needle"),
     [
-        ("no/such/folder/c.png", "is not an existing folder"),
+        ("no/such/folder/c.png", "does not exist"),
         ("c.gif", "unsupported image type '.gif'"),
         ("c.png", "actscan[plot]"),  # matplotlib missing
     ],
