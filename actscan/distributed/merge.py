@@ -24,6 +24,7 @@ A new statistic joins the merge with one line in `Recorder.MERGE`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -160,6 +161,61 @@ def merge_state(obj: Any, spec: dict[str, str], device: torch.device) -> None:
 def merge_recorder(rec: Any) -> None:
     """`Recorder(merge=...)` hook: merge its accumulators across the current run's ranks."""
     merge_state(rec, type(rec).MERGE, rec.device)
+    merge_token_views(rec)
+
+
+def merge_token_views(rec: Any) -> None:
+    """The per-token views of the stream points: the global top-k, exactly, and the
+    sampled median |x| and channel hit counts.
+
+    A rank holds rows [rank·r, (rank+1)·r) of each batch (data parallel), so its position
+    code batch·n + i (n = its tensor's numel) is batch·N + rank·n + i in the global
+    tensor (N = world·n); the ranks' candidates are gathered (one all-gather for all
+    points) and cut to the top k. The median |x| is the median of the ranks' per-batch
+    sample medians and the hit counts add up: both are samples already (docs/design.md).
+    """
+    ids = sorted(rec._tok_top)
+    if not ids:
+        return
+    from actscan.measure.recorder import TOP_K
+
+    dist = _dist()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dev = rec.device
+    sizes = [rec._tok_top[i][1].numel() for i in ids]
+    parts = []
+    for i in ids:
+        _, vals, codes = rec._tok_top[i]
+        n = math.prod(rec._tok_shape[i])
+        codes = codes.to(dev, _F64)
+        batch = torch.div(codes, n, rounding_mode="floor")
+        glob = batch * (n * world) + rank * n + (codes - batch * n)
+        parts += [vals.to(dev, _F64), glob]
+    ranks = _gather(torch.cat(parts), world)
+    pos = 0
+    for i, k in zip(ids, sizes, strict=True):
+        vals = torch.cat([r[pos : pos + k] for r in ranks])
+        codes = torch.cat([r[pos + k : pos + 2 * k] for r in ranks])
+        pos += 2 * k
+        pick = vals.abs().topk(min(TOP_K, vals.numel())).indices
+        old = rec._tok_top[i][1]
+        v = vals[pick].to(old.dtype)
+        rec._tok_top[i] = (v.abs(), v, codes[pick].to(rec._tok_top[i][2].dtype))
+        shape = rec._tok_shape[i]
+        rec._tok_shape[i] = (shape[0] * world, *shape[1:]) if shape else shape
+    meds = torch.stack([torch.stack(rec._tok_med[i]).to(dev, _F64) for i in ids])  # (m, b)
+    gathered = torch.cat(_gather(meds, world), dim=1)
+    for row, i in enumerate(ids):
+        rec._tok_med[i] = [gathered[row, j] for j in range(gathered.shape[1])]
+    hits = [(i, h) for i in ids if (h := rec._tok_hits.get(i))]
+    if hits:
+        flat = torch.cat([torch.cat([a.to(dev, _F64), b.to(dev, _F64)]) for _, (a, b) in hits])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        pos = 0
+        for _, (a, b) in hits:
+            a.copy_(flat[pos : pos + a.numel()].to(a.dtype))
+            b.copy_(flat[pos + a.numel() : pos + 2 * a.numel()].to(b.dtype))
+            pos += 2 * a.numel()
 
 
 def sharded_moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
