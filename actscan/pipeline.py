@@ -72,7 +72,17 @@ def build_target(spec: TargetSpec, settings: Settings) -> tuple[Resolved, InputS
         seed=settings.seed, input_shape=spec.input_shape, allow_nonfinite=spec.allow_nonfinite,
         batch=settings.batch, seq_len=settings.seq_len, at_init=spec.at_init,
     )  # fmt: skip
-    resolved = resolve(spec.target, opts)
+    from actscan.distributed.runtime import current
+
+    run = current()
+    if run is not None:  # sharded from the start: no rank builds the whole model
+        from actscan.distributed.build import build_sharded
+        from actscan.distributed.stats import track
+
+        resolved = build_sharded(spec.target, opts, run)
+        track(resolved.model)
+    else:
+        resolved = resolve(spec.target, opts)
     inputs: Any = resolved.inputs
     if spec.input_file is not None:
         from actscan.targets.inputs_file import load_input_file
@@ -124,6 +134,7 @@ def scan_target(
         eps=settings.eps,
         weight_decay=settings.weight_decay,
         warmup=settings.warmup,
+        attention=settings.attention,
     )
     if resolved.notes:
         report = replace(report, notes=tuple(dict.fromkeys(resolved.notes + report.notes)))

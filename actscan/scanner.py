@@ -24,7 +24,9 @@ from torch import nn
 
 from actscan.diagnose import CheckContext, evaluate
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
+from actscan.distributed.runtime import current as dist_current
 from actscan.errors import UsageError
+from actscan.measure.attention import attention_probes
 from actscan.measure.dynamics import StepSpec, StepsRaw, caller_state, dynamics_record, run_steps
 from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
 from actscan.measure.layout_proof import prove_layout
@@ -143,7 +145,10 @@ def param_records(
             entries.append((f"{mname}.{pname}" if mname else pname, mname, mod, p))
     if not entries:
         return ()
-    host = moments([p for _, _, _, p in entries])  # fast passes; Welford is 10× slower
+    measure = moments
+    if dist_current() is not None:  # sharded parameters: local shards, merged exactly
+        from actscan.distributed.merge import sharded_moments as measure
+    host = measure([p for _, _, _, p in entries])  # fast passes; Welford is 10× slower
     out = []
     for (full, mname, mod, p), (mean, std, bad) in zip(entries, host, strict=True):
         shape = tuple(p.shape)
@@ -295,6 +300,7 @@ def scan(
     eps: float = 1e-8,
     weight_decay: float = 0.0,
     warmup: int = 0,
+    attention: bool = True,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -322,6 +328,8 @@ def scan(
           findings stay the step-0 measurement; the model's weights, `.grad`, modes and
           buffers are restored bit for bit afterwards, also when a step raises. A model
           with `actscan_param_groups(lr) -> list[dict]` trains with its own param groups.
+        attention: per-head attention probes (score max/std, entropy, sink: the report's
+          `attention`); False switches them off (`--no-attention`).
     """
     ignores = parse_ignores(ignore, origin="scan()") if ignore is not None else ()
     spec = StepSpec(steps, optimizer, lr, tuple(betas), eps, weight_decay, warmup).check()
@@ -367,6 +375,20 @@ def scan(
             "cannot invent inputs for this model: pass inputs= (or --input-shape on the CLI)"
         )
     loss_default = default_loss(info.task, info.vocab_size)
+    dist_run = dist_current()
+    merge = None
+    recorded = source  # the rows this process runs: all of them, or a rank's share
+    if dist_run is not None:
+        if steps:  # [tool.actscan] steps, or a Python caller under torchrun
+            raise UsageError("--steps is not supported distributed yet")
+        from actscan.distributed.fsdp import check_supported, sharded_backward
+        from actscan.distributed.merge import merge_recorder as merge
+        from actscan.distributed.runtime import shard_source
+
+        weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        check_supported(run_dtype, model_dtype=weights or torch.float32)
+        recorded = shard_source(source, dist_run, _batch_size(source))
+    rows = _batch_size(recorded) if dist_run is not None else None  # a rank's batch
 
     def compute_loss(out: Any, b: Batch) -> torch.Tensor:
         if loss_fn is not None:
@@ -412,6 +434,10 @@ def scan(
         notes.extend(proof.notes)
         if info.at_init:
             usage, gains = _measure_at_init(model, cast_batch(source(0), dev, run_dtype), notes)
+        if dist_run is not None:  # the pre-passes leave FSDP's root unsharded
+            from actscan.distributed.fsdp import reshard_all
+
+            reshard_all(model)
         autocast = (
             torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp else contextlib.nullcontext()
         )
@@ -424,13 +450,17 @@ def scan(
                 device=dev,
                 underflow=fp16_run,
                 loss_scale=loss_scale,
+                merge=merge,
+                rows=rows,
+                main=dist_run is None or dist_run.is_main,
             ) as rec,
-            _extra_inputs(model, layout, backward, dev, fp16_run, loss_scale) as extra,
+            _extra_inputs(model, layout, backward, dev, fp16_run, loss_scale, merge, rows) as extra,
+            attention_probes(model, layout, info.family, enabled=attention) as probes,
         ):
             for i in range(batches):
                 if progress:
                     progress("run", i, batches)
-                b = cast_batch(source(i), dev, run_dtype)
+                b = cast_batch(recorded(i), dev, run_dtype)
                 with torch.set_grad_enabled(backward), autocast:
                     out = call_model(model, b)
                     loss = compute_loss(out, b) if backward else None
@@ -441,11 +471,16 @@ def scan(
                         backward = False
                     else:
                         scaled = loss.float() * loss_scale if loss_scale != 1.0 else loss
-                        grads = torch.autograd.grad(scaled, grad_params, allow_unused=True)
-                        rec.add_param_grads(dict(zip(grad_params, grads, strict=True)))
-                        if steps and i == 0:  # the first update's gradient: no second pass
-                            step0 = (loss.detach(), grads)
-                        del grads
+                        if dist_run is not None:  # FSDP: local shards of reduced grads
+                            rec.add_param_grads(
+                                sharded_backward(scaled, grad_params, dist_run.world_size)
+                            )
+                        else:
+                            grads = torch.autograd.grad(scaled, grad_params, allow_unused=True)
+                            rec.add_param_grads(dict(zip(grad_params, grads, strict=True)))
+                            if steps and i == 0:  # the first update's gradient: no second pass
+                                step0 = (loss.detach(), grads)
+                            del grads
                 del out, loss
                 rec.end_batch()
                 for r in extra:
@@ -453,6 +488,9 @@ def scan(
             raw = rec.result(batches)
             for r in extra:
                 raw.update(r.result(batches))
+        attn_records = probes.records(merge=dist_run is not None) if probes is not None else ()
+        if probes is not None:
+            notes.extend(probes.notes)
         if progress:
             progress("run", batches, batches)
         if steps:
@@ -475,7 +513,7 @@ def scan(
     mods = dict(model.named_modules())
     records = {
         name: layer_record(
-            r, type_name=type(mods[name]).__name__ if name in mods else "StreamInput",
+            r, type_name=_type_name(mods[name]) if name in mods else "StreamInput",
             role=layout.role(name) if name in mods else "stream",
             block=layout.block_of.get(name), batches=batches, th=th,
         )
@@ -499,12 +537,15 @@ def scan(
         seq_len=seq if seq and source(0).token_ids is not None else _seq_len(source),
         backward=did_backward, init=init, mode="train", dropout=dropout,
         inputs=describe_batch(source(0)),
+        world_size=dist_run.world_size if dist_run else 1,
+        backend=dist_run.backend if dist_run else None,
     )  # fmt: skip
     info = _with_blocks(info, layout)
     dynamics = dynamics_record(raw_steps, stream, params_before) if raw_steps else None
     ctx = CheckContext(
         info=info, run=run, layout=layout, layers=layers, stream=stream, fit=fit,
         params=params_before, thresholds=th, streams=streams, dynamics=dynamics,
+        attention=attn_records,
     )  # fmt: skip
     summary = Summary(
         growth_exponent=fit.exponent, gain_per_block=fit.gain, growth=fit.growth,
@@ -516,7 +557,7 @@ def scan(
         model=info, run=run, layers=layers, stream=stream, findings=findings,
         summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
         branches=stream_branch_records(layout, layers, stream, streams), layout=proof.proofs,
-        skipped=skipped, streams=streams, dynamics=dynamics,
+        skipped=skipped, streams=streams, dynamics=dynamics, attention=attn_records,
     )  # fmt: skip
 
 
@@ -528,6 +569,8 @@ def _extra_inputs(
     dev: torch.device,
     underflow: bool,
     loss_scale: float,
+    merge: Callable[[Recorder], None] | None = None,
+    rows: int | None = None,
 ) -> Iterator[list[Recorder]]:
     """One recorder per further stream's input (an encoder-decoder's decoder: k = 0 of its
     stream is its first block's input), beside the main recorder's own stream input."""
@@ -538,6 +581,7 @@ def _extra_inputs(
                 Recorder(
                     [], stream_input=(input_name(name), mods[name]), backward=backward,
                     channels=False, device=dev, underflow=underflow, loss_scale=loss_scale,
+                    merge=merge, rows=rows, main=rows is None or dist_current().is_main,
                 )
             )
             for name in stream_input_blocks(layout)[1:]
@@ -615,6 +659,17 @@ def _is_norm_param(model: nn.Module, pname: str) -> bool:
     mname = pname.rpartition(".")[0]
     mod = model.get_submodule(mname) if mname else model
     return is_norm(mod)
+
+
+def _type_name(mod: nn.Module) -> str:
+    """The module's class name; FSDP2's wrapper class (`FSDPBlock`) reads as `Block`."""
+    cls = type(mod)
+    if cls.__name__.startswith("FSDP") and len(cls.__mro__) > 2:
+        from torch.distributed.fsdp import FSDPModule
+
+        if issubclass(cls, FSDPModule):
+            return next(c for c in cls.__mro__[1:] if not issubclass(c, FSDPModule)).__name__
+    return cls.__name__
 
 
 def _with_blocks(info: ModelInfo, layout: Layout) -> ModelInfo:

@@ -65,7 +65,7 @@ SOURCE_API = "python"  # a value passed to Settings(...) directly
 # The run settings a project file or the command line can set, in --show-config order.
 RUN_KEYS = (
     "fail_on", "dtype", "amp", "batch", "seq_len", "batches", "seed", "device", "modules",
-    "dropout", "steps", "optimizer", "lr", "eps", "weight_decay", "warmup",
+    "dropout", "steps", "optimizer", "lr", "eps", "weight_decay", "warmup", "attention",
 )  # fmt: skip
 DEFAULTS: Mapping[str, Any] = MappingProxyType(
     {
@@ -73,6 +73,7 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "batches": 1, "seed": 0, "device": "auto", "modules": None, "dropout": False,
         "steps": 0, "optimizer": "adamw", "lr": 1e-3, "eps": 1e-8, "weight_decay": 0.0,
         "warmup": 0,
+        "attention": True,
     }
 )  # fmt: skip
 
@@ -185,6 +186,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "eps": _number(positive=False),
     "weight-decay": _number(positive=False),
     "warmup": _int(0),
+    "attention": _bool,
     "thresholds": _thresholds,
 }
 KNOWN_KEYS = (*_VALIDATORS, "ignore")
@@ -445,6 +447,7 @@ class Settings:
     eps: float = 1e-8
     weight_decay: float = 0.0
     warmup: int = 0  # linear warmup steps
+    attention: bool = True  # attention probes (--no-attention: off)
     thresholds: Mapping[str, float] = field(default_factory=dict)
     ignores: tuple[Ignore, ...] = ()
     project: Path | None = None

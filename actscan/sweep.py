@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import product
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actscan import __version__
 from actscan.errors import BadInputError, UsageError
 from actscan.report.output import dumps, json_safe
 from actscan.report.report import SCHEMA_VERSION, Report
-from actscan.types import Severity
+from actscan.types import Finding, Severity
+
+if TYPE_CHECKING:
+    from actscan.diagnose.coord import CoordCheck
+    from actscan.diagnose.thresholds import Thresholds
 
 # Hugging Face config keys, in the order they are tried (GPT-2 style names second).
 HF_DEPTH = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers")
@@ -108,6 +112,13 @@ class Sweep:
     width_key: str | None
     rows: tuple[SweepRow, ...]
     notes: tuple[str, ...] = ()
+    # The μP coordinate check: a width sweep whose rows took optimizer steps (--steps N).
+    coord: CoordCheck | None = None
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        """Findings about the sweep as a whole (coord-check), beyond each row's own."""
+        return self.coord.findings if self.coord is not None else ()
 
     @property
     def sides(self) -> tuple[str, ...]:
@@ -156,6 +167,7 @@ class Sweep:
                     for t in self.trends()
                 ],
                 "notes": list(self.notes),
+                "coord": coord_dict(self.coord),
             }
         )
 
@@ -326,13 +338,51 @@ def run_sweep(
     widths: Sequence[int] = (),
     keys: tuple[str | None, str | None] = (None, None),
     notes: Sequence[str] = (),
+    thresholds: Thresholds | None = None,
+    ignores: Sequence[Any] = (),
 ) -> Sweep:
-    """Scan every point in order (the caller's `scan_point` builds and measures one)."""
+    """Scan every point in order (the caller's `scan_point` builds and measures one).
+
+    A width sweep whose rows took steps also gets the coordinate check (`coord`), judged
+    with `thresholds` (default: the shipped ones); `ignores` (settings.Ignore) drop its
+    findings as they drop a report's."""
     rows = tuple(row(p, scan_point(p)) for p in points)
+    coord = None
+    if widths:
+        from actscan.diagnose.coord import coord_check
+        from actscan.diagnose.thresholds import DEFAULT
+        from actscan.settings import apply_ignores
+
+        coord = coord_check(
+            [(r.side, r.depth, r.width, r.report) for r in rows if r.width is not None],
+            thresholds or DEFAULT,
+            labels=dict(labels),
+        )
+        if coord is not None and ignores:
+            coord = replace(coord, findings=apply_ignores(coord.findings, ignores)[0])
     return Sweep(
         target=target, labels=tuple(labels), depths=tuple(depths), widths=tuple(widths),
-        depth_key=keys[0], width_key=keys[1], rows=rows, notes=tuple(notes),
+        depth_key=keys[0], width_key=keys[1], rows=rows, notes=tuple(notes), coord=coord,
     )  # fmt: skip
+
+
+def coord_dict(coord: CoordCheck | None) -> dict[str, Any] | None:
+    """The sweep document's `coord` (docs/interface-extensions.md); None without steps."""
+    if coord is None:
+        return None
+    return {
+        "widths": list(coord.widths),
+        "steps": coord.steps,
+        "lr": coord.lr,
+        "bound": coord.bound,
+        "shrink": coord.shrink,
+        "slopes": [asdict(s) for s in coord.slopes],
+        "curves": [{**asdict(c), "delta_mean": list(c.delta_mean) or None} for c in coord.curves],
+        "findings": [
+            {**asdict(f), "severity": f.severity.value, "layers": list(f.layers)}
+            for f in coord.findings
+        ],
+    }
 
 
 def _spread(values: Sequence[float | None]) -> float | None:

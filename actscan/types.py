@@ -72,13 +72,25 @@ class CheckId(StrEnum):
     DEAD_UNITS = "dead-units"
     OUTLIER_CHANNELS = "outlier-channels"
     LOGIT_SCALE = "logit-scale"
+    ATTN_ENTROPY = "attn-entropy"
     INIT_SCALE = "init-scale"
+    # the first optimizer steps (`--steps N`; actscan/diagnose/dynamics.py)
+    UPDATE_SIZE = "update-size"
+    AMPLIFICATION = "amplification"
+    ATTN_LOGIT_GROWTH = "attn-logit-growth"
+    LOGIT_DRIFT = "logit-drift"
+    ADAM_EPSILON = "adam-epsilon"
+    # Judged across the rows of a width sweep with steps (actscan/diagnose/coord.py), not
+    # per report: not in the per-report registry (SWEEP_CHECKS).
+    COORD_CHECK = "coord-check"
 
 
 # Findings of equal severity are listed in this order everywhere (run_checks, the findings
 # panel, Markdown, JUnit cases): numerics make everything else moot, measured depth
 # pathologies explain most others, static init observations come last.
 CHECK_ORDER: tuple[CheckId, ...] = tuple(CheckId)
+# Checks that judge a sweep's rows together, not one report: no per-report check emits them.
+SWEEP_CHECKS: frozenset[CheckId] = frozenset({CheckId.COORD_CHECK})
 _CHECK_RANK = {c.value: i for i, c in enumerate(CHECK_ORDER)}
 
 
@@ -124,6 +136,10 @@ class RunInfo:
     mode: str = "train"
     dropout: bool = False
     inputs: str | None = None  # what one batch holds, in words ("2 images 3×32×32")
+    # Distributed runs (torchrun, --nproc): processes the batch was split over, and the
+    # torch.distributed backend ("gloo", "nccl"); 1 and None for a one-process run.
+    world_size: int = 1
+    backend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -487,3 +503,41 @@ class Dynamics:
     probe: str | None = None  # what the probe batch holds, in words
     # derived from `updates` (actscan.measure.dynamics_stats.block_updates)
     blocks: tuple[BlockUpdates, ...] = ()
+
+
+# -- attention probes (per attention layer, per head) ------------------------------------
+
+
+@dataclass(frozen=True)
+class HeadRecord:
+    """One attention head, merged over batches and calls.
+
+    score_max / score_std: the pre-softmax scores (after scaling, soft-capping and any
+    additive position bias) over the allowed (query, key) pairs only. entropy: the mean
+    over queries of H(p) / ln(allowed keys), 1 = uniform, 0 = all mass on one key
+    (queries with one allowed key left out). sink: mean attention mass on key 0.
+    """
+
+    head: int
+    score_max: float | None
+    score_std: float | None
+    entropy: float | None
+    sink: float | None
+
+
+@dataclass(frozen=True)
+class AttentionRecord:
+    """One attention layer (module) and its heads (the report's `attention[]`)."""
+
+    name: str
+    block: int | None
+    heads: tuple[HeadRecord, ...]
+    queries: int = 0  # query positions per sequence (the largest seen)
+    keys: int = 0  # key positions per sequence (the largest seen)
+    mean_keys: float | None = None  # allowed keys per query, averaged over the judged queries
+    kv_heads: int | None = None  # key/value heads (< heads: GQA, 1: MQA)
+    kind: str = "self"  # "self" | "cross"
+    calls: int = 0
+    softcap: float | None = None  # tanh soft-cap the scores passed through (Gemma 2: 50)
+    sliding_window: int | None = None  # the layer's local window, when it has one
+    stream: str | None = None  # the residual stream it belongs to, when there are several

@@ -26,6 +26,10 @@ benchmarks/results/<timestamp>.json so runs can be compared across commits):
   steps-e2e `actscan profile configs/gpt2-124m.yaml --steps 10` end to end ÷
             `benchmarks/handwritten_gpt2.py --steps 10` (build + 10 AdamW steps), same
             batch (--step-batch × --step-seq).
+  attention attention probes on ÷ off: a transformers GPT-2 config (12 × 768, 12 heads,
+            vocab 50257) with eager attention, seq 256, batch --attn-batch (2), forward +
+            next-token loss + backward, interleaved, median; the probes are entered and
+            their records read once per run, as a scan does.
 Wall time is what the targets are about; process CPU time is recorded alongside, as it
 is less disturbed by other processes sharing the cores.
 """
@@ -48,7 +52,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-SECTIONS = ("overhead", "rss", "batches", "help", "e2e", "steps", "steps-e2e")
+SECTIONS = ("overhead", "rss", "batches", "help", "e2e", "steps", "steps-e2e", "attention")
 # name -> (config file, batch, seq_len)
 MODELS = {
     "12x768": ("configs/gpt2-124m.yaml", 4, 256),
@@ -63,6 +67,7 @@ TARGETS = {  # upper bounds, from the performance issue
     "RSS batches 16 / 1": 1.05,
     "optimizer step 12x768": 1.15,
     "profile --steps 10 end-to-end": 1.20,
+    "attention probes 12x768": 1.15,
 }
 
 
@@ -237,6 +242,50 @@ def bench_overhead(name: str, device: str, reps: int, warmup: int) -> dict[str, 
         "per_scan_s": per_scan,
         "gpu_peak_mb": gpu_peak or None,
         "ratio_one_batch_scan": (med["instrumented"]["wall"] + per_scan) / med["plain"]["wall"],
+    }  # fmt: skip
+
+
+def bench_attention(device: str, reps: int, batch: int) -> dict[str, Any]:
+    """Attention probes on ÷ off on a transformers GPT-2 (eager attention), seq 256."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from actscan.measure.attention import AttentionProbes
+    from actscan.measure.inputs import next_token_loss
+
+    cfg = AutoConfig.for_model("gpt2", n_layer=12, n_embd=768, n_head=12)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").to(device).eval()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (batch, 256), generator=gen).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step() -> None:
+        loss = next_token_loss(model(input_ids=ids).logits, ids)
+        torch.autograd.grad(loss, params, allow_unused=True)
+
+    def probed() -> None:
+        with AttentionProbes(model) as probes:
+            step()
+        assert len(probes.records()) == 12
+
+    fns = {"plain": step, "probed": probed}
+    for fn in fns.values():
+        fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(reps):
+        for k in ("plain", "probed") if r % 2 == 0 else ("probed", "plain"):
+            w, c = time_once(fns[k], device)
+            samples[k].append(w)
+            cpu[k].append(c)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    pairs = [a / b for a, b in zip(samples["probed"], samples["plain"], strict=True)]
+    return {
+        "batch": batch, "seq_len": 256, "reps": reps, "samples": samples, "cpu": cpu,
+        "median": med, "ratio": med["probed"] / med["plain"],
+        "ratio_pairs_median": statistics.median(pairs),
+        "ratio_cpu": statistics.median(cpu["probed"]) / statistics.median(cpu["plain"]),
     }  # fmt: skip
 
 
@@ -484,6 +533,14 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         shown = (f"{e['ratio']:.3f}×  ({e['batch']}×{e['seq_len']} tokens: "
                  f"{med['handwritten']:.2f} s → {med['profile']:.2f} s)")  # fmt: skip
         add("profile --steps 10 end-to-end", e["ratio"], shown)
+    if "attention" in res:
+        a = res["attention"]
+        shown = (
+            f"{a['ratio']:.3f}×  ({a['median']['plain']:.3f} s → {a['median']['probed']:.3f} s; "
+            f"per pair {a['ratio_pairs_median']:.3f}×; cpu {a['ratio_cpu']:.3f}×; "
+            f"batch {a['batch']} × seq {a['seq_len']}, eager)"
+        )
+        add("attention probes 12x768", a["ratio"], shown)
     return out
 
 
@@ -514,6 +571,7 @@ def main() -> None:
     ap.add_argument("--step-batch", type=int, default=2, help="sequences per step (steps*)")
     ap.add_argument("--step-seq", type=int, default=64, help="tokens per sequence (steps*)")
     ap.add_argument("--step-n", type=int, default=3, help="optimizer steps per run (steps)")
+    ap.add_argument("--attn-batch", type=int, default=2, help="attention section's batch [2]")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     import torch
@@ -561,6 +619,10 @@ def main() -> None:
         res["steps-e2e"] = bench_steps_e2e(
             args.device, n, args.threads, 10, args.step_batch, args.step_seq
         )
+    if "attention" in only:
+        n = 5 if args.quick else reps
+        print(f"attention probes on vs off: {n} interleaved pairs ...", flush=True)
+        res["attention"] = bench_attention(args.device, n, args.attn_batch)
     res["load_after"] = os.getloadavg()
     res["seconds"] = time.perf_counter() - t0
     table = rows(res)

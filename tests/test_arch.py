@@ -143,3 +143,85 @@ def test_layout_of_builtin_model() -> None:
     assert roles["blocks.1.norm2"] == "norm" and roles["blocks.1.mlp.act"] == "act"
     assert roles["blocks.1.mlp.up"] == "mlp" and roles["blocks.1.attn.qkv"] == "attn"
     assert roles["blocks.1"] == "stream" and layout.block_of["blocks.1.mlp.down"] == 1
+
+
+def _attention_reference(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The pre-QK-norm attention, written out independently of gpt.Attention."""
+    b, t, c = x.shape
+    h, d = attn.n_heads, attn.head_dim
+    q, k, v = attn.qkv(x).split(c, dim=-1)
+    q, k, v = (z.view(b, t, h, d).transpose(1, 2) for z in (q, k, v))
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(d)
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return attn.proj((s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, c))
+
+
+def test_qk_norm_off_by_default_leaves_the_model_exactly_as_it_was() -> None:
+    assert ArchConfig().qk_norm is False
+    plain = build_model(ArchConfig(**SMALL), seed=1)
+    assert not any("q_norm" in n or "k_norm" in n for n in plain.state_dict())
+    x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(0))
+    attn = plain.blocks[1].attn
+    assert torch.equal(attn(x), _attention_reference(attn, x))
+    # the knob draws no random numbers: every shared weight is bit-identical
+    qk = build_model(ArchConfig(**SMALL, qk_norm=True), seed=1)
+    qk_sd = qk.state_dict()
+    for name, p in plain.state_dict().items():
+        assert torch.equal(p, qk_sd[name]), name
+    extra = sorted(set(qk_sd) - set(plain.state_dict()))
+    assert "blocks.0.attn.q_norm.weight" in extra and "blocks.3.attn.k_norm.bias" in extra
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_qk_norm_bounds_attention_scores_when_weights_grow(norm: str) -> None:
+    """Normalised q and k have norm √d_head, so |score| ≤ √d_head·scale·d_head = √d_head
+    at 1/√d_head, however large the q/k weights grow; without the norms the scores grow
+    with the square of the weights (the attention-logit growth QK-norm exists to stop)."""
+    scores: dict[bool, float] = {}
+    recorded: dict[bool, float] = {}
+    x = torch.randint(128, (2, 16), generator=torch.Generator().manual_seed(0))
+    for qk in (False, True):
+        model = build_model(ArchConfig(**SMALL, norm=norm, qk_norm=qk), seed=0)
+        with torch.no_grad():
+            for blk in model.blocks:
+                blk.attn.qkv.weight[:128].mul_(30.0)  # q and k projections ×30
+        attn = model.blocks[0].attn
+        with torch.no_grad():
+            h = model.tok_emb(x) + model.pos_emb(torch.arange(16))
+            q, k, _ = attn.qkv(model.blocks[0].norm1(h)).split(64, dim=-1)
+            q, k = (z.view(2, 16, 4, 16).transpose(1, 2) for z in (q, k))
+            if qk:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            scores[qk] = float((q @ k.transpose(-2, -1)).abs().max()) * attn.scale
+            hook = attn.logits.register_forward_hook(
+                lambda _m, _i, out, qk=qk: recorded.update({qk: float(out.abs().max())})
+            )
+            model(x)  # the model's own forward applies the norms where the scores are taken
+            hook.remove()
+        assert recorded[qk] == pytest.approx(scores[qk], rel=1e-5)
+    assert scores[True] <= math.sqrt(16) + 1e-4  # head_dim 16
+    assert scores[False] > 20 * scores[True]
+    cfg = build_config({**SMALL, "qk_norm": "true"})
+    assert cfg.qk_norm is True
+    from actscan.models.gpt import arch_facts
+
+    assert arch_facts(cfg)["qk_norm"] is True and arch_facts(ArchConfig())["qk_norm"] is False
+
+
+def test_checkpoints_store_qk_norm_only_when_used(tmp_path: Path) -> None:
+    """A model without QK-norm saves the same config (and file) as before the knob."""
+    import json
+
+    from safetensors import safe_open
+
+    from actscan.targets.checkpoint import save_builtin
+
+    for qk in (False, True):
+        path = tmp_path / f"qk{qk}.safetensors"
+        save_builtin(build_model(ArchConfig(**SMALL, qk_norm=qk)), path)
+        with safe_open(str(path), "pt") as fh:
+            stored = json.loads(fh.metadata()["actscan_config"])
+            names = set(fh.keys())
+        assert ("qk_norm" in stored) is qk
+        assert build_config(stored) == ArchConfig(**SMALL, qk_norm=qk)
+        assert ("blocks.0.attn.q_norm.weight" in names) is qk

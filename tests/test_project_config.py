@@ -274,7 +274,7 @@ def test_settings_precedence_cli_over_file_over_default(tmp_path):
     assert s.source("ignore") == src and s.project == path
     assert list(s.run_values()) == [
         "fail_on", "dtype", "amp", "batch", "seq_len", "batches", "seed", "device", "modules",
-        "dropout", "steps", "optimizer", "lr", "eps", "weight_decay", "warmup",
+        "dropout", "steps", "optimizer", "lr", "eps", "weight_decay", "warmup", "attention",
     ]  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.batch = 2  # type: ignore[misc]

@@ -97,6 +97,13 @@ DropoutFlag = Annotated[
         "--dropout", help="Keep dropout on (the run is in train mode; dropout is off by default)."
     ),
 ]
+NoAttention = Annotated[
+    bool,
+    typer.Option(
+        "--no-attention",
+        help="Switch the attention probes off (per-head scores, entropy, sink; the Heads table).",
+    ),
+]
 NoBackward = Annotated[
     bool, typer.Option("--no-backward", help="Forward only: no gradient statistics.")
 ]
@@ -138,6 +145,13 @@ ThresholdOpt = Annotated[
     typer.Option("--threshold", help="Override a threshold: NAME=VALUE (repeatable)."),
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the findings.")]
+NProc = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc", min=1,
+        help="Run as N processes on this host (torchrun; FSDP2-sharded model, batch split).",
+    ),
+]  # fmt: skip
 AllowNonfinite = Annotated[
     bool, typer.Option("--allow-nonfinite", help="Run even if weights contain NaN/Inf.")
 ]
@@ -214,6 +228,20 @@ def _model_error_line(err: BaseException) -> str | None:
     return model_error_line(err)
 
 
+def refuse_distributed(command: str) -> None:
+    """compare and sweep run in one process: under torchrun, one line (rank 0) and exit 2."""
+    from actscan.distributed.launch import launched
+
+    if launched():
+        if os.environ.get("RANK", "0") == "0":
+            line = (
+                f"actscan: error: {command} does not run distributed: profile each model "
+                "with `actscan profile --nproc N --json FILE` instead"
+            )
+            print(line, file=sys.stderr)
+        raise typer.Exit(EXIT_USAGE)
+
+
 # -- consoles -----------------------------------------------------------------------------
 def make_console(stderr: bool = False, width: int | None = None) -> Console:
     """Plain text when NO_COLOR is set or the stream is not a terminal."""
@@ -286,6 +314,7 @@ def resolve_settings(
     weight_decay: float | None = None,
     warmup: int | None = None,
     no_backward: bool = False,
+    no_attention: bool = False,
 ) -> Settings:
     """The shared run options (None: not given) > [tool.actscan] > defaults, validated."""
     from actscan.diagnose.thresholds import parse_threshold_options
@@ -297,6 +326,7 @@ def resolve_settings(
             "batches": batches, "seed": seed, "device": device, "modules": modules,
             "dropout": True if dropout else None, "steps": steps, "optimizer": optimizer,
             "lr": lr, "eps": eps, "weight_decay": weight_decay, "warmup": warmup,
+            "attention": False if no_attention else None,
             "thresholds": parse_threshold_options(threshold) or None,
         }
     )  # fmt: skip

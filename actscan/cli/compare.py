@@ -44,6 +44,7 @@ def compare(
     eps: c.EpsOpt = None,
     weight_decay: c.WeightDecayOpt = None,
     warmup: c.WarmupOpt = None,
+    no_attention: c.NoAttention = False,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -69,11 +70,13 @@ def compare(
       actscan compare gpt2-124m --dtype fp32 --vs-dtype bf16
       actscan compare model.safetensors --vs-amp bf16 --json compare.json
     """
+    c.refuse_distributed("compare")
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
         steps=steps, optimizer=optimizer, lr=lr, eps=eps, weight_decay=weight_decay,
         warmup=warmup, no_backward=no_backward,
+        no_attention=no_attention,
     )  # fmt: skip
     if b is None and not (vs_init or vs_set or vs_dtype or vs_amp or vs_config):
         raise c.fail(

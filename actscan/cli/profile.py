@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+import functools
+import os
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -43,6 +46,7 @@ def profile(
     eps: c.EpsOpt = None,
     weight_decay: c.WeightDecayOpt = None,
     warmup: c.WarmupOpt = None,
+    no_attention: c.NoAttention = False,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -56,6 +60,7 @@ def profile(
     show_config: Annotated[
         bool, typer.Option("--show-config", help="Print the effective settings and exit.")
     ] = False,
+    nproc: c.NProc = None,
 ) -> None:
     """Measure one forward+backward pass and report the scale of activations and gradients.
 
@@ -65,12 +70,89 @@ def profile(
       actscan profile configs/gpt-48-naive.yaml --init fan-in --set branch_scale=depth
       actscan profile path/to/hf-model --dtype bf16 --json report.json
       actscan profile mypkg.models:build --input-shape 8,128 --fail-on warn
+      actscan profile configs/llama-12.toml --nproc 4   (or: torchrun … -m actscan profile …)
     """
+    from actscan.distributed.launch import launch, launched
+
+    if (nproc is not None or launched()) and steps:  # the sharded optimizer is not built
+        raise _fail_rank0("--steps is not supported distributed yet")
+    if not launched() and nproc is not None:
+        raise typer.Exit(launch(nproc, sys.argv[1:]))
+    body = functools.partial(
+        _profile, target, config=config, dtype=dtype, amp=amp, init=init, set_=set_,
+        batch=batch, seq_len=seq_len, batches=batches, seed=seed, input_file=input_file,
+        device=device, modules=modules, no_backward=no_backward, dropout=dropout,
+        steps=steps, lr=lr, optimizer=optimizer, eps=eps, weight_decay=weight_decay,
+        warmup=warmup, no_attention=no_attention, json_out=json_out, fmt=fmt, output=output,
+        fail_on=fail_on,
+        input_shape=input_shape, threshold=threshold, quiet=quiet,
+        allow_nonfinite=allow_nonfinite, at_init=at_init, all_modules=all_modules,
+        show_config=show_config,
+    )  # fmt: skip
+    if not launched():
+        body()
+        return
+    world = int(os.environ["WORLD_SIZE"])
+    if nproc is not None and nproc != world:
+        raise _fail_rank0(f"--nproc {nproc} under a launcher that started {world} processes")
+    from actscan.distributed.runtime import run_ranked
+
+    raise typer.Exit(run_ranked(c.handle_errors(body), device.value if device else None))
+
+
+def _fail_rank0(message: str) -> typer.Exit:
+    """One line (rank 0's, under a launcher: the other ranks print nothing) and exit 2."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"actscan: error: {message}", file=sys.stderr)
+    return typer.Exit(c.EXIT_USAGE)
+
+
+def _profile(
+    target: str,
+    *,
+    config: Any,
+    dtype: Any,
+    amp: Any,
+    init: str | None,
+    set_: list[str] | None,
+    batch: int | None,
+    seq_len: int | None,
+    batches: int | None,
+    seed: int | None,
+    input_file: Any,
+    device: Any,
+    modules: str | None,
+    no_backward: bool,
+    dropout: bool,
+    steps: int | None,
+    lr: float | None,
+    optimizer: Any,
+    eps: float | None,
+    weight_decay: float | None,
+    warmup: int | None,
+    no_attention: bool,
+    json_out: str | None,
+    fmt: c.FormatOpt,
+    output: str | None,
+    fail_on: Any,
+    input_shape: str | None,
+    threshold: list[str] | None,
+    quiet: bool,
+    allow_nonfinite: bool,
+    at_init: bool | None,
+    all_modules: bool,
+    show_config: bool,
+) -> None:
+    """The command itself, in one process or as one rank (only rank 0 writes)."""
+    from actscan.distributed.launch import launched
+
+    main = not launched() or os.environ.get("RANK", "0") == "0"
     settings = c.resolve_settings(
         fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
         steps=steps, optimizer=optimizer, lr=lr, eps=eps, weight_decay=weight_decay,
         warmup=warmup, no_backward=no_backward,
+        no_attention=no_attention,
     )  # fmt: skip
     if show_config:
         _print_settings(settings)
@@ -85,11 +167,13 @@ def profile(
         input_file=input_file, input_shape=c.parse_shape(input_shape),
         allow_nonfinite=allow_nonfinite, at_init=at_init,
     )  # fmt: skip
-    with c.ProgressSink(enabled=not quiet) as progress:
+    with c.ProgressSink(enabled=not quiet and main) as progress:
         scanned = scan_target(spec, settings, backward=not no_backward, progress=progress)
     from actscan.report.render import render_report
 
     report = scanned.report
+    if not main:  # every rank holds the merged report; rank 0 writes it
+        raise typer.Exit(c.gate_exit(report.findings, settings.fail_on))
     c.emit(
         [report], fmt=fmt, output=output, json_path=json_out, fail_on=settings.fail_on,
         render=lambda con: render_report(

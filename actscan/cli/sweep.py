@@ -52,6 +52,7 @@ def sweep(
     eps: c.EpsOpt = None,
     weight_decay: c.WeightDecayOpt = None,
     warmup: c.WarmupOpt = None,
+    no_attention: c.NoAttention = False,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
@@ -72,6 +73,7 @@ def sweep(
       actscan sweep gpt-48-naive --depth 6,12,24,48 --vs-set branch_scale=depth
       actscan sweep configs/gpt-12-preln.yaml --width 128,256,512,1024 --plot width.png
     """
+    c.refuse_distributed("sweep")
     from actscan.models.arch import parse_set
     from actscan.pipeline import scan_target
     from actscan.sweep import base_config, parse_sizes, plan, run_sweep, size_notes
@@ -82,6 +84,7 @@ def sweep(
         seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
         steps=steps, optimizer=optimizer, lr=lr, eps=eps, weight_decay=weight_decay,
         warmup=warmup, no_backward=no_backward,
+        no_attention=no_attention,
     )  # fmt: skip
     a_side = side_a(target, None, init, set_, settings)
     sides = [a_side]
@@ -93,6 +96,10 @@ def sweep(
     for s in sides:
         check_precision(s)
     c.check_outputs(fmt, output, json_out)
+    if plot is not None:  # fail now, not after the sweep: no matplotlib, a bad type or folder
+        from actscan.report.plot import check_plot
+
+        check_plot(plot)
     bases = [
         (s.tag, base_config(target, parse_set(list(s.sets))), parse_set(list(s.sets)))
         for s in sides
@@ -116,9 +123,18 @@ def sweep(
             labels=[(s.tag, s.label() if s.tag == "a" else s.label_vs(a_side, vs_set))
                     for s in sides],
             depths=depths, widths=widths, keys=(base_a.depth_key, base_a.width_key), notes=notes,
+            thresholds=settings.threshold_set(), ignores=settings.ignores,
         )  # fmt: skip
 
-    if plot is not None:
+    if plot is not None and result.coord is not None:
+        from actscan.report.plot import plot_coord
+
+        plot_coord(
+            result.coord.curves, result.coord.widths, plot,
+            labels={k: f"{k.upper()}" for k, _ in result.labels},
+            title=f"Coordinate check: mean |x| vs width, {target}",
+        )  # fmt: skip
+    elif plot is not None:
         from actscan.report.plot import Series, plot_streams
 
         two = len(sides) > 1
@@ -146,5 +162,5 @@ def sweep(
         render=lambda con: render_sweep(result, con, quiet=quiet), quiet=quiet,
         json_text=result.to_json,
     )  # fmt: skip
-    findings = [f for r in reports for f in r.findings]
+    findings = [f for r in reports for f in r.findings] + list(result.findings)
     raise typer.Exit(c.gate_exit(findings, settings.fail_on))

@@ -19,6 +19,7 @@ from actscan.diagnose.thresholds import Thresholds
 from actscan.measure.stats import GrowthFit
 from actscan.types import (
     CHECK_ORDER,
+    AttentionRecord,
     CheckId,
     Dynamics,
     Finding,
@@ -49,6 +50,8 @@ class CheckContext:
     streams: tuple[StreamRecord, ...] = ()
     # the first optimizer steps, when the run took any (`--steps N`); None: step 0 only
     dynamics: Dynamics | None = None
+    # per attention layer and head (attention probes); empty when off or not available
+    attention: tuple[AttentionRecord, ...] = ()
 
 
 Check = Callable[[CheckContext], "list[Finding | Skip]"]
@@ -59,7 +62,16 @@ CHECKS: dict[tuple[CheckId, ...], Check] = {}
 
 
 def _register() -> None:
-    from actscan.diagnose import branches, channels, depth, init, numerics, underflow
+    from actscan.diagnose import (
+        attention,
+        branches,
+        channels,
+        depth,
+        dynamics,
+        init,
+        numerics,
+        underflow,
+    )
 
     CHECKS.update(
         {
@@ -72,7 +84,13 @@ def _register() -> None:
             (CheckId.DEAD_UNITS,): channels.dead_units,
             (CheckId.OUTLIER_CHANNELS,): channels.outlier_channels,
             (CheckId.LOGIT_SCALE,): numerics.logit_scale,
+            (CheckId.ATTN_ENTROPY,): attention.attn_entropy,
             (CheckId.INIT_SCALE,): init.init_scale,
+            (CheckId.UPDATE_SIZE,): dynamics.update_size,
+            (CheckId.AMPLIFICATION,): dynamics.amplification,
+            (CheckId.ATTN_LOGIT_GROWTH,): dynamics.attn_logit_growth,
+            (CheckId.LOGIT_DRIFT,): dynamics.logit_drift,
+            (CheckId.ADAM_EPSILON,): dynamics.adam_epsilon,
         }
     )
 

@@ -176,8 +176,10 @@ def _log_z(mean: float, std: float, size: int) -> float:
 
 def logit_scale(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
-    if not any(r.role == "head" or r.type == ATTN_LOGITS for r in ctx.layers) and (
-        ctx.info.arch.get("attn_scale") != "none"
+    if (
+        not any(r.role == "head" or r.type == ATTN_LOGITS for r in ctx.layers)
+        and not ctx.attention
+        and ctx.info.arch.get("attn_scale") != "none"
     ):
         return [skip(CheckId.LOGIT_SCALE, "no output head or attention scores were recorded")]
     out: list[Finding | Skip] = []
@@ -227,11 +229,20 @@ def logit_scale(ctx: CheckContext) -> list[Finding | Skip]:
 
 
 def _attention_logits(ctx: CheckContext) -> list[Finding]:
-    th = ctx.thresholds
+    """The declared-scale rule, then the measured scores: per head from the attention
+    probes when they ran, else from score modules the recorder saw."""
+    from actscan.diagnose.attention import score_findings
+
+    unscaled = _unscaled_attention(ctx)
+    if ctx.attention:
+        return unscaled + score_findings(ctx)
+    return unscaled or _recorded_scores(ctx)
+
+
+def _unscaled_attention(ctx: CheckContext) -> list[Finding]:
     scores = [
         r for r in ctx.layers if r.type == ATTN_LOGITS and positive(r.std) and not r.nonfinite
     ]
-    keys = int(ctx.run.seq_len or (scores[0].n_channels if scores else 0) or 0)
     scale = str(ctx.info.arch.get("attn_scale", ""))
     head_dim = ctx.info.arch.get("head_dim")
     if scale == "none":
@@ -252,6 +263,15 @@ def _attention_logits(ctx: CheckContext) -> list[Finding]:
                 "Multiply QKᵀ by 1/√d_k before the softmax (1/d_k under μP).",
             )
         ]
+    return []
+
+
+def _recorded_scores(ctx: CheckContext) -> list[Finding]:
+    th = ctx.thresholds
+    scores = [
+        r for r in ctx.layers if r.type == ATTN_LOGITS and positive(r.std) and not r.nonfinite
+    ]
+    keys = int(ctx.run.seq_len or (scores[0].n_channels if scores else 0) or 0)
     if keys < 2 or not scores:
         return []
     f = _freeze(keys)

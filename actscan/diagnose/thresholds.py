@@ -146,6 +146,85 @@ class Thresholds:
     logit_freeze: float = 1.0
     # error at init at 4× (loss at init ≳ 8 ln V, z-loss (log Z)² in the thousands).
     logit_freeze_error: float = 4.0
+    # Largest pre-softmax attention score (attention probes). Gemma 2 bounds its scores
+    # with a tanh soft-cap of 50 (attn_logit_softcapping): past 50 a score is beyond what a
+    # production model lets through. At init, where scores are O(1) (healthy: max ≤ 1 on
+    # every family measured), warn; in a checkpoint, info (MiniLM-L6's layer 0 reaches 54).
+    attn_score_max: float = 50.0
+    # Kimi K2's QK-Clip threshold τ = 100: MuonClip rescales W_q, W_k of any head whose max
+    # logit passes 100, the attention-logit explosion that precedes loss spikes. error at
+    # init, warn in a checkpoint.
+    attn_score_max_error: float = 100.0
+
+    # ---- attn-entropy ---------------------------------------------------------------------------
+    # Normalised entropy e = H(p)/ln n of a head (n: allowed keys per query; the head
+    # spreads over n^e keys). Gaussian scores of std σ give e ≈ 1 − σ²/(2 ln n): healthy
+    # heads at init sit at ≥ 0.99 (σ ≲ 0.1 on every family measured); 0.5 is √n of n keys,
+    # scores at 0.7× the freezing point √(2 ln n). Warn at init below it.
+    attn_entropy_low: float = 0.5
+    # Below 0.1 (1.5 of 64 keys) the head is collapsed onto one key: error at init; in a
+    # checkpoint info (positional and sink heads do this on purpose: MiniLM-L6 has 2 of 72
+    # on random tokens), warn when every head of a layer is collapsed.
+    attn_entropy_collapse: float = 0.1
+
+    # ---- the first optimizer steps (--steps N) -----------------------------------------
+    # Set from training outcomes: docs/calibration-dynamics.md (128 tiny runs, 35 that
+    # failed to train; "P/R" = precision/recall of the warn against failure; base rate 0.27).
+    # update-size: the largest median (over the steps after the first) of a weight matrix's
+    # ‖W_t − W_{t−1}‖/‖W_{t−1}‖. Adam moves each coordinate by ≈ lr, so a GPT-2-init
+    # matrix (std 0.02) moves ≈ lr/0.02 of its norm per step. No run that trained reached
+    # 0.19; 0.2 flags 13 runs, all failed (P 1.00, R 0.37).
+    update_ratio_warn: float = 0.2
+    # error when a step moves a matrix by its whole norm: the weights are replaced every
+    # step (by construction; the grid's largest was 0.29).
+    update_ratio_error: float = 1.0
+    # info: a matrix moving this many times the median matrix's ratio (1/√(2L)-scaled
+    # projections sit at √(2L)×, ×7 at 24 layers; ×10 is beyond the usual depth scaling).
+    update_outlier: float = 10.0
+    # amplification (info only: it did not predict failure): after the first update, the
+    # probe's change per block in the second half of the stack ÷ in the first half. Post-LN
+    # grows linearly (0.91–1.11 measured), Pre-LN saturates (0.27–0.36) and Pre-LN with
+    # 1/√(2L) rises like a logarithm (0.58–0.67).
+    amplification_sustain: float = 0.8
+    # …judged only while the first step changes the last block output by at most this
+    # (relative): past it every curve saturates and flattens (Post-LN at lr ≥ 1e-2: 0.06–0.5).
+    amplification_linear: float = 1.0
+    # …on stacks of at least this many blocks: a Pre-LN change saturates within its first
+    # ~6 blocks, so only a stack twice that deep shows the saturation in its second half
+    # (at 6 blocks Pre-LN curves measured as straight as Post-LN ones: ratio 1.1–1.2).
+    amplification_min_blocks: float = 12
+    # attn-logit-growth: the largest pre-softmax attention score after the steps. Every
+    # run that trained stayed ≤ 8.7; ≥ 10 flags 15 runs, all failed (P 1.00, R 0.43: QK-norm
+    # runs fail without large scores, at lrs where Post-LN fails anyway).
+    attn_logit_warn: float = 10.0
+    # …having grown at least this many times since step 0 (scores large by construction,
+    # QK-norm's ~4 at init, are not growth; failing runs grew ×70–500).
+    attn_logit_growth: float = 10.0
+    # error at Gemma 2's soft cap (every run past it failed; Kimi K2 clips at τ = 100).
+    attn_logit_cap: float = 50.0
+    # logit-drift: the largest |log Z_t − log Z_0| over the steps, in nats. Runs that failed
+    # drifted 0.3–1.1 in 10 steps; ≥ 0.4 flags 29 runs, 25 failed (P 0.86, R 0.71).
+    log_z_drift: float = 0.4
+    # adam-epsilon: gradient RMS ÷ eps at or below which Adam's update shrinks (the step is
+    # g/(√v + eps): at ratio 10 it is 91 % of lr, at 1 half).
+    adam_eps_ratio: float = 10.0
+    # …warn when the tensors below it hold at least this share of the parameters (fewer:
+    # info). A few QK-norm gains of a trained-fine run reached it (share < 1e-3); the runs
+    # whose gradients collapsed had 0.1–92 % (P 1.00, R 0.43).
+    adam_eps_share: float = 0.001
+    # ---- coord-check (`actscan sweep --width … --steps N`: μP's coordinate check) -------
+    # Log–log slope of a module group's mean |x_t| (or mean |x_t − x_0|) against width
+    # above which it grows with width. Measured (docs/checks.md#coord-check, widths
+    # 64–512, 3 AdamW steps, lr 1e-3…3e-2, 2–12 blocks): μP's groups ≤ +0.10; SP's readout
+    # reaches ≥ +0.51 and its block groups ≥ +0.86 at every t. 0.3 sits between them.
+    coord_slope: float = 0.3
+    # …and below −coord-shrink a group shrinks with width (its updates vanish, or the
+    # narrow models are overdriven). μP at lr 1e-2: down to −0.48 (the narrowest model moves
+    # its weights by half their norm per step); SP never shrinks (≥ −0.01); a learning
+    # rate divided by width once too often gives −1.
+    coord_shrink: float = 0.7
+    # A slope needs this many widths: two always fit a line exactly, three show a trend.
+    coord_min_widths: float = 3
 
     # ---- compare: precision divergence (not a check: reported, not gated) ----------------
     # Relative RMS error ‖a−b‖/‖a‖ of a layer's output against the higher precision. One

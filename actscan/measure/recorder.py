@@ -40,10 +40,10 @@ Hooks are removed in `__exit__`, also when the forward raises.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -119,7 +119,29 @@ class Recorder:
     targets: (name, module) pairs to record the output of.
     stream_input: (name, module) whose *input* is recorded as `name` (the residual
     stream at k = 0, as the first block sees it).
+    merge: called with the recorder right before `result()`'s host transfer, to combine
+    the accumulators of a distributed run's ranks in place (actscan.distributed.merge).
+    rows: a distributed rank's batch size. An output whose leading size differs (a
+    position table, a rotary cache) is the same on every rank: only the main rank counts
+    its values, and its gradient (each rank's partial sum) is summed over the ranks by
+    the merge before it is squared. `main`: whether this is that rank.
     """
+
+    # How each accumulator merges across the ranks of a distributed run, one line per
+    # state attribute (docs/design.md, "Distributed runs"): a new statistic adds its line.
+    MERGE: ClassVar[dict[str, str]] = {
+        "_n,_mean,_m2": "chan",  # Chan's merge of (count, mean, M2)
+        "_zeros": "sum",
+        "_nonfinite": "sum",
+        "_gsq": "sum",  # output-gradient Σg²
+        "_pgsq": "sum",  # parameter-gradient Σg² of each rank's local shards
+        "_uf": "sum",
+        "_guf": "sum",
+        "_gnumel": "sum",  # host list
+        "_amax": "max",
+        "_chan": "channels",  # per-channel (amax, amin): MAX of amax and of -amin
+        "_rep_g": "sum",  # gradients of replicated outputs (list of tensors), summed whole
+    }
 
     def __init__(
         self,
@@ -131,8 +153,15 @@ class Recorder:
         device: torch.device | str = "cpu",
         underflow: bool = False,
         loss_scale: float = 1.0,
+        merge: Callable[[Recorder], None] | None = None,
+        rows: int | None = None,
+        main: bool = True,
     ) -> None:
         self.targets = list(targets)
+        self.merge = merge
+        self.rows, self.main = rows, main
+        self._rep_g: list[torch.Tensor] = []  # replicated outputs' gradients, per batch
+        self._rep_mods: list[list[int]] = []
         self.underflow = underflow
         self.loss_scale = loss_scale  # the backward's loss was multiplied by it: unscale
         self.stream_input = stream_input
@@ -209,7 +238,9 @@ class Recorder:
             self._seen += 1
         if t is None or t.is_meta or not t.numel():
             return
-        if self.underflow:
+        rep = self.rows is not None and (t.dim() == 0 or t.shape[0] != self.rows)
+        counted = not rep or self.main  # a replicated output: the main rank counts it
+        if self.underflow and counted:
             self._count_underflow(i, t)
         last = self._last
         if last is not None and last[0]() is t and last[1] == t._version:
@@ -225,9 +256,11 @@ class Recorder:
                 torch.set_num_threads(self._threads)
         else:
             hi, lo, per_channel = self._reduce(i, x)
+        if not counted:
+            del self._pend[start:]  # the extremes stay: MAX of equal values
         mods = [i]
         if self.backward and t.requires_grad and torch.is_grad_enabled():
-            t.register_hook(partial(self._grad_hook, mods))
+            t.register_hook(partial(self._rep_grad_hook if rep else self._grad_hook, mods))
         self._last = (weakref.ref(t), t._version, start, len(self._pend), hi, lo,
                       per_channel, mods)  # fmt: skip
         self._update_channels(i, hi, lo, per_channel)
@@ -364,6 +397,15 @@ class Recorder:
         self._g_mods.append(mods)
         self._g_rows.append(rows)
 
+    def _rep_grad_hook(self, mods: list[int], grad: torch.Tensor) -> None:
+        """A replicated output's gradient: kept whole (small: a position table) for the
+        merge to sum over the ranks; squared in `result()`."""
+        self._rep_g.append(grad.detach().to(_ACC).clone())
+        self._rep_mods.append(mods)
+        if self.main:
+            for i in mods:
+                self._gnumel[i] += grad.numel()
+
     def __enter__(self) -> Recorder:
         self._threads = torch.get_num_threads()
         try:
@@ -468,6 +510,15 @@ class Recorder:
     def result(self, batches: int) -> dict[str, RawStats]:
         """One host transfer of everything; per-batch norms averaged as root-mean-square."""
         self.end_batch()
+        if self.merge is not None:  # a distributed run: every rank's rows, exactly
+            self.merge(self)
+            self.merge = None
+        if self._rep_g:  # whole gradients (summed over ranks): their Σg², once
+            sq = torch.stack([g.square().sum() for g in self._rep_g]).to(self.device)
+            at = [i for mods in self._rep_mods for i in mods]
+            src = [k for k, mods in enumerate(self._rep_mods) for _ in mods]
+            self._gsq.index_add_(0, _ix(at, self.device), sq[_ix(src, self.device)])
+            self._rep_g, self._rep_mods = [], []
         dev, m = self.device, len(self.names)
         # per-channel max-abs = max(amax, -amin), a few kernels per distinct width
         groups: dict[tuple[int, torch.device], list[int]] = {}

@@ -207,6 +207,39 @@ def _owners(model: nn.Module) -> dict[int, str]:
     return owner
 
 
+@contextlib.contextmanager
+def _live_owners(model: nn.Module, owner: dict[int, str]) -> Iterator[None]:
+    """Add the parameters each module holds when it is called: FSDP swaps in unsharded
+    parameters (other storages than the sharded ones `_owners` saw) for its forward."""
+    handles = []
+    held: dict[int, int] = {}  # storage key → id of the parameter it was seen as
+
+    def pre(mname: str) -> Callable[..., None]:
+        def hook(mod: nn.Module, _inputs: Any) -> None:
+            for pname, p in mod.named_parameters(recurse=False):
+                key = _storage_key(p)
+                if key is None or held.get(key) == id(p):
+                    continue  # the same parameter (tied): its first name stays
+                owner[key] = f"{mname}.{pname}" if mname else pname  # FSDP reuses memory
+                held[key] = id(p)
+
+        return hook
+
+    try:
+        for mname, mod in model.named_modules():
+            if any(True for _ in mod.parameters(recurse=False)):
+                handles.append(mod.register_forward_pre_hook(pre(mname)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _sharded(model: nn.Module) -> bool:
+    """Whether FSDP shards the model's parameters (DTensors outside its forward)."""
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
 def first_batch_of_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
     """The first sample of a batch: every tensor whose leading size is the batch size."""
     first = next(
@@ -255,7 +288,12 @@ def measure_usage(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     shapes: dict[str, tuple[int, ...]] = {}
     spy = _Spy(owner)
     devices = [d for d in {p.device for p in model.parameters()} if d.type == "cuda"]
-    with torch.random.fork_rng(devices=devices), torch.no_grad(), _norm_shapes(model, shapes):
+    with (
+        torch.random.fork_rng(devices=devices),
+        torch.no_grad(),
+        _norm_shapes(model, shapes),
+        _live_owners(model, owner) if _sharded(model) else contextlib.nullcontext(),
+    ):
         try:
             with spy:
                 model(*small_args, **small_kwargs)
@@ -327,6 +365,25 @@ def _probe(mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...]) -> torc
     return gain.reshape(weight.shape)
 
 
+@contextlib.contextmanager
+def _whole_params(mod: nn.Module) -> Iterator[dict[str, nn.Parameter]]:
+    """A sharded (FSDP, DTensor) module's own parameters gathered whole for a probe (a
+    norm's gain: d values), the shards put back after. Plain modules: nothing changes."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without torch.distributed
+        yield {}
+        return
+    saved = {k: p for k, p in mod._parameters.items() if isinstance(p, DTensor)}
+    whole = {k: nn.Parameter(p.full_tensor().detach(), requires_grad=False)
+             for k, p in saved.items()}  # fmt: skip
+    try:
+        mod._parameters.update(whole)
+        yield whole
+    finally:
+        mod._parameters.update(saved)
+
+
 def _first(out: Any) -> torch.Tensor | None:
     if isinstance(out, torch.Tensor):
         return out
@@ -344,9 +401,11 @@ def norm_gains(
         weight = getattr(mod, "weight", None)
         if not (is_norm(mod) and isinstance(weight, nn.Parameter)):
             continue
-        g = probe_gain(mod, weight, (shapes or {}).get(name))
-        if g is None and shapes and name in shapes:
-            g = probe_gain(mod, weight)
+        with _whole_params(mod) as whole:
+            weight = whole.get("weight", weight)
+            g = probe_gain(mod, weight, (shapes or {}).get(name))
+            if g is None and shapes and name in shapes:
+                g = probe_gain(mod, weight)
         if g is not None:
             out[name] = (float(g.mean()), float(g.std(unbiased=False)))
     return out

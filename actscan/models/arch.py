@@ -24,6 +24,7 @@ BRANCH_SCALES = ("none", "depth", "rezero", "layerscale", "deepnorm")
 ATTN_SCALES = ("1/sqrt(dk)", "1/dk", "none")
 INITS = ("gpt2", "xavier", "kaiming", "fan-in", "small")
 POSITIONS = ("learned", "rope", "none")
+PARAMETRIZATIONS = ("sp", "mup")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,15 @@ class ArchConfig:
     activation: str = "gelu"
     branch_scale: str = "none"
     attn_scale: str = "1/sqrt(dk)"
+    # μP (Yang et al., Tensor Programs V, Table 3's Adam column, docs/checks.md#coord-check):
+    # attention 1/d_head, readout ×1/width_mult, hidden matrices' init std and Adam lr
+    # ×1/√width_mult and ×1/width_mult, width_mult = d_model / mup_base_width. "sp": none.
+    parametrization: str = "sp"
+    # The width the hyperparameters were tuned at: there μP is SP exactly, and a wider
+    # model's hidden lr is lr·base/d_model. 64, the smallest width a coordinate check
+    # sweeps (`--width 64,…`): no swept width runs above the lr you pass (base 256 drove
+    # width 64 at 4× lr and bent μP's slopes to −0.6 at lr 1e-2; docs/checks.md#coord-check).
+    mup_base_width: int = 64
     position: str = "learned"
     tie_embeddings: bool = True
     bias: bool = True
@@ -59,6 +69,10 @@ class ArchConfig:
     layerscale_init: float = 1e-4
     norm_eps: float = 1e-5
     mlp_bias_init: float = 0.0  # constant for the MLP up-projection bias (planted pathologies)
+    # Normalise q and k per head (the config's norm over head_dim) before the dot product,
+    # as OLMo 2, Gemma 3 and Wortsman et al. 2023 do: attention scores stay bounded by
+    # √d_head·|g_q||g_k| however large the weights grow, so they cannot run away in training.
+    qk_norm: bool = False
     name: str | None = None
     family: str = FAMILY
 
@@ -73,6 +87,11 @@ class ArchConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def width_mult(self) -> float:
+        """d_model / mup_base_width under μP; 1 under SP (nothing is rescaled)."""
+        return self.d_model / self.mup_base_width if self.parametrization == "mup" else 1.0
 
     @property
     def deepnorm_alpha(self) -> float:
@@ -90,6 +109,21 @@ class ArchConfig:
         return asdict(self)
 
 
+# Knobs added after checkpoints began to store their config: a saved config lists them
+# only when they differ from the default, so a model that does not use them saves the
+# same file as before (and reads back the same: a missing key is the default).
+LATER_KNOBS = ("parametrization", "mup_base_width", "qk_norm")
+
+
+def saved_config(cfg: ArchConfig) -> dict[str, Any]:
+    """The config a checkpoint stores: every field but later knobs at their default."""
+    data = cfg.to_dict()
+    for key in LATER_KNOBS:
+        if data[key] == _FIELDS[key].default:
+            del data[key]
+    return data
+
+
 _CHOICES: dict[str, tuple[str, ...]] = {
     "norm": NORMS,
     "placement": PLACEMENTS,
@@ -98,6 +132,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "attn_scale": ATTN_SCALES,
     "init": INITS,
     "position": POSITIONS,
+    "parametrization": PARAMETRIZATIONS,
 }
 _FIELDS = {f.name: f for f in fields(ArchConfig)}
 _ALIASES = {"n_layer": "n_layers", "n_embd": "d_model", "n_head": "n_heads", "d-model": "d_model"}
@@ -156,7 +191,7 @@ def validate(cfg: ArchConfig, where: str = "config") -> None:
         val = getattr(cfg, key)
         if val not in choices:
             raise ConfigError(f"{where}: {key} must be one of {'|'.join(choices)}, got '{val}'")
-    for key in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len"):
+    for key in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len", "mup_base_width"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{where}: {key} must be ≥ 1, got {getattr(cfg, key)}")
     if cfg.d_ff is not None and cfg.d_ff < 1:
@@ -170,6 +205,11 @@ def validate(cfg: ArchConfig, where: str = "config") -> None:
     if cfg.branch_scale == "deepnorm" and cfg.placement != "post":
         raise ConfigError(
             f"{where}: branch_scale deepnorm is a post-LN scheme: set placement: post"
+        )
+    if cfg.parametrization == "mup" and cfg.attn_scale != "1/sqrt(dk)":
+        raise ConfigError(
+            f"{where}: parametrization mup sets the attention scale itself (1/d_head): "
+            f"leave attn_scale at 1/sqrt(dk), got '{cfg.attn_scale}'"
         )
     if cfg.init_std <= 0 or not math.isfinite(cfg.init_std):
         raise ConfigError(f"{where}: init_std must be a positive number, got {cfg.init_std}")

@@ -34,6 +34,23 @@ class AttentionLogits(nn.Identity):
     """Marks the pre-softmax attention scores (B, H, T, T) so they can be measured."""
 
 
+class ScaledReadout(nn.Linear):
+    """The μP readout: logits = (x Wᵀ) · mult with mult = 1/width_mult.
+
+    A multiplier rather than Table 3's init variance 1/fan_in² and Adam lr η/fan_in: the
+    two are the same network under Adam (W' = W/m has init std σ/m and moves by η/m per
+    step), but the multiplier keeps tied embeddings possible and the logits nonzero at
+    t = 0 (a zero-initialised readout has no log-log slope to fit there). A Linear, so
+    the recorder and the layout see the scaled logits as the head's output."""
+
+    def __init__(self, in_features: int, out_features: int, mult: float) -> None:
+        super().__init__(in_features, out_features, bias=False)
+        self.mult = float(mult)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self.mult
+
+
 class BranchGain(nn.Module):
     """y = g · x with a learnable scalar (ReZero) or per-channel vector (LayerScale)."""
 
@@ -46,10 +63,11 @@ class BranchGain(nn.Module):
         return self.gain * x
 
 
-def _norm(cfg: ArchConfig) -> nn.Module:
+def _norm(cfg: ArchConfig, dim: int | None = None) -> nn.Module:
+    dim = cfg.d_model if dim is None else dim
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.d_model, cfg.norm_eps)
-    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        return RMSNorm(dim, cfg.norm_eps)
+    return nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 def _rope(x: torch.Tensor) -> torch.Tensor:
@@ -72,17 +90,26 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.logits = AttentionLogits()
+        # QK-norm (cfg.qk_norm): per-head norms of q and k; absent otherwise, so a model
+        # without it has exactly the parameters, draws and outputs it always had.
+        self.q_norm = _norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = _norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.scale = {
             "1/sqrt(dk)": 1.0 / math.sqrt(cfg.head_dim),
             "1/dk": 1.0 / cfg.head_dim,
             "none": 1.0,
         }[cfg.attn_scale]
+        if cfg.parametrization == "mup":
+            # 1/d_head, equal to 1/√d_head at the base width: √(d_head/m) / d_head.
+            self.scale = 1.0 / math.sqrt(cfg.head_dim * cfg.width_mult)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=-1)
         # (B, T, C) -> (B, H, T, D)
         q, k, v = (z.view(b, t, self.n_heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             q, k = _rope(q), _rope(k)
         scores = self.logits((q @ k.transpose(-2, -1)) * self.scale)  # (B, H, T, T)
@@ -146,7 +173,10 @@ class ActscanGPT(nn.Module):
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.position == "learned" else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm_f = _norm(cfg) if cfg.placement == "pre" else None
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.parametrization == "mup":
+            self.head: nn.Linear = ScaledReadout(cfg.d_model, cfg.vocab_size, 1 / cfg.width_mult)
+        else:
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
         init_weights(self, cfg)
@@ -165,6 +195,27 @@ class ActscanGPT(nn.Module):
         if self.norm_f is not None:
             x = self.norm_f(x)
         return self.head(x)
+
+    def actscan_param_groups(self, lr: float) -> list[dict[str, Any]]:
+        """Optimizer parameter groups with their learning rates (the steps engine uses
+        them when a model has this method).
+
+        μP (Tensor Programs V, Table 3, Adam): hidden matrices (the 2-D weights inside
+        the blocks) at lr / width_mult; embeddings, the readout (its 1/width_mult
+        multiplier already scales its update) and vectors (biases, norm and branch gains)
+        at lr. SP: one group at lr.
+        """
+        params = dict(self.named_parameters())  # tied weights once
+        if self.config.parametrization != "mup":
+            return [{"params": list(params.values()), "lr": lr, "name": "all"}]
+        hidden = [p for n, p in params.items() if n.startswith("blocks.") and p.ndim >= 2]
+        ids = {id(p) for p in hidden}
+        rest = [p for p in params.values() if id(p) not in ids]
+        groups = [
+            {"params": hidden, "lr": lr / self.config.width_mult, "name": "hidden"},
+            {"params": rest, "lr": lr, "name": "vector-embedding-readout"},
+        ]
+        return [g for g in groups if g["params"]]
 
 
 def linear_std(cfg: ArchConfig, fan_in: int, fan_out: int) -> float:
@@ -191,7 +242,10 @@ def init_weights(model: ActscanGPT, cfg: ArchConfig) -> None:
         elif isinstance(mod, nn.Linear):
             if mod is model.head and cfg.tie_embeddings:
                 continue
-            nn.init.normal_(mod.weight, 0.0, linear_std(cfg, mod.in_features, mod.out_features))
+            std = linear_std(cfg, mod.in_features, mod.out_features)
+            if cfg.parametrization == "mup":
+                std = _mup_std(cfg, mod, mod is model.head)
+            nn.init.normal_(mod.weight, 0.0, std)
             if mod.bias is not None:
                 nn.init.zeros_(mod.bias)
         elif isinstance(mod, nn.LayerNorm | RMSNorm):
@@ -213,6 +267,18 @@ def init_weights(model: ActscanGPT, cfg: ArchConfig) -> None:
             for lin in (block.mlp.up, block.mlp.down, getattr(block.mlp, "gate", None)):
                 if lin is not None:
                     lin.weight.mul_(beta)
+
+
+def _mup_std(cfg: ArchConfig, mod: nn.Linear, readout: bool) -> float:
+    """μP init (Table 3, Adam): each rule evaluated at the base width's fan-in and
+    fan-out, then hidden matrices ×1/√width_mult (variance ∝ 1/fan_in: a fan-in rule is
+    unchanged, GPT-2's flat 0.02 becomes 0.02/√m); the readout keeps its base std (its
+    1/width_mult multiplier makes the variance 1/fan_in²). Same draws as SP."""
+    m = cfg.width_mult
+    if readout:
+        return linear_std(cfg, max(1, round(mod.in_features / m)), mod.out_features)
+    base = linear_std(cfg, max(1, round(mod.in_features / m)), max(1, round(mod.out_features / m)))
+    return base / math.sqrt(m)
 
 
 def build_model(cfg: ArchConfig, seed: int = 0) -> ActscanGPT:
@@ -258,9 +324,9 @@ def _fast_build(cfg: ArchConfig, seed: int) -> ActscanGPT:
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        with torch.device("meta"), _NoMetaNormal():
+        with torch.device("meta"), NoMetaNormal():
             model = ActscanGPT(cfg)  # draws nothing: meta tensors hold no values
-        draws = _default_init_draws(model)
+        draws = default_init_draws(model)
         if draws is None:
             return ActscanGPT(cfg)
         _materialize(model)
@@ -270,7 +336,7 @@ def _fast_build(cfg: ArchConfig, seed: int) -> ActscanGPT:
             for mod in model.modules():
                 if isinstance(mod, BranchGain):
                     mod.gain.fill_(mod.init_value)
-        _skip_draws(draws)
+        skip_draws(draws)
         init_weights(model, cfg)
         return model
     finally:
@@ -288,7 +354,7 @@ def _materialize(model: nn.Module) -> None:
             setattr(mod, name, torch.empty(b.shape, dtype=b.dtype))
 
 
-class _NoMetaNormal(TorchFunctionMode):
+class NoMetaNormal(TorchFunctionMode):
     """normal_ of a meta tensor as a no-op: its meta kernel imports torch._dynamo (1.5 s)."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -300,7 +366,7 @@ class _NoMetaNormal(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _default_init_draws(model: nn.Module) -> int | None:
+def default_init_draws(model: nn.Module) -> int | None:
     """32-bit draws of the CPU generator PyTorch's default initialisers take for
     `model` (kaiming_uniform_/uniform_: one per value; normal_ of n ≥ 16 values: n, plus
     16 when n is not a multiple of 16), or None for a module not known to draw so."""
@@ -320,7 +386,7 @@ def _default_init_draws(model: nn.Module) -> int | None:
     return total
 
 
-def _skip_draws(count: int) -> None:
+def skip_draws(count: int) -> None:
     """Advance the default CPU generator by `count` 32-bit draws (int64 random_ takes
     two per value), through a 1M-value scratch."""
     buf = torch.empty(min(count // 2, 1 << 20), dtype=torch.int64)
@@ -340,10 +406,12 @@ def arch_facts(cfg: ArchConfig) -> dict[str, object]:
         "placement": cfg.placement,
         "activation": cfg.activation,
         "branch_scale": cfg.branch_scale,
-        "attn_scale": cfg.attn_scale,
+        "attn_scale": "1/dk" if cfg.parametrization == "mup" else cfg.attn_scale,
+        "parametrization": cfg.parametrization,
         "head_dim": cfg.head_dim,
         "init": cfg.init,
         "init_std": cfg.init_std,
         "tie_embeddings": cfg.tie_embeddings,
         "n_layers": cfg.n_layers,
+        "qk_norm": cfg.qk_norm,
     }

@@ -16,7 +16,15 @@ from rich.text import Text
 
 from actscan.report.numfmt import NONE, as_float, num
 from actscan.report.report import Report
-from actscan.types import Finding, Severity, Skip, StreamPoint, Summary, finding_order
+from actscan.types import (
+    AttentionRecord,
+    Finding,
+    Severity,
+    Skip,
+    StreamPoint,
+    Summary,
+    finding_order,
+)
 
 SPARK = "▁▂▃▄▅▆▇█"
 # Values whose max/min is within this factor are drawn flat: one step of an 8-level
@@ -152,6 +160,84 @@ def branch_table(report: Report) -> Table | None:
     return t
 
 
+# Heads table: one glyph per head, its height the normalised entropy (█ uniform over the
+# allowed keys, ▁ all mass on one key), coloured by band; heads are grouped (the cell
+# shows the group's lowest entropy) when a layer has more than HEAD_CELLS heads.
+HEAD_GLYPHS = "▁▂▃▄▅▆▇█"
+HEAD_CELLS = 48
+HEAD_BANDS = ((0.1, "bold red"), (0.5, "yellow"), (0.9, "green"), (math.inf, "dim green"))
+
+
+def head_cell(entropy: float | None) -> Text:
+    """One head as a glyph: height = entropy (8 levels), colour = band; `·` not measured."""
+    e = as_float(entropy)
+    if e is None or not math.isfinite(e):
+        return Text("·", style="dim")
+    level = min(len(HEAD_GLYPHS) - 1, max(0, int(e * len(HEAD_GLYPHS))))
+    style = next(st for top, st in HEAD_BANDS if e < top)
+    return Text(HEAD_GLYPHS[level], style=style)
+
+
+def head_cells(entropies: Sequence[float | None], group: int) -> Text:
+    """The layer's heads, `group` per cell (the lowest of each group), a space every 8
+    cells."""
+    text = Text()
+    cells = [
+        min((v for v in entropies[i : i + group] if v is not None), default=None)
+        for i in range(0, len(entropies), group)
+    ]
+    for i, v in enumerate(cells):
+        if i and i % 8 == 0:
+            text.append(" ")
+        text.append_text(head_cell(v))
+    return text
+
+
+def _median(values: Sequence[float]) -> float | None:
+    vals = sorted(values)
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
+def heads_table(report: Report) -> Table | None:
+    """Layer × head normalised attention entropy, one glyph per head (grouped past
+    HEAD_CELLS), with each layer's min/median entropy, max score and max sink."""
+    if not report.attention:
+        return None
+    most = max(len(a.heads) for a in report.attention)
+    group = max(1, math.ceil(most / HEAD_CELLS))
+    what = "head" if group == 1 else f"lowest of {group} heads"
+    t = Table(
+        title=f"Heads: normalised attention entropy, one cell per {what}",
+        caption="█ 1 uniform … ▁ 0 one key · red < 0.1 · yellow < 0.5 · green < 0.9",
+        caption_justify="left", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
+    )  # fmt: skip
+    t.add_column("blk", justify="right", no_wrap=True)
+    t.add_column("layer", no_wrap=True, overflow="ellipsis", max_width=36)
+    t.add_column("heads", no_wrap=True)
+    for col in ("ent min", "ent med", "max s", "sink max"):
+        t.add_column(col, justify="right", no_wrap=True)
+    labels = block_labels(report)
+    for a in report.attention:
+        t.add_row(*_heads_row(a, group, labels))
+    return t
+
+
+def _heads_row(a: AttentionRecord, group: int, labels: dict[int, str]) -> tuple[str | Text, ...]:
+    ents = [as_float(h.entropy) for h in a.heads]
+    known = [e for e in ents if e is not None and math.isfinite(e)]
+    scores = [v for h in a.heads if (v := as_float(h.score_max)) is not None]
+    sinks = [v for h in a.heads if (v := as_float(h.sink)) is not None]
+    block = NONE if a.block is None else labels.get(a.block, str(a.block))
+    return (
+        block, a.name, head_cells(ents, group), num(min(known) if known else None),
+        num(_median(known)), num(max(scores) if scores else None),
+        num(max(sinks) if sinks else None),
+    )  # fmt: skip
+
+
 def modules_table(report: Report) -> Table:
     t = Table(
         title="All modules", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
@@ -260,7 +346,7 @@ def render_report(
         console.print(header(report))
         for note in report.notes:
             console.print(Text(f"note: {note}", style="yellow"))
-        for table in (*stream_tables(report), branch_table(report)):
+        for table in (*stream_tables(report), branch_table(report), heads_table(report)):
             if table is not None:
                 console.print(table)
         if all_modules or not report.stream:

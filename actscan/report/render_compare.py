@@ -320,3 +320,70 @@ def render_sweep(sw: Sweep, console: Console, *, quiet: bool = False) -> None:
             t.append(", " if i else "")
             t.append(f"{f.check} ({f.severity.value})", style=SEVERITY_STYLE[f.severity])
         console.print(t)
+    if sw.coord is not None:
+        if not quiet:
+            console.print(coord_table(sw))
+        if sw.coord.findings:
+            console.print(findings_panel(sw.coord.findings, title="Coordinate check"))
+        else:
+            widths = "→".join(map(str, sw.coord.widths))
+            console.print(
+                Text(
+                    f"Coordinate check: flat. Every module group's mean |x| stays within a "
+                    f"slope of −{num(sw.coord.shrink)}…+{num(sw.coord.bound)} against width "
+                    f"{widths} at every t (logits may shrink like 1/√width): the "
+                    "parametrization transfers.",
+                    style="green",
+                )
+            )
+
+
+def coord_table(sw: Sweep) -> Table:
+    """Per module group and step: the log–log slope of the group's mean |x_t| against
+    width (and of mean |x_t − x_0| after Δ); bold red where a module of the group left
+    the flat band."""
+    cc = sw.coord
+    assert cc is not None
+    lr = f" (lr {num(cc.lr)})" if cc.lr is not None else ""
+    t = Table(
+        title=f"Coordinate check{lr}: log–log slope of mean |x| vs width",
+        caption=(
+            f"flat: −{num(cc.shrink)}…+{num(cc.bound)}, logits −{num(0.5 + cc.bound)}…"
+            f"+{num(cc.bound)}; red: not flat"
+        ),
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        caption_justify="left",
+        pad_edge=False,
+    )
+    keys = list(dict.fromkeys((c.side, c.depth) for c in cc.curves))
+    two, depths = len(sw.sides) > 1, any(d is not None for _, d in keys)
+    steps = sorted({c.t for c in cc.curves})
+    for col in (["side"] if two else []) + (["depth"] if depths else []) + ["group"]:
+        t.add_column(col)
+    for step in steps:
+        t.add_column(f"t={step}" + (" |x|  Δ" if step else " |x|"), justify="right")
+    by = {(c.side, c.depth, c.group, c.t): c for c in cc.curves}
+    for i, (side, depth) in enumerate(keys):
+        if i:
+            t.add_section()
+        groups = list(
+            dict.fromkeys(c.group for c in cc.curves if (c.side, c.depth) == (side, depth))
+        )
+        for group in groups:
+            cells: list[Text | str] = []
+            for step in steps:
+                c = by.get((side, depth, group, step))
+                if c is None:
+                    cells.append(Text(NONE))
+                    continue
+                text = _slope(c.abs_slope) + (f"  {_slope(c.delta_slope)}" if step else "")
+                cells.append(Text(text, style="bold red" if c.beyond else ""))
+            lead = [Text(side.upper(), style=A_STYLE if side == "a" else B_STYLE)] if two else []
+            lead += [str(depth)] if depths else []
+            t.add_row(*lead, group, *cells)
+    return t
+
+
+def _slope(x: float | None) -> str:
+    return NONE if x is None else f"{x:+.2f}"

@@ -14,11 +14,13 @@ from actscan import __version__
 from actscan.report.dynamics_io import dynamics_from_dict, dynamics_to_dict
 from actscan.report.output import dumps, json_safe
 from actscan.types import (
+    AttentionRecord,
     BlockProof,
     BranchRecord,
     Dynamics,
     FailOn,
     Finding,
+    HeadRecord,
     LayerRecord,
     ModelInfo,
     ParamRecord,
@@ -51,6 +53,8 @@ class Report:
     streams: tuple[StreamRecord, ...] = ()
     # the first optimizer steps (`--steps N`, `scan(steps=N)`); None: step 0 only
     dynamics: Dynamics | None = None
+    # per attention layer: its heads' score max/std, entropy and sink (attention probes)
+    attention: tuple[AttentionRecord, ...] = ()
 
     def __post_init__(self) -> None:
         # A plain dict (the pre-typed form) is still accepted and becomes a Summary.
@@ -104,6 +108,9 @@ class Report:
                     for s in self.streams
                 ],
                 **({"dynamics": dynamics_to_dict(self.dynamics)} if self.dynamics else {}),
+                "attention": [
+                    {**asdict(a), "heads": [asdict(h) for h in a.heads]} for a in self.attention
+                ],
             }
         )
 
@@ -155,6 +162,13 @@ class Report:
                 for d in data.get("streams", ())
             ),
             dynamics=dynamics_from_dict(data["dynamics"]) if data.get("dynamics") else None,
+            attention=tuple(
+                build(
+                    AttentionRecord,
+                    {**d, "heads": tuple(build(HeadRecord, h) for h in d.get("heads", ()))},
+                )
+                for d in data.get("attention", ())
+            ),
         )
 
     def to_markdown(self, fail_on: str | FailOn = FailOn.ERROR) -> str:

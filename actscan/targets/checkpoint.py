@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actscan.errors import BadInputError, ConfigError, UsageError
-from actscan.models.arch import ArchConfig, is_actscan_config, read_config_file
+from actscan.models.arch import ArchConfig, is_actscan_config, read_config_file, saved_config
 from actscan.targets.builtin import arch_from_mapping, build_builtin
 from actscan.targets.resolve import Resolved, TargetOptions, shipped_configs
 from actscan.targets.safetensors_io import SafetensorsHeader, read_header
@@ -60,7 +60,7 @@ def save_builtin(model: nn.Module, path: str | Path, *, dtype: torch.dtype | Non
             continue
         t = t.detach()
         tensors[name] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
-    meta = {"format": FORMAT, CONFIG_KEY: json.dumps(model.config.to_dict(), sort_keys=True)}
+    meta = {"format": FORMAT, CONFIG_KEY: json.dumps(saved_config(model.config), sort_keys=True)}
     save_tensors(tensors, path, metadata=meta)
 
 

@@ -209,7 +209,7 @@ def wants_causal_lm(config: Any) -> bool:
 # --------------------------------------------------------------------------- build
 
 
-def _model_class(config: Any) -> type:
+def model_class(config: Any) -> type:
     """The concrete class the Auto mapping picks (causal LM or base model) for `config`."""
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING
 
@@ -286,7 +286,7 @@ def _with_weights(
 
     from actscan.targets.weights import check_finite, mismatch_error
 
-    cls = _model_class(config)
+    cls = model_class(config)
     where = f"{source} (as {cls.__name__} from {config_path.name})"
     kwargs: dict[str, Any] = {}
     if "add_pooling_layer" in inspect.signature(cls.__init__).parameters and not any(
@@ -332,7 +332,7 @@ def _with_weights(
     extra = {"tokenizer_dir": str(tokenizer_dir)} if tokenizer_dir is not None else {}
     notes = (*notes, note) if note else notes
     return Resolved(
-        model=model, info=info, inputs=_inputs(opts, info, model), notes=notes, extra=extra
+        model=model, info=info, inputs=hf_inputs(opts, info, model), notes=notes, extra=extra
     )
 
 
@@ -404,7 +404,7 @@ def hf_info(
     )
 
 
-def _inputs(opts: TargetOptions, info: ModelInfo, model: nn.Module | None = None):
+def hf_inputs(opts: TargetOptions, info: ModelInfo, model: nn.Module | None = None):
     """Inputs from the model's main input and config (images, audio, encoder-decoders;
     --input-shape gives the main input's shape), or None: scan() invents token ids."""
     from actscan.measure.model_inputs import hf_input_source, takes_token_ids
@@ -443,7 +443,7 @@ def resolve_hf_config(path: Path, data: dict[str, Any], opts: TargetOptions) -> 
     info = hf_info(model, config, where, at_init=True, init=opts.init,
                    extra={"config_source": where})  # fmt: skip
     return Resolved(
-        model=model, info=info, inputs=_inputs(opts, info, model), notes=config_notes(data, where)
+        model=model, info=info, inputs=hf_inputs(opts, info, model), notes=config_notes(data, where)
     )
 
 

@@ -1,0 +1,183 @@
+"""Attention heads, from the attention probes (CheckContext.attention): score scale for
+logit-scale (std against √(2 ln T), max against Gemma 2's soft-cap 50 and QK-Clip's τ = 100)
+and attn-entropy (heads collapsed onto one key). Theory: docs/checks.md, logit-scale and
+attn-entropy."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from actscan.diagnose.common import finding, finite, grade, listing, n, skip
+from actscan.types import AttentionRecord, CheckId, Finding, HeadRecord, Severity, Skip
+
+if TYPE_CHECKING:
+    from actscan.diagnose import CheckContext
+
+Hit = tuple[AttentionRecord, HeadRecord]
+
+
+def freeze(keys: int) -> float:
+    """√(2 ln T): score std above which a softmax over T keys is max-dominated."""
+    return math.sqrt(2 * math.log(max(keys, 2)))
+
+
+def heads_text(hits: Sequence[Hit], limit: int = 3) -> str:
+    """'model.layers.2.self_attn heads 0, 1, 3; model.layers.5.self_attn head 2 and 4
+    more layers', in layer order."""
+    by_layer: dict[str, list[int]] = {}
+    for rec, head in hits:
+        by_layer.setdefault(rec.name, []).append(head.head)
+    parts = [
+        f"{name} head{'s' if len(hs) > 1 else ''} {listing(map(str, sorted(hs)), 8)}"
+        for name, hs in by_layer.items()
+    ]
+    more = len(parts) - limit
+    return "; ".join(parts[:limit]) + (f"; and {more} more layers" if more > 0 else "")
+
+
+def _hits(ctx: CheckContext, keep: Callable[[AttentionRecord, HeadRecord], bool]) -> list[Hit]:
+    return [(r, h) for r in ctx.attention for h in r.heads if keep(r, h)]
+
+
+def _layers(hits: Sequence[Hit]) -> list[str]:
+    return list(dict.fromkeys(r.name for r, _ in hits))
+
+
+def score_findings(ctx: CheckContext) -> list[Finding]:
+    """logit-scale on the probed attention scores: std vs √(2 ln T), and the max score."""
+    th = ctx.thresholds
+    at_init = ctx.info.at_init
+    out: list[Finding] = []
+
+    def factor(r: AttentionRecord, h: HeadRecord) -> float:
+        return (h.score_std or 0.0) / freeze(r.keys) if finite(h.score_std) else 0.0
+
+    hot = _hits(ctx, lambda r, h: r.keys >= 2 and factor(r, h) >= th.logit_freeze)
+    if hot:
+        rec, head = max(hot, key=lambda x: factor(*x))
+        worst = factor(rec, head)
+        sev, threshold = (
+            grade(worst, th.logit_freeze, th.logit_freeze_error)
+            if at_init
+            else (Severity.INFO, th.logit_freeze)
+        )
+        state = "at init " if at_init else ""
+        tail = (
+            "each such softmax is near one-hot and passes almost no gradient."
+            if at_init
+            else "trained heads may be this sharp on purpose (positional, sink and copy heads)."
+        )
+        out.append(
+            finding(
+                CheckId.LOGIT_SCALE, sev, _layers(hot), worst, threshold,
+                f"Attention scores {state}have std up to {n(head.score_std)} at {rec.name} head "
+                f"{head.head} over T = {rec.keys} keys, {n(worst)}× √(2 ln T) = "
+                f"{n(freeze(rec.keys))} ({len(hot)} head{'s' if len(hot) > 1 else ''}: "
+                f"{heads_text(hot)}): {tail}",
+                "Check the attention scale (1/√d_k) and the q/k projections' init; QK-norm, "
+                "a lower q/k init or a logit soft-cap keeps the scores near unit scale.",
+            )
+        )  # fmt: skip
+    big = _hits(ctx, lambda r, h: finite(h.score_max) and h.score_max >= th.attn_score_max)  # type: ignore[operator]
+    if big:
+        rec, head = max(big, key=lambda x: x[1].score_max)  # type: ignore[arg-type, return-value]
+        top = float(head.score_max)  # type: ignore[arg-type]
+        over = top >= th.attn_score_max_error
+        # at init: warn, error past τ; a checkpoint: info, warn past τ (one notch lower)
+        sev = grade(top, th.attn_score_max, th.attn_score_max_error)[0]
+        if not at_init:
+            sev = Severity.WARN if sev is Severity.ERROR else Severity.INFO
+        out.append(
+            finding(
+                CheckId.LOGIT_SCALE, sev, _layers(big), top,
+                th.attn_score_max_error if over else th.attn_score_max,
+                f"Attention scores reach {n(top)} at {rec.name} head {head.head} "
+                f"({len(big)} head{'s' if len(big) > 1 else ''} ≥ {n(th.attn_score_max)}: "
+                f"{heads_text(big)}); Gemma 2 soft-caps its scores at 50 and Kimi K2's QK-Clip "
+                f"rescales W_q, W_k of any head past τ = 100, the attention-logit growth that "
+                f"precedes loss spikes.",
+                "Bound the scores: QK-norm, a tanh soft-cap (Gemma 2: 50·tanh(s/50)) or "
+                "QK-Clip; at init, check the q/k projections' scale.",
+            )
+        )  # fmt: skip
+    return out
+
+
+def attn_entropy(ctx: CheckContext) -> list[Finding | Skip]:
+    th = ctx.thresholds
+    if not ctx.attention:
+        return [
+            skip(
+                CheckId.ATTN_ENTROPY,
+                "no attention probes recorded (--no-attention, no attention layers, or a "
+                "family whose attention cannot be probed: see the notes)",
+            )
+        ]
+
+    def ent(h: HeadRecord) -> float | None:
+        return h.entropy if finite(h.entropy) else None
+
+    def keys_of(r: AttentionRecord, e: float) -> str:
+        m = r.mean_keys or r.keys
+        return f"≈ {n(m**e)} of {n(m)} keys" if m else ""
+
+    if ctx.info.at_init:
+        low = _hits(ctx, lambda r, h: (e := ent(h)) is not None and e < th.attn_entropy_low)
+        if not low:
+            return []
+        rec, head = min(low, key=lambda x: x[1].entropy)  # type: ignore[arg-type, return-value]
+        e = float(head.entropy)  # type: ignore[arg-type]
+        sev, threshold = grade(e, th.attn_entropy_low, th.attn_entropy_collapse, above=False)
+        return [
+            finding(
+                CheckId.ATTN_ENTROPY, sev, _layers(low), e, threshold,
+                f"{len(low)} attention head{'s' if len(low) > 1 else ''} at init "
+                f"{'have' if len(low) > 1 else 'has'} normalised entropy below "
+                f"{n(th.attn_entropy_low)} (healthy heads at init sit near 1, uniform over "
+                f"their keys): lowest {rec.name} head {head.head} at {n(e)} (spread over "
+                f"{keys_of(rec, e)}); {heads_text(low)}. "
+                + ("It is collapsed onto one key." if e < th.attn_entropy_collapse else ""),
+                "The scores are too large at init: check the q/k projections' init and the "
+                "1/√d_k scale (logit-scale says by how much); QK-norm keeps them near unit "
+                "scale.",
+            )
+        ]  # fmt: skip
+    collapsed = _hits(ctx, lambda r, h: (e := ent(h)) is not None and e < th.attn_entropy_collapse)
+    if not collapsed:
+        return []
+    whole = [
+        r.name for r in ctx.attention
+        if r.heads and all((e := ent(h)) is not None and e < th.attn_entropy_collapse
+                           for h in r.heads)
+    ]  # fmt: skip
+    total = sum(len(r.heads) for r in ctx.attention)
+    rec, head = min(collapsed, key=lambda x: x[1].entropy)  # type: ignore[arg-type, return-value]
+    e = float(head.entropy)  # type: ignore[arg-type]
+    message = (
+        f"{len(collapsed)} of {total} attention heads are collapsed onto about one key "
+        f"(normalised entropy < {n(th.attn_entropy_collapse)}): {heads_text(collapsed)}; "
+        f"lowest {rec.name} head {head.head} at {n(e)} ({keys_of(rec, e)}). "
+    )
+    if whole:
+        message += (
+            f"Every head of {listing(whole, 3)} is collapsed: the layer mixes no information "
+            "across tokens."
+        )
+        sev = Severity.WARN
+    else:
+        message += (
+            "In a trained model this is usually deliberate (previous-token, positional and "
+            "sink heads); the run's inputs decide which heads do it."
+        )
+        sev = Severity.INFO
+    return [
+        finding(
+            CheckId.ATTN_ENTROPY, sev, whole or _layers(collapsed), e,
+            th.attn_entropy_collapse, message,
+            "Compare with a healthy checkpoint of the same family on real text (--input); "
+            "during training, falling entropy with growing scores (logit-scale) is the "
+            "entropy-collapse instability QK-norm and σReparam prevent.",
+        )
+    ]  # fmt: skip

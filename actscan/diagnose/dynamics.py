@@ -1,0 +1,452 @@
+"""The first optimizer steps (`--steps N`): update sizes, amplification of the output change
+through depth, attention-score growth, log-Z drift and Adam's epsilon (theory and the
+calibration behind every threshold: docs/checks.md and docs/calibration-dynamics.md).
+
+Each check reads `CheckContext.dynamics` only, and skips with a reason when the run took
+no optimizer steps. `statistics()` computes every number the checks judge, once, so the
+calibration benchmark records exactly what the checks see.
+"""
+
+from __future__ import annotations
+
+import statistics as stats
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from actscan.diagnose.common import finding, finite, grade, listing, n, positive, skip
+from actscan.diagnose.thresholds import DEFAULT
+from actscan.types import CheckId, Dynamics, Finding, Severity, Skip, UpdateRecord
+
+if TYPE_CHECKING:
+    from actscan.diagnose import CheckContext
+
+NO_STEPS = "no optimizer steps (--steps 0)"
+ADAM = ("adam", "adamw")
+# Parameters whose update ratio is judged for size: matrices (and embeddings). Norm gains
+# and biases start at 1 and 0, so their ratio measures something else (a 0 bias has none).
+MATRIX_KINDS = ("weight", "embedding")
+# A tensor whose first gradient is below this fraction of the median tensor's has none by
+# construction (a bias on k: softmax is shift-invariant over keys), not one that shrank;
+# adam-epsilon leaves it out.
+STRUCTURAL_ZERO = 1e-6
+ADAM_EPS_RATIO = DEFAULT.adam_eps_ratio  # numbers() reports the share at the default
+
+DYNAMICS_CHECKS: tuple[str, ...] = (
+    CheckId.UPDATE_SIZE.value,
+    CheckId.AMPLIFICATION.value,
+    CheckId.ATTN_LOGIT_GROWTH.value,
+    CheckId.LOGIT_DRIFT.value,
+    CheckId.ADAM_EPSILON.value,
+)
+
+
+@dataclass(frozen=True)
+class DynStats:
+    """The numbers the dynamics checks judge (None: not measured in this run)."""
+
+    steps: int
+    lr: float
+    adam: bool
+    # per matrix parameter: median over the steps (the first update left out when there
+    # are 3 or more) of ‖W_t − W_{t−1}‖ / ‖W_{t−1}‖
+    update: dict[str, float] = field(default_factory=dict)
+    update_block: dict[str, int | None] = field(default_factory=dict)
+    update_kind: dict[str, str] = field(default_factory=dict)
+    # parameters that did not move at all over the steps (every ratio exactly 0)
+    frozen: tuple[str, ...] = ()
+    # the probe's change rel per block output after the first update (k, name, rel), its
+    # shape statistic (late ÷ early slope through depth), and rel at the last block output
+    # after the first and after the last step
+    change: tuple[tuple[int, str, float], ...] = ()
+    sustain: float | None = None
+    change_first: float | None = None
+    change_last: float | None = None
+    attn: tuple[float, ...] = ()  # attention max per step
+    attn_growth: float | None = None  # attn max at the last step / at step 0
+    log_z: tuple[float, ...] = ()  # log Z mean per step
+    log_z_drift: float | None = None  # largest |log Z_t − log Z_0|
+    loss: tuple[float | None, ...] = ()
+    # Adam: per parameter, the smallest gradient RMS over the steps ÷ eps
+    grad_over_eps: dict[str, float] = field(default_factory=dict)
+    eps: float | None = None
+    numel: dict[str, int] = field(default_factory=dict)
+
+    def eps_low(self, ratio: float) -> tuple[list[str], float]:
+        """Tensors whose gradient RMS fell to ≤ ratio × eps at some step (smallest
+        first), and their share of the judged parameters by count of values."""
+        low = sorted((p for p, r in self.grad_over_eps.items() if r <= ratio),
+                     key=self.grad_over_eps.__getitem__)  # fmt: skip
+        total = sum(self.numel.get(p, 0) for p in self.grad_over_eps)
+        share = sum(self.numel.get(p, 0) for p in low) / total if total else 0.0
+        return low, share
+
+    @property
+    def update_max(self) -> float | None:
+        return max(self.update.values()) if self.update else None
+
+    @property
+    def attn_last(self) -> float | None:
+        return self.attn[-1] if self.attn else None
+
+
+def _median(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if finite(x)]
+    return stats.median(vals) if vals else None  # type: ignore[type-var]
+
+
+def _update_stats(updates: Sequence[UpdateRecord]) -> tuple[dict, dict, dict, tuple[str, ...]]:
+    ratio: dict[str, float] = {}
+    block: dict[str, int | None] = {}
+    kind: dict[str, str] = {}
+    frozen: list[str] = []
+    for u in updates:
+        vals = [r for r in u.ratio if finite(r)]
+        if vals and all(r == 0 for r in vals) and u.kind in (*MATRIX_KINDS, "norm-gain"):
+            frozen.append(u.param)
+            continue
+        if u.kind not in MATRIX_KINDS:
+            continue
+        # Adam's first update is lr·sign(g) in every coordinate: its size is set by lr and
+        # the init alone, so with 3+ steps the median leaves it out.
+        med = _median(u.ratio[1:] if len(u.ratio) >= 3 else u.ratio)
+        if med is not None:
+            ratio[u.param], block[u.param], kind[u.param] = med, u.block, u.kind
+    return ratio, block, kind, tuple(frozen)
+
+
+def _curve(d: Dynamics, t: int) -> tuple[tuple[int, str, float], ...]:
+    """(k, name, rel) of the block outputs (k ≥ 1) on the probe at step t, in depth order."""
+    if len(d.steps) <= t:
+        return ()
+    pts = sorted(
+        (c.k, c.name, c.rel)
+        for c in d.steps[t].change
+        if c.kind == "stream" and c.k is not None and c.k > 0 and finite(c.rel)
+    )
+    return tuple(pts)  # type: ignore[arg-type]
+
+
+def sustain(curve: Sequence[tuple[int, str, float]]) -> float | None:
+    """Late ÷ early slope of rel against k: the second half of the stack's rise per block
+    over the first half's. A change that keeps growing linearly (Post-LN) gives ≈ 1, one
+    that saturates after the first blocks (Pre-LN) well below 1."""
+    if len(curve) < 3:
+        return None
+    k0, _, r0 = curve[0]
+    k1, _, r1 = curve[-1]
+    mid = min(curve, key=lambda p: abs(p[0] - (k0 + k1) / 2))
+    km, _, rm = mid
+    if not (k0 < km < k1):
+        return None
+    early, late = (rm - r0) / (km - k0), (r1 - rm) / (k1 - km)
+    if early <= 0:
+        return None
+    return late / early
+
+
+def statistics(d: Dynamics) -> DynStats:
+    """Every number the dynamics checks judge, from the Dynamics record."""
+    opt = d.optimizer
+    adam = opt.name in ADAM
+    ratio, block, kind, frozen = _update_stats(d.updates)
+    change = _curve(d, 1)
+    last = _curve(d, len(d.steps) - 1)
+    attn = tuple(s.attn_max for s in d.steps if finite(s.attn_max))
+    attn_growth = attn[-1] / attn[0] if len(attn) >= 2 and attn[0] > 0 else None  # type: ignore[operator]
+    log_z = tuple(s.logits.log_z_mean for s in d.steps if s.logits and finite(s.logits.log_z_mean))
+    drift = max(abs(z - log_z[0]) for z in log_z) if len(log_z) >= 2 else None  # type: ignore[operator]
+    g_eps: dict[str, float] = {}
+    if adam and positive(opt.eps):
+        first = [u.grad_rms[0] for u in d.updates if u.grad_rms and positive(u.grad_rms[0])]
+        floor = STRUCTURAL_ZERO * stats.median(first) if first else 0.0  # type: ignore[type-var]
+        for u in d.updates:
+            gs = [g for g in u.grad_rms if finite(g)]
+            if gs and finite(u.grad_rms[0]) and u.grad_rms[0] > floor:  # type: ignore[operator]
+                g_eps[u.param] = min(gs) / opt.eps  # type: ignore[operator,type-var]
+    return DynStats(
+        steps=len(d.steps) - 1, lr=opt.lr, adam=adam, update=ratio, update_block=block,
+        update_kind=kind, frozen=frozen, change=change, sustain=sustain(change),
+        change_first=change[-1][2] if change else None,
+        change_last=last[-1][2] if last else None, attn=attn,  # type: ignore[arg-type]
+        attn_growth=attn_growth, log_z=log_z, log_z_drift=drift,  # type: ignore[arg-type]
+        loss=tuple(s.loss for s in d.steps), grad_over_eps=g_eps, eps=opt.eps,
+        numel={u.param: u.numel for u in d.updates},
+    )  # fmt: skip
+
+
+def numbers(d: Dynamics) -> dict[str, float | None]:
+    """The headline number of each check (for the calibration table)."""
+    s = statistics(d)
+    return {
+        "update_max": s.update_max,
+        "update_over_lr": s.update_max / s.lr if s.update_max is not None else None,
+        "amplification_sustain": s.sustain,
+        "change_first": s.change_first,
+        "change_last": s.change_last,
+        "attn_max": s.attn_last,
+        "attn_growth": s.attn_growth,
+        "log_z_drift": s.log_z_drift,
+        "grad_over_eps_min": min(s.grad_over_eps.values()) if s.grad_over_eps else None,
+        "eps_low_share": s.eps_low(ADAM_EPS_RATIO)[1] if s.grad_over_eps else None,
+    }
+
+
+def _no_steps(ctx: CheckContext, check: CheckId) -> list[Finding | Skip] | None:
+    d = ctx.dynamics
+    if d is None or len(d.steps) < 2:
+        return [skip(check, NO_STEPS)]
+    return None
+
+
+def _where(params: Sequence[str], block: Mapping[str, int | None]) -> str:
+    blocks = sorted({b for p in params if (b := block.get(p)) is not None})
+    if not blocks:
+        return listing(params)
+    if len(blocks) == 1:
+        return f"block {blocks[0]} ({listing(params)})"
+    return f"blocks {blocks[0]}–{blocks[-1]} ({listing(params)})"
+
+
+# ---- update-size ---------------------------------------------------------------------------
+
+
+def update_size(ctx: CheckContext) -> list[Finding | Skip]:
+    if (out := _no_steps(ctx, CheckId.UPDATE_SIZE)) is not None:
+        return out
+    th = ctx.thresholds
+    s = statistics(ctx.dynamics)  # type: ignore[arg-type]
+    if not s.update and not s.frozen:
+        return [skip(CheckId.UPDATE_SIZE, "no parameter update ratios were recorded")]
+    res: list[Finding | Skip] = []
+    if s.frozen:
+        res.append(
+            finding(
+                CheckId.UPDATE_SIZE, Severity.WARN, s.frozen, 0.0, 0.0,
+                f"{len(s.frozen)} parameter tensor{'s' if len(s.frozen) > 1 else ''} did not "
+                f"move in {s.steps} optimizer step{'s' if s.steps > 1 else ''} at lr "
+                f"{n(s.lr)}: {listing(s.frozen)}. They get no gradient (detached, unused, "
+                f"requires_grad off in the optimizer) or a zero learning rate.",
+                "Check that these parameters are in the optimizer's groups with a non-zero "
+                "learning rate and reach the loss (a detach, an unused branch).",
+            )
+        )  # fmt: skip
+    if not s.update:
+        return res
+    big = sorted((p for p, r in s.update.items() if r >= th.update_ratio_warn),
+                 key=lambda p: -s.update[p])  # fmt: skip
+    top = max(s.update, key=s.update.__getitem__)
+    med = stats.median(s.update.values())
+    if big:
+        worst = s.update[big[0]]
+        sev, threshold = grade(worst, th.update_ratio_warn, th.update_ratio_error)
+        adam = " Adam's step is ≈ lr per coordinate whatever the gradient, so" if s.adam else ""
+        res.append(
+            finding(
+                CheckId.UPDATE_SIZE, sev, big, worst, threshold,
+                f"Each step rewrites {pct_(worst)} of {big[0]}'s norm (median of ‖ΔW‖/‖W‖ "
+                f"over {_steps_judged(s.steps)}; {n(worst / s.lr)}× the lr {n(s.lr)}); "
+                f"{len(big)} of {len(s.update)} matrices {'is' if len(big) == 1 else 'are'} at ≥ "
+                f"{pct_(th.update_ratio_warn)}"
+                f" per step: {_where(big, s.update_block)}. The median matrix moves "
+                f"{pct_(med)} per step.{adam} at this lr the weights are rewritten within "
+                f"~{max(1, round(1 / worst))} step{'s' if round(1 / worst) > 1 else ''} and "
+                "tiny runs at this update size fail to train (docs/calibration-dynamics.md).",
+                f"Lower the learning rate (≈ {n(s.lr * th.update_ratio_warn / worst / 2)} "
+                "puts the largest at half the threshold) or add warmup; in a deep stack "
+                "scale the residual projections' learning rate with depth rather than "
+                "their init alone.",
+            )
+        )  # fmt: skip
+    outliers = [
+        p for p, r in s.update.items() if med > 0 and r >= th.update_outlier * med and p not in big
+    ]
+    if outliers:
+        res.append(
+            finding(
+                CheckId.UPDATE_SIZE, Severity.INFO, outliers, s.update[top] / med,
+                th.update_outlier,
+                f"{len(outliers)} matri{'ces' if len(outliers) > 1 else 'x'} move ≥ "
+                f"{n(th.update_outlier)}× the median matrix's update ratio ({pct_(med)} per "
+                f"step): {_where(outliers, s.update_block)}. Under Adam a tensor initialised "
+                "smaller (a 1/√(2L)-scaled projection, a zero-init readout) gets a "
+                "relatively larger update at the same lr.",
+                "If these are down-scaled on purpose, give them a smaller learning rate in "
+                "proportion (μP / depth-μP parameter groups).",
+            )
+        )  # fmt: skip
+    return res
+
+
+def _steps_judged(steps: int) -> str:
+    """Which updates the median covers (the first is left out with 3 or more)."""
+    if steps >= 3:
+        return f"steps 2–{steps}"
+    return "the first step" if steps == 1 else "both steps"
+
+
+def pct_(x: float) -> str:
+    return f"{100 * x:.3g}%"
+
+
+# ---- amplification -------------------------------------------------------------------------
+
+
+def amplification(ctx: CheckContext) -> list[Finding | Skip]:
+    if (out := _no_steps(ctx, CheckId.AMPLIFICATION)) is not None:
+        return out
+    th = ctx.thresholds
+    s = statistics(ctx.dynamics)  # type: ignore[arg-type]
+    if len(s.change) < th.amplification_min_blocks or s.sustain is None:
+        return [
+            skip(
+                CheckId.AMPLIFICATION,
+                f"needs the probe's change at {int(th.amplification_min_blocks)} block "
+                f"outputs, found {len(s.change)}",
+            )
+        ]
+    if s.sustain < th.amplification_sustain or (s.change_first or 0) > th.amplification_linear:
+        return []
+    first, last = s.change[0], s.change[-1]
+    mid = min(s.change, key=lambda p: abs(p[0] - (first[0] + last[0]) / 2))
+    placement = ctx.info.arch.get("placement")
+    post = " (this is a Post-LN stack)" if placement == "post" else ""
+    return [
+        finding(
+            CheckId.AMPLIFICATION, Severity.INFO, [first[1], mid[1], last[1]], s.sustain,
+            th.amplification_sustain,
+            f"After the first update the probe's relative change grows linearly through "
+            f"depth{post}: ‖x_1 − x_0‖/‖x_0‖ = {n(first[2])} at {first[1]}, {n(mid[2])} at "
+            f"{mid[1]}, {n(last[2])} at {last[1]}; the second half of the stack adds "
+            f"{n(s.sustain)}× as much change per block as the first. Each block's update is "
+            "amplified by every block above it (Admin, Liu et al. 2020), the Post-LN "
+            "signature; a Pre-LN stack's change saturates after the first blocks "
+            f"(ratio < {n(th.amplification_sustain)}).",
+            "Deep Post-LN trains only at smaller learning rates than its shallow version: "
+            "use Pre-LN (or a sandwich norm), DeepNorm or Admin initialisation, or lower "
+            "the learning rate and add warmup as the stack gets deeper.",
+        )
+    ]  # fmt: skip
+
+
+# ---- attn-logit-growth -----------------------------------------------------------------------
+
+
+def attn_logit_growth(ctx: CheckContext) -> list[Finding | Skip]:
+    if (out := _no_steps(ctx, CheckId.ATTN_LOGIT_GROWTH)) is not None:
+        return out
+    th = ctx.thresholds
+    s = statistics(ctx.dynamics)  # type: ignore[arg-type]
+    if len(s.attn) < 2:
+        return [skip(CheckId.ATTN_LOGIT_GROWTH, "no attention scores were recorded")]
+    last = s.attn[-1]
+    growth = s.attn_growth
+    if last >= th.attn_logit_cap:
+        sev, threshold = Severity.ERROR, th.attn_logit_cap
+    elif last >= th.attn_logit_warn and (growth is None or growth >= th.attn_logit_growth):
+        sev, threshold = Severity.WARN, th.attn_logit_warn
+    else:
+        return []
+    qk = bool(ctx.info.arch.get("qk_norm"))
+    names = sorted({r.name for r in ctx.layers if r.type == "AttentionLogits"})
+    grew = f" (×{n(growth)} since step 0: {n(s.attn[0])})" if growth is not None else ""
+    return [
+        finding(
+            CheckId.ATTN_LOGIT_GROWTH, sev, names or ["attention scores"], last, threshold,
+            f"The largest pre-softmax attention score reached {n(last)} after {s.steps} "
+            f"step{'s' if s.steps > 1 else ''} at lr {n(s.lr)}{grew}. Scores this large make "
+            "attention one-hot and its gradient vanish: Wortsman et al. 2023 trace the "
+            "loss divergence of high-lr small-scale runs to this growth; Gemma 2 soft-caps "
+            f"scores at 50 and Kimi K2's QK-Clip rescales q, k past τ = 100."
+            + (" The model already normalises q and k, so the growth is in their gains."
+               if qk else ""),
+            "Add QK-norm (qk_norm: true in the built-in family; a LayerNorm/RMSNorm on q "
+            "and k per head), a soft cap (tanh, 50) or QK-Clip, or lower the learning rate.",
+        )
+    ]  # fmt: skip
+
+
+# ---- logit-drift ----------------------------------------------------------------------------
+
+
+def logit_drift(ctx: CheckContext) -> list[Finding | Skip]:
+    if (out := _no_steps(ctx, CheckId.LOGIT_DRIFT)) is not None:
+        return out
+    th = ctx.thresholds
+    s = statistics(ctx.dynamics)  # type: ignore[arg-type]
+    if len(s.log_z) < 2 or s.log_z_drift is None:
+        return [skip(CheckId.LOGIT_DRIFT, "no output logits were recorded")]
+    if s.log_z_drift < th.log_z_drift:
+        return []
+    worst = max(range(len(s.log_z)), key=lambda t: abs(s.log_z[t] - s.log_z[0]))
+    head = next((r.name for r in ctx.layers if r.role == "head"), "head")
+    return [
+        finding(
+            CheckId.LOGIT_DRIFT, Severity.WARN, [head], s.log_z_drift, th.log_z_drift,
+            f"log Z of the output softmax moved by {n(s.log_z_drift)} nats in {s.steps} "
+            f"step{'s' if s.steps > 1 else ''} ({n(s.log_z[0])} at step 0, {n(s.log_z[worst])}"
+            f" at step {worst}). The loss is invariant to a shift of all logits, so nothing "
+            "holds log Z: it can drift until the softmax saturates or bf16 loses the "
+            "logits' differences (PaLM's output-logit divergence).",
+            "Add a z-loss, 1e-4 · (log Z)² as in PaLM, which pins log Z near 0 at no cost "
+            "to the loss; a drift this fast in the first steps also means the lr is too high "
+            "for the head: lower it or warm it up.",
+        )
+    ]  # fmt: skip
+
+
+# ---- adam-epsilon ---------------------------------------------------------------------------
+
+
+def _collapsed(d: Dynamics | None, param: str) -> bool:
+    """Did the tensor's gradient start ≥ 1000× above its smallest value over the steps?"""
+    u = next((u for u in (d.updates if d else ()) if u.param == param), None)
+    gs = [g for g in (u.grad_rms if u else ()) if finite(g)]
+    return bool(gs) and positive(gs[0]) and gs[0] >= 1000 * min(gs)  # type: ignore[operator,type-var]
+
+
+def adam_epsilon(ctx: CheckContext) -> list[Finding | Skip]:
+    if (out := _no_steps(ctx, CheckId.ADAM_EPSILON)) is not None:
+        return out
+    th = ctx.thresholds
+    d = ctx.dynamics
+    assert d is not None
+    if d.optimizer.name not in ADAM:
+        return [skip(CheckId.ADAM_EPSILON, f"not an Adam-family optimizer ({d.optimizer.name})")]
+    s = statistics(d)
+    if not s.grad_over_eps:
+        return [skip(CheckId.ADAM_EPSILON, "no gradient RMS per parameter was recorded")]
+    low, share = s.eps_low(th.adam_eps_ratio)
+    if not low:
+        return []
+    worst = s.grad_over_eps[low[0]]
+    block = {u.param: u.block for u in d.updates}
+    shrink = worst / (worst + 1)
+    sev = Severity.WARN if share >= th.adam_eps_share else Severity.INFO
+    head = (
+        f"{len(low)} parameter tensor{'s' if len(low) > 1 else ''} ({pct_(share)} of the "
+        f"parameters) had a gradient RMS within {n(th.adam_eps_ratio)}× of Adam's eps = "
+        f"{n(s.eps)} at some step: {_where(low, block)}; the smallest is {n(worst)}× eps. "
+        f"Adam's step is g/(√v + eps), so there it shrinks to ~{pct_(shrink)} of lr"
+    )
+    if _collapsed(d, low[0]):
+        message = (
+            f"{head}. These gradients were normal at step 0 and collapsed over the steps "
+            "(by ≥ 1000×): the weights below stop moving. In the calibration every run "
+            "whose gradients collapsed like this failed to train."
+        )
+        hint = (
+            "The collapse is the problem, not eps (a smaller eps only lets Adam amplify a "
+            "vanishing gradient): lower the learning rate or warm it up; in a deep Post-LN "
+            "stack prefer Pre-LN or DeepNorm / Admin initialisation."
+        )
+    else:
+        message = (
+            f"{head} (and stops being scale-free): those weights learn slower than the rest, "
+            "as in large runs whose gradients fall below eps."
+        )
+        hint = (
+            "Lower eps (1e-15 or below, as large-scale runs use) or scale the loss up; check "
+            "that the gradients are not vanishing upstream."
+        )
+    return [finding(CheckId.ADAM_EPSILON, sev, low, share, th.adam_eps_share, message, hint)]

@@ -1,0 +1,68 @@
+"""`--nproc N`: start the same command as N ranks on this host, through torchrun.
+
+`actscan profile TARGET --nproc N …` runs `torch.distributed.run --standalone
+--nproc-per-node N -m actscan profile TARGET …` (the command line without `--nproc`)
+in this process: the ranks inherit stdout and stderr, only rank 0 writes to them, and
+torchrun's own log lines are silenced, so a failure reads as the one line rank 0 prints.
+The exit code is the ranks' (they all exit with the same one). Importing this module
+does not import torch (`actscan --help` stays fast).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+
+def launched() -> bool:
+    """Whether this process is a rank started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def without_nproc(argv: Sequence[str]) -> list[str]:
+    """The command line minus `--nproc N` / `--nproc=N`."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--nproc":
+            skip = True
+            continue
+        if arg.startswith("--nproc="):
+            continue
+        out.append(arg)
+    return out
+
+
+def launch(nproc: int, argv: Sequence[str]) -> int:
+    """Run `python -m actscan ARGV` (without --nproc) as `nproc` ranks; their exit code."""
+    os.environ.setdefault("LOGLEVEL", "CRITICAL")  # torchrun's agent logs (read at import)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    args = get_args_parser().parse_args(
+        ["--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.1",
+         "-m", "actscan", *without_nproc(argv)]
+    )  # fmt: skip
+    try:
+        run(args)
+    except ChildFailedError as err:
+        codes = [f.exitcode for f in err.failures.values()]
+        code = codes[0] if codes else 2
+        return code if code in (1, 2, 3, 130) else 2
+    except (KeyboardInterrupt, SignalException):  # Ctrl-C: the agent stopped every rank
+        return 130
+    except Exception as err:  # the launcher itself (rendezvous, ports…)
+        line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"actscan: error: --nproc {nproc}: could not start the ranks: {line}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    return 0

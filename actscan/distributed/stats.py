@@ -1,0 +1,116 @@
+"""Per-rank parameter memory and merge time of a distributed run (tests, benchmarks).
+
+With `ACTSCAN_DIST_STATS=PREFIX` each rank writes `PREFIX.rank{r}.json` at the end:
+
+    rank, world_size, total_param_bytes (the whole model: what a one-process run holds),
+    local_param_bytes (this rank's shards), build_peak_bytes (shards kept so far plus the
+    one unit being initialised or read), run_peak_bytes (the most parameter memory held
+    during the pass: shards plus every unsharded all-gather buffer alive at that moment,
+    sampled before and after every module's forward and at every output's gradient),
+    merge_ms (each recorder merge: collectives and Chan's merge).
+
+Parameter memory is read off FSDP2's own parameter records (sharded data, all-gather
+outputs, unsharded parameters), each storage counted once; activations are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+ENV = "ACTSCAN_DIST_STATS"
+
+
+class ParamMemory:
+    """Samples the parameter bytes this rank holds, on module hooks."""
+
+    def __init__(self, model: nn.Module) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        self.params: list[Any] = []
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
+                if group is not None:
+                    self.params += list(group.fsdp_params)
+        self.total = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.peak = 0
+        self.handles = []
+        for m in model.modules():
+            self.handles.append(m.register_forward_pre_hook(self._pre))
+            self.handles.append(m.register_forward_hook(self._post))
+
+    def held(self) -> int:
+        seen: set[int] = set()
+        total = 0
+        for fp in self.params:
+            parts = [getattr(fp, "_sharded_param_data", None),
+                     getattr(fp, "_unsharded_param", None),
+                     *(getattr(fp, "all_gather_outputs", None) or [])]  # fmt: skip
+            for t in parts:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                st = t.untyped_storage()
+                if st.nbytes() == 0 or st.data_ptr() in seen:
+                    continue
+                seen.add(st.data_ptr())
+                total += st.nbytes()
+        return total
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, self.held())
+
+    def _pre(self, _m: nn.Module, _a: Any) -> None:
+        self.sample()
+
+    def _post(self, _m: nn.Module, _a: Any, out: Any) -> None:
+        self.sample()
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda g: self.sample())
+
+    def local(self) -> int:
+        from torch.distributed.tensor import DTensor
+
+        return sum(
+            (p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size()
+            for p in (fp.sharded_param for fp in self.params)
+        )
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+TRACKER: list[ParamMemory] = []
+
+
+def track(model: nn.Module) -> None:
+    """Start sampling `model`'s parameter memory if ACTSCAN_DIST_STATS asks for it."""
+    if os.environ.get(ENV):
+        TRACKER.append(ParamMemory(model))
+
+
+def write(rank: int, world: int) -> None:
+    """Write this rank's figures (see the module doc); a no-op without ACTSCAN_DIST_STATS."""
+    prefix = os.environ.get(ENV)
+    if not prefix or not TRACKER:
+        return
+    from actscan.distributed.build import BUILD
+    from actscan.distributed.merge import LAST_MERGE_MS
+
+    mem = TRACKER[-1]
+    mem.sample()
+    data = {
+        "rank": rank, "world_size": world, "total_param_bytes": mem.total,
+        "local_param_bytes": mem.local(), "build_peak_bytes": BUILD.peak_bytes,
+        "run_peak_bytes": mem.peak, "merge_ms": list(LAST_MERGE_MS),
+    }  # fmt: skip
+    for m in TRACKER:
+        m.remove()
+    Path(f"{prefix}.rank{rank}.json").write_text(json.dumps(data))

@@ -1,0 +1,519 @@
+"""Attention probes: per layer and per head, the pre-softmax score max and std, the
+normalised attention entropy and the mass on the first key ("sink").
+
+Transformers models: every attention module of a 5.x model asks transformers'
+`AttentionInterface` for the function its config names (`config._attn_implementation`).
+For the run, each config that names `eager` or `sdpa` names `actscan_probe_eager` /
+`actscan_probe_sdpa` instead: a function registered under that name which calls the
+family's own implementation (the `eager_attention_forward` of the model's modeling
+module, or transformers' sdpa function) with the very same arguments, so the output is
+the one the model computes, bit for bit. On the side, under no_grad and on the device, it
+recomputes the scores from the detached q and k (GQA/MQA by grouping the query heads,
+scaling, Gemma 2's soft-cap, T5's position bias, the model's own mask: causal, sliding
+window, padding, or none for an encoder) and folds them into per-head accumulators; the
+one host transfer is at the end. The mask interface gets the same registration (the
+original implementation's mask builder), so the masks are the ones the model would build.
+Configs are restored, registrations removed, in `finally`. Setting the config attribute
+directly is what `PreTrainedModel.set_attn_implementation` does on success, without its
+source-code heuristics and warnings.
+
+Each layer is self-checked once merged: the recomputed probabilities against what eager
+returns, or the recomputed output p·V against sdpa's output (relative error ≤ 1e-3, ×30
+in half precision); a layer that disagrees is dropped, with a note.
+
+The built-in `actscan-gpt` marks its scores with an `AttentionLogits` module: a forward
+hook reads them (causal mask), same statistics. Families whose attention never calls the
+interface get one note, never a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from actscan.types import AttentionRecord, HeadRecord, Layout
+
+PROBE_PREFIX = "actscan_probe_"
+PROBED = ("eager", "sdpa")
+# Self-check tolerance (relative): fp32 recomputation agrees to ~1e-6; half-precision
+# models round their probabilities/outputs at 2^-8 relative.
+CHECK_TOL = {torch.float32: 1e-3, torch.float64: 1e-3}
+CHECK_TOL_HALF = 3e-2
+
+
+@dataclass
+class _Acc:
+    """Device-side running statistics of one attention layer (merged exactly: counts,
+    sums, Chan's merge of mean/M2, maxima)."""
+
+    name: str
+    order: int
+    impl: str
+    heads: int = 0
+    kv_heads: int | None = None
+    queries: int = 0
+    keys: int = 0
+    calls: int = 0
+    softcap: float | None = None
+    window: int | None = None
+    tol: float = 1e-3
+    t: dict[str, torch.Tensor] = field(default_factory=dict)
+    error: str | None = None  # why this layer's statistics cannot be trusted
+
+    def merge(self, s: dict[str, torch.Tensor]) -> None:
+        if not self.t:
+            self.t = s
+            return
+        t = self.t
+        n_a, n_b = t["n"], s["n"]
+        n = n_a + n_b
+        delta = s["mean"] - t["mean"]
+        w = torch.where(n > 0, n_b / n.clamp_min(1), torch.zeros_like(n))
+        t["m2"] = t["m2"] + s["m2"] + delta * delta * n_a * w
+        t["mean"] = t["mean"] + delta * w
+        t["n"] = n
+        t["max"] = torch.maximum(t["max"], s["max"])
+        t["err"] = torch.maximum(t["err"], s["err"])
+        for k in ("ent", "rows", "sink", "sink_rows", "keys"):
+            t[k] = t[k] + s[k]
+
+
+def head_stats(scores: torch.Tensor, allowed: torch.Tensor, bias: torch.Tensor) -> dict[str, Any]:
+    """Per-head statistics of one call. scores (B, H, Tq, Tk) float32, a scratch tensor
+    this function overwrites; allowed (bool) and bias (float: the additive mask, 0 or a
+    position bias where allowed, -inf elsewhere) broadcastable to it with a head
+    dimension of 1 or H. Also returns the probabilities ("p") and which queries have a key
+    ("rows_ok") for the self-check.
+
+    Fused passes only, no log over the scores: H(p) = log Z − Σ p·s with log Z = s_max −
+    log p_max per query. Sums run in float32 (pairwise): M2 = Σs² − n·mean² carries a
+    relative error ≲ 1e-7·(1 + mean²/std²), far below what the checks resolve."""
+    h = scores.shape[1]
+    neg = scores.add_(bias)  # in place (no new (Tq, Tk) tensors but p): masked → -inf
+    nk = allowed.sum(dim=-1, dtype=scores.dtype)  # (B|1, 1|H, Tq): allowed keys per query
+    nk = nk.expand(scores.shape[0], nk.shape[1], scores.shape[2])
+    count = nk.sum(dim=(0, 2)).to(torch.float64).expand(h)  # (H,)
+    row_max = neg.amax(dim=-1)  # (B, H, Tq)
+    p = torch.softmax(neg, dim=-1)  # NaN on rows with no allowed key
+    s0 = neg.nan_to_num_(nan=math.nan, posinf=math.inf, neginf=0.0)  # masked → 0, in place
+    total = s0.sum(dim=(0, 2, 3)).to(torch.float64)
+    squares = torch.linalg.vector_norm(s0, dim=(0, 2, 3)).to(torch.float64) ** 2
+    mean = total / count.clamp_min(1)
+    m2 = (squares - count * mean * mean).clamp_min(0)
+    log_z = row_max - torch.log(p.amax(dim=-1))
+    entropy = log_z - torch.linalg.vecdot(p, s0)  # (B, H, Tq)
+    valid = nk >= 2
+    ent = torch.where(valid, entropy / torch.log(nk.clamp_min(2)), 0.0)
+    sink_ok = valid & allowed[..., 0].expand_as(valid)
+    sink = torch.where(sink_ok, p[..., 0], 0.0)
+    return {
+        "n": count,
+        "mean": mean,
+        "m2": m2,
+        "max": row_max.amax(dim=(0, 2)).to(torch.float64),
+        "ent": ent.sum(dim=(0, 2)).to(torch.float64),
+        "rows": valid.sum(dim=(0, 2)).to(torch.float64).expand(h),
+        "sink": sink.sum(dim=(0, 2)).to(torch.float64),
+        "sink_rows": sink_ok.sum(dim=(0, 2)).to(torch.float64).expand(h),
+        "keys": torch.where(valid, nk, 0.0).sum(dim=(0, 2)).to(torch.float64).expand(h),
+        "err": torch.zeros((), dtype=torch.float64, device=scores.device),
+        "p": p,
+        "rows_ok": nk >= 1,
+    }
+
+
+def grouped_scores(q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
+    """q (B, Hq, Tq, D) · k (B, Hkv, Tk, D)ᵀ · scaling → (B, Hq, Tq, Tk) in float32, query
+    head h reading kv head h // (Hq / Hkv) (transformers' repeat_kv), without repeating k;
+    the scaling is applied to q (a (Tq, D) pass, not a (Tq, Tk) one)."""
+    b, hq, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads do not group over {hkv} key/value heads")
+    qf = (q.detach().float() * scaling).reshape(b, hkv, (hq // hkv) * tq, d)
+    s = torch.matmul(qf, k.detach().float().transpose(-1, -2))
+    return s.reshape(b, hq, tq, tk)
+
+
+def grouped_apply(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """p (B, Hq, Tq, Tk) · v (B, Hkv, Tk, D) → (B, Hq, Tq, D), grouped as above."""
+    b, hq, tq, tk = p.shape
+    hkv = v.shape[1]
+    out = torch.matmul(p.reshape(b, hkv, (hq // hkv) * tq, tk), v.detach().float())
+    return out.reshape(b, hq, tq, v.shape[-1])
+
+
+def _allowed(
+    mask: torch.Tensor | None, causal: bool, tq: int, tk: int, window: int | None, dev: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(allowed bool, additive bias: the mask's value where allowed, -inf elsewhere), each
+    (B|1, 1|H, Tq, Tk), from the mask the implementation received (None; bool, True =
+    attend; float, additive with the dtype's minimum or -inf where masked)."""
+    if mask is None:
+        ok = torch.ones(1, 1, tq, tk, dtype=torch.bool, device=dev)
+        if causal:
+            i = torch.arange(tq, device=dev)[:, None]
+            j = torch.arange(tk, device=dev)[None, :]
+            ok = (j <= i)[None, None]  # sdpa's is_causal: top-left aligned
+            if window is not None:
+                ok = ok & (i - j < window)
+        return ok, torch.zeros(ok.shape, device=dev).masked_fill_(~ok, -math.inf)
+    if mask.dim() == 2:
+        mask = mask[None, None]
+    elif mask.dim() == 3:
+        mask = mask[:, None]
+    mask = mask[..., :tk]
+    if mask.dtype == torch.bool:
+        return mask, torch.zeros(mask.shape, device=dev).masked_fill_(~mask, -math.inf)
+    ok = mask > torch.finfo(mask.dtype).min / 2  # False on -inf and on the dtype's minimum
+    return ok, torch.where(ok, mask.float(), -math.inf)
+
+
+class AttentionProbes:
+    """Records attention statistics while active (a context manager around the measured
+    batches). `records()` after exit gives the AttentionRecords; `notes` says what could
+    not be probed."""
+
+    def __init__(self, model: nn.Module, layout: Layout | None = None, family: str = "") -> None:
+        self.model = model
+        self.layout = layout
+        self.family = family or str(getattr(getattr(model, "config", None), "model_type", ""))
+        self.names = {id(m): n for n, m in model.named_modules()}
+        self.accs: dict[str, _Acc] = {}
+        self.notes: list[str] = []
+        self._stack = contextlib.ExitStack()
+        self._active = False
+
+    # -- install / remove -----------------------------------------------------------
+    def __enter__(self) -> AttentionProbes:
+        try:
+            if not self._builtin():
+                self._interface()
+            self._active = True
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._active = False
+        self._stack.close()
+
+    def _acc(self, module: nn.Module, impl: str) -> _Acc:
+        name = self.names.get(id(module), type(module).__name__)
+        acc = self.accs.get(name)
+        if acc is None:
+            acc = self.accs[name] = _Acc(name=name, order=len(self.accs), impl=impl)
+        return acc
+
+    def _builtin(self) -> bool:
+        from actscan.models.gpt import Attention, AttentionLogits
+
+        hooked = False
+        for mod in self.model.modules():
+            if isinstance(mod, Attention) and isinstance(mod.logits, AttentionLogits):
+                handle = mod.logits.register_forward_hook(self._builtin_hook(mod))
+                self._stack.callback(handle.remove)
+                hooked = True
+        return hooked
+
+    def _builtin_hook(self, attn: nn.Module) -> Any:
+        def hook(_m: nn.Module, _args: Any, scores: torch.Tensor) -> None:
+            if not self._active:
+                return
+            acc = self._acc(attn, "builtin")
+            with torch.no_grad(), torch.autocast(scores.device.type, enabled=False):
+                s = scores.detach().to(torch.float32, copy=True)  # a scratch copy
+                tq, tk = s.shape[-2], s.shape[-1]
+                allowed, bias = _allowed(None, True, tq, tk, None, s.device)
+                self._fold(acc, s, allowed, bias, kv_heads=s.shape[1])
+
+        return hook
+
+    def _interface(self) -> None:
+        configs = _configs(self.model)
+        if not configs:
+            return
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+        skipped = sorted(
+            {str(c._attn_implementation) for c in configs if c._attn_implementation not in PROBED}
+            - {"None"}
+        )
+        if skipped:
+            self.notes.append(
+                f"attention probes unavailable for {self.family or 'this model'}: attention "
+                f"implementation {', '.join(skipped)} is not probed (eager and sdpa are)"
+            )
+        upcast = [m for m in self.model.modules() if getattr(m, "reorder_and_upcast_attn", False)]
+        if upcast:  # GPT-2's upcast path runs only when the name is literally "eager"
+            self.notes.append(
+                f"attention probes unavailable for {self.family}: reorder_and_upcast_attn "
+                "takes a path outside the attention interface"
+            )
+            return
+        targets = [c for c in configs if c._attn_implementation in PROBED]
+        for impl in sorted({c._attn_implementation for c in targets}):
+            name = PROBE_PREFIX + impl
+            AttentionInterface.register(name, self._probe(impl))
+            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[impl])
+            self._stack.callback(AttentionInterface._global_mapping.pop, name, None)
+            self._stack.callback(AttentionMaskInterface._global_mapping.pop, name, None)
+        for c in targets:
+            self._stack.callback(setattr, c, "_attn_implementation_internal",
+                                 c._attn_implementation_internal)  # fmt: skip
+            c._attn_implementation_internal = PROBE_PREFIX + c._attn_implementation
+
+    # -- the probe ------------------------------------------------------------------
+    def _probe(self, impl: str) -> Any:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        def original(module: nn.Module) -> Any:
+            if impl == "sdpa":
+                return ALL_ATTENTION_FUNCTIONS["sdpa"]
+            fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+            if fn is None:
+                raise RuntimeError(
+                    f"actscan attention probes: {type(module).__module__} has no "
+                    "eager_attention_forward to call"
+                )
+            return fn
+
+        def probe(
+            module: nn.Module,
+            query: torch.Tensor,
+            key: torch.Tensor,
+            value: torch.Tensor,
+            attention_mask: torch.Tensor | None,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            out = original(module)(module, query, key, value, attention_mask, *args, **kwargs)
+            if self._active and not args:
+                acc = self._acc(module, impl)
+                if acc.error is None:
+                    dev = query.device.type
+                    # under autocast the model's matmuls ran in half precision: compare
+                    # at that tolerance, but recompute in float32
+                    half = torch.is_autocast_enabled(dev)
+                    try:
+                        with torch.no_grad(), torch.autocast(dev, enabled=False):
+                            self._measure(acc, module, impl, query, key, value,
+                                          attention_mask, kwargs, out, half)  # fmt: skip
+                    except Exception as err:  # the model's output stands; the layer is dropped
+                        acc.error = f"{type(err).__name__}: {err}".splitlines()[0]
+            elif self._active:
+                self._acc(module, impl).error = "positional arguments after the mask"
+            return out
+
+        return probe
+
+    def _measure(
+        self,
+        acc: _Acc,
+        module: nn.Module,
+        impl: str,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: Any,
+        kwargs: dict[str, Any],
+        out: Any,
+        half: bool = False,
+    ) -> None:
+        if mask is not None and not isinstance(mask, torch.Tensor):
+            raise TypeError(f"mask of type {type(mask).__name__}")
+        scaling = kwargs.get("scaling")
+        if scaling is None:
+            scaling = query.shape[-1] ** -0.5
+        softcap = kwargs.get("softcap")
+        window = kwargs.get("sliding_window")
+        tq, tk = query.shape[2], key.shape[2]
+        s = grouped_scores(query, key, float(scaling))
+        if softcap is not None:
+            s.div_(softcap).tanh_().mul_(softcap)
+        position = kwargs.get("position_bias")
+        if isinstance(position, torch.Tensor):
+            s.add_(position.detach().float()[..., :tk])
+        if impl == "sdpa":
+            flag = kwargs.get("is_causal")
+            causal = bool(flag if flag is not None else getattr(module, "is_causal", True))
+            causal = causal and tq > 1 and mask is None
+        else:
+            causal = False  # eager applies exactly the mask it is given
+        allowed, bias = _allowed(mask, causal, tq, tk, window, s.device)
+        acc.softcap = float(softcap) if softcap is not None else None
+        acc.window = int(window) if isinstance(window, int) else None
+        acc.tol = CHECK_TOL_HALF if half else CHECK_TOL.get(query.dtype, CHECK_TOL_HALF)
+        stats = self._fold(acc, s, allowed, bias, kv_heads=key.shape[1], keep=True)
+        dropout = float(kwargs.get("dropout") or 0.0)
+        if dropout > 0 and module.training:
+            return  # the model's probabilities are dropped out: nothing exact to compare
+        p, rows = stats["p"], stats["rows_ok"]
+        if impl == "eager" and isinstance(out, tuple) and isinstance(out[1], torch.Tensor):
+            # NaN only on queries with no allowed key (p is undefined there): not compared
+            err = p.sub_(out[1].detach().float()).abs_().nan_to_num_(0.0).amax()
+        else:
+            attn_out = out[0] if isinstance(out, tuple) else out
+            ref = attn_out.detach().float().transpose(1, 2)  # (B, H, Tq, D)
+            mine = grouped_apply(p, value)
+            diff = torch.where(rows[..., None], (mine - ref).abs(), 0.0).amax()
+            err = diff / ref.abs().amax().clamp_min(1e-30)
+        acc.t["err"] = torch.maximum(acc.t["err"], err.to(torch.float64))
+
+    def _fold(
+        self,
+        acc: _Acc,
+        scores: torch.Tensor,
+        allowed: torch.Tensor,
+        bias: torch.Tensor,
+        *,
+        kv_heads: int,
+        keep: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        stats = head_stats(scores, allowed, bias)
+        acc.calls += 1
+        acc.heads = scores.shape[1]
+        acc.kv_heads = kv_heads
+        acc.queries = max(acc.queries, scores.shape[2])
+        acc.keys = max(acc.keys, scores.shape[3])
+        extra = {k: stats.pop(k) for k in ("p", "rows_ok")}
+        acc.merge(stats)
+        return {**stats, **extra} if keep else stats
+
+    # -- results --------------------------------------------------------------------
+    # How each accumulator reduces across ranks (actscan.distributed.merge.merge_state).
+    MERGE: ClassVar[dict[str, str]] = {
+        "n,mean,m2": "chan",
+        "max": "max",
+        "err": "max",
+        "ent": "sum",
+        "rows": "sum",
+        "sink": "sum",
+        "sink_rows": "sum",
+        "keys": "sum",
+    }
+
+    def records(self, merge: bool = False) -> tuple[AttentionRecord, ...]:
+        """The merged records (one host transfer for all layers), and notes for what was
+        not probed or did not check out. `merge`: a distributed run's rank first merges
+        its accumulators with every other rank's (every rank probed the same layers)."""
+        accs = sorted(self.accs.values(), key=lambda a: a.order)
+        failed = [a for a in accs if a.error is not None or not a.t]
+        good = [a for a in accs if a not in failed]
+        out: list[AttentionRecord] = []
+        if good and merge:
+            _merge_ranks(good, self.MERGE)
+        if good:
+            keys = ("n", "mean", "m2", "max", "ent", "rows", "sink", "sink_rows", "keys")
+            rows = [torch.stack([a.t[k].reshape(-1).expand(a.heads) for k in keys]) for a in good]
+            errs = torch.stack([a.t["err"] for a in good])
+            host = torch.cat(rows, dim=1).cpu().tolist()
+            err_host = errs.cpu().tolist()
+            col = 0
+            for a, err in zip(good, err_host, strict=True):
+                cols = [[host[r][col + h] for r in range(len(keys))] for h in range(a.heads)]
+                col += a.heads
+                if not err <= a.tol:
+                    failed.append(a)
+                    a.error = f"recomputed attention differs from the model's by {err:.2g}"
+                    continue
+                out.append(self._record(a, cols))
+        if failed:
+            first = failed[0]
+            self.notes.append(
+                f"attention probes dropped {len(failed)} layer{'s' if len(failed) > 1 else ''} "
+                f"of {self.family or 'the model'} (first {first.name}: {first.error})"
+            )
+        explained = any(n.startswith("attention probes unavailable") for n in self.notes)
+        if not accs and not explained and self._attention_like():
+            self.notes.append(
+                f"attention probes unavailable for {self.family or type(self.model).__name__}: "
+                "its attention does not call transformers' attention interface"
+            )
+        return tuple(out)
+
+    def _record(self, a: _Acc, cols: list[list[float]]) -> AttentionRecord:
+        heads = []
+        keys_sum = 0.0
+        rows_sum = 0.0
+        for h, (n, _mean, m2, mx, ent, rows, sink, sink_rows, keys) in enumerate(cols):
+            std = math.sqrt(max(m2, 0.0) / n) if n > 0 else None
+            heads.append(
+                HeadRecord(
+                    head=h, score_max=mx if n > 0 else None, score_std=std,
+                    entropy=ent / rows if rows > 0 else None,
+                    sink=sink / sink_rows if sink_rows > 0 else None,
+                )
+            )  # fmt: skip
+            keys_sum, rows_sum = keys, rows
+        layout = self.layout
+        block = layout.block_of.get(a.name) if layout is not None else None
+        stream = None
+        if layout is not None and layout.streams and block is not None:
+            stream = next((b.stream for b in layout.blocks if b.index == block), None)
+        kind = "cross" if layout is not None and layout.role(a.name) == "cross_attn" else "self"
+        return AttentionRecord(
+            name=a.name, block=block, heads=tuple(heads), queries=a.queries, keys=a.keys,
+            mean_keys=keys_sum / rows_sum if rows_sum > 0 else None, kv_heads=a.kv_heads,
+            kind=kind, calls=a.calls, softcap=a.softcap, sliding_window=a.window, stream=stream,
+        )  # fmt: skip
+
+    def _attention_like(self) -> bool:
+        """Does the model hold attention modules (so silence would mislead)?"""
+        return any("Attention" in type(m).__name__ for m in self.model.modules())
+
+
+def _configs(model: nn.Module) -> list[Any]:
+    """Every transformers config object the model's modules hold, with their sub-configs
+    (several modules may share one; an encoder-decoder may hold several)."""
+    if "transformers" not in sys.modules:
+        return []
+    seen: dict[int, Any] = {}
+    stack = [
+        m.config for m in model.modules()
+        if hasattr(getattr(m, "config", None), "_attn_implementation_internal")
+    ]  # fmt: skip
+    while stack:
+        cfg = stack.pop()
+        if id(cfg) in seen:
+            continue
+        seen[id(cfg)] = cfg
+        for key in getattr(cfg, "sub_configs", {}) or {}:
+            sub = getattr(cfg, key, None)
+            if hasattr(sub, "_attn_implementation_internal"):
+                stack.append(sub)
+    return list(seen.values())
+
+
+@contextlib.contextmanager
+def attention_probes(
+    model: nn.Module, layout: Layout | None = None, family: str = "", enabled: bool = True
+) -> Iterator[AttentionProbes | None]:
+    """`AttentionProbes` around a block of forward passes (None when not enabled)."""
+    if not enabled:
+        yield None
+        return
+    with AttentionProbes(model, layout, family) as probes:
+        yield probes
+
+
+def _merge_ranks(accs: list[_Acc], spec: dict[str, str]) -> None:
+    """Merge the layers' accumulators across ranks in place: one collective per kind."""
+    from types import SimpleNamespace
+
+    from actscan.distributed.merge import merge_state
+
+    for a in accs:  # expanded views cannot be written into
+        a.t = {k: v.contiguous().clone() for k, v in a.t.items()}
+    keys = {k for attrs in spec for k in attrs.split(",")}
+    state = SimpleNamespace(**{k: [a.t[k] for a in accs] for k in keys})
+    merge_state(state, spec, accs[0].t["n"].device)

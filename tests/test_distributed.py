@@ -1,0 +1,224 @@
+"""Distributed runs (torchrun / --nproc, FSDP2, gloo on CPU): merged == one process.
+
+The end-to-end tests spawn `actscan profile … --nproc 2` themselves, with a timeout, and
+compare its JSON report with an in-process one-process scan of the same target and global
+inputs: mean/std/RMS within 1e-6 relative, max-abs and counts exact, identical findings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from actscan.errors import UsageError
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="torch.distributed with gloo is needed",
+)
+
+BATCH, SEQ = 4, 16
+EXACT = {"max_abs", "numel", "nonfinite", "calls", "order", "dead_channels", "n_channels"}
+# A built-in config whose blocks hold most of its parameters (memory ≈ total/N + a block),
+# initialised so that it has findings (logit-scale, init-scale) to compare.
+BUILTIN = """family: actscan-gpt
+n_layers: 16
+d_model: 64
+n_heads: 2
+vocab_size: 64
+seq_len: 16
+norm: layernorm
+placement: pre
+activation: gelu
+branch_scale: none
+init: kaiming
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", ACTSCAN_DIST_TIMEOUT="60", **extra)
+    return env
+
+
+def _profile2(target: Path, out: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "actscan", "profile", str(target), "--nproc", "2",
+           "--batch", str(BATCH), "--seq-len", str(SEQ), "--json", str(out), "-q"]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+
+
+def _one_process(target: Path) -> dict[str, Any]:
+    from actscan.pipeline import TargetSpec, scan_target
+    from actscan.settings import Settings
+
+    return scan_target(TargetSpec(str(target)), Settings(batch=BATCH, seq_len=SEQ)).report.to_dict()
+
+
+def _assert_same(a: Any, b: Any, path: str = "") -> None:
+    """Report dicts equal: floats within 1e-6 relative (exact for max-abs), rest exact."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), path
+        for k in a:
+            _assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for x, y in zip(a, b, strict=True):
+            _assert_same(x, y, path + "[]")
+    elif isinstance(a, float) and isinstance(b, float):
+        if math.isnan(a) and math.isnan(b):
+            return
+        if path.rsplit(".", 1)[-1] in EXACT:
+            assert a == b, path
+        else:
+            assert abs(a - b) <= 1e-6 * max(abs(a), abs(b)), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+def _without_run_fields(report: dict[str, Any]) -> dict[str, Any]:
+    run = {k: v for k, v in report["run"].items() if k not in ("world_size", "backend")}
+    return {**report, "run": run}
+
+
+def test_builtin_two_ranks_equal_one_process_and_memory(tmp_path: Path) -> None:
+    cfg = tmp_path / "deep.yaml"
+    cfg.write_text(BUILTIN)
+    out = tmp_path / "r2.json"
+    res = _profile2(cfg, out, _env(ACTSCAN_DIST_STATS=str(tmp_path / "stats")))
+    assert res.returncode == 0, res.stderr
+    two = json.loads(out.read_text())
+    assert two["run"]["world_size"] == 2 and two["run"]["backend"] == "gloo"
+    one = _one_process(cfg)
+    assert one["run"]["world_size"] == 1 and one["run"]["backend"] is None
+    assert {f["check"] for f in one["findings"]} == {"logit-scale", "init-scale"}
+    same = ("check", "severity", "layers", "message")  # values: to 1e-6, as all floats
+    assert [[f[k] for k in same] for f in two["findings"]] == [
+        [f[k] for k in same] for f in one["findings"]
+    ]
+    _assert_same(_without_run_fields(one), _without_run_fields(two))
+    # per-rank parameter memory, measured: ≤ 0.6× what one process holds (the whole model)
+    for rank in (0, 1):
+        st = json.loads((tmp_path / f"stats.rank{rank}.json").read_text())
+        whole = st["total_param_bytes"]
+        assert st["local_param_bytes"] <= whole / 2 + 1024
+        assert max(st["build_peak_bytes"], st["run_peak_bytes"]) <= 0.6 * whole, st
+        assert len(st["merge_ms"]) == 2  # the recorder's, the attention probes'
+
+
+def test_hf_folder_two_ranks_equal_one_process(tmp_path: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(
+        "llama", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=2, vocab_size=96, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    folder = tmp_path / "llama"
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    out = tmp_path / "r2.json"
+    res = _profile2(folder, out, _env())
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("Findings") == 1  # rank 0 prints; the other rank nothing
+    two = json.loads(out.read_text())
+    one = _one_process(folder)
+    _assert_same(_without_run_fields(one), _without_run_fields(two))
+
+
+SITE = """import os
+if os.environ.get("RANK") == "1":
+    import actscan.scanner as s
+    from torch import nn
+
+    class Broken(nn.Module):
+        def forward(self, *a, **k):
+            raise ValueError("rank 1 broke on purpose")
+
+    _orig = s.call_model
+    s.call_model = lambda model, b: _orig(Broken(), b)
+"""
+
+
+def test_a_rank_that_raises_ends_the_job_with_exit_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "deep.yaml"
+    cfg.write_text(BUILTIN)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITE)
+    env = _env(PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    start = time.monotonic()
+    res = _profile2(cfg, tmp_path / "r.json", env)
+    took = time.monotonic() - start
+    assert res.returncode == 2, res.stderr
+    assert took < 30
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("actscan: error: rank 1: "), res.stderr
+    assert "rank 1 broke on purpose" in lines[0]
+    assert not (tmp_path / "r.json").exists()
+
+
+# -- no launch -----------------------------------------------------------------------------
+def test_batch_must_divide_by_the_ranks() -> None:
+    from actscan.distributed.runtime import DistRun, shard_source
+    from actscan.measure.inputs import token_source
+
+    run = DistRun(rank=1, world_size=2, local_rank=1, backend="gloo", device=torch.device("cpu"))
+    src = token_source(50, 4, 8, seed=0)
+    local = shard_source(src, run, 4)
+    assert torch.equal(local(0).args[0], src(0).args[0][2:])  # rank 1: global rows 2, 3
+    with pytest.raises(UsageError, match="--batch 3 does not divide by 2"):
+        shard_source(src, run, 3)
+
+
+def test_without_nproc() -> None:
+    from actscan.distributed.launch import without_nproc
+
+    argv = ["profile", "x.yaml", "--nproc", "2", "--json", "r.json", "--nproc=4"]
+    assert without_nproc(argv) == ["profile", "x.yaml", "--json", "r.json"]
+
+
+@pytest.mark.parametrize("command", ["compare", "sweep"])
+def test_compare_and_sweep_refuse_under_torchrun(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from typer.testing import CliRunner
+
+    from actscan.cli import app
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    args = [command, "gpt-12-preln", "--vs-set", "n_layers=2"] if command == "compare" else [
+        command, "gpt-12-preln", "--depth", "2,4"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2
+    assert f"{command} does not run distributed" in res.output
+
+
+def test_merge_spec_names_real_recorder_state() -> None:
+    """Every attribute Recorder.MERGE declares exists on a recorder, with a known op."""
+    from actscan.measure.recorder import Recorder
+
+    rec = Recorder([("lin", torch.nn.Linear(2, 2))])
+    for attrs, op in Recorder.MERGE.items():
+        assert op in {"sum", "max", "min", "chan", "channels", "cat"}
+        for a in attrs.split(","):
+            assert hasattr(rec, a), a
+
+
+def test_steps_are_refused_distributed() -> None:
+    from typer.testing import CliRunner
+
+    from actscan.cli import app
+
+    res = CliRunner().invoke(app, ["profile", "gpt-12-preln", "--nproc", "2", "--steps", "2"])
+    assert res.exit_code == 2
+    assert res.output.strip() == "actscan: error: --steps is not supported distributed yet"

@@ -1,0 +1,247 @@
+"""The dynamics checks (update-size, amplification, attn-logit-growth, logit-drift,
+adam-epsilon) on synthetic Dynamics records: each fires on its pathology, stays quiet on
+a healthy record, and skips with a reason when there is nothing to judge."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from conftest import ctx, only
+
+from actscan.diagnose import CheckContext, evaluate
+from actscan.diagnose.dynamics import DYNAMICS_CHECKS, NO_STEPS, numbers, statistics
+from actscan.diagnose.thresholds import DEFAULT
+from actscan.types import (
+    ChangeRecord,
+    CheckId,
+    Dynamics,
+    LayerRecord,
+    LogitStats,
+    OptimizerInfo,
+    Severity,
+    StepRecord,
+    UpdateRecord,
+)
+
+N_BLOCKS = 12
+STEPS = 5
+
+
+def change_curve(kind: str, t: int) -> list[float]:
+    """rel per block output at step t: 'post' linear in depth, 'pre' saturating."""
+    scale = t / STEPS
+    if kind == "post":
+        return [scale * 0.05 * (b + 1) for b in range(N_BLOCKS)]
+    return [scale * 0.4 * min(1.0, (b + 1) / 2) for b in range(N_BLOCKS)]
+
+
+def dyn(
+    *,
+    curve: str = "pre",
+    ratio: float = 0.05,
+    attn: tuple[float, float] = (0.2, 1.0),
+    log_z: tuple[float, float] = (4.85, 4.8),
+    grad: float = 1e-3,
+    optimizer: str = "adamw",
+    eps: float = 1e-8,
+    lr: float = 1e-3,
+    frozen: str | None = None,
+    outlier: str | None = None,
+) -> Dynamics:
+    steps = []
+    for t in range(STEPS + 1):
+        f = t / STEPS
+        rels = change_curve(curve, t)
+        change = (
+            ChangeRecord(name="blocks.0:input", kind="stream", k=0, block=None, rel=0.0),
+            *(
+                ChangeRecord(name=f"blocks.{b}", kind="stream", k=2 * (b + 1), block=b, rel=r)
+                for b, r in enumerate(rels)
+            ),
+        )
+        z = log_z[0] + f * (log_z[1] - log_z[0])
+        steps.append(
+            StepRecord(
+                t=t, loss=4.8 - 0.1 * t, lr=lr, change=change,
+                logits=LogitStats(max=3.0, log_z_mean=z, log_z_std=0.1),
+                attn_max=attn[0] * (attn[1] / attn[0]) ** f,
+            )
+        )  # fmt: skip
+    updates = []
+    for b in range(N_BLOCKS):
+        for name in ("attn.qkv", "attn.proj", "mlp.up", "mlp.down"):
+            param = f"blocks.{b}.{name}.weight"
+            r = 0.0 if param == frozen else ratio * (20 if param == outlier else 1)
+            updates.append(
+                UpdateRecord(
+                    param=param, block=b, role=name.split(".")[0], kind="weight",
+                    ratio=(r,) * STEPS, grad_rms=(grad,) * STEPS, numel=4096,
+                )
+            )  # fmt: skip
+        updates.append(
+            UpdateRecord(param=f"blocks.{b}.norm1.bias", block=b, role="norm", kind="bias",
+                         ratio=(math.inf,) + (0.5,) * (STEPS - 1), grad_rms=(grad,) * STEPS)
+        )  # fmt: skip
+    opt = OptimizerInfo(
+        name=optimizer, lr=lr, betas=None if optimizer == "sgd" else (0.9, 0.95),
+        eps=None if optimizer == "sgd" else eps,
+    )  # fmt: skip
+    return Dynamics(optimizer=opt, steps=tuple(steps), updates=tuple(updates))
+
+
+ATTN_LAYERS = [
+    LayerRecord(name=f"blocks.{b}.attn.logits", type="AttentionLogits", role="attn", block=b,
+                calls=1)
+    for b in range(N_BLOCKS)
+] + [LayerRecord(name="head", type="Linear", role="head", block=None, calls=1)]  # fmt: skip
+
+
+def with_dyn(d: Dynamics | None, **arch: object) -> CheckContext:
+    return replace(ctx(n_blocks=N_BLOCKS, layers=ATTN_LAYERS, arch=dict(arch)), dynamics=d)
+
+
+def findings(d: Dynamics | None, check: CheckId, **arch: object) -> list:
+    found, skips = evaluate(with_dyn(d, **arch))
+    assert not [s for s in skips if s.check == check.value], skips
+    return only(found, check.value)
+
+
+def test_every_dynamics_check_skips_without_steps() -> None:
+    found, skips = evaluate(with_dyn(None))
+    assert not [f for f in found if f.check in DYNAMICS_CHECKS]
+    reasons = {s.check: s.reason for s in skips}
+    for check in DYNAMICS_CHECKS:
+        assert reasons[check] == NO_STEPS
+    assert NO_STEPS == "no optimizer steps (--steps 0)"
+
+
+def test_healthy_record_is_quiet() -> None:
+    found, skips = evaluate(with_dyn(dyn()))
+    assert not [f for f in found if f.check in DYNAMICS_CHECKS]
+    assert not [s for s in skips if s.check in DYNAMICS_CHECKS]
+
+
+def test_update_size_fires_on_large_updates_and_names_blocks() -> None:
+    warn = findings(dyn(ratio=DEFAULT.update_ratio_warn * 1.2, lr=1e-2), CheckId.UPDATE_SIZE)
+    assert [f.severity for f in warn] == [Severity.WARN]
+    assert "blocks 0–11" in warn[0].message and "Lower the learning rate" in warn[0].hint
+    assert warn[0].value == pytest.approx(DEFAULT.update_ratio_warn * 1.2)
+    err = findings(dyn(ratio=DEFAULT.update_ratio_error * 1.5, lr=3e-2), CheckId.UPDATE_SIZE)
+    assert err[0].severity is Severity.ERROR
+    below = findings(dyn(ratio=DEFAULT.update_ratio_warn * 0.8), CheckId.UPDATE_SIZE)
+    assert not below
+
+
+def test_update_size_frozen_and_outlier() -> None:
+    frozen = findings(dyn(frozen="blocks.3.mlp.up.weight"), CheckId.UPDATE_SIZE)
+    assert [(f.severity, f.layers) for f in frozen] == [
+        (Severity.WARN, ("blocks.3.mlp.up.weight",))
+    ]
+    assert "did not move" in frozen[0].message
+    small = DEFAULT.update_ratio_warn / 40  # ×20 stays below the warn threshold
+    out = findings(dyn(ratio=small, outlier="blocks.5.attn.proj.weight"), CheckId.UPDATE_SIZE)
+    assert [(f.severity, f.layers) for f in out] == [
+        (Severity.INFO, ("blocks.5.attn.proj.weight",))
+    ]
+    assert "block 5" in out[0].message
+
+
+def test_amplification_separates_post_ln_from_pre_ln_shape() -> None:
+    post = findings(dyn(curve="post"), CheckId.AMPLIFICATION, placement="post")
+    assert len(post) == 1 and post[0].value == pytest.approx(1.0)  # rel ∝ depth
+    assert "Post-LN" in post[0].message and "blocks.11" in post[0].layers
+    assert post[0].severity is Severity.INFO
+    assert not findings(dyn(curve="pre"), CheckId.AMPLIFICATION)  # saturates: ratio 0
+
+
+def test_amplification_skips_on_a_shallow_stack() -> None:
+    d = dyn()
+    d = replace(
+        d,
+        steps=tuple(
+            replace(s, change=tuple(c for c in s.change if (c.k or 0) <= 4)) for s in d.steps
+        ),
+    )
+    _, skips = evaluate(with_dyn(d))
+    reason = {s.check: s.reason for s in skips}[CheckId.AMPLIFICATION.value]
+    assert reason == "needs the probe's change at 12 block outputs, found 2"
+
+
+def test_attn_logit_growth() -> None:
+    warn = findings(dyn(attn=(0.2, DEFAULT.attn_logit_warn * 1.5)), CheckId.ATTN_LOGIT_GROWTH)
+    assert [f.severity for f in warn] == [Severity.WARN]
+    assert "QK-norm" in warn[0].hint and "blocks.0.attn.logits" in warn[0].layers
+    err = findings(dyn(attn=(0.2, 80.0)), CheckId.ATTN_LOGIT_GROWTH)
+    assert err[0].severity is Severity.ERROR and err[0].threshold == DEFAULT.attn_logit_cap
+    # large from the start but not growing: the init's scale (logit-scale's business)
+    assert not findings(dyn(attn=(12.0, 14.0)), CheckId.ATTN_LOGIT_GROWTH)
+    assert not findings(dyn(attn=(0.2, 3.0)), CheckId.ATTN_LOGIT_GROWTH)
+    d = dyn()
+    d = replace(d, steps=tuple(replace(s, attn_max=None) for s in d.steps))
+    _, skips = evaluate(with_dyn(d))
+    assert {s.check: s.reason for s in skips}[CheckId.ATTN_LOGIT_GROWTH.value] == (
+        "no attention scores were recorded"
+    )
+
+
+def test_logit_drift() -> None:
+    drift = findings(dyn(log_z=(4.85, 4.85 + DEFAULT.log_z_drift * 2)), CheckId.LOGIT_DRIFT)
+    assert len(drift) == 1 and "z-loss" in drift[0].hint and "1e-4" in drift[0].hint
+    assert drift[0].value == pytest.approx(DEFAULT.log_z_drift * 2)
+    assert not findings(dyn(log_z=(4.85, 4.5)), CheckId.LOGIT_DRIFT)
+
+
+def test_adam_epsilon() -> None:
+    low = findings(dyn(grad=5e-8), CheckId.ADAM_EPSILON)
+    assert [f.severity for f in low] == [Severity.WARN]
+    assert low[0].value == pytest.approx(1.0)  # every matrix: the whole model
+    assert "5× eps" in low[0].message and "1e-15" in low[0].hint
+    assert not findings(dyn(grad=1e-3), CheckId.ADAM_EPSILON)
+    # a larger eps makes the same gradients too small for it
+    assert findings(dyn(grad=1e-3, eps=1e-3), CheckId.ADAM_EPSILON)
+    _, skips = evaluate(with_dyn(dyn(optimizer="sgd")))
+    assert {s.check: s.reason for s in skips}[CheckId.ADAM_EPSILON.value] == (
+        "not an Adam-family optimizer (sgd)"
+    )
+
+
+def test_adam_epsilon_small_share_is_info_and_collapse_is_named() -> None:
+    d = dyn()
+    one = "blocks.2.mlp.up.weight"
+    collapsing = (1e-3, 1e-5, 1e-7, 2e-8, 2e-8)
+    d = replace(
+        d,
+        updates=tuple(
+            replace(u, grad_rms=collapsing, numel=4) if u.param == one else u for u in d.updates
+        ),
+    )
+    f = findings(d, CheckId.ADAM_EPSILON)
+    share = 4 / (4096 * (4 * N_BLOCKS - 1) + 4)
+    assert [(x.severity, x.layers) for x in f] == [(Severity.INFO, (one,))]
+    assert f[0].value == pytest.approx(share) and share < DEFAULT.adam_eps_share
+    assert "collapsed over the steps" in f[0].message and "block 2" in f[0].message
+    assert "not eps" in f[0].hint and "lower the learning rate" in f[0].hint
+
+
+def test_adam_epsilon_ignores_gradients_that_are_zero_by_construction() -> None:
+    """A bias on k gets ~1e-12 from step 0 (softmax is shift-invariant over keys)."""
+    d = dyn()
+    k_bias = UpdateRecord(
+        param="blocks.0.attn.k_norm.bias", block=0, role="attn", kind="bias",
+        ratio=(0.0,) * STEPS, grad_rms=(3e-12,) * STEPS, numel=10**6,
+    )  # fmt: skip
+    d = replace(d, updates=(*d.updates, k_bias))
+    assert not findings(d, CheckId.ADAM_EPSILON)
+
+
+def test_numbers_are_what_the_checks_judge() -> None:
+    d = dyn(curve="post", ratio=0.2, attn=(0.2, 20.0), log_z=(4.85, 6.0), lr=1e-2)
+    nums = numbers(d)
+    assert nums["update_max"] == pytest.approx(0.2)
+    assert nums["update_over_lr"] == pytest.approx(20.0)
+    assert nums["amplification_sustain"] == pytest.approx(1.0)
+    assert nums["attn_max"] == pytest.approx(20.0) and nums["attn_growth"] == pytest.approx(100)
+    assert nums["log_z_drift"] == pytest.approx(1.15)
+    assert statistics(d).steps == STEPS
