@@ -19,15 +19,18 @@ benchmarks/results/<timestamp>.json so runs can be compared across commits):
             transformers.
   e2e       `actscan profile configs/gpt2-124m.yaml` end to end vs benchmarks/
             handwritten_gpt2.py (build the same model + one forward/backward, same batch).
-  steps     `--steps N` at 12 × 768 (--step-batch × --step-seq tokens, default 2 × 64: small,
-            for a loaded CPU): N optimizer steps measured by actscan.measure.dynamics
+  steps     `--steps N` at 12 × 768 (--step-batch × --step-seq tokens, default 4 × 64: the
+            profile's default batch, whose probe is a quarter of it, one sequence; small
+            enough for a loaded CPU): N optimizer steps measured by actscan.measure.dynamics
             (the step-0 gradient pass, then run_steps: probe forward, stream taps, update
             ratios, gradient RMS, gain drift, one transfer per step) ÷ the same N AdamW steps
             written by hand (fwd+bwd+step per batch, plus the final loss), interleaved;
             the weights are reset between runs, untimed.
   steps-e2e `actscan profile configs/gpt2-124m.yaml --steps 10` end to end ÷
             `benchmarks/handwritten_gpt2.py --steps 10` (build + 10 AdamW steps), same
-            batch (--step-batch × --step-seq).
+            batch (--step-batch × --step-seq); wall and the children's CPU time, and, in
+            this process, the CPU seconds profile pays once (layout self-check, at-init
+            pass, the copy of the caller's weights and the restore).
   attention attention probes on ÷ off: a transformers GPT-2 config (12 × 768, 12 heads,
             vocab 50257) with eager attention, seq 256, batch --attn-batch (2), forward +
             next-token loss + backward, interleaved, median; the probes are entered and
@@ -478,15 +481,55 @@ def bench_steps_e2e(
                         "--steps", str(n), *size],
     }  # fmt: skip
     samples: dict[str, list[float]] = {k: [] for k in cmds}
+    cpu: dict[str, list[float]] = {k: [] for k in cmds}
     for r in range(reps):
         order = list(cmds) if r % 2 == 0 else list(cmds)[::-1]
         for k in order:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), children_cpu()
             subprocess.run(cmds[k], capture_output=True, check=True, cwd=ROOT, env=env)
             samples[k].append(time.perf_counter() - t)
+            cpu[k].append(children_cpu() - c)
     med = {k: statistics.median(v) for k, v in samples.items()}
-    return {"steps": n, "batch": batch, "seq_len": seq, "samples": samples, "median": med,
-            "ratio": med["profile"] / med["handwritten"]}  # fmt: skip
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    return {"steps": n, "batch": batch, "seq_len": seq, "samples": samples, "cpu": cpu,
+            "median": med, "median_cpu": med_cpu, "ratio": med["profile"] / med["handwritten"],
+            "ratio_cpu": med_cpu["profile"] / med_cpu["handwritten"],
+            "once": step0_extras(device, batch, seq)}  # fmt: skip
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def step0_extras(device: str, batch: int, seq: int) -> dict[str, float]:
+    """What `profile` pays once before its step-0 pass, in CPU seconds (median of 3), on
+    the 12 × 768 model: the layout self-check (a batch-1 forward) and the at-init pass
+    (fan-in of every weight, each norm's effective gain); and the copy of the caller's
+    weights kept for the restore, with the copy back."""
+    import torch
+
+    from actscan.measure.dynamics import caller_state
+    from actscan.measure.inputs import token_source
+    from actscan.scanner import _measure_at_init, _probe_run
+
+    model, _ = build("12x768", device)
+    model.train()
+    src = token_source(model.config.vocab_size, batch, seq, seed=0)
+    dev = torch.device(device)
+
+    def restore() -> None:
+        with caller_state(model):
+            pass
+
+    fns = {
+        "layout_check": _probe_run(model, src, dev, None, None),
+        "at_init": lambda: _measure_at_init(model, src(0).to(dev), []),
+        "weights_copy_restore": restore,
+    }
+    return {k: statistics.median(time_once(f, device)[1] for _ in range(3))
+            for k, f in fns.items()}  # fmt: skip
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -568,8 +611,11 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     if "steps-e2e" in res:
         e = res["steps-e2e"]
         med = e["median"]
+        once = ", ".join(f"{k} {v:.2f}" for k, v in e.get("once", {}).items())
         shown = (f"{e['ratio']:.3f}×  ({e['batch']}×{e['seq_len']} tokens: "
-                 f"{med['handwritten']:.2f} s → {med['profile']:.2f} s)")  # fmt: skip
+                 f"{med['handwritten']:.2f} s → {med['profile']:.2f} s; cpu "
+                 f"{e['ratio_cpu']:.3f}×, {e['median_cpu']['handwritten']:.1f} → "
+                 f"{e['median_cpu']['profile']:.1f} s; paid once, cpu s: {once})")  # fmt: skip
         add("profile --steps 10 end-to-end", e["ratio"], shown)
     if "attention" in res:
         a = res["attention"]
@@ -606,7 +652,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=None, help="timed runs per side (≥ 5)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON results")
-    ap.add_argument("--step-batch", type=int, default=2, help="sequences per step (steps*)")
+    ap.add_argument("--step-batch", type=int, default=4, help="sequences per step (steps*)")
     ap.add_argument("--step-seq", type=int, default=64, help="tokens per sequence (steps*)")
     ap.add_argument("--step-n", type=int, default=3, help="optimizer steps per run (steps)")
     ap.add_argument("--attn-batch", type=int, default=2, help="attention section's batch [2]")
