@@ -440,7 +440,7 @@ def scan(
     step0: tuple[torch.Tensor, Any] | None = None
     raw_steps: StepsRaw | None = None
     restore = caller_state(model) if steps else contextlib.nullcontext()
-    with restore, preserved(model, dev, run_dtype, dropout=dropout):
+    with restore as kept, preserved(model, dev, run_dtype, dropout=dropout):
         # Layout self-check: one batch-1 forward of the same inputs, before the recorder.
         proof = prove_layout(model, layout, _probe_run(model, source, dev, run_dtype, amp))
         layout = proof.layout
@@ -520,6 +520,7 @@ def scan(
                     else contextlib.nullcontext()
                 ),
                 loss_scale=loss_scale, vocab_size=info.vocab_size, progress=progress,
+                w0=kept,
             )  # fmt: skip
             step0 = None
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from actscan import Report, scan
 from actscan.errors import UsageError
-from actscan.measure.dynamics import PROBE_INDEX, probe_rows, warmup_factor
+from actscan.measure.dynamics import PROBE_INDEX, caller_state, probe_rows, warmup_factor
 from actscan.measure.inputs import next_token_loss, random_tokens
 from actscan.models.arch import ArchConfig
 from actscan.models.gpt import ActscanGPT, build_model
@@ -224,6 +224,35 @@ def test_the_callers_model_is_unchanged_when_a_step_raises() -> None:
         run(model, steps=4, loss_fn=loss_fn)
     assert calls[0] == 3
     _same(before, _state(model))
+
+
+def test_the_kept_copy_stands_for_w0_only_while_the_weights_are_untouched() -> None:
+    model = tiny()
+    params = list(model.parameters())
+    with caller_state(model) as kept:
+        w0 = kept.of(params)
+        assert w0 is not None
+        assert all(v is not p and torch.equal(v, p) for v, p in zip(w0, params, strict=True))
+        with torch.no_grad():
+            params[0].mul_(1.0)  # written in place: same values, but no longer trusted
+        assert kept.of(params) is None and kept.of(params[1:]) is not None
+        params[1].data = params[1].data.double()  # the run's cast replaces the storage
+        assert kept.of(params[1:]) is None
+    assert kept.of([nn.Parameter(torch.zeros(2))]) is None
+
+
+def test_a_cast_run_takes_its_own_copy_and_measures_the_same_ratios() -> None:
+    model = tiny()
+    before = _state(model)
+    f32 = run(model, steps=2, lr=3e-3).dynamics  # W_0: the caller's kept copy
+    f64 = run(model, steps=2, lr=3e-3, dtype=torch.float64).dynamics  # W_0: its own
+    assert f32 is not None and f64 is not None
+    _same(before, _state(model))
+    for a, b in zip(f32.updates, f64.updates, strict=True):
+        for ra, rb in zip(a.ratio, b.ratio, strict=True):
+            assert (ra is None) == (rb is None)
+            if ra is not None:
+                assert ra == pytest.approx(rb, rel=1e-3), a.param
 
 
 def test_param_groups_hook_sets_per_group_learning_rates() -> None:

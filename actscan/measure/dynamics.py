@@ -21,8 +21,11 @@ second pass); steps t ≥ 1 hook only the stream points of the step's batch (one
 point), and the probe is `probe_rows` sequences of its batch, not all of them. Every
 step's scalars are reduced on the device and reach the host in one transfer per step.
 Memory: O(steps × modules) scalars, the probe's stream/branch/head outputs at t = 0, one
-copy of the weights (the previous step's, for the update ratios) and one of the caller's
-weights (`caller_state`: restored bit for bit afterwards, also when a step raises).
+copy of the caller's weights (`caller_state`: restored bit for bit afterwards, also when a
+step raises) and, from the first update on, one of the previous step's (for the update
+ratios; before it, the caller's copy serves as W_0 where the run did not cast the weights).
+Per update the ratios cost four fused (`torch._foreach_*`) passes over the weights: ‖W_t‖,
+W_t − W_{t+1}, its norm, and the copy of W_{t+1} (not after the last update).
 
 Per-group learning rates: a model with a method `actscan_param_groups(lr) -> list[dict]`
 (torch param-group dicts, each with its "params" and optionally its own "lr") trains with
@@ -156,11 +159,36 @@ def build_optimizer(spec: StepSpec, groups: list[dict[str, Any]]) -> torch.optim
     )  # fmt: skip
 
 
+class CallerWeights:
+    """The copy of the caller's parameter values that `caller_state` keeps for the
+    restore. The steps read it as W_0 for the first update ratio instead of taking a
+    second copy of their own (they never write it)."""
+
+    def __init__(self, params: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+        # (value, data pointer, version) per parameter: the copy stands for W_0 only while
+        # the parameter still holds the same storage, unwritten since the copy
+        self._kept = {
+            id(p): (v, p.data_ptr(), p._version) for p, v in zip(params, values, strict=True)
+        }
+
+    def of(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+        """The kept values of `params`, bit-identical to their current values; None when
+        one was replaced (cast to the run's dtype or device) or written in place since."""
+        out = []
+        for p in params:
+            kept = self._kept.get(id(p))
+            if kept is None or kept[1] != p.data_ptr() or kept[2] != p._version:
+                return None
+            out.append(kept[0])
+        return out
+
+
 @contextlib.contextmanager
-def caller_state(model: nn.Module) -> Iterator[None]:
+def caller_state(model: nn.Module) -> Iterator[CallerWeights]:
     """Give the model back exactly as it came: parameter and buffer values (bit for bit),
     `.grad` (the same tensor objects, never written: the steps start from `.grad = None`),
-    requires_grad and every module's train/eval mode. Also when a step raises."""
+    requires_grad and every module's train/eval mode. Also when a step raises.
+    Yields the kept copy of the parameter values (`CallerWeights`)."""
     params = list(model.parameters())
     buffers = [b for b in model.buffers() if b is not None]
     with torch.no_grad():
@@ -172,7 +200,7 @@ def caller_state(model: nn.Module) -> Iterator[None]:
     try:
         for p in params:
             p.grad = None
-        yield
+        yield CallerWeights(params, values)
     finally:
         with torch.no_grad():
             for p, v in zip(params, values, strict=True):
@@ -347,6 +375,7 @@ def run_steps(
     loss_scale: float = 1.0,
     vocab_size: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    w0: CallerWeights | None = None,
 ) -> StepsRaw:
     """Take `spec.steps` optimizer steps from the current weights and measure t = 0..N.
 
@@ -354,6 +383,8 @@ def run_steps(
     of the profile's batch 0, the t = 0 step's batch: the first update uses them. The
     caller restores the weights afterwards (`caller_state`); here they move.
     `prepare` casts a batch to the run's device/dtype; `autocast()` is the run's autocast.
+    w0: the caller's kept copy (`caller_state`): where it still holds the current weights
+    it is W_0 of the first update ratio, and the steps keep no copy of W_0 of their own.
     """
     from actscan.measure.model_inputs import describe_batch
     from actscan.measure.prepare import call_model
@@ -395,31 +426,37 @@ def run_steps(
     t_now = [0]
 
     def probe_sink(i: int, x: torch.Tensor) -> None:
+        # mean |x| as ‖x‖₁/n: one pass, no |x| tensor; one difference tensor per point
         xf = x.float()
+        f64, n = torch.float64, x.numel()
         if t_now[0] == 0:
             x0[i] = x.clone()
-            norm0[i] = _vnorm(xf, dtype=torch.float64)
-            zero = torch.zeros((), dtype=torch.float64, device=x.device)
-            change[i] = torch.stack([zero, xf.abs().mean(dtype=torch.float64), zero])
+            norm0[i] = _vnorm(xf, dtype=f64)
+            zero = torch.zeros((), dtype=f64, device=x.device)
+            change[i] = torch.stack([zero, _vnorm(xf, 1, dtype=f64) / n, zero])
             return
         ref = x0.get(i)
         if ref is None or ref.shape != x.shape:
             change[i] = torch.stack([nan.to(x.device)] * 3)
             return
-        d = xf - ref.float()
+        d = xf - ref
         change[i] = torch.stack([
-            _vnorm(d, dtype=torch.float64) / norm0[i],
-            xf.abs().mean(dtype=torch.float64),
-            d.abs().mean(dtype=torch.float64),
+            _vnorm(d, dtype=f64) / norm0[i], _vnorm(xf, 1, dtype=f64) / n,
+            _vnorm(d, 1, dtype=f64) / n,
         ])  # fmt: skip
 
     scores: list[torch.Tensor] = []
     stream_sq: dict[int, torch.Tensor] = {}
 
     def stream_sink(i: int, x: torch.Tensor) -> None:
-        stream_sq[i] = _vnorm(x, dtype=torch.float32).double() / math.sqrt(x.numel())
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        stream_sq[i] = _vnorm(x, dtype=acc).double() / math.sqrt(x.numel())
 
-    prev = [p.detach().clone() for p in params]  # W_t, for ‖W_{t+1} − W_t‖
+    # W_t, for ‖W_{t+1} − W_t‖: the caller's kept copy stands for W_0 (read only); the
+    # steps' own copy is taken by the first update's difference
+    kept = w0.of(params) if w0 is not None else None
+    prev: list[torch.Tensor] = kept if kept is not None else [p.detach().clone() for p in params]
+    own = kept is None
     probe_taps = _Taps(model, [p.name for p in points])
     probe_taps.sink = probe_sink
     stream_taps = _Taps(model, [points[i].name for i in stream_idx])
@@ -495,12 +532,18 @@ def run_steps(
                     with torch.no_grad():
                         before = torch._foreach_norm(prev)
                         optimizer.step()
-                        torch._foreach_sub_(prev, [p.detach() for p in params])
+                        for p in params:
+                            p.grad = None
+                        del grads
+                        now = [p.detach() for p in params]
+                        if own:  # prev ← W_t − W_{t+1} in place
+                            torch._foreach_sub_(prev, now)
+                        else:  # the caller's copy is read only: the difference is ours
+                            prev, own = torch._foreach_sub(prev, now), True
                         delta = torch._foreach_norm(prev)
-                        torch._foreach_copy_(prev, [p.detach() for p in params])
-                    for p in params:
-                        p.grad = None
-                    del grads
+                        if t + 1 < n_steps:  # W_{t+1} for the next update
+                            torch._foreach_copy_(prev, now)
+                        del now
                     # undefined (None) for a weight that was exactly zero (a zero-init gain)
                     den = torch.stack(before).double()
                     ratio = torch.where(den > 0, torch.stack(delta).double() / den, nan)
