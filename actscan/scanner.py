@@ -389,15 +389,17 @@ def scan(
     merge = None
     recorded = source  # the rows this process runs: all of them, or a rank's share
     if dist_run is not None:
-        if steps:  # [tool.actscan] steps, or a Python caller under torchrun
-            raise UsageError("--steps is not supported distributed yet")
-        from actscan.distributed.fsdp import check_supported, sharded_backward
+        from actscan.distributed.fsdp import check_supported, local_grad, sharded_grads
         from actscan.distributed.merge import merge_recorder as merge
         from actscan.distributed.runtime import shard_source
 
         weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
         check_supported(run_dtype, model_dtype=weights or torch.float32)
         recorded = shard_source(source, dist_run, _batch_size(source))
+        if steps:  # the sharded optimizer steps FSDP2's shards (distributed/steps.py)
+            from actscan.distributed.steps import check_sharded
+
+            check_sharded(model)
     rows = _batch_size(recorded) if dist_run is not None else None  # a rank's batch
 
     def compute_loss(out: Any, b: Batch) -> torch.Tensor:
@@ -486,9 +488,12 @@ def scan(
                     else:
                         scaled = loss.float() * loss_scale if loss_scale != 1.0 else loss
                         if dist_run is not None:  # FSDP: local shards of reduced grads
-                            rec.add_param_grads(
-                                sharded_backward(scaled, grad_params, dist_run.world_size)
-                            )
+                            dgrads = sharded_grads(scaled, grad_params, dist_run.world_size)
+                            local = [local_grad(g) for g in dgrads]
+                            rec.add_param_grads(dict(zip(grad_params, local, strict=True)))
+                            if steps and i == 0:  # the first update's (sharded) gradient
+                                step0 = (loss.detach(), dgrads)
+                            del dgrads, local
                         else:
                             grads = torch.autograd.grad(scaled, grad_params, allow_unused=True)
                             rec.add_param_grads(dict(zip(grad_params, grads, strict=True)))
@@ -520,6 +525,7 @@ def scan(
                     else contextlib.nullcontext()
                 ),
                 loss_scale=loss_scale, vocab_size=info.vocab_size, progress=progress,
+                ranks=_step_ranks(dist_run),
             )  # fmt: skip
             step0 = None
 
@@ -576,6 +582,15 @@ def scan(
         skipped=skipped, streams=streams, dynamics=dynamics, attention=attn_records,
         channel_maxima=channel_maxima(all_points(stream, streams), raw),
     )  # fmt: skip
+
+
+def _step_ranks(run: Any) -> Any:
+    """How the steps meet other processes: not at all (None), or as a rank of `run`."""
+    if run is None:
+        return None
+    from actscan.distributed.steps import ShardedRanks
+
+    return ShardedRanks(run)
 
 
 @contextlib.contextmanager
