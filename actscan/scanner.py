@@ -336,6 +336,9 @@ def scan(
           findings stay the step-0 measurement; the model's weights, `.grad`, modes and
           buffers are restored bit for bit afterwards, also when a step raises. A model
           with `actscan_param_groups(lr) -> list[dict]` trains with its own param groups.
+          As a rank of a distributed run, the optimizer steps the FSDP2 shards and every
+          figure is reduced across ranks (actscan.distributed.steps); each rank restores
+          its own shards.
         attention: per-head attention probes (score max/std, entropy, sink: the report's
           `attention`); False switches them off (`--no-attention`).
         decode_token: token id -> its text (the tokenizer's), for the per-token view

@@ -19,6 +19,7 @@ rank's differences are `ShardedRanks`:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -28,6 +29,11 @@ from actscan.distributed.runtime import DistRun, split_rows
 from actscan.errors import UsageError
 from actscan.measure.dynamics import LocalRanks
 from actscan.measure.inputs import Batch
+
+# Wall times of this process's last step loop (benchmarks; `stats.write` reports them):
+# each step's two all-reduces, and the whole loop (from `ShardedRanks()` to its last
+# `settle`, in run_steps' finally).
+STEP_TIMES: dict[str, list[float]] = {"reduce_ms": [], "loop_ms": []}
 
 
 def check_sharded(model: nn.Module) -> None:
@@ -50,6 +56,9 @@ class ShardedRanks(LocalRanks):
     def __init__(self, run: DistRun) -> None:
         self.run = run
         self.world_size = run.world_size
+        self._start = time.perf_counter()
+        STEP_TIMES["reduce_ms"].clear()
+        STEP_TIMES["loop_ms"].clear()
 
     def local(self, t: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
@@ -82,10 +91,13 @@ class ShardedRanks(LocalRanks):
     def reduce(self, sums: torch.Tensor, maxima: torch.Tensor) -> None:
         import torch.distributed as dist
 
+        start = time.perf_counter()
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
+        STEP_TIMES["reduce_ms"].append((time.perf_counter() - start) * 1e3)
 
     def settle(self, model: nn.Module) -> None:
         from actscan.distributed.fsdp import reshard_all
 
         reshard_all(model)
+        STEP_TIMES["loop_ms"][:] = [(time.perf_counter() - self._start) * 1e3]  # the latest
