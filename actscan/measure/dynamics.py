@@ -10,8 +10,10 @@ each t = 0..N records, as scalars only:
 - on a fixed probe batch (batch `PROBE_INDEX` of the same source: a separate seeded draw
   for invented inputs), run forward without gradient at every t: for every stream point,
   branch and the head, rel = ‖x_t − x_0‖/‖x_0‖, mean |x_t| and mean |x_t − x_0|; the
-  logits' max and log Z (mean, std over positions) for causal LMs; the largest
-  pre-softmax attention score where the model marks its scores (`attention_score_modules`);
+  logits' max and log Z (mean, std over positions) for causal LMs; per attention layer
+  the largest |pre-softmax score| (`AttentionProbes(scores_only=True)`: the built-in
+  model's score markers, and every family that calls transformers' attention interface
+  unless `attention=False`), and its maximum over the layers;
 - per trainable parameter tensor, the update ratio ‖W_{t+1} − W_t‖/‖W_t‖ and the RMS of
   the gradient the update used;
 - each norm module's gain drift ‖g − 1‖/√n.
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +44,7 @@ import torch
 from torch import nn
 
 from actscan.errors import UsageError
+from actscan.measure.attention import AttentionProbes
 from actscan.measure.dynamics_stats import block_updates
 from actscan.measure.inputs import Batch, InputSource
 from actscan.measure.recorder import first_tensor
@@ -186,15 +189,6 @@ def caller_state(model: nn.Module) -> Iterator[None]:
             m.training = mode
 
 
-def attention_score_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Modules whose output is a pre-softmax attention score tensor (attn_max reads their
-    largest |value|): the built-in model's `AttentionLogits` markers. The one place to
-    extend for other families."""
-    from actscan.models.gpt import AttentionLogits
-
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, AttentionLogits)]
-
-
 def probe_rows(model: nn.Module, batch: int) -> int:
     """Sequences of the probe batch that run: a quarter of a batch (at least one) keeps
     the per-step probe forward cheap; two when the model has BatchNorm (train-mode batch
@@ -324,6 +318,8 @@ class StepsRaw:
     )  # per t, per point: (rel, abs_mean, delta_mean)
     logits: list[LogitStats | None] = field(default_factory=list)
     attn_max: list[float | None] = field(default_factory=list)
+    attn_names: list[str] = field(default_factory=list)  # attention layers, fixed at t = 0
+    attn_layers: list[list[float | None]] = field(default_factory=list)  # per t, per layer
     gain_drift: list[list[float | None]] = field(default_factory=list)
     ratio: list[list[float | None]] = field(default_factory=list)  # per update, per param
     grad_rms: list[list[float | None]] = field(default_factory=list)
@@ -347,6 +343,8 @@ def run_steps(
     loss_scale: float = 1.0,
     vocab_size: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    attention: bool = True,
+    checked: Collection[str] | None = None,
 ) -> StepsRaw:
     """Take `spec.steps` optimizer steps from the current weights and measure t = 0..N.
 
@@ -354,6 +352,10 @@ def run_steps(
     of the profile's batch 0, the t = 0 step's batch: the first update uses them. The
     caller restores the weights afterwards (`caller_state`); here they move.
     `prepare` casts a batch to the run's device/dtype; `autocast()` is the run's autocast.
+    `attention`: probe transformers' attention interface for the per-layer score maxima
+    (the built-in model's markers are read either way: a free read); `checked`: the layers
+    whose recomputed scores the step-0 probes verified against the model's own attention
+    (an interface layer outside it is not recorded); None: no such filter.
     """
     from actscan.measure.model_inputs import describe_batch
     from actscan.measure.prepare import call_model
@@ -384,7 +386,7 @@ def run_steps(
         params=[(n, p.numel()) for n, p in named], gains=[n for n, _ in gain_mods],
         probe=describe_batch(probe_batch),
     )  # fmt: skip
-    score_mods = attention_score_modules(model)
+    score_probes = AttentionProbes(model, layout, scores_only=True, interface=attention)
     dev = params[0].device
     nan = torch.full((), float("nan"), dtype=torch.float64, device=dev)
 
@@ -413,7 +415,6 @@ def run_steps(
             d.abs().mean(dtype=torch.float64),
         ])  # fmt: skip
 
-    scores: list[torch.Tensor] = []
     stream_sq: dict[int, torch.Tensor] = {}
 
     def stream_sink(i: int, x: torch.Tensor) -> None:
@@ -425,11 +426,6 @@ def run_steps(
     stream_taps = _Taps(model, [points[i].name for i in stream_idx])
     stream_taps.sink = stream_sink
 
-    def score_hook(_m: nn.Module, _a: Any, out: Any) -> None:
-        if isinstance(out, torch.Tensor) and probe_taps.on and out.numel():
-            scores.append(out.detach().abs().amax().double())
-
-    score_handles = [m.register_forward_hook(score_hook) for _, m in score_mods]
     try:
         with probe_taps, stream_taps:
             for t in range(n_steps + 1):
@@ -439,16 +435,26 @@ def run_steps(
                 parts: list[torch.Tensor] = []
                 # 1. the probe, forward only
                 change.clear()
-                scores.clear()
+                score_probes.reset()
                 probe_taps.start()
-                with torch.no_grad(), autocast():
+                # the attention probes are on for the probe's forward only (entered per t)
+                with score_probes, torch.no_grad(), autocast():
                     out = call_model(model, probe_batch)
                 probe_taps.on = False
                 for i in range(len(points)):
                     parts.append(change.get(i, torch.stack([nan] * 3)).to(dev))
                 parts.append(_logit_stats(out, vocab_size, nan).to(dev))
                 del out
-                parts.append(torch.stack(scores).amax().reshape(1) if scores else nan.reshape(1))
+                maxima = score_probes.score_maxima()
+                if t == 0:
+                    raw.attn_names = [
+                        name for name, (impl, _) in maxima.items()
+                        if impl == "builtin" or checked is None or name in checked
+                    ]  # fmt: skip
+                parts.extend(
+                    maxima[name][1].reshape(1).to(dev) if name in maxima else nan.reshape(1)
+                    for name in raw.attn_names
+                )
                 # 2. the step's batch: t = 0 is the profile's batch 0
                 if t == 0:
                     loss, grads = step0
@@ -511,8 +517,6 @@ def run_steps(
                 _unpack(raw, host, t, n_steps, len(points), len(stream_idx), len(gain_mods),
                         len(params))  # fmt: skip
     finally:
-        for h in score_handles:
-            h.remove()
         for p in params:
             p.grad = None
     if progress:
@@ -572,7 +576,9 @@ def _unpack(
     raw.logits.append(
         None if mean != mean else LogitStats(max=_num(mx), log_z_mean=mean, log_z_std=_num(std))
     )
-    raw.attn_max.append(_num(take(1)[0]))
+    layers = [_num(x) for x in take(len(raw.attn_names))]
+    raw.attn_layers.append(layers)
+    raw.attn_max.append(max((x for x in layers if x is not None), default=None))
     if t > 0:
         raw.stream.append([_num(x) for x in take(n_stream)])
     raw.losses.append(_num(take(1)[0]))
@@ -606,6 +612,7 @@ def dynamics_record(
             StepRecord(
                 t=t, loss=loss, lr=raw.lrs[t], stream=s, change=changes, logits=raw.logits[t],
                 attn_max=raw.attn_max[t], gain_drift=drift,
+                attn_layers=tuple(zip(raw.attn_names, raw.attn_layers[t], strict=True)),
             )
         )  # fmt: skip
     by_name: Mapping[str, ParamRecord] = {p.name: p for p in params}
