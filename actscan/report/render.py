@@ -370,7 +370,10 @@ def render_report(
     console.print(
         findings_panel(report.findings, skipped=report.skipped, backward=report.run.backward)
     )
+    by_reason: dict[str, list[str]] = {}  # one line per reason, its checks in order
     for sk in report.skipped:
-        console.print(Text(f"skipped {sk.check}: {sk.reason}", style="dim"))
+        by_reason.setdefault(sk.reason, []).append(sk.check)
+    for reason, checks in by_reason.items():
+        console.print(Text(f"skipped {', '.join(checks)}: {reason}", style="dim"))
     for f, reason in ignored:
         console.print(Text(f"ignored {f.check} ({f.severity.value}): {reason}", style="dim"))
