@@ -528,6 +528,7 @@ def scan(
                     else contextlib.nullcontext()
                 ),
                 loss_scale=loss_scale, vocab_size=info.vocab_size, progress=progress,
+                attention=attention, checked={r.name for r in attn_records},
                 ranks=_step_ranks(dist_run),
             )  # fmt: skip
             step0 = None

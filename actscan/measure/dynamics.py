@@ -10,8 +10,10 @@ each t = 0..N records, as scalars only:
 - on a fixed probe batch (batch `PROBE_INDEX` of the same source: a separate seeded draw
   for invented inputs), run forward without gradient at every t: for every stream point,
   branch and the head, rel = ‖x_t − x_0‖/‖x_0‖, mean |x_t| and mean |x_t − x_0|; the
-  logits' max and log Z (mean, std over positions) for causal LMs; the largest
-  pre-softmax attention score where the model marks its scores (`attention_score_modules`);
+  logits' max and log Z (mean, std over positions) for causal LMs; per attention layer
+  the largest |pre-softmax score| (`AttentionProbes(scores_only=True)`: the built-in
+  model's score markers, and every family that calls transformers' attention interface
+  unless `attention=False`), and its maximum over the layers;
 - per trainable parameter tensor, the update ratio ‖W_{t+1} − W_t‖/‖W_t‖ and the RMS of
   the gradient the update used;
 - each norm module's gain drift ‖g − 1‖/√n.
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +48,7 @@ import torch
 from torch import nn
 
 from actscan.errors import UsageError
+from actscan.measure.attention import AttentionProbes
 from actscan.measure.dynamics_stats import block_updates
 from actscan.measure.inputs import Batch, InputSource
 from actscan.measure.recorder import first_tensor
@@ -190,15 +193,6 @@ def caller_state(model: nn.Module) -> Iterator[None]:
             m.training = mode
 
 
-def attention_score_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Modules whose output is a pre-softmax attention score tensor (attn_max reads their
-    largest |value|): the built-in model's `AttentionLogits` markers. The one place to
-    extend for other families."""
-    from actscan.models.gpt import AttentionLogits
-
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, AttentionLogits)]
-
-
 def probe_rows(model: nn.Module, batch: int) -> int:
     """Sequences of the probe batch that run: a quarter of a batch (at least one) keeps
     the per-step probe forward cheap; two when the model has BatchNorm (train-mode batch
@@ -328,6 +322,8 @@ class StepsRaw:
     )  # per t, per point: (rel, abs_mean, delta_mean)
     logits: list[LogitStats | None] = field(default_factory=list)
     attn_max: list[float | None] = field(default_factory=list)
+    attn_names: list[str] = field(default_factory=list)  # attention layers, fixed at t = 0
+    attn_layers: list[list[float | None]] = field(default_factory=list)  # per t, per layer
     gain_drift: list[list[float | None]] = field(default_factory=list)
     ratio: list[list[float | None]] = field(default_factory=list)  # per update, per param
     grad_rms: list[list[float | None]] = field(default_factory=list)
@@ -387,6 +383,8 @@ def run_steps(
     loss_scale: float = 1.0,
     vocab_size: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    attention: bool = True,
+    checked: Collection[str] | None = None,
     ranks: LocalRanks | None = None,
 ) -> StepsRaw:
     """Take `spec.steps` optimizer steps from the current weights and measure t = 0..N.
@@ -395,6 +393,10 @@ def run_steps(
     of the profile's batch 0, the t = 0 step's batch: the first update uses them. The
     caller restores the weights afterwards (`caller_state`); here they move.
     `prepare` casts a batch to the run's device/dtype; `autocast()` is the run's autocast.
+    `attention`: probe transformers' attention interface for the per-layer score maxima
+    (the built-in model's markers are read either way: a free read); `checked`: the layers
+    whose recomputed scores the step-0 probes verified against the model's own attention
+    (an interface layer outside it is not recorded); None: no such filter.
     `source` gives global batches; `ranks` (default: one process) says which rows this
     process runs and how its sums and maxima meet the other processes' (`LocalRanks`).
     In a distributed run step0 is this rank's: its local loss, the FSDP gradients.
@@ -432,7 +434,7 @@ def run_steps(
         params=[(n, p.numel()) for n, p in named], gains=[n for n, _ in gain_mods],
         probe=describe_batch(global_probe),
     )  # fmt: skip
-    score_mods = attention_score_modules(model)
+    score_probes = AttentionProbes(model, layout, scores_only=True, interface=attention)
     local_params = [ranks.local(p.detach()) for p in params]
     dev = local_params[0].device
     f64 = torch.float64
@@ -470,7 +472,6 @@ def run_steps(
             d.abs().sum(dtype=f64), n,
         ])  # fmt: skip
 
-    scores: list[torch.Tensor] = []
     stream_sq: dict[int, torch.Tensor] = {}
 
     def stream_sink(i: int, x: torch.Tensor) -> None:
@@ -483,11 +484,6 @@ def run_steps(
     stream_taps = _Taps(model, [points[i].name for i in stream_idx])
     stream_taps.sink = stream_sink
 
-    def score_hook(_m: nn.Module, _a: Any, out: Any) -> None:
-        if isinstance(out, torch.Tensor) and probe_taps.on and out.numel():
-            scores.append(out.detach().abs().amax().double())
-
-    score_handles = [m.register_forward_hook(score_hook) for _, m in score_mods]
     try:
         with probe_taps, stream_taps:
             for t in range(n_steps + 1):
@@ -498,18 +494,27 @@ def run_steps(
                 maxima: list[torch.Tensor] = []
                 # 1. the probe, forward only
                 change.clear()
-                scores.clear()
+                score_probes.reset()
                 probe_taps.start()
-                with torch.no_grad(), autocast():
+                # the attention probes are on for the probe's forward only (entered per t)
+                with score_probes, torch.no_grad(), autocast():
                     out = call_model(model, probe_batch)
                 probe_taps.on = False
                 ranks.settle(model)
                 probe_sums = [change.get(i, missing5).to(dev) for i in range(len(points))]
                 lsum, lmax = _logit_sums(out, vocab_size, log_v, nan)
                 del out
-                amax = torch.stack(scores).amax() if scores else nan
-                probe_sums += [lsum.to(dev), torch.isnan(amax).double().reshape(1)]
-                probe_max = torch.stack([lmax.to(dev), _nan_low(amax)])
+                layer_scores = score_probes.score_maxima()
+                if t == 0:
+                    raw.attn_names = [
+                        name for name, (impl, _) in layer_scores.items()
+                        if impl == "builtin" or checked is None or name in checked
+                    ]  # fmt: skip
+                per_layer = [layer_scores[n][1].to(dev, f64) if n in layer_scores else nan
+                             for n in raw.attn_names]  # fmt: skip
+                amax = torch.stack(per_layer) if per_layer else nan.new_empty(0)
+                probe_sums += [lsum.to(dev), torch.isnan(amax).double()]  # NaN flags
+                probe_max = torch.cat([lmax.to(dev).reshape(1), _nan_low(amax)])
                 if not probe_counts:  # a replica of the probe's rows: rank 0 counts them
                     probe_sums = [torch.zeros_like(x) for x in probe_sums]
                     probe_max = torch.full_like(probe_max, -math.inf)
@@ -575,8 +580,6 @@ def run_steps(
                         [n for _, n in raw.params], [w.numel() for _, w in gain_mods],
                         log_v)  # fmt: skip
     finally:
-        for h in score_handles:
-            h.remove()
         for p in params:
             p.grad = None
         ranks.settle(model)
@@ -671,7 +674,8 @@ def _unpack(
         changes.append((_num(rel), _num(_ratio(ab, n)), _num(_ratio(dab, n))))
     raw.change.append(changes)
     ln, s1, s2, lflag = take(4)
-    aflag = take(1)[0]
+    n_attn = len(raw.attn_names)
+    aflags = take(n_attn)
     stream: list[float | None] = []
     if t > 0:
         for _ in range(n_stream):
@@ -688,7 +692,8 @@ def _unpack(
         # undefined (None) for a weight that was exactly zero (a zero-init gain)
         ratio = [_num(_root(d) / _root(b)) if b > 0 else None
                  for b, d in zip(before, delta, strict=True)]  # fmt: skip
-    lmax, amax = take(2)
+    lmax = take(1)[0]
+    amax = take(n_attn)
     if ln > 0 and s1 == s1:
         mean = s1 / ln
         var = max(s2 / ln - mean * mean, 0.0)
@@ -698,7 +703,10 @@ def _unpack(
         )  # fmt: skip
     else:
         raw.logits.append(None)
-    raw.attn_max.append(None if aflag or amax == -math.inf else _num(amax))
+    layers = [None if flag or v == -math.inf else _num(v)
+              for flag, v in zip(aflags, amax, strict=True)]  # fmt: skip
+    raw.attn_layers.append(layers)
+    raw.attn_max.append(max((x for x in layers if x is not None), default=None))
     if t > 0:
         raw.stream.append(stream)
     raw.losses.append(_num(loss))
@@ -732,6 +740,7 @@ def dynamics_record(
             StepRecord(
                 t=t, loss=loss, lr=raw.lrs[t], stream=s, change=changes, logits=raw.logits[t],
                 attn_max=raw.attn_max[t], gain_drift=drift,
+                attn_layers=tuple(zip(raw.attn_names, raw.attn_layers[t], strict=True)),
             )
         )  # fmt: skip
     by_name: Mapping[str, ParamRecord] = {p.name: p for p in params}
