@@ -336,6 +336,9 @@ def scan(
           findings stay the step-0 measurement; the model's weights, `.grad`, modes and
           buffers are restored bit for bit afterwards, also when a step raises. A model
           with `actscan_param_groups(lr) -> list[dict]` trains with its own param groups.
+          As a rank of a distributed run, the optimizer steps the FSDP2 shards and every
+          figure is reduced across ranks (actscan.distributed.steps); each rank restores
+          its own shards.
         attention: per-head attention probes (score max/std, entropy, sink: the report's
           `attention`); False switches them off (`--no-attention`).
         decode_token: token id -> its text (the tokenizer's), for the per-token view
@@ -389,15 +392,17 @@ def scan(
     merge = None
     recorded = source  # the rows this process runs: all of them, or a rank's share
     if dist_run is not None:
-        if steps:  # [tool.actscan] steps, or a Python caller under torchrun
-            raise UsageError("--steps is not supported distributed yet")
-        from actscan.distributed.fsdp import check_supported, sharded_backward
+        from actscan.distributed.fsdp import check_supported, local_grad, sharded_grads
         from actscan.distributed.merge import merge_recorder as merge
         from actscan.distributed.runtime import shard_source
 
         weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
         check_supported(run_dtype, model_dtype=weights or torch.float32)
         recorded = shard_source(source, dist_run, _batch_size(source))
+        if steps:  # the sharded optimizer steps FSDP2's shards (distributed/steps.py)
+            from actscan.distributed.steps import check_sharded
+
+            check_sharded(model)
     rows = _batch_size(recorded) if dist_run is not None else None  # a rank's batch
 
     def compute_loss(out: Any, b: Batch) -> torch.Tensor:
@@ -486,9 +491,12 @@ def scan(
                     else:
                         scaled = loss.float() * loss_scale if loss_scale != 1.0 else loss
                         if dist_run is not None:  # FSDP: local shards of reduced grads
-                            rec.add_param_grads(
-                                sharded_backward(scaled, grad_params, dist_run.world_size)
-                            )
+                            dgrads = sharded_grads(scaled, grad_params, dist_run.world_size)
+                            local = [local_grad(g) for g in dgrads]
+                            rec.add_param_grads(dict(zip(grad_params, local, strict=True)))
+                            if steps and i == 0:  # the first update's (sharded) gradient
+                                step0 = (loss.detach(), dgrads)
+                            del dgrads, local
                         else:
                             grads = torch.autograd.grad(scaled, grad_params, allow_unused=True)
                             rec.add_param_grads(dict(zip(grad_params, grads, strict=True)))
@@ -520,7 +528,8 @@ def scan(
                     else contextlib.nullcontext()
                 ),
                 loss_scale=loss_scale, vocab_size=info.vocab_size, progress=progress,
-                w0=kept,
+                attention=attention, checked={r.name for r in attn_records},
+                ranks=_step_ranks(dist_run), w0=kept,
             )  # fmt: skip
             step0 = None
 
@@ -577,6 +586,15 @@ def scan(
         skipped=skipped, streams=streams, dynamics=dynamics, attention=attn_records,
         channel_maxima=channel_maxima(all_points(stream, streams), raw),
     )  # fmt: skip
+
+
+def _step_ranks(run: Any) -> Any:
+    """How the steps meet other processes: not at all (None), or as a rank of `run`."""
+    if run is None:
+        return None
+    from actscan.distributed.steps import ShardedRanks
+
+    return ShardedRanks(run)
 
 
 @contextlib.contextmanager

@@ -487,6 +487,8 @@ class StepRecord:
     logits: LogitStats | None = None
     attn_max: float | None = None  # largest pre-softmax attention score, where recorded
     gain_drift: tuple[tuple[str, float], ...] = ()  # (norm module, ‖g − 1‖ / √n)
+    # (attention layer, its largest |pre-softmax score|) on the probe; attn_max is their max
+    attn_layers: tuple[tuple[str, float | None], ...] = ()
 
 
 @dataclass(frozen=True)

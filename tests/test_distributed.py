@@ -231,11 +231,132 @@ def test_merge_spec_names_real_recorder_state() -> None:
             assert hasattr(rec, a), a
 
 
-def test_steps_are_refused_distributed() -> None:
-    from typer.testing import CliRunner
+def test_steps_refuse_parameters_fsdp_did_not_shard() -> None:
+    from actscan.distributed.steps import check_sharded
 
-    from actscan.cli import app
+    with pytest.raises(UsageError, match="not sharded: weight, bias"):
+        check_sharded(torch.nn.Linear(2, 2))
 
-    res = CliRunner().invoke(app, ["profile", "gpt-12-preln", "--nproc", "2", "--steps", "2"])
-    assert res.exit_code == 2
-    assert res.output.strip() == "actscan: error: --steps is not supported distributed yet"
+
+def test_sharded_steps_split_the_probe_or_count_rank_0_once() -> None:
+    from actscan.distributed.runtime import DistRun
+    from actscan.distributed.steps import ShardedRanks
+    from actscan.measure.inputs import Batch
+
+    def ranks(r: int) -> ShardedRanks:
+        return ShardedRanks(DistRun(rank=r, world_size=2, local_rank=r, backend="gloo",
+                                    device=torch.device("cpu")))  # fmt: skip
+
+    x = torch.arange(12).reshape(4, 3)
+    part, counts = ranks(1).split(Batch((x,), {}))
+    assert torch.equal(part.args[0], x[2:]) and counts  # rows 2, 3 of the global batch
+    one = Batch((x[:1],), {})  # a probe of 1 row on 2 ranks: whole on each, rank 0 counts
+    assert ranks(0).split(one) == (one, True) and ranks(1).split(one) == (one, False)
+
+
+# -- optimizer steps, sharded ----------------------------------------------------------------
+TINY = """family: actscan-gpt
+n_layers: 4
+d_model: 32
+n_heads: 2
+vocab_size: 64
+seq_len: 16
+norm: layernorm
+placement: pre
+activation: gelu
+branch_scale: none
+init: gpt2
+"""
+# lr and eps chosen so that three dynamics checks fire (update-size, logit-drift,
+# adam-epsilon); 8 rows: the probe (2 rows) splits across the ranks too
+STEPS = ["--batch", "8", "--seq-len", "16", "--steps", "2", "--lr", "0.1", "--eps", "1e-3"]
+DYNAMIC_CHECKS = {"update-size", "amplification", "attn-logit-growth", "logit-drift",
+                  "adam-epsilon"}  # fmt: skip
+
+
+def _close(a: Any, b: Any, path: str, rel: float) -> float:
+    """Assert equal (floats within `rel`); return the largest relative float gap."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), path
+        return max([_close(a[k], b[k], f"{path}.{k}", rel) for k in a], default=0.0)
+    if isinstance(a, list):
+        assert len(a) == len(b), path
+        return max([_close(x, y, path + "[]", rel) for x, y in zip(a, b, strict=True)],
+                   default=0.0)  # fmt: skip
+    if isinstance(a, float) and isinstance(b, float):
+        gap = abs(a - b) / max(abs(a), abs(b), 1e-300)
+        assert gap <= rel, (path, a, b)
+        return gap
+    assert a == b, (path, a, b)
+    return 0.0
+
+
+def test_steps_two_ranks_equal_one_process(tmp_path: Path) -> None:
+    """`--steps 2` with FSDP2's sharded AdamW on 2 ranks: the dynamics (losses, update
+    ratios, probe changes, logits, gains…) equal a one-process run's to 1e-5 relative,
+    with the same findings."""
+    from actscan.pipeline import TargetSpec, scan_target
+    from actscan.settings import Settings
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)
+    out = tmp_path / "r2.json"
+    cmd = [sys.executable, "-m", "actscan", "profile", str(cfg), "--nproc", "2", *STEPS,
+           "--json", str(out), "-q"]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
+    assert res.returncode == 1, res.stderr  # the findings gate (errors)
+    two = json.loads(out.read_text())
+    settings = Settings(batch=8, seq_len=16, steps=2, lr=0.1, eps=1e-3)
+    one = scan_target(TargetSpec(str(cfg)), settings).report.to_dict()
+    assert two["run"]["world_size"] == 2
+    assert one["dynamics"]["probe"] == two["dynamics"]["probe"] == "2×16 tokens"
+    assert [s["t"] for s in two["dynamics"]["steps"]] == [0, 1, 2]
+    gap = _close(one["dynamics"], two["dynamics"], "dynamics", 1e-5)
+    assert gap > 0  # two runs, not one report twice
+    same = ("check", "severity", "layers", "message")
+    found = [[f[k] for k in same] for f in two["findings"]]
+    assert found == [[f[k] for k in same] for f in one["findings"]]
+    assert {"update-size", "logit-drift", "adam-epsilon"} <= {f[0] for f in found} & (
+        DYNAMIC_CHECKS
+    )
+
+
+def test_sharded_steps_in_process_restore_every_shard(tmp_path: Path) -> None:
+    """scan(steps=2) on an FSDP2-sharded model as rank 0 of a 1-rank gloo group: the
+    sharded optimizer moves the shards, and they come back bit for bit (`.grad` too);
+    the dynamics equal a plain scan of the same weights."""
+    import torch.distributed as dist
+
+    from actscan import scan
+    from actscan.distributed.fsdp import shard_model
+    from actscan.distributed.runtime import DistRun, active
+    from actscan.models.arch import ArchConfig
+    from actscan.models.gpt import build_model
+
+    cfg = ArchConfig(n_layers=2, d_model=16, n_heads=2, vocab_size=32, seq_len=8)
+    plain = scan(build_model(cfg), steps=2, lr=1e-2, batch=2, seq_len=8).dynamics
+    model = build_model(cfg)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        shard_model(model, ["blocks.0", "blocks.1"], torch.device("cpu"))
+        before = {n: p.to_local().clone() for n, p in model.named_parameters()}
+        run = DistRun(
+            rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu")
+        )
+        with active(run):
+            sharded = scan(model, steps=2, lr=1e-2, batch=2, seq_len=8).dynamics
+        after = dict(model.named_parameters())
+        assert all(torch.equal(after[n].to_local(), v) for n, v in before.items())
+        assert all(p.grad is None for p in after.values())
+    finally:
+        dist.destroy_process_group()
+    assert plain is not None and sharded is not None
+    assert [s.loss for s in sharded.steps] == pytest.approx([s.loss for s in plain.steps], rel=1e-6)
+    moved = 0
+    for a, b in zip(plain.updates, sharded.updates, strict=True):
+        assert a.param == b.param
+        assert [r is None for r in a.ratio] == [r is None for r in b.ratio], a.param
+        pairs = [(x, y) for x, y in zip(a.ratio, b.ratio, strict=True) if x is not None]
+        assert [y for _, y in pairs] == pytest.approx([x for x, _ in pairs], rel=1e-5)
+        moved += sum(x > 0 for x, _ in pairs)
+    assert moved > 10

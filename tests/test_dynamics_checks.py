@@ -186,6 +186,38 @@ def test_attn_logit_growth() -> None:
     )
 
 
+def with_layers(d: Dynamics, series: dict[str, tuple[float, float]]) -> Dynamics:
+    """Per-layer maxima growing geometrically from a to b; attn_max is their max."""
+    steps = []
+    for s in d.steps:
+        f = s.t / STEPS
+        layers = tuple((name, a * (b / a) ** f) for name, (a, b) in series.items())
+        steps.append(replace(s, attn_layers=layers, attn_max=max(v for _, v in layers)))
+    return replace(d, steps=tuple(steps))
+
+
+def test_attn_logit_growth_names_the_layers_that_grew() -> None:
+    warn_at = DEFAULT.attn_logit_warn
+    series = {
+        "blocks.0.attn": (0.2, 1.0),  # quiet
+        "blocks.3.attn": (0.2, warn_at * 1.5),  # grew past the warn level
+        "blocks.7.attn": (1.4, warn_at * 1.2),  # past warn, but grown only ×8.6
+    }
+    warn = findings(with_layers(dyn(), series), CheckId.ATTN_LOGIT_GROWTH)
+    assert [f.severity for f in warn] == [Severity.WARN]
+    assert warn[0].layers == ("blocks.3.attn",)
+    assert "in blocks.3.attn (block 3) (0.2 at step 0)" in warn[0].message
+    assert "the only one of 3 attention layers" in warn[0].message
+    series = {"blocks.0.attn": (0.2, 1.0), "blocks.3.attn": (0.2, 60.0),
+              "blocks.7.attn": (0.3, 90.0)}  # fmt: skip
+    err = findings(with_layers(dyn(), series), CheckId.ATTN_LOGIT_GROWTH)
+    assert err[0].severity is Severity.ERROR
+    assert err[0].layers == ("blocks.7.attn", "blocks.3.attn")  # largest first
+    assert "2 of 3 attention layers are past the cap of 50: blocks 3–7" in err[0].message
+    quiet = {"blocks.0.attn": (0.2, 1.0), "blocks.1.attn": (12.0, 14.0)}
+    assert not findings(with_layers(dyn(), quiet), CheckId.ATTN_LOGIT_GROWTH)
+
+
 def test_logit_drift() -> None:
     drift = findings(dyn(log_z=(4.85, 4.85 + DEFAULT.log_z_drift * 2)), CheckId.LOGIT_DRIFT)
     assert len(drift) == 1 and "z-loss" in drift[0].hint and "1e-4" in drift[0].hint

@@ -100,7 +100,7 @@ def test_three_blocks_lists_the_depth_checks_as_skipped_everywhere() -> None:
     text = text_of(report)
     assert "No findings: activations and gradients keep a sane scale in the checks that ran" in text
     assert "not checked: underflow, exp-growth, collapse, sqrt-growth" in text
-    assert "skipped sqrt-growth: needs 4 blocks, found 3" in text
+    assert "skipped exp-growth, collapse, sqrt-growth: needs 4 blocks, found 3" in text
     md = to_markdown(report)
     assert "Not checked:" in md and "- `collapse`: needs 4 blocks, found 3" in md
     cases = {c.get("name"): c for c in ET.fromstring(to_junit([report])).iter("testcase")}

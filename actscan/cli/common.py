@@ -376,8 +376,12 @@ def emit(
     render: Callable[[Console], None],
     quiet: bool,
     json_text: Callable[[], str] | None = None,
+    markdown_text: Callable[[], str] | None = None,
+    junit_text: Callable[[], str] | None = None,
 ) -> None:
-    """Write --json, --format/-o, and the human table, keeping stdout clean for data."""
+    """Write --json, --format/-o, and the human table, keeping stdout clean for data.
+    `json_text`, `markdown_text`, `junit_text`: a command whose document is more than its
+    reports (a sweep's coordinate check) writes its own."""
     from actscan.report.formats import to_junit, to_markdown, write_atomic
 
     check_outputs(fmt, output, json_path)
@@ -397,8 +401,9 @@ def emit(
         return
     text = {
         FormatOpt.json: lambda: jt() + "\n",
-        FormatOpt.markdown: lambda: "\n\n".join(to_markdown(r, fail_on=fail_on) for r in reports),
-        FormatOpt.junit: lambda: to_junit(reports, fail_on=fail_on),
+        FormatOpt.markdown: markdown_text
+        or (lambda: "\n\n".join(to_markdown(r, fail_on=fail_on) for r in reports)),
+        FormatOpt.junit: junit_text or (lambda: to_junit(reports, fail_on=fail_on)),
     }[fmt]()
     if output in (None, "-"):
         sys.stdout.write(text)

@@ -83,8 +83,6 @@ def profile(
     """
     from actscan.distributed.launch import launch, launched
 
-    if (nproc is not None or launched()) and steps:  # the sharded optimizer is not built
-        raise _fail_rank0("--steps is not supported distributed yet")
     if not launched() and nproc is not None:
         raise typer.Exit(launch(nproc, sys.argv[1:]))
     body = functools.partial(

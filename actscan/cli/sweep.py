@@ -154,13 +154,26 @@ def sweep(
             title=f"Residual stream RMS vs k: {target}",
         )
 
+    from actscan.report.formats import coord_markdown, to_junit, to_markdown
     from actscan.report.render_compare import render_sweep
 
     reports = [r.report for r in result.rows]
+    gate = settings.fail_on
+    cc = result.coord
+
+    def markdown() -> str:
+        parts = [to_markdown(r, fail_on=gate) for r in reports]
+        if cc is not None:
+            parts.append(coord_markdown(cc, result.labels, fail_on=gate))
+        return "\n\n".join(parts)
+
     c.emit(
-        reports, fmt=fmt, output=output, json_path=json_out, fail_on=settings.fail_on,
+        reports, fmt=fmt, output=output, json_path=json_out, fail_on=gate,
         render=lambda con: render_sweep(result, con, quiet=quiet), quiet=quiet,
-        json_text=result.to_json,
+        json_text=result.to_json, markdown_text=markdown,
+        junit_text=lambda: to_junit(
+            reports, fail_on=gate, coord=(target, cc.findings) if cc is not None else None
+        ),
     )  # fmt: skip
     findings = [f for r in reports for f in r.findings] + list(result.findings)
     raise typer.Exit(c.gate_exit(findings, settings.fail_on))

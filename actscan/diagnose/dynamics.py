@@ -64,6 +64,9 @@ class DynStats:
     change_last: float | None = None
     attn: tuple[float, ...] = ()  # attention max per step
     attn_growth: float | None = None  # attn max at the last step / at step 0
+    # per attention layer (StepRecord.attn_layers): its max at the first and the last step
+    # it was measured
+    attn_layers: dict[str, tuple[float, float]] = field(default_factory=dict)
     log_z: tuple[float, ...] = ()  # log Z mean per step
     log_z_drift: float | None = None  # largest |log Z_t − log Z_0|
     loss: tuple[float | None, ...] = ()
@@ -154,6 +157,12 @@ def statistics(d: Dynamics) -> DynStats:
     last = _curve(d, len(d.steps) - 1)
     attn = tuple(s.attn_max for s in d.steps if finite(s.attn_max))
     attn_growth = attn[-1] / attn[0] if len(attn) >= 2 and attn[0] > 0 else None  # type: ignore[operator]
+    per_layer: dict[str, list[float]] = {}
+    for st in d.steps:
+        for name, v in st.attn_layers:
+            if finite(v):
+                per_layer.setdefault(name, []).append(v)  # type: ignore[arg-type]
+    attn_layers = {name: (vs[0], vs[-1]) for name, vs in per_layer.items() if len(vs) >= 2}
     log_z = tuple(s.logits.log_z_mean for s in d.steps if s.logits and finite(s.logits.log_z_mean))
     drift = max(abs(z - log_z[0]) for z in log_z) if len(log_z) >= 2 else None  # type: ignore[operator]
     g_eps: dict[str, float] = {}
@@ -169,7 +178,7 @@ def statistics(d: Dynamics) -> DynStats:
         update_kind=kind, frozen=frozen, change=change, sustain=sustain(change),
         change_first=change[-1][2] if change else None,
         change_last=last[-1][2] if last else None, attn=attn,  # type: ignore[arg-type]
-        attn_growth=attn_growth, log_z=log_z, log_z_drift=drift,  # type: ignore[arg-type]
+        attn_growth=attn_growth, attn_layers=attn_layers, log_z=log_z, log_z_drift=drift,  # type: ignore[arg-type]
         loss=tuple(s.loss for s in d.steps), grad_over_eps=g_eps, eps=opt.eps,
         numel={u.param: u.numel for u in d.updates},
     )  # fmt: skip
@@ -348,13 +357,33 @@ def attn_logit_growth(ctx: CheckContext) -> list[Finding | Skip]:
     else:
         return []
     qk = bool(ctx.info.arch.get("qk_norm"))
-    names = sorted({r.name for r in ctx.layers if r.type == "AttentionLogits"})
     grew = f" (×{n(growth)} since step 0: {n(s.attn[0])})" if growth is not None else ""
+    where = ""
+    names = _grown_layers(s, sev, th.attn_logit_cap, th.attn_logit_warn, th.attn_logit_growth)
+    if names:
+        blocks = _attn_blocks(ctx)
+        first, _ = s.attn_layers[names[0]]
+        block = blocks.get(names[0])
+        rule = (
+            f"past the cap of {n(th.attn_logit_cap)}" if sev is Severity.ERROR
+            else f"≥ {n(th.attn_logit_warn)} and grown ≥ ×{n(th.attn_logit_growth)}"
+        )  # fmt: skip
+        where = (
+            f", in {names[0]}{f' (block {block})' if block is not None else ''} ({n(first)} "
+            f"at step 0); "
+            + (f"the only one of {len(s.attn_layers)} attention layers {rule}"
+               if len(names) == 1 else
+               f"{len(names)} of {len(s.attn_layers)} attention layers are {rule}: "
+               f"{_where(names, blocks)}")
+        )  # fmt: skip
+    else:  # a record without per-layer maxima: every score marker
+        names = sorted({r.name for r in ctx.layers if r.type == "AttentionLogits"})
     return [
         finding(
             CheckId.ATTN_LOGIT_GROWTH, sev, names or ["attention scores"], last, threshold,
             f"The largest pre-softmax attention score reached {n(last)} after {s.steps} "
-            f"step{'s' if s.steps > 1 else ''} at lr {n(s.lr)}{grew}. Scores this large make "
+            f"step{'s' if s.steps > 1 else ''} at lr {n(s.lr)}{grew}{where}. Scores this "
+            "large make "
             "attention one-hot and its gradient vanish: Wortsman et al. 2023 trace the "
             "loss divergence of high-lr small-scale runs to this growth; Gemma 2 soft-caps "
             f"scores at 50 and Kimi K2's QK-Clip rescales q, k past τ = 100."
@@ -364,6 +393,37 @@ def attn_logit_growth(ctx: CheckContext) -> list[Finding | Skip]:
             "and k per head), a soft cap (tanh, 50) or QK-Clip, or lower the learning rate.",
         )
     ]  # fmt: skip
+
+
+def _grown_layers(s: DynStats, sev: Severity, cap: float, warn: float, growth: float) -> list[str]:
+    """The attention layers that pass the rule the finding's severity came from, largest
+    last maximum first: ≥ cap (error); ≥ warn and grown ≥ `growth`× since their first
+    measurement (warn). The overall maximum's layer always qualifies (its first value is
+    at most the overall first one, so its growth is at least the overall growth)."""
+    if sev is Severity.ERROR:
+        hit = [name for name, (_, b) in s.attn_layers.items() if b >= cap]
+    else:
+        hit = [
+            name for name, (a, b) in s.attn_layers.items()
+            if b >= warn and (a <= 0 or b / a >= growth)
+        ]  # fmt: skip
+    return sorted(hit, key=lambda name: -s.attn_layers[name][1])
+
+
+def _attn_blocks(ctx: CheckContext) -> dict[str, int | None]:
+    """Attention layer → block: the probes' records, the layout's map, else the block whose
+    module contains the layer."""
+    layout = ctx.layout
+    blocks: dict[str, int | None] = dict(layout.block_of) if layout else {}
+    for r in ctx.attention:
+        if r.block is not None:
+            blocks[r.name] = r.block
+    d = ctx.dynamics
+    for name in {a for st in (d.steps if d else ()) for a, _ in st.attn_layers} - set(blocks):
+        inside = [b for b in (layout.blocks if layout else ()) if name.startswith(b.name + ".")]
+        if inside:
+            blocks[name] = max(inside, key=lambda b: len(b.name)).index
+    return blocks
 
 
 # ---- logit-drift ----------------------------------------------------------------------------

@@ -103,21 +103,24 @@ def fill_local(model: nn.Module, read: Callable[[str, int, int], torch.Tensor | 
     return missing
 
 
-def sharded_backward(
+def sharded_grads(
     loss: torch.Tensor, params: list[nn.Parameter], world_size: int
-) -> dict[nn.Parameter, torch.Tensor | None]:
-    """Backward of this rank's share of the global mean loss; the reduced gradients'
-    local shards (DTensor `to_local()`), for the recorder's per-module Σg² (summed over
-    ranks by the merge). `.grad` is cleared again: the model is left as it was found."""
-    from torch.distributed.tensor import DTensor
-
+) -> list[torch.Tensor | None]:
+    """Backward of this rank's share (1/N) of the global mean loss: FSDP's reduced
+    gradients of `params` (DTensors, sharded like the parameters: what the sharded
+    optimizer steps with). `.grad` is cleared again."""
     (loss / world_size).backward()
-    out: dict[nn.Parameter, torch.Tensor | None] = {}
+    out = [p.grad for p in params]
     for p in params:
-        g = p.grad
-        out[p] = g.to_local() if isinstance(g, DTensor) else g
         p.grad = None
     return out
+
+
+def local_grad(g: torch.Tensor | None) -> torch.Tensor | None:
+    """A gradient's local shard (DTensor `to_local()`), or the gradient itself."""
+    from torch.distributed.tensor import DTensor
+
+    return g.to_local() if isinstance(g, DTensor) else g
 
 
 def reshard_all(model: nn.Module) -> None:

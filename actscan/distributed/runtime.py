@@ -243,13 +243,18 @@ def shard_source(source: InputSource, run: DistRun, global_batch: int) -> InputS
     per = global_batch // n
     lo, hi = run.rank * per, (run.rank + 1) * per
 
+    def local(i: int) -> Batch:
+        return split_rows(source(i), global_batch, lo, hi)
+
+    return local
+
+
+def split_rows(b: Batch, global_batch: int, lo: int, hi: int) -> Batch:
+    """Rows [lo, hi) of every tensor of `b` whose leading dim is the global batch's."""
+
     def cut(v: Any) -> Any:
         if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == global_batch:
             return v[lo:hi]
         return v
 
-    def local(i: int) -> Batch:
-        b = source(i)
-        return Batch(tuple(cut(a) for a in b.args), {k: cut(v) for k, v in b.kwargs.items()})
-
-    return local
+    return Batch(tuple(cut(a) for a in b.args), {k: cut(v) for k, v in b.kwargs.items()})

@@ -7,7 +7,9 @@ With `ACTSCAN_DIST_STATS=PREFIX` each rank writes `PREFIX.rank{r}.json` at the e
     one unit being initialised or read), run_peak_bytes (the most parameter memory held
     during the pass: shards plus every unsharded all-gather buffer alive at that moment,
     sampled before and after every module's forward and at every output's gradient),
-    merge_ms (each recorder merge: collectives and Chan's merge).
+    merge_ms (each recorder merge: collectives and Chan's merge), and with --steps
+    steps_loop_ms (the step loop's wall time) and steps_reduce_ms (each step's two
+    all-reduces).
 
 Parameter memory is read off FSDP2's own parameter records (sharded data, all-gather
 outputs, unsharded parameters), each storage counted once; activations are not counted.
@@ -103,6 +105,7 @@ def write(rank: int, world: int) -> None:
         return
     from actscan.distributed.build import BUILD
     from actscan.distributed.merge import LAST_MERGE_MS
+    from actscan.distributed.steps import STEP_TIMES
 
     mem = TRACKER[-1]
     mem.sample()
@@ -110,6 +113,8 @@ def write(rank: int, world: int) -> None:
         "rank": rank, "world_size": world, "total_param_bytes": mem.total,
         "local_param_bytes": mem.local(), "build_peak_bytes": BUILD.peak_bytes,
         "run_peak_bytes": mem.peak, "merge_ms": list(LAST_MERGE_MS),
+        "steps_loop_ms": sum(STEP_TIMES["loop_ms"]),
+        "steps_reduce_ms": list(STEP_TIMES["reduce_ms"]),
     }  # fmt: skip
     for m in TRACKER:
         m.remove()

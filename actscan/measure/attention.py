@@ -24,6 +24,12 @@ in half precision); a layer that disagrees is dropped, with a note.
 The built-in `actscan-gpt` marks its scores with an `AttentionLogits` module: a forward
 hook reads them (causal mask), same statistics. Families whose attention never calls the
 interface get one note, never a crash.
+
+`scores_only=True` is the optimizer steps' mode (`--steps`: the attention-score maximum
+per layer and step): each layer keeps one device scalar, the largest |score| over every
+head and position (masked ones included, as the built-in model's `attn_max` was always
+read and calibrated), with no softmax, statistics or self-check; the step loop keeps only
+the layers the full probes checked at step 0.
 """
 
 from __future__ import annotations
@@ -66,6 +72,11 @@ class _Acc:
     tol: float = 1e-3
     t: dict[str, torch.Tensor] = field(default_factory=dict)
     error: str | None = None  # why this layer's statistics cannot be trusted
+
+    def fold_max(self, m: torch.Tensor) -> None:
+        """scores_only: the running max |score| (a device scalar)."""
+        m = m.to(torch.float64)
+        self.t["amax"] = torch.maximum(self.t["amax"], m) if "amax" in self.t else m
 
     def merge(self, s: dict[str, torch.Tensor]) -> None:
         if not self.t:
@@ -142,6 +153,22 @@ def grouped_scores(q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Te
     return s.reshape(b, hq, tq, tk)
 
 
+def scores(query: torch.Tensor, key: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The pre-softmax scores (B, Hq, Tq, Tk), float32, before the mask: q·kᵀ times the
+    call's scaling (1/√d when absent), soft-capped (Gemma 2), plus a position bias (T5)."""
+    scaling = kwargs.get("scaling")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    s = grouped_scores(query, key, float(scaling))
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        s.div_(softcap).tanh_().mul_(softcap)
+    position = kwargs.get("position_bias")
+    if isinstance(position, torch.Tensor):
+        s.add_(position.detach().float()[..., : key.shape[2]])
+    return s
+
+
 def grouped_apply(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """p (B, Hq, Tq, Tk) · v (B, Hkv, Tk, D) → (B, Hq, Tq, D), grouped as above."""
     b, hq, tq, tk = p.shape
@@ -181,10 +208,20 @@ class AttentionProbes:
     batches). `records()` after exit gives the AttentionRecords; `notes` says what could
     not be probed."""
 
-    def __init__(self, model: nn.Module, layout: Layout | None = None, family: str = "") -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        layout: Layout | None = None,
+        family: str = "",
+        *,
+        scores_only: bool = False,
+        interface: bool = True,
+    ) -> None:
         self.model = model
         self.layout = layout
         self.family = family or str(getattr(getattr(model, "config", None), "model_type", ""))
+        self.scores_only = scores_only
+        self.interface = interface  # False: the built-in model's markers only
         self.names = {id(m): n for n, m in model.named_modules()}
         self.accs: dict[str, _Acc] = {}
         self.notes: list[str] = []
@@ -194,7 +231,7 @@ class AttentionProbes:
     # -- install / remove -----------------------------------------------------------
     def __enter__(self) -> AttentionProbes:
         try:
-            if not self._builtin():
+            if not self._builtin() and self.interface:
                 self._interface()
             self._active = True
         except BaseException:
@@ -229,6 +266,10 @@ class AttentionProbes:
             if not self._active:
                 return
             acc = self._acc(attn, "builtin")
+            if self.scores_only:
+                acc.calls += 1
+                acc.fold_max(scores.detach().abs().amax())
+                return
             with torch.no_grad(), torch.autocast(scores.device.type, enabled=False):
                 s = scores.detach().to(torch.float32, copy=True)  # a scratch copy
                 tq, tk = s.shape[-2], s.shape[-1]
@@ -306,6 +347,11 @@ class AttentionProbes:
                     half = torch.is_autocast_enabled(dev)
                     try:
                         with torch.no_grad(), torch.autocast(dev, enabled=False):
+                            if self.scores_only:
+                                acc.calls += 1
+                                s = scores(query, key, kwargs)
+                                acc.fold_max(s.abs_().amax())
+                                return out
                             self._measure(acc, module, impl, query, key, value,
                                           attention_mask, kwargs, out, half)  # fmt: skip
                     except Exception as err:  # the model's output stands; the layer is dropped
@@ -331,18 +377,10 @@ class AttentionProbes:
     ) -> None:
         if mask is not None and not isinstance(mask, torch.Tensor):
             raise TypeError(f"mask of type {type(mask).__name__}")
-        scaling = kwargs.get("scaling")
-        if scaling is None:
-            scaling = query.shape[-1] ** -0.5
         softcap = kwargs.get("softcap")
         window = kwargs.get("sliding_window")
         tq, tk = query.shape[2], key.shape[2]
-        s = grouped_scores(query, key, float(scaling))
-        if softcap is not None:
-            s.div_(softcap).tanh_().mul_(softcap)
-        position = kwargs.get("position_bias")
-        if isinstance(position, torch.Tensor):
-            s.add_(position.detach().float()[..., :tk])
+        s = scores(query, key, kwargs)
         if impl == "sdpa":
             flag = kwargs.get("is_causal")
             causal = bool(flag if flag is not None else getattr(module, "is_causal", True))
@@ -390,6 +428,17 @@ class AttentionProbes:
         return {**stats, **extra} if keep else stats
 
     # -- results --------------------------------------------------------------------
+    def score_maxima(self) -> dict[str, tuple[str, torch.Tensor]]:
+        """scores_only: per layer that ran (first-call order) its implementation and the
+        device scalar max |score| since the last `reset()`; layers that failed are left out."""
+        accs = sorted(self.accs.values(), key=lambda a: a.order)
+        return {a.name: (a.impl, a.t["amax"]) for a in accs if a.error is None and "amax" in a.t}
+
+    def reset(self) -> None:
+        """Forget the accumulated statistics (the layers' order and errors stay)."""
+        for a in self.accs.values():
+            a.t, a.calls = {}, 0
+
     # How each accumulator reduces across ranks (actscan.distributed.merge.merge_state).
     MERGE: ClassVar[dict[str, str]] = {
         "n,mean,m2": "chan",

@@ -10,8 +10,10 @@ each t = 0..N records, as scalars only:
 - on a fixed probe batch (batch `PROBE_INDEX` of the same source: a separate seeded draw
   for invented inputs), run forward without gradient at every t: for every stream point,
   branch and the head, rel = ‖x_t − x_0‖/‖x_0‖, mean |x_t| and mean |x_t − x_0|; the
-  logits' max and log Z (mean, std over positions) for causal LMs; the largest
-  pre-softmax attention score where the model marks its scores (`attention_score_modules`);
+  logits' max and log Z (mean, std over positions) for causal LMs; per attention layer
+  the largest |pre-softmax score| (`AttentionProbes(scores_only=True)`: the built-in
+  model's score markers, and every family that calls transformers' attention interface
+  unless `attention=False`), and its maximum over the layers;
 - per trainable parameter tensor, the update ratio ‖W_{t+1} − W_t‖/‖W_t‖ and the RMS of
   the gradient the update used;
 - each norm module's gain drift ‖g − 1‖/√n.
@@ -19,13 +21,17 @@ each t = 0..N records, as scalars only:
 Cost: the step-0 pass is the profile itself (its gradient drives the first update: no
 second pass); steps t ≥ 1 hook only the stream points of the step's batch (one norm per
 point), and the probe is `probe_rows` sequences of its batch, not all of them. Every
-step's scalars are reduced on the device and reach the host in one transfer per step.
+step's scalars are reduced on the device to sums (of squares, of |x|, counts) and maxima,
+which reach the host in one transfer per step; norms, means and ratios are taken there.
+Sums and maxima are what a distributed run adds across its ranks (`LocalRanks`; one SUM
+and one MAX all-reduce per step: actscan.distributed.steps), so its figures equal the
+one-process run's.
 Memory: O(steps × modules) scalars, the probe's stream/branch/head outputs at t = 0, one
 copy of the caller's weights (`caller_state`: restored bit for bit afterwards, also when a
 step raises) and, from the first update on, one of the previous step's (for the update
-ratios; before it, the caller's copy serves as W_0 where the run did not cast the weights).
-Per update the ratios cost four fused (`torch._foreach_*`) passes over the weights: ‖W_t‖,
-W_t − W_{t+1}, its norm, and the copy of W_{t+1} (not after the last update).
+ratios; before it, in one process, the caller's copy serves as W_0 where the run did not
+cast the weights). Per update the ratios cost four fused (`torch._foreach_*`) passes over
+the weights: ‖W_t‖, W_t − W_{t+1}, its norm, and the copy of W_{t+1} (not after the last).
 
 Per-group learning rates: a model with a method `actscan_param_groups(lr) -> list[dict]`
 (torch param-group dicts, each with its "params" and optionally its own "lr") trains with
@@ -37,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +51,7 @@ import torch
 from torch import nn
 
 from actscan.errors import UsageError
+from actscan.measure.attention import AttentionProbes
 from actscan.measure.dynamics_stats import block_updates
 from actscan.measure.inputs import Batch, InputSource
 from actscan.measure.recorder import first_tensor
@@ -214,15 +221,6 @@ def caller_state(model: nn.Module) -> Iterator[CallerWeights]:
             m.training = mode
 
 
-def attention_score_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Modules whose output is a pre-softmax attention score tensor (attn_max reads their
-    largest |value|): the built-in model's `AttentionLogits` markers. The one place to
-    extend for other families."""
-    from actscan.models.gpt import AttentionLogits
-
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, AttentionLogits)]
-
-
 def probe_rows(model: nn.Module, batch: int) -> int:
     """Sequences of the probe batch that run: a quarter of a batch (at least one) keeps
     the per-step probe forward cheap; two when the model has BatchNorm (train-mode batch
@@ -352,6 +350,8 @@ class StepsRaw:
     )  # per t, per point: (rel, abs_mean, delta_mean)
     logits: list[LogitStats | None] = field(default_factory=list)
     attn_max: list[float | None] = field(default_factory=list)
+    attn_names: list[str] = field(default_factory=list)  # attention layers, fixed at t = 0
+    attn_layers: list[list[float | None]] = field(default_factory=list)  # per t, per layer
     gain_drift: list[list[float | None]] = field(default_factory=list)
     ratio: list[list[float | None]] = field(default_factory=list)  # per update, per param
     grad_rms: list[list[float | None]] = field(default_factory=list)
@@ -360,6 +360,42 @@ class StepsRaw:
 
 def _num(x: float) -> float | None:
     return None if x != x else x  # NaN marks "not measured"
+
+
+class LocalRanks:
+    """How the steps run in one process; `actscan.distributed.steps.ShardedRanks` is the
+    same contract for one rank of a distributed run (FSDP2-sharded parameters, each rank
+    its rows of every batch, the per-step sums and maxima reduced across ranks).
+
+    Every per-step statistic is gathered as sums (of squares, of |x|, counts) and maxima,
+    so that a distributed run adds its ranks' and gets the one-process figure exactly."""
+
+    world_size = 1
+
+    def local(self, t: torch.Tensor) -> torch.Tensor:
+        """This process's part of a parameter, gradient or weight copy (all of it here)."""
+        return t
+
+    def counts(self, t: torch.Tensor) -> bool:
+        """Whether this process's `local(t)` adds to the sums (False: a replica)."""
+        return True
+
+    def split(self, b: Batch) -> tuple[Batch, bool]:
+        """(the rows of global batch `b` this process runs, whether they count)."""
+        return b, True
+
+    def grads(
+        self, loss: torch.Tensor, params: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor | None]:
+        """Gradients of the global mean `loss` (this process's share of it); `.grad` is
+        never written."""
+        return list(torch.autograd.grad(loss, params, allow_unused=True))
+
+    def reduce(self, sums: torch.Tensor, maxima: torch.Tensor) -> None:
+        """Add `sums` and take the max of `maxima` over the processes, in place."""
+
+    def settle(self, model: nn.Module) -> None:
+        """Leave `model` ready for an optimizer step (FSDP: every module resharded)."""
 
 
 def run_steps(
@@ -375,6 +411,9 @@ def run_steps(
     loss_scale: float = 1.0,
     vocab_size: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    attention: bool = True,
+    checked: Collection[str] | None = None,
+    ranks: LocalRanks | None = None,
     w0: CallerWeights | None = None,
 ) -> StepsRaw:
     """Take `spec.steps` optimizer steps from the current weights and measure t = 0..N.
@@ -383,12 +422,22 @@ def run_steps(
     of the profile's batch 0, the t = 0 step's batch: the first update uses them. The
     caller restores the weights afterwards (`caller_state`); here they move.
     `prepare` casts a batch to the run's device/dtype; `autocast()` is the run's autocast.
-    w0: the caller's kept copy (`caller_state`): where it still holds the current weights
-    it is W_0 of the first update ratio, and the steps keep no copy of W_0 of their own.
+    `attention`: probe transformers' attention interface for the per-layer score maxima
+    (the built-in model's markers are read either way: a free read); `checked`: the layers
+    whose recomputed scores the step-0 probes verified against the model's own attention
+    (an interface layer outside it is not recorded); None: no such filter.
+    `source` gives global batches; `ranks` (default: one process) says which rows this
+    process runs and how its sums and maxima meet the other processes' (`LocalRanks`).
+    In a distributed run step0 is this rank's: its local loss, the FSDP gradients.
+    w0: the caller's kept copy (`caller_state`): in one process, where it still holds the
+    current weights, it is W_0 of the first update ratio and the steps keep no copy of W_0
+    of their own.
     """
     from actscan.measure.model_inputs import describe_batch
     from actscan.measure.prepare import call_model
 
+    ranks = ranks or LocalRanks()
+    ranks.settle(model)
     n_steps = spec.steps
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
@@ -409,89 +458,112 @@ def run_steps(
     if lead is None:
         lead = first_tensor((first.args, first.kwargs))
     rows = probe_rows(model, int(lead.shape[0]) if lead is not None and lead.dim() else 1)
-    probe_batch = prepare(cut_batch(source(PROBE_INDEX), rows))
+    global_probe = cut_batch(source(PROBE_INDEX), rows)
+    probe_part, probe_counts = ranks.split(global_probe)
+    probe_batch = prepare(probe_part)
     raw = StepsRaw(
         info=optimizer_info(spec, model), points=points,
         params=[(n, p.numel()) for n, p in named], gains=[n for n, _ in gain_mods],
-        probe=describe_batch(probe_batch),
+        probe=describe_batch(global_probe),
     )  # fmt: skip
-    score_mods = attention_score_modules(model)
-    dev = params[0].device
-    nan = torch.full((), float("nan"), dtype=torch.float64, device=dev)
+    score_probes = AttentionProbes(model, layout, scores_only=True, interface=attention)
+    local_params = [ranks.local(p.detach()) for p in params]
+    dev = local_params[0].device
+    f64 = torch.float64
+    nan = torch.full((), float("nan"), dtype=f64, device=dev)
+    zero = torch.zeros((), dtype=f64, device=dev)
+    param_w = [1.0 if ranks.counts(p) else 0.0 for p in params]
+    param_wt = torch.tensor(param_w, dtype=f64, device=dev)
+    gain_w = [1.0 if ranks.counts(w) else 0.0 for _, w in gain_mods]
+    log_v = math.log(vocab_size) if vocab_size else 0.0
 
-    # the probe: outputs at t = 0 (kept), and per t the three change statistics
+    # the probe: outputs at t = 0 (this process's rows, kept), and per t and point the sums
+    # (Σ(x_t − x_0)², Σx_0², Σ|x_t|, Σ|x_t − x_0|, count)
     x0: dict[int, torch.Tensor] = {}
-    norm0: dict[int, torch.Tensor] = {}
+    sq0: dict[int, torch.Tensor] = {}
     change: dict[int, torch.Tensor] = {}
     t_now = [0]
+    missing5 = torch.stack([nan] * 5)
 
     def probe_sink(i: int, x: torch.Tensor) -> None:
-        # mean |x| as ‖x‖₁/n: one pass, no |x| tensor; one difference tensor per point
+        # Σ|x| as ‖x‖₁: one pass, no |x| tensor; one difference tensor per point
         xf = x.float()
-        f64, n = torch.float64, x.numel()
+        n = torch.full((), float(x.numel()), dtype=f64, device=x.device)  # no host copy
         if t_now[0] == 0:
             x0[i] = x.clone()
-            norm0[i] = _vnorm(xf, dtype=f64)
-            zero = torch.zeros((), dtype=f64, device=x.device)
-            change[i] = torch.stack([zero, _vnorm(xf, 1, dtype=f64) / n, zero])
+            sq0[i] = _vnorm(xf, dtype=f64).square()
+            change[i] = torch.stack([zero.to(x.device), sq0[i], _vnorm(xf, 1, dtype=f64),
+                                     zero.to(x.device), n])  # fmt: skip
             return
         ref = x0.get(i)
         if ref is None or ref.shape != x.shape:
-            change[i] = torch.stack([nan.to(x.device)] * 3)
+            change[i] = missing5.to(x.device)
             return
         d = xf - ref
         change[i] = torch.stack([
-            _vnorm(d, dtype=f64) / norm0[i], _vnorm(xf, 1, dtype=f64) / n,
-            _vnorm(d, 1, dtype=f64) / n,
+            _vnorm(d, dtype=f64).square(), sq0[i], _vnorm(xf, 1, dtype=f64),
+            _vnorm(d, 1, dtype=f64), n,
         ])  # fmt: skip
 
-    scores: list[torch.Tensor] = []
     stream_sq: dict[int, torch.Tensor] = {}
 
     def stream_sink(i: int, x: torch.Tensor) -> None:
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        stream_sq[i] = _vnorm(x, dtype=acc).double() / math.sqrt(x.numel())
+        n = torch.full((), float(x.numel()), dtype=f64, device=x.device)
+        acc = f64 if x.dtype == f64 else torch.float32
+        stream_sq[i] = torch.stack([_vnorm(x, dtype=acc).double().square(), n])
 
-    # W_t, for ‖W_{t+1} − W_t‖: the caller's kept copy stands for W_0 (read only); the
-    # steps' own copy is taken by the first update's difference
-    kept = w0.of(params) if w0 is not None else None
-    prev: list[torch.Tensor] = kept if kept is not None else [p.detach().clone() for p in params]
+    # W_t (local part), for ‖W_{t+1} − W_t‖: in one process the caller's kept copy stands
+    # for W_0 (read only); the steps' own copy is taken by the first update's difference
+    kept = w0.of(params) if w0 is not None and type(ranks) is LocalRanks else None
+    prev: list[torch.Tensor] = kept if kept is not None else [p.clone() for p in local_params]
     own = kept is None
     probe_taps = _Taps(model, [p.name for p in points])
     probe_taps.sink = probe_sink
     stream_taps = _Taps(model, [points[i].name for i in stream_idx])
     stream_taps.sink = stream_sink
 
-    def score_hook(_m: nn.Module, _a: Any, out: Any) -> None:
-        if isinstance(out, torch.Tensor) and probe_taps.on and out.numel():
-            scores.append(out.detach().abs().amax().double())
-
-    score_handles = [m.register_forward_hook(score_hook) for _, m in score_mods]
     try:
         with probe_taps, stream_taps:
             for t in range(n_steps + 1):
                 if progress:
                     progress("steps", t, n_steps)
                 t_now[0] = t
-                parts: list[torch.Tensor] = []
+                sums: list[torch.Tensor] = []
+                maxima: list[torch.Tensor] = []
                 # 1. the probe, forward only
                 change.clear()
-                scores.clear()
+                score_probes.reset()
                 probe_taps.start()
-                with torch.no_grad(), autocast():
+                # the attention probes are on for the probe's forward only (entered per t)
+                with score_probes, torch.no_grad(), autocast():
                     out = call_model(model, probe_batch)
                 probe_taps.on = False
-                for i in range(len(points)):
-                    parts.append(change.get(i, torch.stack([nan] * 3)).to(dev))
-                parts.append(_logit_stats(out, vocab_size, nan).to(dev))
+                ranks.settle(model)
+                probe_sums = [change.get(i, missing5).to(dev) for i in range(len(points))]
+                lsum, lmax = _logit_sums(out, vocab_size, log_v, nan)
                 del out
-                parts.append(torch.stack(scores).amax().reshape(1) if scores else nan.reshape(1))
+                layer_scores = score_probes.score_maxima()
+                if t == 0:
+                    raw.attn_names = [
+                        name for name, (impl, _) in layer_scores.items()
+                        if impl == "builtin" or checked is None or name in checked
+                    ]  # fmt: skip
+                per_layer = [layer_scores[n][1].to(dev, f64) if n in layer_scores else nan
+                             for n in raw.attn_names]  # fmt: skip
+                amax = torch.stack(per_layer) if per_layer else nan.new_empty(0)
+                probe_sums += [lsum.to(dev), torch.isnan(amax).double()]  # NaN flags
+                probe_max = torch.cat([lmax.to(dev).reshape(1), _nan_low(amax)])
+                if not probe_counts:  # a replica of the probe's rows: rank 0 counts them
+                    probe_sums = [torch.zeros_like(x) for x in probe_sums]
+                    probe_max = torch.full_like(probe_max, -math.inf)
+                sums += probe_sums
+                maxima.append(probe_max)
                 # 2. the step's batch: t = 0 is the profile's batch 0
                 if t == 0:
                     loss, grads = step0
                     grads = list(grads)
                 else:
-                    b = prepare(source(t))
+                    b = prepare(ranks.split(source(t))[0])
                     stream_sq.clear()
                     stream_taps.start()
                     with torch.set_grad_enabled(t < n_steps), autocast():
@@ -500,29 +572,25 @@ def run_steps(
                     stream_taps.on = False
                     del out
                     for i in range(len(stream_idx)):
-                        parts.append(stream_sq.get(i, nan).reshape(1).to(dev))
+                        sums.append(stream_sq.get(i, torch.stack([nan, nan])).to(dev))
                     grads = []
                     if t < n_steps:
                         scaled = loss.float() * loss_scale if loss_scale != 1.0 else loss
-                        grads = list(torch.autograd.grad(scaled, params, allow_unused=True))
-                parts.append(loss.detach().double().reshape(1).to(dev))
+                        grads = ranks.grads(scaled, params)
+                    ranks.settle(model)
+                # each process's loss is the mean over its equal share of the rows
+                sums.append((loss.detach().double() / ranks.world_size).reshape(1).to(dev))
                 # 3. norm gains
                 if gain_mods:
-                    ws = [w.detach() for _, w in gain_mods]
+                    ws = [ranks.local(w.detach()) for _, w in gain_mods]
                     drift = torch._foreach_norm(torch._foreach_sub(ws, 1.0))
-                    parts.append(
-                        torch.stack(
-                            [
-                                d.double() / math.sqrt(w.numel())
-                                for d, w in zip(drift, ws, strict=True)
-                            ]
-                        ).to(dev)
-                    )
+                    sq = [d.double().square() * k for d, k in zip(drift, gain_w, strict=True)]
+                    sums.append(torch.stack(sq).to(dev))
                 # 4. the update
                 if t < n_steps:
                     if loss_scale != 1.0:
                         grads = [g / loss_scale if g is not None else None for g in grads]
-                    parts.append(_grad_rms(grads, params, nan).to(dev))
+                    sums.append(_grad_sq(grads, ranks, param_w, nan).to(dev))
                     for p, g in zip(params, grads, strict=True):
                         p.grad = g
                     factor = warmup_factor(t, spec.warmup)
@@ -535,43 +603,44 @@ def run_steps(
                         for p in params:
                             p.grad = None
                         del grads
-                        now = [p.detach() for p in params]
                         if own:  # prev ← W_t − W_{t+1} in place
-                            torch._foreach_sub_(prev, now)
+                            torch._foreach_sub_(prev, local_params)
                         else:  # the caller's copy is read only: the difference is ours
-                            prev, own = torch._foreach_sub(prev, now), True
+                            prev, own = torch._foreach_sub(prev, local_params), True
                         delta = torch._foreach_norm(prev)
                         if t + 1 < n_steps:  # W_{t+1} for the next update
-                            torch._foreach_copy_(prev, now)
-                        del now
-                    # undefined (None) for a weight that was exactly zero (a zero-init gain)
-                    den = torch.stack(before).double()
-                    ratio = torch.where(den > 0, torch.stack(delta).double() / den, nan)
-                    parts.append(ratio.to(dev))
+                            torch._foreach_copy_(prev, local_params)
+                    sums.append(torch.stack(before).double().square() * param_wt)
+                    sums.append(torch.stack(delta).double().square() * param_wt)
                 else:
                     raw.lrs.append(spec.lr * warmup_factor(t, spec.warmup))
-                host = torch.cat([x.reshape(-1) for x in parts]).cpu().tolist()  # one transfer
-                _unpack(raw, host, t, n_steps, len(points), len(stream_idx), len(gain_mods),
-                        len(params))  # fmt: skip
+                flat_sum = torch.cat([x.reshape(-1) for x in sums])
+                flat_max = torch.cat([x.reshape(-1) for x in maxima])
+                ranks.reduce(flat_sum, flat_max)
+                host = torch.cat([flat_sum, flat_max]).cpu().tolist()  # one transfer
+                _unpack(raw, host, t, n_steps, len(points), len(stream_idx),
+                        [n for _, n in raw.params], [w.numel() for _, w in gain_mods],
+                        log_v)  # fmt: skip
     finally:
-        for h in score_handles:
-            h.remove()
         for p in params:
             p.grad = None
+        ranks.settle(model)
     if progress:
         progress("steps", n_steps, n_steps)
     return raw
 
 
-def _grad_rms(
-    grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor], nan: torch.Tensor
-) -> torch.Tensor:
-    have = [(k, g) for k, g in enumerate(grads) if g is not None]
-    out = nan.expand(len(params)).clone()
+def _grad_sq(
+    grads: Sequence[torch.Tensor | None], ranks: LocalRanks, weight: Sequence[float],
+    nan: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """Σg² of this process's part of each gradient (NaN where a parameter got none)."""
+    have = [(k, ranks.local(g)) for k, g in enumerate(grads) if g is not None]
+    out = nan.expand(len(grads)).clone()
     if have:
         norms = torch._foreach_norm([g for _, g in have])
-        vals = torch.stack([n.double() / math.sqrt(g.numel())
-                            for n, (_, g) in zip(norms, have, strict=True)])  # fmt: skip
+        vals = torch.stack([n.double().square() * weight[k]
+                            for n, (k, _) in zip(norms, have, strict=True)])  # fmt: skip
         out[torch.tensor([k for k, _ in have], device=out.device)] = vals.to(out.device)
     return out
 
@@ -585,20 +654,47 @@ def output_logits(output: Any) -> torch.Tensor | None:
     return logits if isinstance(logits, torch.Tensor) else first_tensor(output)
 
 
-def _logit_stats(out: Any, vocab_size: int | None, nan: torch.Tensor) -> torch.Tensor:
-    """(max, log Z mean, log Z std) of vocabulary logits (B, T, V); NaN otherwise."""
+def _logit_sums(
+    out: Any, vocab_size: int | None, log_v: float, nan: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Of vocabulary logits (B, T, V): (count, Σ(log Z − log V), Σ(log Z − log V)², NaN
+    flag) and the max (−inf when there are none). The shift by log V (log Z of uniform
+    logits) keeps the variance from cancelling when sums from several processes meet."""
     logits = output_logits(out) if vocab_size else None
     if logits is None or logits.dim() != 3 or logits.shape[-1] != vocab_size:
-        return torch.stack([nan] * 3)
+        z = torch.zeros((), dtype=torch.float64, device=nan.device)
+        return torch.stack([z, z, z, z]), torch.full_like(nan, -math.inf)
     lf = logits.float()
-    lz = torch.logsumexp(lf, dim=-1)
-    return torch.stack([lf.amax(), lz.mean(), lz.std(correction=0)]).double()
+    # log Z in fp64 (the exp in fp32, summed in fp64): fp32's rounding of log Z ≈ log V
+    # (~1e-7 of it) would otherwise be a visible part of its small spread over positions
+    m = lf.amax(dim=-1, keepdim=True)
+    lz = (lf - m).exp().sum(dim=-1, dtype=torch.float64).log() + m.squeeze(-1).double() - log_v
+    mx = lf.amax().double()
+    flag = torch.isnan(mx).double()
+    n = torch.tensor(float(lz.numel()), dtype=torch.float64, device=lz.device)
+    return torch.stack([n, lz.sum(), lz.square().sum(), flag]), _nan_low(mx)
+
+
+def _nan_low(x: torch.Tensor) -> torch.Tensor:
+    """NaN → −inf, so a MAX across processes ignores it (a NaN flag is summed beside)."""
+    return torch.where(torch.isnan(x), torch.full_like(x, -math.inf), x)
+
+
+def _root(x: float) -> float:
+    return math.sqrt(x) if x >= 0 else float("nan")  # NaN stays NaN
+
+
+def _ratio(num: float, den: float) -> float:
+    if den > 0:
+        return num / den
+    return float("nan") if num == 0 or num != num or den != den else float("inf")
 
 
 def _unpack(
     raw: StepsRaw, host: list[float], t: int, n_steps: int, n_points: int, n_stream: int,
-    n_gains: int, n_params: int,
+    numels: Sequence[int], gain_numels: Sequence[int], log_v: float,
 ) -> None:  # fmt: skip
+    """Turn one step's reduced sums and maxima into the step's figures."""
     pos = 0
 
     def take(n: int) -> list[float]:
@@ -607,22 +703,59 @@ def _unpack(
         pos += n
         return out
 
-    flat = take(3 * n_points)
-    raw.change.append(
-        [(_num(flat[3 * i]), _num(flat[3 * i + 1]), _num(flat[3 * i + 2])) for i in range(n_points)]
-    )
-    mx, mean, std = take(3)
-    raw.logits.append(
-        None if mean != mean else LogitStats(max=_num(mx), log_z_mean=mean, log_z_std=_num(std))
-    )
-    raw.attn_max.append(_num(take(1)[0]))
+    changes: list[tuple[float | None, float | None, float | None]] = []
+    for _ in range(n_points):
+        d2, x2, ab, dab, n = take(5)
+        if n != n:
+            changes.append((None, None, None))
+            continue
+        if t == 0:
+            changes.append((0.0, _num(_ratio(ab, n)), 0.0))
+            continue
+        rel = _ratio(_root(d2), _root(x2))
+        changes.append((_num(rel), _num(_ratio(ab, n)), _num(_ratio(dab, n))))
+    raw.change.append(changes)
+    ln, s1, s2, lflag = take(4)
+    n_attn = len(raw.attn_names)
+    aflags = take(n_attn)
+    stream: list[float | None] = []
     if t > 0:
-        raw.stream.append([_num(x) for x in take(n_stream)])
-    raw.losses.append(_num(take(1)[0]))
-    raw.gain_drift.append([_num(x) for x in take(n_gains)] if n_gains else [])
+        for _ in range(n_stream):
+            sq, n = take(2)
+            stream.append(_num(_ratio(_root(sq), math.sqrt(n))) if n == n else None)
+    loss = take(1)[0]
+    drift = [_num(_root(x) / math.sqrt(k)) for x, k in zip(take(len(gain_numels)), gain_numels,
+                                                           strict=True)]  # fmt: skip
+    grad = ratio = None
     if t < n_steps:
-        raw.grad_rms.append([_num(x) for x in take(n_params)])
-        raw.ratio.append([_num(x) for x in take(n_params)])
+        grad = [_num(_root(x) / math.sqrt(k)) if k else None
+                for x, k in zip(take(len(numels)), numels, strict=True)]  # fmt: skip
+        before, delta = take(len(numels)), take(len(numels))
+        # undefined (None) for a weight that was exactly zero (a zero-init gain)
+        ratio = [_num(_root(d) / _root(b)) if b > 0 else None
+                 for b, d in zip(before, delta, strict=True)]  # fmt: skip
+    lmax = take(1)[0]
+    amax = take(n_attn)
+    if ln > 0 and s1 == s1:
+        mean = s1 / ln
+        var = max(s2 / ln - mean * mean, 0.0)
+        raw.logits.append(
+            LogitStats(max=None if lflag else _num(lmax), log_z_mean=mean + log_v,
+                       log_z_std=_num(math.sqrt(var)))
+        )  # fmt: skip
+    else:
+        raw.logits.append(None)
+    layers = [None if flag or v == -math.inf else _num(v)
+              for flag, v in zip(aflags, amax, strict=True)]  # fmt: skip
+    raw.attn_layers.append(layers)
+    raw.attn_max.append(max((x for x in layers if x is not None), default=None))
+    if t > 0:
+        raw.stream.append(stream)
+    raw.losses.append(_num(loss))
+    raw.gain_drift.append(drift)
+    if grad is not None and ratio is not None:
+        raw.grad_rms.append(grad)
+        raw.ratio.append(ratio)
 
 
 def dynamics_record(
@@ -649,6 +782,7 @@ def dynamics_record(
             StepRecord(
                 t=t, loss=loss, lr=raw.lrs[t], stream=s, change=changes, logits=raw.logits[t],
                 attn_max=raw.attn_max[t], gain_drift=drift,
+                attn_layers=tuple(zip(raw.attn_names, raw.attn_layers[t], strict=True)),
             )
         )  # fmt: skip
     by_name: Mapping[str, ParamRecord] = {p.name: p for p in params}

@@ -36,6 +36,7 @@ def dynamics_to_dict(d: Dynamics) -> dict[str, Any]:
                 "logits": asdict(s.logits) if s.logits is not None else None,
                 "attn_max": s.attn_max,
                 "gain_drift": [{"name": n, "drift": v} for n, v in s.gain_drift],
+                "attn_layers": [{"name": n, "max": v} for n, v in s.attn_layers],
             }
             for s in d.steps
         ],
@@ -83,6 +84,7 @@ def dynamics_from_dict(data: dict[str, Any]) -> Dynamics:
             logits=_logit_stats(s.get("logits")),
             attn_max=_num(s.get("attn_max")),
             gain_drift=tuple((g["name"], float(g["drift"])) for g in s.get("gain_drift", ())),
+            attn_layers=tuple((a["name"], _num(a.get("max"))) for a in s.get("attn_layers", ())),
         )
         for s in data.get("steps", ())
     )  # fmt: skip

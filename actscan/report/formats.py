@@ -1,26 +1,86 @@
 """Report renderings for CI: Markdown (e.g. $GITHUB_STEP_SUMMARY) and JUnit XML.
 
-Pure functions of a Report: nothing here computes statistics or imports torch.
+Pure functions of a Report (and of a sweep's coordinate check): nothing here computes
+statistics or imports torch. The Markdown carries what the table view shows, compactly:
+findings, streams, heads (per layer, not per head), the massive-activation tokens, the
+optimizer steps, and a sweep's coordinate check.
 `write_atomic` (actscan.report.output) is re-exported here, where the CLI imports it.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from actscan.report.numfmt import NONE, num
+from actscan.report.numfmt import NONE, as_float, num
 from actscan.report.output import write_atomic
-from actscan.types import CHECK_ORDER, Dynamics, FailOn, Finding, Severity, finding_order
+from actscan.types import (
+    CHECK_ORDER,
+    AttentionRecord,
+    CheckId,
+    Dynamics,
+    FailOn,
+    Finding,
+    Severity,
+    StepRecord,
+    StreamPoint,
+    TopValue,
+    finding_order,
+)
 
 if TYPE_CHECKING:
+    from actscan.diagnose.coord import CoordCheck
     from actscan.report.report import Report
 
-__all__ = ["fmt_count", "to_junit", "to_markdown", "write_atomic"]
+__all__ = ["coord_markdown", "fmt_count", "to_junit", "to_markdown", "write_atomic"]
 
 _MAX_LAYERS = 3
+MAX_STEP_COLUMNS = 8  # steps shown as columns: t = 0, 1, … and the last ones
+
+
+# -- shared with the table view (render.py) -------------------------------------------
+def _median(values: Sequence[float]) -> float | None:
+    vals = sorted(values)
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
+def head_summary(
+    a: AttentionRecord,
+) -> tuple[float | None, float | None, float | None, float | None]:
+    """A layer's heads in four numbers: (min, median) normalised entropy, the largest
+    score and the largest sink."""
+    ents = [e for h in a.heads if (e := as_float(h.entropy)) is not None and math.isfinite(e)]
+    scores = [v for h in a.heads if (v := as_float(h.score_max)) is not None]
+    sinks = [v for h in a.heads if (v := as_float(h.sink)) is not None]
+    return (
+        min(ents) if ents else None, _median(ents), max(scores) if scores else None,
+        max(sinks) if sinks else None,
+    )  # fmt: skip
+
+
+def massive_rows(report: Report) -> list[tuple[StreamPoint, TopValue]]:
+    """The stream points the massive-activations finding names, each with its largest |x|
+    (the Tokens table)."""
+    named = {n for f in report.findings if f.check == CheckId.MASSIVE_ACTIVATIONS.value
+             for n in f.layers}  # fmt: skip
+    points = [
+        p for s in (report.streams or ()) for p in s.points if p.name in named
+    ] or [p for p in report.stream if p.name in named]  # fmt: skip
+    return [(p, p.top_values[0]) for p in points if p.top_values]
+
+
+def shown_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
+    """At most MAX_STEP_COLUMNS steps: t = 0, 1, 2, … and the last ones, in order."""
+    if len(steps) <= MAX_STEP_COLUMNS:
+        return list(steps)
+    head = MAX_STEP_COLUMNS // 2
+    return [*steps[:head], *steps[-(MAX_STEP_COLUMNS - head) :]]
 
 
 # -- number formatting ----------------------------------------------------------------
@@ -81,12 +141,7 @@ def to_markdown(report: Report, fail_on: str | FailOn = FailOn.ERROR) -> str:
         "",
     ]
     if report.findings:
-        out += ["| severity | check | layers | message | hint |", "| --- | --- | --- | --- | --- |"]
-        for f in _sorted_findings(report.findings):
-            out.append(
-                f"| {Severity(f.severity).value} | {_cell(f.check)} | {_layers_cell(f.layers)} "
-                f"| {_cell(f.message)} | {_cell(f.hint)} |"
-            )
+        out += _findings_table(report.findings)
     else:
         out.append(
             "No findings."
@@ -125,12 +180,52 @@ def to_markdown(report: Report, fail_on: str | FailOn = FailOn.ERROR) -> str:
         ]
         if summary:
             out += ["", lead + ", ".join(summary) + "."]
+    out += _heads_markdown(report)
+    out += _tokens_markdown(report)
     if report.dynamics is not None:
         out += _dynamics_markdown(report.dynamics)
     if report.notes:
         out += ["", *(f"- {_cell(note)}" for note in report.notes)]
     out += ["", _gate_line(report, gate), ""]
     return "\n".join(out)
+
+
+def _heads_markdown(report: Report) -> list[str]:
+    """Per attention layer (not per head): entropy min/median, largest score and sink."""
+    if not report.attention:
+        return []
+    out = ["", "#### Attention heads", "",
+           "Per layer over its heads: normalised attention entropy (1 uniform over the "
+           "allowed keys, 0 all mass on one key), the largest pre-softmax score, the largest "
+           "mass on the first key (sink).", "",
+           "| block | layer | heads | entropy min | entropy median | max score | max sink |",
+           "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for a in report.attention:
+        lo, med, score, sink = head_summary(a)
+        block = NONE if a.block is None else str(a.block)
+        out.append(
+            f"| {block} | {_code(a.name)} | {len(a.heads)} | {num(lo)} | {num(med)} "
+            f"| {num(score)} | {num(sink)} |"
+        )
+    return out
+
+
+def _tokens_markdown(report: Report) -> list[str]:
+    """The massive-activations finding's values: where each sits against the median."""
+    rows = massive_rows(report)
+    if not rows:
+        return []
+    out = ["", "#### Tokens: the largest \\|x\\| per stream point (massive-activations)", "",
+           "| k | module | seq | token | text | id | channel | value | median \\|x\\| |",
+           "| ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for p, tv in rows:
+        out.append(
+            f"| {p.k} | {_code(p.name)} | {NONE if tv.sequence is None else tv.sequence} "
+            f"| {tv.token} | {NONE if tv.text is None else _code(repr(tv.text))} "
+            f"| {NONE if tv.token_id is None else tv.token_id} | {tv.channel} "
+            f"| {num(tv.value)} | {num(p.median_abs)} |"
+        )
+    return out
 
 
 def _dynamics_markdown(dyn: Dynamics) -> list[str]:
@@ -149,6 +244,27 @@ def _dynamics_markdown(dyn: Dynamics) -> list[str]:
             f"| {num(s.logits.log_z_mean if s.logits else None)} "
             f"| {num(last[-1] if last else None)} |"
         )
+    steps = shown_steps(dyn.steps)
+    if steps and steps[0].stream:
+        last = dyn.steps[-1]
+        rel = {c.k: c.rel for c in last.change if c.kind == "stream"}
+        out += ["", "Residual stream over the steps (RMS of each step's batch; Δ probe: "
+                "‖x_t − x_0‖/‖x_0‖ on the probe batch):", "",
+                "| k | " + " | ".join(f"t={s.t}" for s in steps) + f" | Δ probe t={last.t} |",
+                "| ---: |" + " ---: |" * (len(steps) + 1)]  # fmt: skip
+        rows = [dict(s.stream) for s in steps]
+        for k, _ in steps[0].stream:
+            cells = " | ".join(num(r.get(k)) for r in rows)
+            out.append(f"| {k} | {cells} | {num(rel.get(k))} |")
+    layers = list(dict.fromkeys(n for s in dyn.steps for n, _ in s.attn_layers))
+    if layers:
+        first, last_t = dyn.steps[0], dyn.steps[-1]
+        a, b = dict(first.attn_layers), dict(last_t.attn_layers)
+        out += ["", "Attention score max per layer (largest \\|pre-softmax score\\| on the "
+                "probe batch):", "",
+                f"| layer | t={first.t} | t={last_t.t} |", "| --- | ---: | ---: |"]  # fmt: skip
+        for name in layers:
+            out.append(f"| {_code(name)} | {num(a.get(name))} | {num(b.get(name))} |")
     if dyn.blocks:
         out += ["", "| block | role | median ‖ΔW‖/‖W‖ | max | median grad RMS |",
                 "| ---: | --- | ---: | ---: | ---: |"]  # fmt: skip
@@ -159,6 +275,77 @@ def _dynamics_markdown(dyn: Dynamics) -> list[str]:
                 f"| {num(b.grad_rms_median)} |"
             )
     return out
+
+
+def _findings_table(findings: Iterable[Finding]) -> list[str]:
+    out = ["| severity | check | layers | message | hint |", "| --- | --- | --- | --- | --- |"]
+    for f in _sorted_findings(findings):
+        out.append(
+            f"| {Severity(f.severity).value} | {_cell(f.check)} | {_layers_cell(f.layers)} "
+            f"| {_cell(f.message)} | {_cell(f.hint)} |"
+        )
+    return out
+
+
+def _slope(x: float | None) -> str:
+    return NONE if x is None else f"{x:+.2f}"
+
+
+def coord_markdown(
+    cc: CoordCheck, labels: Sequence[tuple[str, str]] = (), fail_on: str | FailOn = FailOn.ERROR
+) -> str:
+    """A sweep's μP coordinate check: per module group and step the log–log slope of mean
+    |x_t| (and of mean |x_t − x_0| after t = 0) against width, **bold** where the group
+    left the flat band; then the coord-check findings (or the flat verdict) and the gate
+    on them. `labels`: (side, label) of a sweep with two sides."""
+    gate = FailOn(fail_on)
+    widths = "→".join(map(str, cc.widths))
+    lr = f", lr {num(cc.lr)}" if cc.lr is not None else ""
+    out = [f"#### Coordinate check (widths {widths}, {cc.steps} steps{lr})", "",
+           f"Log–log slope of mean \\|x\\| against width; flat: −{num(cc.shrink)}…"
+           f"+{num(cc.bound)} (logits may shrink to −{num(0.5 + cc.bound)}); **bold**: not "
+           "flat.", ""]  # fmt: skip
+    two = len(labels) > 1
+    if two:
+        out += [f"- {side.upper()}: {_cell(label)}" for side, label in labels] + [""]
+    keys = list(dict.fromkeys((c.side, c.depth) for c in cc.curves))
+    depths = any(d is not None for _, d in keys)
+    steps = sorted({c.t for c in cc.curves})
+    head = (["side"] if two else []) + (["depth"] if depths else []) + ["group"]
+    head += [f"t={t} \\|x\\|" + (" / Δ" if t else "") for t in steps]
+    out += ["| " + " | ".join(head) + " |", "|" + " --- |" * (len(head) - len(steps))
+            + " ---: |" * len(steps)]  # fmt: skip
+    by = {(c.side, c.depth, c.group, c.t): c for c in cc.curves}
+    for side, depth in keys:
+        groups = dict.fromkeys(c.group for c in cc.curves if (c.side, c.depth) == (side, depth))
+        for group in groups:
+            cells = []
+            for t in steps:
+                c = by.get((side, depth, group, t))
+                if c is None:
+                    cells.append(NONE)
+                    continue
+                text = _slope(c.abs_slope) + (f" / {_slope(c.delta_slope)}" if t else "")
+                cells.append(f"**{text}**" if c.beyond else text)
+            lead = ([side.upper()] if two else []) + ([str(depth)] if depths else [])
+            out.append("| " + " | ".join([*lead, _cell(group), *cells]) + " |")
+    out.append("")
+    if cc.findings:
+        out += _findings_table(cc.findings)
+    else:
+        out.append(
+            "Coordinate check: flat. Every module group's mean \\|x\\| stays in the flat "
+            "band at every t: the parametrization transfers."
+        )
+    bad = [f for f in cc.findings if gate.trips(Severity(f.severity))]
+    if gate is FailOn.NEVER:
+        line = "**PASS** at `--fail-on never` (gate disabled)."
+    elif bad:
+        line = f"**FAIL** at `--fail-on {gate.value}`: {len(bad)} coord-check finding(s)."
+    else:
+        line = f"**PASS** at `--fail-on {gate.value}`: no coord-check finding at or above {gate}."
+    out += ["", line, ""]
+    return "\n".join(out)
 
 
 # -- JUnit ----------------------------------------------------------------------------
@@ -202,7 +389,11 @@ def _suite_names(reports: Sequence[Report]) -> list[str]:
     return names
 
 
-def to_junit(reports: Sequence[Report], fail_on: str | FailOn = FailOn.ERROR) -> str:
+def to_junit(
+    reports: Sequence[Report],
+    fail_on: str | FailOn = FailOn.ERROR,
+    coord: tuple[str, Sequence[Finding]] | None = None,
+) -> str:
     """A JUnit XML <testsuites> document: one suite per report, one case per check id.
 
     Cases follow the one check order (`CHECK_ORDER`). A case fails when its check has a
@@ -210,17 +401,25 @@ def to_junit(reports: Sequence[Report], fail_on: str | FailOn = FailOn.ERROR) ->
     <system-out>. Checks that did not run (`report.skipped`) are <skipped/> with the
     reason; checks that ran without a finding pass. Check ids that are not in `CheckId` but
     occur in findings get a case too, after the known ones.
+
+    `coord`: a sweep's coordinate check, (target, its coord-check findings): one more suite,
+    "<target> coordinate check", with one `coord-check` case judged the same way.
     """
     gate = FailOn(fail_on)
     root = ET.Element("testsuites", name="actscan")
     total_tests = total_failures = total_skipped = 0
+    suites: list[tuple[str, dict[str, list[Finding]], dict[str, str]]] = []
     for report, source in zip(reports, _suite_names(reports), strict=True):
-        suite = ET.SubElement(root, "testsuite", name=_xml_text(source))
-        by_check: dict[str, list[Finding]] = {c.value: [] for c in CHECK_ORDER}
+        checks: dict[str, list[Finding]] = {c.value: [] for c in CHECK_ORDER}
         for f in report.findings:
-            by_check.setdefault(str(f.check), []).append(f)
+            checks.setdefault(str(f.check), []).append(f)
+        suites.append((source, checks, {sk.check: sk.reason for sk in report.skipped}))
+    if coord is not None:
+        target, found = coord
+        suites.append((f"{target} coordinate check", {"coord-check": list(found)}, {}))
+    for source, by_check, why_skipped in suites:
+        suite = ET.SubElement(root, "testsuite", name=_xml_text(source))
         failures = skips = 0
-        why_skipped = {sk.check: sk.reason for sk in report.skipped}
         for check, found in by_check.items():
             case = ET.SubElement(
                 suite, "testcase", classname=_xml_text(f"actscan.{source}"), name=check

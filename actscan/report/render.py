@@ -14,6 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from actscan.report.formats import head_summary, massive_rows
 from actscan.report.numfmt import NONE, as_float, num
 from actscan.report.report import Report
 from actscan.types import (
@@ -147,11 +148,7 @@ def _stream_table(points: Sequence[StreamPoint], title: str, *, local: bool = Fa
 def tokens_table(report: Report) -> Table | None:
     """The largest |x| of each stream point the massive-activations finding names: where
     it sits (token, its text, channel) against the point's median |x|. None without one."""
-    named = {n for f in report.findings if f.check == "massive-activations" for n in f.layers}
-    points = [
-        p for s in (report.streams or ()) for p in s.points if p.name in named
-    ] or [p for p in report.stream if p.name in named]  # fmt: skip
-    rows = [(p, p.top_values[0]) for p in points if p.top_values]
+    rows = massive_rows(report)
     if not rows:
         return None
     t = Table(
@@ -219,14 +216,6 @@ def head_cells(entropies: Sequence[float | None], group: int) -> Text:
     return text
 
 
-def _median(values: Sequence[float]) -> float | None:
-    vals = sorted(values)
-    if not vals:
-        return None
-    mid = len(vals) // 2
-    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
-
-
 def heads_table(report: Report) -> Table | None:
     """Layer × head normalised attention entropy, one glyph per head (grouped past
     HEAD_CELLS), with each layer's min/median entropy, max score and max sink."""
@@ -253,15 +242,8 @@ def heads_table(report: Report) -> Table | None:
 
 def _heads_row(a: AttentionRecord, group: int, labels: dict[int, str]) -> tuple[str | Text, ...]:
     ents = [as_float(h.entropy) for h in a.heads]
-    known = [e for e in ents if e is not None and math.isfinite(e)]
-    scores = [v for h in a.heads if (v := as_float(h.score_max)) is not None]
-    sinks = [v for h in a.heads if (v := as_float(h.sink)) is not None]
     block = NONE if a.block is None else labels.get(a.block, str(a.block))
-    return (
-        block, a.name, head_cells(ents, group), num(min(known) if known else None),
-        num(_median(known)), num(max(scores) if scores else None),
-        num(max(sinks) if sinks else None),
-    )  # fmt: skip
+    return (block, a.name, head_cells(ents, group), *(num(v) for v in head_summary(a)))
 
 
 def modules_table(report: Report) -> Table:
@@ -388,7 +370,10 @@ def render_report(
     console.print(
         findings_panel(report.findings, skipped=report.skipped, backward=report.run.backward)
     )
+    by_reason: dict[str, list[str]] = {}  # one line per reason, its checks in order
     for sk in report.skipped:
-        console.print(Text(f"skipped {sk.check}: {sk.reason}", style="dim"))
+        by_reason.setdefault(sk.reason, []).append(sk.check)
+    for reason, checks in by_reason.items():
+        console.print(Text(f"skipped {', '.join(checks)}: {reason}", style="dim"))
     for f, reason in ignored:
         console.print(Text(f"ignored {f.check} ({f.severity.value}): {reason}", style="dim"))

@@ -4,27 +4,15 @@ was measured (actscan.measure.dynamics) or derived (actscan.measure.dynamics_sta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
 from actscan.compare_steps import StepsComparison
+from actscan.report.formats import shown_steps
 from actscan.report.numfmt import NONE, num
 from actscan.report.render import spark
-from actscan.types import BlockUpdates, Dynamics, StepRecord
-
-# Steps shown as columns of the stream table: the first ones and the last ones.
-MAX_STEP_COLUMNS = 8
-
-
-def shown_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
-    """At most MAX_STEP_COLUMNS steps: t = 0, 1, 2, … and the last ones, in order."""
-    if len(steps) <= MAX_STEP_COLUMNS:
-        return list(steps)
-    head = MAX_STEP_COLUMNS // 2
-    return [*steps[:head], *steps[-(MAX_STEP_COLUMNS - head) :]]
+from actscan.types import BlockUpdates, Dynamics
 
 
 def optimizer_line(dyn: Dynamics) -> Text:
