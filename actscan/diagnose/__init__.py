@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from actscan.diagnose.thresholds import Thresholds
-from actscan.measure.stats import GrowthFit
 from actscan.types import (
     CHECK_ORDER,
     AttentionRecord,
@@ -33,6 +33,9 @@ from actscan.types import (
     StreamRecord,
     finding_order,
 )
+
+if TYPE_CHECKING:  # annotation only: measure.stats imports diagnose.thresholds
+    from actscan.measure.stats import GrowthFit
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from actscan.measure.attention import AttentionProbes
 from actscan.measure.dynamics_stats import block_updates
 from actscan.measure.inputs import Batch, InputSource
 from actscan.measure.recorder import first_tensor
+from actscan.measure.streams import input_name
 from actscan.measure.structure import is_norm
 from actscan.types import (
     ChangeRecord,
@@ -261,9 +262,7 @@ def probe_points(layout: Layout) -> list[Point]:
     if streams:
         blocks = streams[-1][1]  # the primary stream feeds the head: the last one
         if blocks:
-            # the recorder's stream-input name (streams.input_name, not imported here:
-            # streams → stats → diagnose would cycle when this module is imported first)
-            out.append(Point(f"{blocks[0].name}:input", "stream", k=0))
+            out.append(Point(input_name(blocks[0].name), "stream", k=0))
             k = 0
             for b in blocks:
                 k += b.adds

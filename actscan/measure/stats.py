@@ -10,10 +10,13 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from actscan.diagnose.thresholds import Thresholds
 from actscan.measure.recorder import RawStats
 from actscan.types import BranchRecord, LayerRecord, Layout, StreamPoint
+
+if TYPE_CHECKING:  # annotation only: importing diagnose here would cycle back to stats
+    from actscan.diagnose.thresholds import Thresholds
 
 
 @dataclass(frozen=True)
