@@ -24,16 +24,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from actscan.pipeline import TargetSpec, scan_target
+    from actscan.api import TargetSpec, scan_target
+    from actscan.records import Finding, LayerRecord, Severity
     from actscan.report.report import Report
-    from actscan.scanner import scan
+    from actscan.run import scan
     from actscan.settings import Ignore, Settings
-    from actscan.types import Finding, LayerRecord, Severity
 
 
 def __getattr__(name: str) -> Any:
     if name == "scan":
-        from actscan.scanner import scan
+        from actscan.run import scan
 
         return scan
     if name == "Report":
@@ -41,15 +41,15 @@ def __getattr__(name: str) -> Any:
 
         return Report
     if name in {"scan_target", "TargetSpec"}:
-        from actscan import pipeline
+        from actscan import api
 
-        return getattr(pipeline, name)
+        return getattr(api, name)
     if name in {"Settings", "Ignore"}:
         from actscan import settings
 
         return getattr(settings, name)
     if name in {"Finding", "LayerRecord", "Severity"}:
-        from actscan import types
+        from actscan import records
 
-        return getattr(types, name)
+        return getattr(records, name)
     raise AttributeError(f"module 'actscan' has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 `Settings.resolve` merges the three sources into one frozen, validated `Settings` that
 keeps where each value came from (for `--show-config`); `profile`, `compare`, `sweep` and
-the library entry point (actscan.pipeline) all read that one object.
+the library entry point (actscan.api) all read that one object.
 
 Discovery works like ruff/pytest: walk up from the start folder to the filesystem root;
 in each folder `actscan.toml` is tried first, then `pyproject.toml` (skipped unless it has
@@ -35,7 +35,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from actscan.errors import ActscanError, ConfigError, UsageError
-from actscan.types import CheckId, DType, FailOn, Finding
+from actscan.records import CheckId, DType, FailOn, Finding
 
 if TYPE_CHECKING:
     from actscan.diagnose.thresholds import Thresholds
@@ -440,7 +440,7 @@ class Settings:
     device: str = "auto"
     modules: str | None = None
     dropout: bool = False  # keep dropout on in the (train-mode) run
-    # the first optimizer steps (actscan.measure.dynamics): 0 = the step-0 profile only
+    # the first optimizer steps (actscan.steps.loop): 0 = the step-0 profile only
     steps: int = 0
     optimizer: str = "adamw"
     lr: float = 1e-3  # the learning rate you will train with

@@ -222,7 +222,7 @@ def scan_cell(cell: Cell) -> dict[str, Any]:
 
 
 def dynamics_from_dict(d: dict[str, Any]) -> Any:
-    from actscan.types import (
+    from actscan.records import (
         ChangeRecord,
         Dynamics,
         LogitStats,
@@ -257,10 +257,10 @@ def judge(row: dict[str, Any], thresholds: Any = None) -> dict[str, Any]:
     """Run the dynamics checks on a stored scan row: fired (warn/error) checks, info
     checks, and the numbers behind them."""
     from actscan.diagnose import CheckContext
-    from actscan.diagnose.dynamics import DYNAMICS_CHECKS, numbers
+    from actscan.diagnose.steps import DYNAMICS_CHECKS, numbers
     from actscan.diagnose.thresholds import DEFAULT
     from actscan.measure.stats import growth_fit
-    from actscan.types import LayerRecord, Layout, ModelInfo, RunInfo
+    from actscan.records import LayerRecord, Layout, ModelInfo, RunInfo
 
     dyn = dynamics_from_dict(row["dynamics"])
     layers = tuple(
@@ -387,7 +387,7 @@ def ratio(a: int, b: int) -> str:
 
 
 def report(cells: list[Cell], train_cache: Path, scan_cache: Path, out: Path | None) -> str:
-    from actscan.diagnose.dynamics import DYNAMICS_CHECKS
+    from actscan.diagnose.steps import DYNAMICS_CHECKS
 
     all_rows = [r for r in rows(cells, load(train_cache), load(scan_cache)) if r["scan"]]
     lines = [

@@ -23,8 +23,8 @@ import torch
 
 from actscan.diagnose.thresholds import DEFAULT
 from actscan.measure.stats import gauss_max
+from actscan.records import CheckId
 from actscan.report.report import Report
-from actscan.types import CheckId
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +98,7 @@ def main() -> None:
     with torch.no_grad():
         model.get_input_embeddings().weight[:, 17].mul_(100.0)
     row("qwen2 6×128", healthy, mx.profile(model))
-    from actscan.pipeline import scan_target
+    from actscan.api import scan_target
 
     row("tiny-gpt2-hf", scan_target(str(ROOT / "sample_models/tiny-gpt2-hf")).report, None)
     try:

@@ -9,7 +9,7 @@ benchmarks/results/<timestamp>.json so runs can be compared across commits):
             it (the recorder before issue 13), interleaved pairs, both models.
   overhead  instrumented ÷ plain forward+backward, in this process, interleaved, median
             of ≥ 5 runs after a warm-up: every module hooked, per-channel statistics and
-            gradients on, the Recorder driven exactly as actscan.scanner drives it. Models:
+            gradients on, the Recorder driven exactly as actscan.run drives it. Models:
             configs/gpt2-124m.yaml (12 × 768, seq 256, batch 4) and configs/gpt-48-naive
             .yaml (48 × 256, seq 64, batch 4: small tensors, many hooks: hook-bound).
   rss       peak RSS (resource.getrusage) of an instrumented ÷ a plain 12 × 768 batch
@@ -21,7 +21,7 @@ benchmarks/results/<timestamp>.json so runs can be compared across commits):
             handwritten_gpt2.py (build the same model + one forward/backward, same batch).
   steps     `--steps N` at 12 × 768 (--step-batch × --step-seq tokens, default 4 × 64: the
             profile's default batch, whose probe is a quarter of it, one sequence; small
-            enough for a loaded CPU): N optimizer steps measured by actscan.measure.dynamics
+            enough for a loaded CPU): N optimizer steps measured by actscan.steps.loop
             (the step-0 gradient pass, then run_steps: probe forward, stream taps, update
             ratios, gradient RMS, gain drift, one transfer per step) ÷ the same N AdamW steps
             written by hand (fwd+bwd+step per batch, plus the final loss), interleaved;
@@ -99,7 +99,7 @@ def build(name: str, device: str) -> tuple[Any, Any]:
 class Steps:
     """plain and instrumented forward+backward of one batch.
 
-    instrumented = one iteration of actscan.scanner's batch loop: every module hooked (and
+    instrumented = one iteration of actscan.run's batch loop: every module hooked (and
     the stream input), per-channel statistics and gradients on, add_param_grads and
     end_batch; the Recorder lives across batches as in a scan with --batches N (its
     hooks are registered and removed around each batch, since plain runs interleave).
@@ -107,7 +107,7 @@ class Steps:
     """
 
     def __init__(self, model: Any, ids: Any, device: str, tokens: bool = True) -> None:
-        from actscan.measure.structure import detect_layout
+        from actscan.layout.detect import detect_layout
         from actscan.measure.tokens import stream_names
 
         self.model, self.ids, self.device = model, ids, device
@@ -191,7 +191,7 @@ def child(argv: list[str]) -> None:
         print(json.dumps({"peak_mb": peak_rss_mb(), "after_build_mb": base}))
     elif kind == "batches":
         n, device = int(argv[1]), argv[2]
-        from actscan.scanner import scan
+        from actscan.run import scan
 
         model, _ = build("48x256", device)
         _, batch, seq = MODELS["48x256"]
@@ -385,8 +385,8 @@ class OptimizerSteps:
     def __init__(self, device: str, n: int, batch: int, seq: int) -> None:
         import torch
 
+        from actscan.layout.detect import detect_layout
         from actscan.measure.inputs import token_source
-        from actscan.measure.structure import detect_layout
 
         self.model, _ = build("12x768", device)
         self.model.train()
@@ -427,8 +427,8 @@ class OptimizerSteps:
 
         import torch
 
-        from actscan.measure.dynamics import StepSpec, run_steps
         from actscan.measure.inputs import default_loss
+        from actscan.steps.loop import StepSpec, run_steps
 
         loss_of = default_loss("causal-lm", self.model.config.vocab_size)
         b = self.source(0)
@@ -510,9 +510,9 @@ def step0_extras(device: str, batch: int, seq: int) -> dict[str, float]:
     weights kept for the restore, with the copy back."""
     import torch
 
-    from actscan.measure.dynamics import caller_state
     from actscan.measure.inputs import token_source
-    from actscan.scanner import _measure_at_init, _probe_run
+    from actscan.run import _measure_at_init, _probe_run
+    from actscan.steps.loop import caller_state
 
     model, _ = build("12x768", device)
     model.train()

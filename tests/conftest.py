@@ -22,8 +22,7 @@ import torch
 from actscan.diagnose import CheckContext
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.measure.stats import growth_fit
-from actscan.report.report import Report
-from actscan.types import (
+from actscan.records import (
     BlockInfo,
     BranchRecord,
     Finding,
@@ -36,6 +35,7 @@ from actscan.types import (
     StreamPoint,
     Summary,
 )
+from actscan.report.report import Report
 
 # Tiny models are dominated by threading overhead on a shared 2-core machine.
 torch.set_num_threads(1)
@@ -339,10 +339,10 @@ def plant_checks(monkeypatch: pytest.MonkeyPatch, checks: Callable[..., Iterable
     """Replace the real checks of scan() with `checks(ctx) -> findings` (no skips)."""
     import sys
 
-    import actscan.scanner  # noqa: F401  (the module whose check runner is replaced)
+    import actscan.run  # noqa: F401  (the module whose check runner is replaced)
 
     monkeypatch.setattr(
-        sys.modules["actscan.scanner"], "evaluate", lambda ctx: (tuple(checks(ctx)), ())
+        sys.modules["actscan.run"], "evaluate", lambda ctx: (tuple(checks(ctx)), ())
     )
 
 

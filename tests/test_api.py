@@ -105,10 +105,10 @@ def kill_branch(net: ResidualNet, block: int = 2) -> str:
 # -- the contract -------------------------------------------------------------------------
 def test_from_actscan_import_scan_is_the_function() -> None:
     import actscan
-    import actscan.scanner  # the implementation module lives under another name …
+    import actscan.run  # the implementation module lives under another name …
 
     # … so importing it never shadows the API's `scan`
-    assert inspect.isfunction(scan) and actscan.scan is scan is actscan.scanner.scan
+    assert inspect.isfunction(scan) and actscan.scan is scan is actscan.run.scan
     params = inspect.signature(scan).parameters
     assert list(params)[:3] == ["model", "inputs", "loss_fn"]
     assert all(params[n].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for n in list(params)[:3])
@@ -470,7 +470,7 @@ def test_the_cli_calls_the_same_scan(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
     from actscan.cli import app
 
-    module = sys.modules["actscan.scanner"]
+    module = sys.modules["actscan.run"]
     real = module.scan
     calls: list[str] = []
 

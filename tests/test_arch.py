@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from actscan.errors import ConfigError
-from actscan.measure.structure import detect_layout, stream_ks
+from actscan.layout.detect import detect_layout, stream_ks
 from actscan.models.arch import (
     ArchConfig,
     apply_overrides,

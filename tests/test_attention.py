@@ -24,10 +24,10 @@ from actscan.cli import app
 from actscan.diagnose import run_checks
 from actscan.measure import attention as attention_mod
 from actscan.measure.attention import PROBE_PREFIX, AttentionProbes
-from actscan.report.render import heads_table
+from actscan.records import AttentionRecord, HeadRecord, Severity
+from actscan.render.terminal import heads_table
 from actscan.report.report import Report
 from actscan.report.schema import validate_report
-from actscan.types import AttentionRecord, HeadRecord, Severity
 
 transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402

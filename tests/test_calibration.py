@@ -17,9 +17,9 @@ from torch import nn
 
 from actscan.models.arch import build_config, read_config_file
 from actscan.models.gpt import build_model
+from actscan.records import CheckId, Finding, Severity
 from actscan.report.report import Report
-from actscan.scanner import infer_info, scan
-from actscan.types import CheckId, Finding, Severity
+from actscan.run import infer_info, scan
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 FAST = dict(batch=2, seq_len=32)

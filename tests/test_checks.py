@@ -31,7 +31,7 @@ from actscan.diagnose import CHECKS, CheckContext, run_checks
 from actscan.diagnose.common import grade, warn_or_error
 from actscan.diagnose.thresholds import DEFAULT, Thresholds, parse_threshold_options
 from actscan.errors import UsageError
-from actscan.types import CHECK_ORDER, SWEEP_CHECKS, CheckId, Finding, Severity
+from actscan.records import CHECK_ORDER, SWEEP_CHECKS, CheckId, Finding, Severity
 
 
 def run(c: CheckContext) -> tuple[Finding, ...]:

@@ -19,8 +19,8 @@ from conftest import (
 from rich.console import Console
 
 from actscan.diagnose import run_checks
-from actscan.report.render import findings_panel
-from actscan.types import Severity
+from actscan.records import Severity
+from actscan.render.terminal import findings_panel
 
 
 def render(findings) -> str:

@@ -24,10 +24,10 @@ import typer
 from conftest import plant_checks
 from typer.testing import CliRunner
 
-import actscan.scanner  # noqa: F401  (the module whose check runner the tests replace)
+import actscan.run  # noqa: F401  (the module whose check runner the tests replace)
 from actscan.cli import app
+from actscan.records import Finding, Severity
 from actscan.report.schema import validate_report
-from actscan.types import Finding, Severity
 
 pytest.importorskip("jsonschema")
 
@@ -492,7 +492,7 @@ def test_ignores_remove_findings_from_the_gate(
 def test_every_command_goes_through_scan_target(
     plant: Planted, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import actscan.pipeline as pipeline
+    import actscan.api as pipeline
 
     real = pipeline.scan_target
     calls: list[tuple[str, str | None]] = []
@@ -580,7 +580,7 @@ def test_cli_modules_stay_apart(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"  # the detector itself sees a reach when there is one
     probe.write_text(
         "from actscan.models.gpt import _linear_std, build_model\n"
-        "import actscan.scanner as sc\nsc._hidden()\nsc.scan()\n"
+        "import actscan.run as sc\nsc._hidden()\nsc.scan()\n"
     )
     assert _private_reaches(probe) == ["from actscan.models.gpt import _linear_std", "sc._hidden"]
 

@@ -22,9 +22,9 @@ import torch
 from conftest import plant_checks
 from typer.testing import CliRunner
 
-import actscan.scanner  # noqa: F401  (the module whose check runner some tests replace)
+import actscan.run  # noqa: F401  (the module whose check runner some tests replace)
 from actscan.cli import app
-from actscan.compare import (
+from actscan.compare.pairs import (
     Precision,
     compare_reports,
     default_inputs,
@@ -33,10 +33,10 @@ from actscan.compare import (
     precision_divergence,
 )
 from actscan.errors import ActscanError
+from actscan.records import Finding, Severity
 from actscan.report.report import Report
-from actscan.scanner import scan
+from actscan.run import scan
 from actscan.targets.resolve import TargetOptions, resolve
-from actscan.types import Finding, Severity
 
 SMALL = {"d_model": "64", "vocab_size": "128"}
 RUN = ["--seq-len", "16", "--batch", "2"]
@@ -408,7 +408,7 @@ def test_plot_is_a_png(isolated: Path) -> None:
 def test_plot_without_matplotlib_says_how_to_install(
     isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from actscan.report.plot import Series, plot_streams
+    from actscan.render.plot import Series, plot_streams
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ActscanError, match=r"actscan\[plot\]"):

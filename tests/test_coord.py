@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from actscan.compare.sweep import Sweep, SweepPoint, run_sweep
 from actscan.diagnose.coord import (
     LOGIT_SHRINK,
     allowed,
@@ -17,10 +18,7 @@ from actscan.diagnose.coord import (
     fit_slope,
 )
 from actscan.diagnose.thresholds import DEFAULT
-from actscan.report.report import Report
-from actscan.settings import Ignore
-from actscan.sweep import Sweep, SweepPoint, run_sweep
-from actscan.types import (
+from actscan.records import (
     ChangeRecord,
     CheckId,
     Dynamics,
@@ -31,6 +29,8 @@ from actscan.types import (
     StepRecord,
     StreamPoint,
 )
+from actscan.report.report import Report
+from actscan.settings import Ignore
 
 WIDTHS = (32, 64, 128, 256)
 N_BLOCKS = 4
@@ -202,7 +202,7 @@ def test_plot_draws_one_panel_per_step_and_one_line_per_group(tmp_path, monkeypa
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
-    from actscan.report import plot
+    from actscan.render import plot
 
     cc = coord_check(rows(dict.fromkeys(LATE, 1.0)) + rows({}, side="b"), DEFAULT)
     drawn: list[Figure] = []
@@ -226,7 +226,7 @@ def test_plot_bad_input_is_one_clear_error(tmp_path, monkeypatch) -> None:
     import sys
 
     from actscan.errors import ActscanError, UsageError
-    from actscan.report.plot import check_plot, plot_coord
+    from actscan.render.plot import check_plot, plot_coord
 
     cc = coord_check(rows({}), DEFAULT)
     with pytest.raises(UsageError, match=r"does not exist"):
@@ -295,7 +295,7 @@ def test_render_shows_the_group_table_and_the_verdict() -> None:
 
     from rich.console import Console
 
-    from actscan.report.render_compare import render_sweep
+    from actscan.render.compare import render_sweep
 
     points = [SweepPoint("a", None, w, ()) for w in WIDTHS]
 
@@ -333,14 +333,14 @@ def test_sweep_plot_bad_input_is_one_line_exit_2_before_any_scan(
     from conftest import one_line_error
     from typer.testing import CliRunner
 
-    import actscan.pipeline
+    import actscan.api
     from actscan.cli import app
 
     monkeypatch.chdir(tmp_path)
     if needle == "actscan[plot]":
         monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     scans: list[object] = []
-    monkeypatch.setattr(actscan.pipeline, "scan_target", lambda *a, **k: scans.append(a))
+    monkeypatch.setattr(actscan.api, "scan_target", lambda *a, **k: scans.append(a))
     res = CliRunner().invoke(
         app, ["sweep", "gpt-12-preln", "--width", "32,64,128", "--steps", "2", "--plot", plot]
     )

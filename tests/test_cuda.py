@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
+from actscan.layout.detect import detect_layout
 from actscan.measure.inputs import next_token_loss
 from actscan.measure.recorder import Recorder, iter_named
-from actscan.measure.structure import detect_layout
 from actscan.models.arch import ArchConfig
 from actscan.models.gpt import build_model
 
@@ -43,7 +43,7 @@ def _setup(**kw: Any) -> tuple[torch.nn.Module, torch.Tensor, list[torch.nn.Para
 
 
 def _batch(model: torch.nn.Module, ids: torch.Tensor, params: list, rec: Recorder | None) -> None:
-    """One batch exactly as actscan.scanner runs it (forward, loss, grads, merge)."""
+    """One batch exactly as actscan.run runs it (forward, loss, grads, merge)."""
     loss = next_token_loss(model(ids), ids)
     grads = torch.autograd.grad(loss, params, allow_unused=True)
     if rec is not None:
@@ -105,7 +105,7 @@ def test_the_recorder_adds_no_sync_to_the_plain_model() -> None:
 
 
 def test_cuda_statistics_match_the_cpu() -> None:
-    from actscan.scanner import scan
+    from actscan.run import scan
 
     cpu = scan(build_model(ArchConfig(**CFG)), device="cpu", batches=2)  # type: ignore[arg-type]
     gpu = scan(build_model(ArchConfig(**CFG)), device="cuda", batches=2)  # type: ignore[arg-type]

@@ -60,7 +60,7 @@ def _profile2(target: Path, out: Path, env: dict[str, str]) -> subprocess.Comple
 
 
 def _one_process(target: Path) -> dict[str, Any]:
-    from actscan.pipeline import TargetSpec, scan_target
+    from actscan.api import TargetSpec, scan_target
     from actscan.settings import Settings
 
     return scan_target(TargetSpec(str(target)), Settings(batch=BATCH, seq_len=SEQ)).report.to_dict()
@@ -152,7 +152,7 @@ def test_hf_folder_two_ranks_equal_one_process(tmp_path: Path) -> None:
 
 SITE = """import os
 if os.environ.get("RANK") == "1":
-    import actscan.scanner as s
+    import actscan.run as s
     from torch import nn
 
     class Broken(nn.Module):
@@ -295,7 +295,7 @@ def test_steps_two_ranks_equal_one_process(tmp_path: Path) -> None:
     """`--steps 2` with FSDP2's sharded AdamW on 2 ranks: the dynamics (losses, update
     ratios, probe changes, logits, gains…) equal a one-process run's to 1e-5 relative,
     with the same findings."""
-    from actscan.pipeline import TargetSpec, scan_target
+    from actscan.api import TargetSpec, scan_target
     from actscan.settings import Settings
 
     cfg = tmp_path / "tiny.yaml"

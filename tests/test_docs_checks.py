@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from actscan.diagnose.thresholds import DEFAULT
-from actscan.types import CheckId
+from actscan.records import CheckId
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "checks.md"
 SUBHEADINGS = [

@@ -14,10 +14,10 @@ from torch import nn
 
 from actscan import Report, scan
 from actscan.errors import UsageError
-from actscan.measure.dynamics import PROBE_INDEX, caller_state, probe_rows, warmup_factor
 from actscan.measure.inputs import next_token_loss, random_tokens
 from actscan.models.arch import ArchConfig
 from actscan.models.gpt import ActscanGPT, build_model
+from actscan.steps.loop import PROBE_INDEX, caller_state, probe_rows, warmup_factor
 
 VOCAB, SEQ, BATCH, SEED = 61, 12, 4, 3
 
@@ -385,8 +385,8 @@ def test_cli_compare_with_steps_puts_the_sides_side_by_side() -> None:
 def test_steps_verdict_names_the_side_with_even_updates_and_small_change() -> None:
     from dataclasses import replace
 
-    from actscan.compare_steps import compare_steps
-    from actscan.types import BlockUpdates, ChangeRecord, StepRecord
+    from actscan.compare.steps import compare_steps
+    from actscan.records import BlockUpdates, ChangeRecord, StepRecord
 
     base = run(tiny(), steps=1).dynamics
     assert base is not None

@@ -13,9 +13,9 @@ import torch
 from actscan import scan
 from actscan.models.arch import ArchConfig
 from actscan.models.gpt import build_model
+from actscan.records import CheckId, Severity
 from actscan.report.report import Report
 from actscan.report.schema import validate_report
-from actscan.types import CheckId, Severity
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402

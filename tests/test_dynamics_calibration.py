@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from actscan import scan
-from actscan.diagnose.dynamics import DYNAMICS_CHECKS
+from actscan.diagnose.steps import DYNAMICS_CHECKS
 from actscan.models.arch import ArchConfig
 from actscan.models.gpt import build_model
-from actscan.types import CheckId, Severity
+from actscan.records import CheckId, Severity
 
 DATA = torch.randint(64, (16, 16), generator=torch.Generator().manual_seed(0))
 

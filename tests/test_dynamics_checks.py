@@ -11,9 +11,9 @@ import pytest
 from conftest import ctx, only
 
 from actscan.diagnose import CheckContext, evaluate
-from actscan.diagnose.dynamics import DYNAMICS_CHECKS, NO_STEPS, numbers, statistics
+from actscan.diagnose.steps import DYNAMICS_CHECKS, NO_STEPS, numbers, statistics
 from actscan.diagnose.thresholds import DEFAULT
-from actscan.types import (
+from actscan.records import (
     ChangeRecord,
     CheckId,
     Dynamics,

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from actscan.cli import app
 from actscan.errors import UsageError
-from actscan.scanner import scan
+from actscan.run import scan
 from actscan.targets.hf import hf_config
 
 transformers = pytest.importorskip("transformers")

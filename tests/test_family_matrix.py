@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from actscan import scan
+from actscan.records import CheckId, Finding, Severity
 from actscan.report.report import Report
-from actscan.types import CheckId, Finding, Severity
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

@@ -11,14 +11,14 @@ import xml.etree.ElementTree as ET
 import pytest
 from conftest import make_report
 
-from actscan.compare import json_safe as compare_json_safe
+from actscan.compare.pairs import json_safe as compare_json_safe
 from actscan.errors import UsageError
+from actscan.numfmt import num
+from actscan.records import CHECK_ORDER, CheckId, Finding, ModelInfo, RunInfo, Severity, Summary
+from actscan.render.formats import to_junit, to_markdown, write_atomic
 from actscan.report import output
-from actscan.report.formats import to_junit, to_markdown, write_atomic
-from actscan.report.numfmt import num
 from actscan.report.report import Report
 from actscan.report.schema import load_schema, validate_report
-from actscan.types import CHECK_ORDER, CheckId, Finding, ModelInfo, RunInfo, Severity, Summary
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -336,7 +336,7 @@ def test_write_atomic_bytes_and_keeps_mode(tmp_path):
 
 def test_plot_writes_through_the_one_writer(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    from actscan.report import plot
+    from actscan.render import plot
 
     seen = []
     monkeypatch.setattr(plot, "write_atomic", lambda path, data: seen.append((path, data)))
@@ -349,7 +349,7 @@ def test_no_torch_import():
     import subprocess
 
     code = (
-        "import sys, actscan.report.formats, actscan.report.schema, actscan.settings; "
+        "import sys, actscan.render.formats, actscan.report.schema, actscan.settings; "
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

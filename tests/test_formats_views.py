@@ -14,9 +14,8 @@ from test_coord import report as coord_report
 from typer.testing import CliRunner
 
 from actscan.cli import app
-from actscan.report.formats import coord_markdown, to_junit, to_markdown
-from actscan.sweep import SweepPoint, run_sweep
-from actscan.types import (
+from actscan.compare.sweep import SweepPoint, run_sweep
+from actscan.records import (
     AttentionRecord,
     Dynamics,
     Finding,
@@ -26,6 +25,7 @@ from actscan.types import (
     StepRecord,
     TopValue,
 )
+from actscan.render.formats import coord_markdown, to_junit, to_markdown
 
 
 def _rows(text: str, header: str) -> list[list[str]]:

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from actscan.cli import app
 from actscan.measure.inputs import random_tokens
-from actscan.scanner import scan
+from actscan.run import scan
 from actscan.targets.resolve import TargetOptions, resolve
 
 transformers = pytest.importorskip("transformers")
@@ -186,8 +186,8 @@ def test_structure_of_families(
     resolved = resolve(str(path))
     assert resolved.info.at_init and resolved.info.family == model_type
     assert resolved.info.task == "causal-lm"
-    from actscan.measure.layout_proof import prove_layout
-    from actscan.measure.structure import detect_layout
+    from actscan.layout.detect import detect_layout
+    from actscan.layout.proof import prove_layout
 
     model = resolved.model.eval()
     ids = random_tokens(96, 1, 8, 0, 0)

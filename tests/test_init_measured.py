@@ -17,11 +17,11 @@ import pytest
 import torch
 from torch import nn
 
-from actscan.measure.usage import measure_usage, probe_gain
+from actscan.layout.usage import measure_usage, probe_gain
+from actscan.records import CheckId, Finding, Severity
 from actscan.report.report import Report
-from actscan.scanner import scan
+from actscan.run import scan
 from actscan.targets.resolve import Resolved, TargetOptions, resolve, shipped_configs
-from actscan.types import CheckId, Finding, Severity
 
 transformers = pytest.importorskip("transformers")
 

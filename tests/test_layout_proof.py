@@ -16,13 +16,13 @@ import pytest
 import torch
 from torch import nn
 
-from actscan.measure.layout_proof import prove_layout
-from actscan.measure.structure import detect_layout
+from actscan.layout.detect import detect_layout
+from actscan.layout.proof import prove_layout
 from actscan.models.arch import build_config, read_config_file
 from actscan.models.gpt import build_model
+from actscan.records import BlockProof, CheckId, Layout
 from actscan.report.report import Report
-from actscan.scanner import infer_info, scan
-from actscan.types import BlockProof, CheckId, Layout
+from actscan.run import infer_info, scan
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

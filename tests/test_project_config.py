@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from actscan.errors import ConfigError
+from actscan.records import Finding, Severity
 from actscan.settings import (
     Ignore,
     ProjectConfig,
@@ -16,7 +17,6 @@ from actscan.settings import (
     find_project_config,
     load_project_config,
 )
-from actscan.types import Finding, Severity
 
 
 @pytest.fixture

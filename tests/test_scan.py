@@ -13,7 +13,7 @@ from actscan.measure.inputs import random_tokens
 from actscan.measure.recorder import Recorder, first_tensor, iter_named
 from actscan.models.arch import ArchConfig
 from actscan.models.gpt import build_model
-from actscan.scanner import scan
+from actscan.run import scan
 
 SMALL = dict(n_layers=4, d_model=64, n_heads=4, vocab_size=128, seq_len=16)
 

@@ -21,12 +21,12 @@ from actscan import scan
 from actscan.diagnose import evaluate
 from actscan.models.arch import build_config
 from actscan.models.gpt import build_model
-from actscan.report.formats import to_junit, to_markdown
-from actscan.report.render import render_report, spark
+from actscan.records import CheckId, Severity
+from actscan.render.formats import to_junit, to_markdown
+from actscan.render.terminal import render_report, spark
 from actscan.report.report import Report
 from actscan.report.schema import validate_report
 from actscan.targets.stored_dtype import stored_dtype_note
-from actscan.types import CheckId, Severity
 
 
 def text_of(report: Report) -> str:
@@ -308,7 +308,7 @@ def test_a_bf16_checkpoint_run_in_fp32_says_so(tmp_path: Path) -> None:
     assert "stored in bf16" in (stored_dtype_note({"checkpoint_dtypes": ["BF16"]}, "fp32") or "")
     assert stored_dtype_note({"checkpoint_dtypes": ["BF16"]}, "bf16") is None
     assert stored_dtype_note({"checkpoint_dtypes": ["float32"]}, "fp32") is None
-    from actscan.pipeline import scan_target
+    from actscan.api import scan_target
     from actscan.targets.checkpoint import save_builtin
 
     cfg = dict(n_layers=2, d_model=32, n_heads=2, vocab_size=64, seq_len=8)

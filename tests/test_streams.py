@@ -13,11 +13,11 @@ from rich.console import Console
 from torch import nn
 
 from actscan import scan
-from actscan.measure.structure import detect_layout, find_streams
+from actscan.layout.detect import detect_layout, find_streams
 from actscan.models.arch import ArchConfig
-from actscan.report.render import render_report
+from actscan.records import CheckId, Severity
+from actscan.render.terminal import render_report
 from actscan.report.report import Report
-from actscan.types import CheckId, Severity
 
 D = 16
 

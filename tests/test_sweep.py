@@ -11,11 +11,11 @@ import pytest
 from conftest import plant_checks
 from typer.testing import CliRunner
 
-import actscan.scanner  # noqa: F401  (the module whose check runner a test replaces)
+import actscan.run  # noqa: F401  (the module whose check runner a test replaces)
 from actscan.cli import app
+from actscan.compare.sweep import BaseConfig, base_config, parse_sizes, plan, size_overrides
 from actscan.errors import BadInputError, UsageError
-from actscan.sweep import BaseConfig, base_config, parse_sizes, plan, size_overrides
-from actscan.types import Finding, Severity
+from actscan.records import Finding, Severity
 
 RUN = ["--seq-len", "16", "--batch", "2"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

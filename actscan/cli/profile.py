@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from actscan.cli import app
-from actscan.cli import common as c
+from actscan.cli import options as c
 
 if TYPE_CHECKING:
     from actscan.settings import Settings
@@ -170,10 +170,10 @@ def _profile(
         raise c.fail("--dtype and --amp together: autocast runs fp32 weights (drop --dtype)")
     c.check_outputs(fmt, output, json_out)
     if plot is not None:  # fail now, not after a long scan
-        from actscan.report.plot import check_plot
+        from actscan.render.plot import check_plot
 
         check_plot(plot)
-    from actscan.pipeline import TargetSpec, scan_target
+    from actscan.api import TargetSpec, scan_target
 
     spec = TargetSpec(
         target=target, config=config, init=init, overrides=tuple(set_ or ()),
@@ -182,13 +182,13 @@ def _profile(
     )  # fmt: skip
     with c.ProgressSink(enabled=not quiet and main) as progress:
         scanned = scan_target(spec, settings, backward=not no_backward, progress=progress)
-    from actscan.report.render import render_report
+    from actscan.render.terminal import render_report
 
     report = scanned.report
     if not main:  # every rank holds the merged report; rank 0 writes it
         raise typer.Exit(c.gate_exit(report.findings, settings.fail_on))
     if plot is not None:
-        from actscan.report.plot import plot_profile, profile_figure
+        from actscan.render.plot import plot_profile, profile_figure
 
         plot_profile(profile_figure(report), plot)
     c.emit(

@@ -9,10 +9,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from actscan.cli import common as c
+from actscan.cli import options as c
 
 if TYPE_CHECKING:
-    from actscan.pipeline import TargetSpec
+    from actscan.api import TargetSpec
     from actscan.settings import Settings
 
 
@@ -40,7 +40,7 @@ class Side:
         allow_nonfinite: bool = False,
         at_init: bool | None = None,
     ) -> TargetSpec:
-        from actscan.pipeline import TargetSpec
+        from actscan.api import TargetSpec
 
         return TargetSpec(
             target=self.target, config=self.config, init=self.init, overrides=self.sets,

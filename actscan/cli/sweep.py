@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from actscan.cli import app
-from actscan.cli import common as c
+from actscan.cli import options as c
 from actscan.cli.sides import check_precision, side_a, side_b
 
 if TYPE_CHECKING:
+    from actscan.compare.sweep import SweepPoint
     from actscan.report.report import Report
-    from actscan.sweep import SweepPoint
 
 Depth = Annotated[str | None, typer.Option("--depth", help="Blocks per model, e.g. 6,12,24,48.")]
 Width = Annotated[
@@ -74,9 +74,9 @@ def sweep(
       actscan sweep configs/gpt-12-preln.yaml --width 128,256,512,1024 --plot width.png
     """
     c.refuse_distributed("sweep")
+    from actscan.api import scan_target
+    from actscan.compare.sweep import base_config, parse_sizes, plan, run_sweep, size_notes
     from actscan.models.arch import parse_set
-    from actscan.pipeline import scan_target
-    from actscan.sweep import base_config, parse_sizes, plan, run_sweep, size_notes
 
     depths, widths = parse_sizes(depth, "--depth"), parse_sizes(width, "--width")
     settings = c.resolve_settings(
@@ -97,7 +97,7 @@ def sweep(
         check_precision(s)
     c.check_outputs(fmt, output, json_out)
     if plot is not None:  # fail now, not after the sweep: no matplotlib, a bad type or folder
-        from actscan.report.plot import check_plot
+        from actscan.render.plot import check_plot
 
         check_plot(plot)
     bases = [
@@ -127,7 +127,7 @@ def sweep(
         )  # fmt: skip
 
     if plot is not None and result.coord is not None:
-        from actscan.report.plot import plot_coord
+        from actscan.render.plot import plot_coord
 
         plot_coord(
             result.coord.curves, result.coord.widths, plot,
@@ -135,7 +135,7 @@ def sweep(
             title=f"Coordinate check: mean |x| vs width, {target}",
         )  # fmt: skip
     elif plot is not None:
-        from actscan.report.plot import Series, plot_streams
+        from actscan.render.plot import Series, plot_streams
 
         two = len(sides) > 1
         sizes = list(dict.fromkeys((r.depth, r.width) for r in result.rows))
@@ -154,8 +154,8 @@ def sweep(
             title=f"Residual stream RMS vs k: {target}",
         )
 
-    from actscan.report.formats import coord_markdown, to_junit, to_markdown
-    from actscan.report.render_compare import render_sweep
+    from actscan.render.compare import render_sweep
+    from actscan.render.formats import coord_markdown, to_junit, to_markdown
 
     reports = [r.report for r in result.rows]
     gate = settings.fail_on

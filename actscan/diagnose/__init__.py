@@ -4,7 +4,7 @@ Each check is a function CheckContext -> list[Finding | Skip] (the other modules
 actscan/diagnose/), registered in CHECKS under the check ids it emits; a check that cannot
 run on what was measured returns a Skip with the reason (too few blocks, no backward pass,
 not at init, …) rather than nothing, so silence is never read as a pass. `evaluate` runs
-them all and sorts the findings worst first, then in CHECK_ORDER (actscan.types: numerics,
+them all and sorts the findings worst first, then in CHECK_ORDER (actscan.records: numerics,
 measured depth pathologies, per-component, static init last), so the most explanatory
 finding leads; `run_checks` gives the findings alone.
 Thresholds come from actscan.diagnose.thresholds only.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from actscan.diagnose.thresholds import Thresholds
-from actscan.types import (
+from actscan.records import (
     CHECK_ORDER,
     AttentionRecord,
     CheckId,
@@ -70,10 +70,10 @@ def _register() -> None:
         branches,
         channels,
         depth,
-        dynamics,
         init,
+        massive,
         numerics,
-        tokens,
+        steps,
         underflow,
     )
 
@@ -87,15 +87,15 @@ def _register() -> None:
             (CheckId.DEAD_BRANCH,): branches.dead_branch,
             (CheckId.DEAD_UNITS,): channels.dead_units,
             (CheckId.OUTLIER_CHANNELS,): channels.outlier_channels,
-            (CheckId.MASSIVE_ACTIVATIONS,): tokens.massive_activations,
+            (CheckId.MASSIVE_ACTIVATIONS,): massive.massive_activations,
             (CheckId.LOGIT_SCALE,): numerics.logit_scale,
             (CheckId.ATTN_ENTROPY,): attention.attn_entropy,
             (CheckId.INIT_SCALE,): init.init_scale,
-            (CheckId.UPDATE_SIZE,): dynamics.update_size,
-            (CheckId.AMPLIFICATION,): dynamics.amplification,
-            (CheckId.ATTN_LOGIT_GROWTH,): dynamics.attn_logit_growth,
-            (CheckId.LOGIT_DRIFT,): dynamics.logit_drift,
-            (CheckId.ADAM_EPSILON,): dynamics.adam_epsilon,
+            (CheckId.UPDATE_SIZE,): steps.update_size,
+            (CheckId.AMPLIFICATION,): steps.amplification,
+            (CheckId.ATTN_LOGIT_GROWTH,): steps.attn_logit_growth,
+            (CheckId.LOGIT_DRIFT,): steps.logit_drift,
+            (CheckId.ADAM_EPSILON,): steps.adam_epsilon,
         }
     )
 

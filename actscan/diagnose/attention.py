@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import finding, finite, grade, listing, n, skip
-from actscan.types import AttentionRecord, CheckId, Finding, HeadRecord, Severity, Skip
+from actscan.records import AttentionRecord, CheckId, Finding, HeadRecord, Severity, Skip
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext

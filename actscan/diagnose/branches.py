@@ -18,7 +18,7 @@ from actscan.diagnose.common import (
     warn_or_error,
 )
 from actscan.measure.streams import all_points, stream_branch_records
-from actscan.types import BranchRecord, CheckId, Finding, LayerRecord, ParamRecord, Severity, Skip
+from actscan.records import BranchRecord, CheckId, Finding, LayerRecord, ParamRecord, Severity, Skip
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext

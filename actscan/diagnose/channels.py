@@ -17,7 +17,7 @@ from actscan.diagnose.common import (
     skip,
     warn_or_error,
 )
-from actscan.types import CheckId, Finding, LayerRecord, Severity, Skip
+from actscan.records import CheckId, Finding, LayerRecord, Severity, Skip
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext
@@ -122,7 +122,7 @@ def token_local(ctx: CheckContext) -> set[tuple[int | None, int]]:
     """(width, channel) of the massive activations the stream shows on a few tokens only:
     the channel carries a massive value at a stream point where it is not an outlier
     channel across tokens (actscan.measure.stats.channel_outliers, outlier-tokens)."""
-    from actscan.diagnose.tokens import massive_values
+    from actscan.diagnose.massive import massive_values
     from actscan.measure.streams import all_points
 
     th = ctx.thresholds

@@ -9,8 +9,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from actscan.report.numfmt import num as n  # noqa: F401  (re-exported for the checks)
-from actscan.types import (  # noqa: F401  (CHECK_ORDER re-exported: its old home)
+from actscan.numfmt import num as n  # noqa: F401  (re-exported for the checks)
+from actscan.records import (  # noqa: F401  (CHECK_ORDER re-exported: its old home)
     CHECK_ORDER,
     CheckId,
     Finding,

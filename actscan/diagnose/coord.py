@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from actscan.diagnose.thresholds import Thresholds
-from actscan.types import CheckId, Finding, Severity
+from actscan.records import CheckId, Finding, Severity
 
 if TYPE_CHECKING:
     from actscan.report.report import Report

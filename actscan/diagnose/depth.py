@@ -24,7 +24,7 @@ from actscan.diagnose.common import (
     too_few_blocks,
 )
 from actscan.measure.stats import growth_fit
-from actscan.types import CheckId, Finding, Severity, Skip, StreamPoint
+from actscan.records import CheckId, Finding, Severity, Skip, StreamPoint
 
 if TYPE_CHECKING:
     from actscan.diagnose import Check, CheckContext

@@ -19,7 +19,7 @@ from actscan.diagnose.common import (
     residual_budget,
     skip,
 )
-from actscan.types import CheckId, Finding, ParamRecord, Severity, Skip
+from actscan.records import CheckId, Finding, ParamRecord, Severity, Skip
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext

@@ -19,7 +19,7 @@ from actscan.diagnose.common import (
     positive,
     skip,
 )
-from actscan.types import CheckId, Finding, Severity, Skip
+from actscan.records import CheckId, Finding, Severity, Skip
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import NO_BACKWARD, feeding, finding, grade, listing, n, pct, skip
-from actscan.types import CheckId, Finding, LayerRecord, Skip
+from actscan.records import CheckId, Finding, LayerRecord, Skip
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext

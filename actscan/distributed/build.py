@@ -181,8 +181,8 @@ def _builtin(cfg: ArchConfig, source: str, opts: TargetOptions, run: DistRun) ->
 
     from actscan.distributed.fsdp import local_rows
     from actscan.models.gpt import arch_facts
+    from actscan.records import ModelInfo
     from actscan.targets.resolve import Resolved
-    from actscan.types import ModelInfo
 
     _check_unitwise(cfg, opts.seed)
     with torch.device("meta"):
@@ -285,7 +285,7 @@ class _ParamsOnMeta:
 def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
     from transformers.initialization import no_init_weights
 
-    from actscan.measure.structure import detect_layout
+    from actscan.layout.detect import detect_layout
     from actscan.models.arch import read_config_file
     from actscan.targets.hf import (
         CONFIG_NAME,

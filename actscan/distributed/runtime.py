@@ -222,7 +222,7 @@ def run_ranked(body: Callable[[], int], device: str | None = None) -> int:
         except typer.Exit as stop:
             code = int(stop.exit_code)
         if code in (0, 1):
-            from actscan.distributed.stats import write
+            from actscan.distributed.telemetry import write
 
             write(s.run.rank, s.run.world_size)
         return s.finish(code)

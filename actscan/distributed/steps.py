@@ -1,6 +1,6 @@
 """`--steps N` as one rank of a distributed run: the sharded optimizer and the exact merge.
 
-The step loop is `actscan.measure.dynamics.run_steps`, the same as in one process; this
+The step loop is `actscan.steps.loop.run_steps`, the same as in one process; this
 rank's differences are `ShardedRanks`:
 
 * the optimizer (torch AdamW/Adam/SGD) holds the FSDP2-sharded parameters (DTensors):
@@ -27,8 +27,8 @@ from torch import nn
 
 from actscan.distributed.runtime import DistRun, split_rows
 from actscan.errors import UsageError
-from actscan.measure.dynamics import LocalRanks
 from actscan.measure.inputs import Batch
+from actscan.steps.loop import LocalRanks
 
 # Wall times of this process's last step loop (benchmarks; `stats.write` reports them):
 # each step's two all-reduces, and the whole loop (from `ShardedRanks()` to its last

@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from actscan.types import AttentionRecord, HeadRecord, Layout
+from actscan.records import AttentionRecord, HeadRecord, Layout
 
 PROBE_PREFIX = "actscan_probe_"
 PROBED = ("eager", "sdpa")

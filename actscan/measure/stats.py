@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from actscan.measure.recorder import RawStats
-from actscan.types import BranchRecord, LayerRecord, Layout, StreamPoint
+from actscan.records import BranchRecord, LayerRecord, Layout, StreamPoint
 
 if TYPE_CHECKING:  # annotation only: importing diagnose here would cycle back to stats
     from actscan.diagnose.thresholds import Thresholds

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from actscan.measure.stats import branch_records, growth_fit, stream_points
-from actscan.types import (
+from actscan.records import (
     BranchRecord,
     LayerRecord,
     Layout,

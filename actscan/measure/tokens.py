@@ -15,7 +15,7 @@ import torch
 
 from actscan.measure.inputs import InputSource
 from actscan.measure.recorder import RawStats
-from actscan.types import StreamPoint, StreamRecord, TopValue
+from actscan.records import StreamPoint, StreamRecord, TopValue
 
 Decode = Callable[[int], str]
 

@@ -1,4 +1,3 @@
-"""The report and everything that shows it: the `Report` type (`report`), its JSON Schema
-(`schema`), CI formats (`formats`), rich tables (`render`, `render_compare`), plots (`plot`),
-the one number format (`numfmt`) and the one JSON encoder and atomic writer (`output`).
-Nothing here measures or judges."""
+"""The report as data: the `Report` type (`report`), its JSON Schema (`schema`), the steps
+section's JSON (`steps_io`) and the one JSON encoder and atomic writer (`output`). Nothing
+here measures, judges or renders."""

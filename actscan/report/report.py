@@ -11,9 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from actscan import __version__
-from actscan.report.dynamics_io import dynamics_from_dict, dynamics_to_dict
-from actscan.report.output import dumps, json_safe
-from actscan.types import (
+from actscan.records import (
     AttentionRecord,
     BlockProof,
     BranchRecord,
@@ -32,6 +30,8 @@ from actscan.types import (
     Summary,
     TopValue,
 )
+from actscan.report.output import dumps, json_safe
+from actscan.report.steps_io import dynamics_from_dict, dynamics_to_dict
 
 SCHEMA_VERSION = 1
 
@@ -179,7 +179,7 @@ class Report:
         )
 
     def to_markdown(self, fail_on: str | FailOn = FailOn.ERROR) -> str:
-        from actscan.report.formats import to_markdown
+        from actscan.render.formats import to_markdown
 
         return to_markdown(self, fail_on=fail_on)
 

@@ -13,8 +13,8 @@ from actscan.models.arch import (
     read_config_file,
     with_init,
 )
+from actscan.records import ModelInfo
 from actscan.targets.resolve import Resolved, TargetOptions
-from actscan.types import ModelInfo
 
 
 def arch_from_mapping(data: dict[str, Any], where: str, opts: TargetOptions) -> ArchConfig:

@@ -132,7 +132,7 @@ def _resolve_module(target: str, model: Any, example: Any, opts: TargetOptions) 
     """Inputs for the user's module, first match wins (module docstring, "Inputs")."""
     from actscan.measure.inputs import tensor_source, user_source
     from actscan.measure.model_inputs import takes_token_ids
-    from actscan.scanner import infer_info
+    from actscan.run import infer_info
 
     info = infer_info(model, source=target)
     max_pos = _max_positions(model)

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actscan.errors import BadInputError, ConfigError, UsageError
+from actscan.records import ModelInfo
 from actscan.targets import safetensors_io as st
 from actscan.targets.resolve import Resolved, TargetOptions
-from actscan.types import ModelInfo
 
 if TYPE_CHECKING:
     import torch
@@ -357,7 +357,7 @@ def hf_info(
     extra: Mapping[str, Any] | None = None,
 ) -> ModelInfo:
     """ModelInfo for a transformers model; `arch` keys mirror the built-in family's facts."""
-    from actscan.measure.structure import is_norm
+    from actscan.layout.detect import is_norm
 
     mt = str(config.model_type)
     n_layers = _first_attr(config, "num_hidden_layers", "n_layer", "num_layers", "n_layers")

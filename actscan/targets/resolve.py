@@ -15,7 +15,7 @@ from torch import nn
 
 from actscan.errors import BadInputError
 from actscan.measure.inputs import InputSource
-from actscan.types import ModelInfo
+from actscan.records import ModelInfo
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".toml", ".json")
 

@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from actscan import __version__
-from actscan.compare_steps import StepsComparison, compare_steps
-from actscan.report.numfmt import num
+from actscan.compare.steps import StepsComparison, compare_steps
+from actscan.numfmt import num
+from actscan.records import Finding, LayerRecord, Layout, ModelInfo, StreamPoint
 from actscan.report.output import dumps, json_safe
 from actscan.report.report import SCHEMA_VERSION, Report
-from actscan.types import Finding, LayerRecord, Layout, ModelInfo, StreamPoint
 
 if TYPE_CHECKING:
     from torch import nn
@@ -521,9 +521,9 @@ def precision_divergence(
     """
     import torch
 
+    from actscan.layout.detect import detect_layout
     from actscan.measure.recorder import first_tensor
-    from actscan.measure.structure import detect_layout
-    from actscan.scanner import TORCH_DTYPES, cast_batch, resolve_device
+    from actscan.run import TORCH_DTYPES, cast_batch, resolve_device
 
     dev = resolve_device(device, model)
     layout = layout or detect_layout(model, model_type)
@@ -547,7 +547,7 @@ def precision_divergence(
 
     m_hi, b_hi = prepared(high)
     if layout.blocks and scope != "all":
-        from actscan.measure.layout_proof import prove_layout
+        from actscan.layout.proof import prove_layout
 
         # the branches each block really adds (post-branch norms, post-LN encoders)
         layout = prove_layout(m_hi, layout, lambda m=m_hi, b=b_hi: run(high, m, b)).layout

@@ -26,10 +26,11 @@ from actscan.diagnose import CheckContext, evaluate
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.distributed.runtime import current as dist_current
 from actscan.errors import UsageError
+from actscan.layout.detect import detect_layout, is_norm
+from actscan.layout.proof import prove_layout
+from actscan.layout.usage import Usage, measure_usage, norm_gains
 from actscan.measure.attention import attention_probes
-from actscan.measure.dynamics import StepSpec, StepsRaw, caller_state, dynamics_record, run_steps
 from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
-from actscan.measure.layout_proof import prove_layout
 from actscan.measure.model_inputs import describe_batch, hf_input_source
 from actscan.measure.prepare import call_model, check_positions, refuse_meta, unwrap_compiled
 from actscan.measure.recorder import Recorder, iter_named, moments
@@ -42,13 +43,12 @@ from actscan.measure.streams import (
     stream_records,
 )
 from actscan.measure.streams import stream_inputs as stream_input_blocks
-from actscan.measure.structure import detect_layout, is_norm
 from actscan.measure.tokens import channel_maxima, stream_names, streams_with_views, with_views
-from actscan.measure.usage import Usage, measure_usage, norm_gains
+from actscan.records import Layout, ModelInfo, ParamRecord, RunInfo, StreamRecord, Summary
 from actscan.report.report import Report
 from actscan.settings import Ignore, apply_ignores, parse_ignores
+from actscan.steps.loop import StepSpec, StepsRaw, caller_state, dynamics_record, run_steps
 from actscan.targets.stored_dtype import stored_dtype_note
-from actscan.types import Layout, ModelInfo, ParamRecord, RunInfo, StreamRecord, Summary
 
 # Static loss scale of fp16 runs: a steady state of GradScaler's dynamic scale (it starts
 # at 2^16 and halves on every overflow) that keeps an fp16 loss gradient of 1 finite.
@@ -332,7 +332,7 @@ def scan(
         steps: after the step-0 profile, take this many optimizer steps (`optimizer`
           "adamw" | "adam" | "sgd", `lr`, `betas`, `eps`, `weight_decay`, linear
           `warmup` steps) and measure each t = 0..N into `report.dynamics`
-          (actscan.measure.dynamics says what and how). The report's layers, stream and
+          (actscan.steps.loop says what and how). The report's layers, stream and
           findings stay the step-0 measurement; the model's weights, `.grad`, modes and
           buffers are restored bit for bit afterwards, also when a step raises. A model
           with `actscan_param_groups(lr) -> list[dict]` trains with its own param groups.

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from actscan.measure.structure import is_norm
+from actscan.layout.detect import is_norm
 
 _LINEAR = {"linear"}
 _MATMUL = {"matmul", "__matmul__", "mm", "bmm"}

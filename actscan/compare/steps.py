@@ -1,7 +1,7 @@
 """`compare … --steps N`: the two sides' first optimizer steps side by side, and which side
 keeps its updates sane.
 
-Computed once here (no torch, no printing); actscan.report.render_compare draws it.
+Computed once here (no torch, no printing); actscan.render.compare draws it.
 
 The verdict rests on two measured figures per side, each smaller-is-saner:
 - the update-ratio spread: max ÷ min over the blocks' median ‖ΔW‖/‖W‖ (block matrices, all
@@ -20,14 +20,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from actscan.measure.dynamics_stats import (
+from actscan.numfmt import num
+from actscan.records import Dynamics
+from actscan.steps.derived import (
     amplification,
     attn_growth,
     final_amplification,
     ratio_spread,
 )
-from actscan.report.numfmt import num
-from actscan.types import Dynamics
 
 MARGIN = 1.1  # a figure must be this many times smaller to count as a win
 

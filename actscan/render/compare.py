@@ -10,12 +10,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from actscan.compare import Comparison, Divergence, FindingDiff
-from actscan.report.numfmt import NONE, as_float, num
-from actscan.report.render import SEVERITY_STYLE, findings_panel, spark
+from actscan.compare.pairs import Comparison, Divergence, FindingDiff
+from actscan.compare.sweep import Sweep
+from actscan.numfmt import NONE, as_float, num
+from actscan.records import Finding
+from actscan.render.terminal import SEVERITY_STYLE, findings_panel, spark
 from actscan.report.report import Report
-from actscan.sweep import Sweep
-from actscan.types import Finding
 
 A_STYLE, B_STYLE = "cyan", "magenta"
 
@@ -226,7 +226,7 @@ def render_comparison(
         if cmp.divergence is not None:
             console.print(divergence_table(cmp.divergence, all_layers=all_layers))
         if cmp.steps is not None:
-            from actscan.report.render_dynamics import render_steps_comparison
+            from actscan.render.steps import render_steps_comparison
 
             for part in render_steps_comparison(cmp.steps):
                 console.print(part)

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from actscan.settings import Settings, apply_ignores
 
 if TYPE_CHECKING:
-    from actscan.compare import Divergence
+    from actscan.compare.pairs import Divergence
     from actscan.measure.inputs import InputSource
+    from actscan.records import Finding
     from actscan.report.report import Report
     from actscan.targets.resolve import Resolved
-    from actscan.types import Finding
 
 __all__ = ["Progress", "Scanned", "TargetSpec", "build_target", "scan_target"]
 
@@ -77,7 +77,7 @@ def build_target(spec: TargetSpec, settings: Settings) -> tuple[Resolved, InputS
     run = current()
     if run is not None:  # sharded from the start: no rank builds the whole model
         from actscan.distributed.build import build_sharded
-        from actscan.distributed.stats import track
+        from actscan.distributed.telemetry import track
 
         resolved = build_sharded(spec.target, opts, run)
         track(resolved.model)
@@ -104,7 +104,7 @@ def scan_target(
     findings no ignore matches, so `report.assert_healthy` and the CLI's `--fail-on`
     gate on the same findings.
     """
-    from actscan.scanner import scan  # looked up per call: tests may replace it
+    from actscan.run import scan  # looked up per call: tests may replace it
 
     spec = TargetSpec(spec) if isinstance(spec, str) else spec
     settings = Settings() if settings is None else settings
@@ -154,7 +154,7 @@ def precision_divergence_of(
     """Same weights, two precisions (those `a` and `b` ran in): rebuild the model of
     `spec` once more (deterministic: same config, seed and file) and compare each chosen
     module's output in the lower precision against the higher one."""
-    from actscan.compare import Precision, default_inputs, precision_divergence
+    from actscan.compare.pairs import Precision, default_inputs, precision_divergence
 
     pa = Precision(a.run.dtype, a.run.amp)
     pb = Precision(b.run.dtype, b.run.amp)

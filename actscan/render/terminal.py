@@ -14,10 +14,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from actscan.report.formats import head_summary, massive_rows
-from actscan.report.numfmt import NONE, as_float, num
-from actscan.report.report import Report
-from actscan.types import (
+from actscan.numfmt import NONE, as_float, num
+from actscan.records import (
     AttentionRecord,
     Finding,
     Severity,
@@ -26,6 +24,8 @@ from actscan.types import (
     Summary,
     finding_order,
 )
+from actscan.render.formats import head_summary, massive_rows
+from actscan.report.report import Report
 
 SPARK = "▁▂▃▄▅▆▇█"
 # Values whose max/min is within this factor are drawn flat: one step of an 8-level
@@ -363,7 +363,7 @@ def render_report(
         for line in summary_lines(report):
             console.print(line)
         if report.dynamics is not None:
-            from actscan.report.render_dynamics import render_dynamics
+            from actscan.render.steps import render_dynamics
 
             for part in render_dynamics(report.dynamics):
                 console.print(part)

@@ -12,7 +12,7 @@ import re
 
 from torch import nn
 
-from actscan.types import BlockInfo, Layout, Role
+from actscan.records import BlockInfo, Layout, Role
 
 _ATTN_RE = re.compile(r"(^|_)(attn|attention|self_attn|self_attention|mixer|mha|sa)$", re.I)
 _MLP_RE = re.compile(

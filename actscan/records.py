@@ -75,7 +75,7 @@ class CheckId(StrEnum):
     LOGIT_SCALE = "logit-scale"
     ATTN_ENTROPY = "attn-entropy"
     INIT_SCALE = "init-scale"
-    # the first optimizer steps (`--steps N`; actscan/diagnose/dynamics.py)
+    # the first optimizer steps (`--steps N`; actscan/diagnose/steps.py)
     UPDATE_SIZE = "update-size"
     AMPLIFICATION = "amplification"
     ATTN_LOGIT_GROWTH = "attn-logit-growth"
@@ -526,7 +526,7 @@ class Dynamics:
     steps: tuple[StepRecord, ...]
     updates: tuple[UpdateRecord, ...] = ()
     probe: str | None = None  # what the probe batch holds, in words
-    # derived from `updates` (actscan.measure.dynamics_stats.block_updates)
+    # derived from `updates` (actscan.steps.derived.block_updates)
     blocks: tuple[BlockUpdates, ...] = ()
 
 

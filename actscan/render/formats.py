@@ -15,9 +15,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from actscan.report.numfmt import NONE, as_float, num
-from actscan.report.output import write_atomic
-from actscan.types import (
+from actscan.numfmt import NONE, as_float, num
+from actscan.records import (
     CHECK_ORDER,
     AttentionRecord,
     CheckId,
@@ -30,6 +29,7 @@ from actscan.types import (
     TopValue,
     finding_order,
 )
+from actscan.report.output import write_atomic
 
 if TYPE_CHECKING:
     from actscan.diagnose.coord import CoordCheck

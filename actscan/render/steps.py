@@ -1,6 +1,6 @@
 """The table view of the first optimizer steps (`--steps N`): the stream over the steps,
 the updates per block, and one sparkline per curve. Reads the records only: every number
-was measured (actscan.measure.dynamics) or derived (actscan.measure.dynamics_stats)."""
+was measured (actscan.steps.loop) or derived (actscan.steps.derived)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from actscan.compare_steps import StepsComparison
-from actscan.report.formats import shown_steps
-from actscan.report.numfmt import NONE, num
-from actscan.report.render import spark
-from actscan.types import BlockUpdates, Dynamics
+from actscan.compare.steps import StepsComparison
+from actscan.numfmt import NONE, num
+from actscan.records import BlockUpdates, Dynamics
+from actscan.render.formats import shown_steps
+from actscan.render.terminal import spark
 
 
 def optimizer_line(dyn: Dynamics) -> Text:

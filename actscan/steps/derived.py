@@ -7,7 +7,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from actscan.types import BlockUpdates, Dynamics, UpdateRecord
+from actscan.records import BlockUpdates, Dynamics, UpdateRecord
 
 # Parameter kinds whose update ratio the per-block table summarises: matrices. A bias or
 # a norm gain starts at 0 or 1 and has its own scale (gain drift covers the gains).

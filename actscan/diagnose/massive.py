@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import FP16_MAX, finding, listing, n, skip
 from actscan.measure.streams import all_points
-from actscan.types import CheckId, Finding, Severity, Skip, StreamPoint, TopValue
+from actscan.records import CheckId, Finding, Severity, Skip, StreamPoint, TopValue
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from actscan import __version__
 from actscan.errors import BadInputError, UsageError
+from actscan.records import Finding, Severity
 from actscan.report.output import dumps, json_safe
 from actscan.report.report import SCHEMA_VERSION, Report
-from actscan.types import Finding, Severity
 
 if TYPE_CHECKING:
     from actscan.diagnose.coord import CoordCheck

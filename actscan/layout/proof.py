@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from actscan.measure.structure import is_act, is_norm
-from actscan.types import BlockInfo, BlockProof, BranchInfo, Layout, Role
+from actscan.layout.detect import is_act, is_norm
+from actscan.records import BlockInfo, BlockProof, BranchInfo, Layout, Role
 
 # ‖x_in + Σ writes − x_out‖ / ‖x_out‖ allowed per dtype of the stream: a few roundings of
 # the additions themselves (unit roundoff 2⁻²⁴, 2⁻¹¹, 2⁻⁸).

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import finding, finite, grade, listing, n, positive, skip
 from actscan.diagnose.thresholds import DEFAULT
-from actscan.types import CheckId, Dynamics, Finding, Severity, Skip, UpdateRecord
+from actscan.records import CheckId, Dynamics, Finding, Severity, Skip, UpdateRecord
 
 if TYPE_CHECKING:
     from actscan.diagnose import CheckContext

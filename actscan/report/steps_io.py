@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from actscan.measure.dynamics_stats import block_updates
-from actscan.types import (
+from actscan.records import (
     BlockUpdates,
     ChangeRecord,
     Dynamics,
@@ -18,6 +17,7 @@ from actscan.types import (
     StepRecord,
     UpdateRecord,
 )
+from actscan.steps.derived import block_updates
 
 
 def dynamics_to_dict(d: Dynamics) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from rich.console import Console
 from actscan.errors import ActscanError, UsageError
 
 if TYPE_CHECKING:
+    from actscan.records import Finding
     from actscan.report.report import Report
     from actscan.settings import Settings
-    from actscan.types import Finding
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -382,7 +382,7 @@ def emit(
     """Write --json, --format/-o, and the human table, keeping stdout clean for data.
     `json_text`, `markdown_text`, `junit_text`: a command whose document is more than its
     reports (a sweep's coordinate check) writes its own."""
-    from actscan.report.formats import to_junit, to_markdown, write_atomic
+    from actscan.render.formats import to_junit, to_markdown, write_atomic
 
     check_outputs(fmt, output, json_path)
     data_to_stdout = json_path == "-" or (fmt is not FormatOpt.table and output in (None, "-"))
@@ -415,7 +415,7 @@ def emit(
 
 
 def gate_exit(findings: list[Finding] | tuple[Finding, ...], fail_on: str) -> int:
-    from actscan.types import FailOn
+    from actscan.records import FailOn
 
     gate = FailOn(fail_on)
     return EXIT_FINDINGS if any(gate.trips(f.severity) for f in findings) else EXIT_OK

@@ -51,13 +51,12 @@ import torch
 from torch import nn
 
 from actscan.errors import UsageError
+from actscan.layout.detect import is_norm
 from actscan.measure.attention import AttentionProbes
-from actscan.measure.dynamics_stats import block_updates
 from actscan.measure.inputs import Batch, InputSource
 from actscan.measure.recorder import first_tensor
 from actscan.measure.streams import input_name
-from actscan.measure.structure import is_norm
-from actscan.types import (
+from actscan.records import (
     ChangeRecord,
     Dynamics,
     Layout,
@@ -68,6 +67,7 @@ from actscan.types import (
     StreamPoint,
     UpdateRecord,
 )
+from actscan.steps.derived import block_updates
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 # The probe is batch PROBE_INDEX of the input source: for seeded sources (invented token
