@@ -23,8 +23,9 @@ Moments = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 def merge_moments(a: Moments, b: Moments) -> Moments:
     """The moments of the union of two disjoint parts, elementwise over the tensors.
 
-    Pure (new tensors; `a` and `b` are not written). An empty part (count 0) leaves the
-    other part's moments as they are, whatever its mean holds; counts are whole numbers.
+    Pure (new tensors; `a` and `b` are not written). Counts are whole numbers. An empty
+    `b` (count 0) leaves `a` as it is, whatever b's mean holds (0/0 upstream); an empty
+    `a` holds zeros (a fresh accumulator) and gives `b`.
     """
     n_a, mean_a, m2_a = a
     n_b, mean_b, m2_b = b
