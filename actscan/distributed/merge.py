@@ -254,6 +254,7 @@ def sharded_moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float,
         if cnt == 0:
             out.append((0.0, 0.0, 0))
             continue
-        var = float(m2[k]) / cnt
-        out.append((float(mean[k]), max(var, 0.0) ** 0.5 if var == var else var, int(bad[k])))
+        var_k = float(m2[k]) / cnt
+        std = max(var_k, 0.0) ** 0.5 if var_k == var_k else var_k
+        out.append((float(mean[k]), std, int(bad[k])))
     return out

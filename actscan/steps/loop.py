@@ -704,7 +704,7 @@ class _Loop:
             if self.own:  # prev ← W_t − W_{t+1} in place
                 torch._foreach_sub_(self.prev, self.local_params)
             else:  # the caller's copy is read only: the difference is ours
-                self.prev, self.own = torch._foreach_sub(self.prev, self.local_params), True
+                self.prev, self.own = list(torch._foreach_sub(self.prev, self.local_params)), True
             delta = torch._foreach_norm(self.prev)
             if t + 1 < self.n_steps:  # W_{t+1} for the next update
                 torch._foreach_copy_(self.prev, self.local_params)
