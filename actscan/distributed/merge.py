@@ -10,8 +10,8 @@ statistics:
 
     "sum"       all-reduce SUM (fp64: counts stay exact, sums of squares add up)
     "max"       all-reduce MAX          "min"  all-reduce MIN
-    "chan"      a group "n,mean,m2": all-gather of the triples, Chan's parallel merge in
-                rank order (no Σx² − n·mean² cancellation)
+    "chan"      a group "n,mean,m2": all-gather of the triples, merged in rank order
+                (actscan.measure.moments: no Σx² − n·mean² cancellation)
     "channels"  per-module per-channel (amax, amin) pairs: MAX of amax and of −amin
     "cat"       all-gather, concatenated along dim 0 in rank order (for candidates that
                 the recorder cuts down in `result()`, e.g. a top-k)
@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from actscan.measure.moments import Moments, merge_moments
 
 _F64 = torch.float64
 LAST_MERGE_MS: list[float] = []  # wall time of each merge in this process (benchmarks)
@@ -94,16 +96,10 @@ def _chan(obj: Any, groups: Sequence[str], dev: torch.device, world: int) -> Non
         ]
     )  # (3, Σm)
     ranks = _gather(stacked, world)
-    n, mean, m2 = ranks[0][0].clone(), ranks[0][1].clone(), ranks[0][2].clone()
-    for other in ranks[1:]:
-        bn, bmean, bm2 = other
-        tot = n + bn
-        delta = torch.where(bn > 0, bmean - mean, torch.zeros_like(mean))
-        w = bn / tot.clamp_min(1)
-        m2 = m2 + bm2 + delta.square() * n * w
-        mean = mean + delta * w
-        n = tot
-    merged = torch.stack([n, mean, m2])
+    moments: Moments = (ranks[0][0], ranks[0][1], ranks[0][2])
+    for bn, bmean, bm2 in ranks[1:]:  # in rank order
+        moments = merge_moments(moments, (bn, bmean, bm2))
+    merged = torch.stack(moments)
     pos = 0
     for trio in names:
         k = _as_tensor(getattr(obj, trio[0]), dev).numel()
@@ -247,21 +243,18 @@ def sharded_moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float,
     nccl = dist.get_backend() == "nccl"  # nccl gathers device tensors only
     mine_d = mine.to(torch.device("cuda", torch.cuda.current_device())) if nccl else mine
     ranks = [r.cpu() for r in _gather(mine_d, dist.get_world_size())]
-    n, mean, m2, bad = (ranks[0][:, j].clone() for j in range(4))
-    for other in ranks[1:]:
+    n, mean, m2, bad = ranks[0].unbind(1)
+    for other in ranks[1:]:  # in rank order
         bn, bmean, bm2, bbad = other.unbind(1)
-        tot = n + bn
-        delta = torch.where(bn > 0, bmean - mean, torch.zeros_like(mean))
-        w = bn / tot.clamp_min(1)
-        m2 = m2 + bm2 + delta.square() * n * w
-        mean = mean + delta * w
-        n, bad = tot, bad + bbad
+        n, mean, m2 = merge_moments((n, mean, m2), (bn, bmean, bm2))
+        bad = bad + bbad
     out = []
     for k in range(len(tensors)):
         cnt = float(n[k])
         if cnt == 0:
             out.append((0.0, 0.0, 0))
             continue
-        var = float(m2[k]) / cnt
-        out.append((float(mean[k]), max(var, 0.0) ** 0.5 if var == var else var, int(bad[k])))
+        var_k = float(m2[k]) / cnt
+        std = max(var_k, 0.0) ** 0.5 if var_k == var_k else var_k
+        out.append((float(mean[k]), std, int(bad[k])))
     return out

@@ -13,8 +13,9 @@ rank's differences are `ShardedRanks`:
   the global mean, gradients are summed by the reduce-scatter;
 * every per-step figure is a sum over rows or over a parameter's elements (of squares,
   of |x|, counts) or a maximum, taken on the local rows and shards (`to_local()`), then
-  one SUM and one MAX all-reduce per step carry all of them; square roots and ratios
-  are taken after. No per-module collective.
+  one SUM and one MAX all-reduce per step carry all of them (`reduce`, called by
+  `actscan.steps.figures.exchange`, which declares each figure's reduction); square
+  roots and ratios are taken after. No per-module collective.
 """
 
 from __future__ import annotations

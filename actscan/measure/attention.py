@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from actscan.measure.moments import merge_moments
 from actscan.records import AttentionRecord, HeadRecord, Layout
 
 PROBE_PREFIX = "actscan_probe_"
@@ -83,13 +84,9 @@ class _Acc:
             self.t = s
             return
         t = self.t
-        n_a, n_b = t["n"], s["n"]
-        n = n_a + n_b
-        delta = s["mean"] - t["mean"]
-        w = torch.where(n > 0, n_b / n.clamp_min(1), torch.zeros_like(n))
-        t["m2"] = t["m2"] + s["m2"] + delta * delta * n_a * w
-        t["mean"] = t["mean"] + delta * w
-        t["n"] = n
+        t["n"], t["mean"], t["m2"] = merge_moments(
+            (t["n"], t["mean"], t["m2"]), (s["n"], s["mean"], s["m2"])
+        )
         t["max"] = torch.maximum(t["max"], s["max"])
         t["err"] = torch.maximum(t["err"], s["err"])
         for k in ("ent", "rows", "sink", "sink_rows", "keys"):

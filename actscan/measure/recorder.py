@@ -22,8 +22,8 @@ instrumented step costs little more than reading each activation a few times:
 - With backward on, `output.register_hook` measures the gradient w.r.t. that output (row
   norms again); it works with in-place ops where `register_full_backward_hook` does not.
 - At the end of each batch the pending per-chunk results are merged into per-module
-  running accumulators with Chan's parallel formula, vectorised over all modules (a few
-  kernels per batch, not per module). Memory stays flat in the number of batches.
+  running accumulators with Chan's parallel formula (`merge_moments`), vectorised over all
+  modules (a few kernels per batch, not per module). Memory stays flat in the number of batches.
 - CPU outputs and gradients up to `_SERIAL` values are reduced with torch's thread count
   set to 1 (restored in `finally`): at that size a parallel region's fork/join costs as
   much as the pass itself. A gradient tensor handed to two outputs (both sides of a
@@ -55,6 +55,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+
+from actscan.measure.moments import merge_moments
 
 _ACC = torch.float64  # merged scalars: exact counts beyond 2**24, tiny tensors
 # Values per chunk of a large output (4 MiB of fp32): L2-sized 128K chunks measured
@@ -576,13 +578,9 @@ class Recorder:
             bq = z().index_add_(0, idx, q)
             bmean = bs / bn.clamp_min(1)
             bm2 = (bq - bs * bmean).clamp_min(0)
-            # Chan: merge (run_n, run_mean, run_m2) with (bn, bmean, bm2)
-            tot = self._n + bn
-            delta = torch.where(bn > 0, bmean - self._mean, torch.zeros_like(bmean))
-            w = bn / tot.clamp_min(1)
-            self._m2 += bm2 + delta.square() * self._n * w
-            self._mean += delta * w
-            self._n = tot
+            self._n, self._mean, self._m2 = merge_moments(
+                (self._n, self._mean, self._m2), (bn, bmean, bm2)
+            )
             self._zeros.index_add_(0, idx, zer)
             self._nonfinite.index_add_(0, idx, n - fin)
         if self._c_idx:

@@ -19,30 +19,6 @@ if TYPE_CHECKING:  # annotation only: importing diagnose here would cycle back t
     from actscan.diagnose.thresholds import Thresholds
 
 
-@dataclass(frozen=True)
-class Moments:
-    """(count, mean, M2) for Chan's parallel merge; M2 = Σ (x − mean)²."""
-
-    n: int
-    mean: float
-    m2: float
-
-    @property
-    def var(self) -> float:
-        return self.m2 / self.n if self.n else float("nan")
-
-
-def chan_merge(a: Moments, b: Moments) -> Moments:
-    """Chan, Golub & LeVeque (1979): exact merge of two partial (n, mean, M2)."""
-    if a.n == 0:
-        return b
-    if b.n == 0:
-        return a
-    n = a.n + b.n
-    delta = b.mean - a.mean
-    return Moments(n, a.mean + delta * b.n / n, a.m2 + b.m2 + delta * delta * a.n * b.n / n)
-
-
 def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
 

@@ -22,7 +22,8 @@ Cost: the step-0 pass is the profile itself (its gradient drives the first updat
 second pass); steps t ≥ 1 hook only the stream points of the step's batch (one norm per
 point), and the probe is `probe_rows` sequences of its batch, not all of them. Every
 step's scalars are reduced on the device to sums (of squares, of |x|, counts) and maxima,
-which reach the host in one transfer per step; norms, means and ratios are taken there.
+each a named figure of `actscan.steps.figures.StepFigures`, which reach the host in one
+transfer per step; norms, means and ratios are taken there.
 Sums and maxima are what a distributed run adds across its ranks (`LocalRanks`; one SUM
 and one MAX all-reduce per step: actscan.distributed.steps), so its figures equal the
 one-process run's.
@@ -53,7 +54,10 @@ from torch import nn
 from actscan.errors import UsageError
 from actscan.layout.detect import is_norm
 from actscan.measure.attention import AttentionProbes
+from actscan.measure.hooks import HookSet
 from actscan.measure.inputs import Batch, InputSource
+from actscan.measure.model_inputs import describe_batch
+from actscan.measure.prepare import call_model
 from actscan.measure.recorder import first_tensor
 from actscan.measure.streams import input_name
 from actscan.records import (
@@ -68,6 +72,7 @@ from actscan.records import (
     UpdateRecord,
 )
 from actscan.steps.derived import block_updates
+from actscan.steps.figures import StepFigures, exchange, host_values
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 # The probe is batch PROBE_INDEX of the input source: for seeded sources (invented token
@@ -279,12 +284,13 @@ class _Taps:
     """Forward (pre-)hooks that hand the first float tensor of each named output to
     `sink(index, tensor)` while `on`; the first call per pass only (shared modules)."""
 
-    def __init__(self, model: nn.Module, names: Sequence[str]) -> None:
-        self.model, self.names = model, list(names)
+    def __init__(
+        self, model: nn.Module, names: Sequence[str], sink: Callable[[int, torch.Tensor], None]
+    ) -> None:
+        self.model, self.names, self.sink = model, list(names), sink
         self.on = False
         self.seen: set[int] = set()
-        self.sink: Callable[[int, torch.Tensor], None] = lambda i, t: None
-        self._handles: list[Any] = []
+        self._hooks = HookSet()
 
     def __enter__(self) -> _Taps:
         mods = dict(self.model.named_modules())
@@ -293,20 +299,16 @@ class _Taps:
                 if name.endswith(":input"):
                     mod = mods.get(name.removesuffix(":input"))
                     if mod is not None:
-                        self._handles.append(
-                            mod.register_forward_pre_hook(self._pre(i), with_kwargs=True)
-                        )
+                        self._hooks.forward_pre(mod, self._pre(i), with_kwargs=True)
                 elif (mod := mods.get(name)) is not None:
-                    self._handles.append(mod.register_forward_hook(self._post(i)))
+                    self._hooks.forward(mod, self._post(i))
         except BaseException:
-            self.__exit__()
+            self._hooks.remove()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        self._hooks.remove()
 
     def start(self) -> None:
         self.on, self.seen = True, set()
@@ -432,201 +434,331 @@ def run_steps(
     current weights, it is W_0 of the first update ratio and the steps keep no copy of W_0
     of their own.
     """
-    from actscan.measure.model_inputs import describe_batch
-    from actscan.measure.prepare import call_model
-
     ranks = ranks or LocalRanks()
     ranks.settle(model)
+    loop = _Loop(
+        model,
+        spec,
+        layout=layout,
+        source=source,
+        loss_of=loss_of,
+        prepare=prepare,
+        autocast=autocast,
+        loss_scale=loss_scale,
+        vocab_size=vocab_size,
+        attention=attention,
+        checked=checked,
+        ranks=ranks,
+        w0=w0,
+    )
     n_steps = spec.steps
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    params = [p for _, p in named]
-    if not params:
-        raise UsageError("--steps: no parameter requires grad, so there is nothing to train")
-    optimizer = build_optimizer(spec, param_groups(model, spec.lr))
-    base_lrs = [float(g["lr"]) for g in optimizer.param_groups]
-    gain_mods = [
-        (name, mod.weight)
-        for name, mod in model.named_modules()
-        if is_norm(mod) and isinstance(getattr(mod, "weight", None), torch.Tensor)
-        and mod.weight.dim() == 1
-    ]  # fmt: skip
-    points = probe_points(layout)
-    stream_idx = [i for i, p in enumerate(points) if p.kind == "stream"]
-    first = source(0)
-    lead = first.token_ids
-    if lead is None:
-        lead = first_tensor((first.args, first.kwargs))
-    rows = probe_rows(model, int(lead.shape[0]) if lead is not None and lead.dim() else 1)
-    global_probe = cut_batch(source(PROBE_INDEX), rows)
-    probe_part, probe_counts = ranks.split(global_probe)
-    probe_batch = prepare(probe_part)
-    raw = StepsRaw(
-        info=optimizer_info(spec, model), points=points,
-        params=[(n, p.numel()) for n, p in named], gains=[n for n, _ in gain_mods],
-        probe=describe_batch(global_probe),
-    )  # fmt: skip
-    score_probes = AttentionProbes(model, layout, scores_only=True, interface=attention)
-    local_params = [ranks.local(p.detach()) for p in params]
-    dev = local_params[0].device
-    f64 = torch.float64
-    nan = torch.full((), float("nan"), dtype=f64, device=dev)
-    zero = torch.zeros((), dtype=f64, device=dev)
-    param_w = [1.0 if ranks.counts(p) else 0.0 for p in params]
-    param_wt = torch.tensor(param_w, dtype=f64, device=dev)
-    gain_w = [1.0 if ranks.counts(w) else 0.0 for _, w in gain_mods]
-    log_v = math.log(vocab_size) if vocab_size else 0.0
-
-    # the probe: outputs at t = 0 (this process's rows, kept), and per t and point the sums
-    # (Σ(x_t − x_0)², Σx_0², Σ|x_t|, Σ|x_t − x_0|, count)
-    x0: dict[int, torch.Tensor] = {}
-    sq0: dict[int, torch.Tensor] = {}
-    change: dict[int, torch.Tensor] = {}
-    t_now = [0]
-    missing5 = torch.stack([nan] * 5)
-
-    def probe_sink(i: int, x: torch.Tensor) -> None:
-        # Σ|x| as ‖x‖₁: one pass, no |x| tensor; one difference tensor per point
-        xf = x.float()
-        n = torch.full((), float(x.numel()), dtype=f64, device=x.device)  # no host copy
-        if t_now[0] == 0:
-            x0[i] = x.clone()
-            sq0[i] = _vnorm(xf, dtype=f64).square()
-            change[i] = torch.stack([zero.to(x.device), sq0[i], _vnorm(xf, 1, dtype=f64),
-                                     zero.to(x.device), n])  # fmt: skip
-            return
-        ref = x0.get(i)
-        if ref is None or ref.shape != x.shape:
-            change[i] = missing5.to(x.device)
-            return
-        d = xf - ref
-        change[i] = torch.stack([
-            _vnorm(d, dtype=f64).square(), sq0[i], _vnorm(xf, 1, dtype=f64),
-            _vnorm(d, 1, dtype=f64), n,
-        ])  # fmt: skip
-
-    stream_sq: dict[int, torch.Tensor] = {}
-
-    def stream_sink(i: int, x: torch.Tensor) -> None:
-        n = torch.full((), float(x.numel()), dtype=f64, device=x.device)
-        acc = f64 if x.dtype == f64 else torch.float32
-        stream_sq[i] = torch.stack([_vnorm(x, dtype=acc).double().square(), n])
-
-    # W_t (local part), for ‖W_{t+1} − W_t‖: in one process the caller's kept copy stands
-    # for W_0 (read only); the steps' own copy is taken by the first update's difference
-    kept = w0.of(params) if w0 is not None and type(ranks) is LocalRanks else None
-    prev: list[torch.Tensor] = kept if kept is not None else [p.clone() for p in local_params]
-    own = kept is None
-    probe_taps = _Taps(model, [p.name for p in points])
-    probe_taps.sink = probe_sink
-    stream_taps = _Taps(model, [points[i].name for i in stream_idx])
-    stream_taps.sink = stream_sink
-
     try:
-        with probe_taps, stream_taps:
+        with loop.probe_taps, loop.stream_taps:
             for t in range(n_steps + 1):
                 if progress:
                     progress("steps", t, n_steps)
-                t_now[0] = t
-                sums: list[torch.Tensor] = []
-                maxima: list[torch.Tensor] = []
-                # 1. the probe, forward only
-                change.clear()
-                score_probes.reset()
-                probe_taps.start()
-                # the attention probes are on for the probe's forward only (entered per t)
-                with score_probes, torch.no_grad(), autocast():
-                    out = call_model(model, probe_batch)
-                probe_taps.on = False
-                ranks.settle(model)
-                probe_sums = [change.get(i, missing5).to(dev) for i in range(len(points))]
-                lsum, lmax = _logit_sums(out, vocab_size, log_v, nan)
-                del out
-                layer_scores = score_probes.score_maxima()
-                if t == 0:
-                    raw.attn_names = [
-                        name for name, (impl, _) in layer_scores.items()
-                        if impl == "builtin" or checked is None or name in checked
-                    ]  # fmt: skip
-                per_layer = [layer_scores[n][1].to(dev, f64) if n in layer_scores else nan
-                             for n in raw.attn_names]  # fmt: skip
-                amax = torch.stack(per_layer) if per_layer else nan.new_empty(0)
-                probe_sums += [lsum.to(dev), torch.isnan(amax).double()]  # NaN flags
-                probe_max = torch.cat([lmax.to(dev).reshape(1), _nan_low(amax)])
-                if not probe_counts:  # a replica of the probe's rows: rank 0 counts them
-                    probe_sums = [torch.zeros_like(x) for x in probe_sums]
-                    probe_max = torch.full_like(probe_max, -math.inf)
-                sums += probe_sums
-                maxima.append(probe_max)
-                # 2. the step's batch: t = 0 is the profile's batch 0
-                if t == 0:
-                    loss, grads = step0
-                    grads = list(grads)
-                else:
-                    b = prepare(ranks.split(source(t))[0])
-                    stream_sq.clear()
-                    stream_taps.start()
-                    with torch.set_grad_enabled(t < n_steps), autocast():
-                        out = call_model(model, b)
-                        loss = loss_of(out, b)
-                    stream_taps.on = False
-                    del out
-                    for i in range(len(stream_idx)):
-                        sums.append(stream_sq.get(i, torch.stack([nan, nan])).to(dev))
-                    grads = []
-                    if t < n_steps:
-                        scaled = loss.float() * loss_scale if loss_scale != 1.0 else loss
-                        grads = ranks.grads(scaled, params)
-                    ranks.settle(model)
-                # each process's loss is the mean over its equal share of the rows
-                sums.append((loss.detach().double() / ranks.world_size).reshape(1).to(dev))
-                # 3. norm gains
-                if gain_mods:
-                    ws = [ranks.local(w.detach()) for _, w in gain_mods]
-                    drift = torch._foreach_norm(torch._foreach_sub(ws, 1.0))
-                    sq = [d.double().square() * k for d, k in zip(drift, gain_w, strict=True)]
-                    sums.append(torch.stack(sq).to(dev))
-                # 4. the update
-                if t < n_steps:
-                    if loss_scale != 1.0:
-                        grads = [g / loss_scale if g is not None else None for g in grads]
-                    sums.append(_grad_sq(grads, ranks, param_w, nan).to(dev))
-                    for p, g in zip(params, grads, strict=True):
-                        p.grad = g
-                    factor = warmup_factor(t, spec.warmup)
-                    for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
-                        group["lr"] = base * factor
-                    raw.lrs.append(spec.lr * factor)
-                    with torch.no_grad():
-                        before = torch._foreach_norm(prev)
-                        optimizer.step()
-                        for p in params:
-                            p.grad = None
-                        del grads
-                        if own:  # prev ← W_t − W_{t+1} in place
-                            torch._foreach_sub_(prev, local_params)
-                        else:  # the caller's copy is read only: the difference is ours
-                            prev, own = torch._foreach_sub(prev, local_params), True
-                        delta = torch._foreach_norm(prev)
-                        if t + 1 < n_steps:  # W_{t+1} for the next update
-                            torch._foreach_copy_(prev, local_params)
-                    sums.append(torch.stack(before).double().square() * param_wt)
-                    sums.append(torch.stack(delta).double().square() * param_wt)
-                else:
-                    raw.lrs.append(spec.lr * warmup_factor(t, spec.warmup))
-                flat_sum = torch.cat([x.reshape(-1) for x in sums])
-                flat_max = torch.cat([x.reshape(-1) for x in maxima])
-                ranks.reduce(flat_sum, flat_max)
-                host = torch.cat([flat_sum, flat_max]).cpu().tolist()  # one transfer
-                _unpack(raw, host, t, n_steps, len(points), len(stream_idx),
-                        [n for _, n in raw.params], [w.numel() for _, w in gain_mods],
-                        log_v)  # fmt: skip
+                loop.step(t, step0)
     finally:
-        for p in params:
+        for p in loop.params:
             p.grad = None
         ranks.settle(model)
     if progress:
         progress("steps", n_steps, n_steps)
-    return raw
+    return loop.raw
+
+
+class _ProbeSums:
+    """The probe's outputs at t = 0 (this process's rows, kept) and, per t and point, the
+    sums (Σ(x_t − x_0)², Σx_0², Σ|x_t|, Σ|x_t − x_0|, count): `StepFigures.change`."""
+
+    def __init__(self, n_points: int, nan: torch.Tensor) -> None:
+        self.n_points, self.t = n_points, 0
+        self.x0: dict[int, torch.Tensor] = {}
+        self.sq0: dict[int, torch.Tensor] = {}
+        self.sums: dict[int, torch.Tensor] = {}
+        self.zero = torch.zeros_like(nan)
+        self.missing = torch.stack([nan] * 5)
+
+    def start(self, t: int) -> None:
+        self.t = t
+        self.sums.clear()
+
+    def sink(self, i: int, x: torch.Tensor) -> None:
+        # Σ|x| as ‖x‖₁: one pass, no |x| tensor; one difference tensor per point
+        f64 = torch.float64
+        xf = x.float()
+        n = torch.full((), float(x.numel()), dtype=f64, device=x.device)  # no host copy
+        if self.t == 0:
+            self.x0[i] = x.clone()
+            self.sq0[i] = _vnorm(xf, dtype=f64).square()
+            zero = self.zero.to(x.device)
+            self.sums[i] = torch.stack([zero, self.sq0[i], _vnorm(xf, 1, dtype=f64), zero, n])
+            return
+        ref = self.x0.get(i)
+        if ref is None or ref.shape != x.shape:
+            self.sums[i] = self.missing.to(x.device)
+            return
+        d = xf - ref
+        self.sums[i] = torch.stack(
+            [
+                _vnorm(d, dtype=f64).square(),
+                self.sq0[i],
+                _vnorm(xf, 1, dtype=f64),
+                _vnorm(d, 1, dtype=f64),
+                n,
+            ]
+        )
+
+    def rows(self, dev: torch.device) -> torch.Tensor:
+        """(points, 5): a NaN row for each point the forward did not reach."""
+        rows = [self.sums.get(i, self.missing).to(dev) for i in range(self.n_points)]
+        return torch.stack(rows) if rows else self.missing.new_empty(0, 5)
+
+
+class _StreamSums:
+    """Per stream point of a step's batch (t ≥ 1): Σx² and the count, `StepFigures.stream`."""
+
+    def __init__(self, n_points: int, nan: torch.Tensor) -> None:
+        self.n_points = n_points
+        self.sums: dict[int, torch.Tensor] = {}
+        self.missing = torch.stack([nan, nan])
+
+    def sink(self, i: int, x: torch.Tensor) -> None:
+        n = torch.full((), float(x.numel()), dtype=torch.float64, device=x.device)
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        self.sums[i] = torch.stack([_vnorm(x, dtype=acc).double().square(), n])
+
+    def rows(self, dev: torch.device) -> torch.Tensor:
+        """(points, 2): a NaN row for each point the forward did not reach."""
+        rows = [self.sums.get(i, self.missing).to(dev) for i in range(self.n_points)]
+        return torch.stack(rows) if rows else self.missing.new_empty(0, 2)
+
+
+class _Loop:
+    """One run of the steps: what stays between steps, and a step's stages in order (the
+    probe, the step's batch, the norm gains, the update, the host's figures)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: StepSpec,
+        *,
+        layout: Layout,
+        source: InputSource,
+        loss_of: Callable[[Any, Batch], torch.Tensor],
+        prepare: Callable[[Batch], Batch],
+        autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+        loss_scale: float,
+        vocab_size: int | None,
+        attention: bool,
+        checked: Collection[str] | None,
+        ranks: LocalRanks,
+        w0: CallerWeights | None,
+    ) -> None:
+        self.model, self.spec, self.ranks, self.n_steps = model, spec, ranks, spec.steps
+        self.source, self.loss_of, self.prepare, self.autocast = source, loss_of, prepare, autocast
+        self.loss_scale, self.vocab_size, self.checked = loss_scale, vocab_size, checked
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        if not self.params:
+            raise UsageError("--steps: no parameter requires grad, so there is nothing to train")
+        self.optimizer = build_optimizer(spec, param_groups(model, spec.lr))
+        self.base_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        self.gain_mods = [
+            (name, mod.weight)
+            for name, mod in model.named_modules()
+            if is_norm(mod)
+            and isinstance(getattr(mod, "weight", None), torch.Tensor)
+            and mod.weight.dim() == 1
+        ]
+        points = probe_points(layout)
+        stream_idx = [i for i, p in enumerate(points) if p.kind == "stream"]
+        first = source(0)
+        lead = first.token_ids
+        if lead is None:
+            lead = first_tensor((first.args, first.kwargs))
+        rows = probe_rows(model, int(lead.shape[0]) if lead is not None and lead.dim() else 1)
+        global_probe = cut_batch(source(PROBE_INDEX), rows)
+        probe_part, self.probe_counts = ranks.split(global_probe)
+        self.probe_batch = prepare(probe_part)
+        self.raw = StepsRaw(
+            info=optimizer_info(spec, model),
+            points=points,
+            params=[(n, p.numel()) for n, p in named],
+            gains=[n for n, _ in self.gain_mods],
+            probe=describe_batch(global_probe),
+        )
+        self.score_probes = AttentionProbes(model, layout, scores_only=True, interface=attention)
+        self.local_params = [ranks.local(p.detach()) for p in self.params]
+        self.dev = dev = self.local_params[0].device
+        f64 = torch.float64
+        self.nan = torch.full((), float("nan"), dtype=f64, device=dev)
+        self.param_w = [1.0 if ranks.counts(p) else 0.0 for p in self.params]
+        self.param_wt = torch.tensor(self.param_w, dtype=f64, device=dev)
+        self.gain_w = [1.0 if ranks.counts(w) else 0.0 for _, w in self.gain_mods]
+        self.log_v = math.log(vocab_size) if vocab_size else 0.0
+        self.numels = [p.numel() for p in self.params]
+        self.gain_numels = [w.numel() for _, w in self.gain_mods]
+        self.probe = _ProbeSums(len(points), self.nan)
+        self.stream = _StreamSums(len(stream_idx), self.nan)
+        self.probe_taps = _Taps(model, [p.name for p in points], self.probe.sink)
+        self.stream_taps = _Taps(model, [points[i].name for i in stream_idx], self.stream.sink)
+        # W_t (local part), for ‖W_{t+1} − W_t‖: in one process the caller's kept copy
+        # stands for W_0 (read only); the steps' own copy is taken by the first difference
+        kept = w0.of(self.params) if w0 is not None and type(ranks) is LocalRanks else None
+        self.prev = kept if kept is not None else [p.clone() for p in self.local_params]
+        self.own = kept is None
+
+    def step(self, t: int, step0: tuple[torch.Tensor, Sequence[torch.Tensor | None]]) -> None:
+        """Measure t and, before the last t, take the update after it."""
+        figures = StepFigures()
+        self.run_probe(t, figures)
+        if t == 0:  # the profile's batch 0
+            loss, grads = step0[0], list(step0[1])
+        else:
+            loss, grads = self.run_batch(t, figures)
+        # each process's loss is the mean over its equal share of the rows
+        figures.loss = (loss.detach().double() / self.ranks.world_size).reshape(1)
+        if self.gain_mods:
+            ws = [self.ranks.local(w.detach()) for _, w in self.gain_mods]
+            drift = torch._foreach_norm(torch._foreach_sub(ws, 1.0))
+            sq = [d.double().square() * k for d, k in zip(drift, self.gain_w, strict=True)]
+            figures.gain_sq = torch.stack(sq)
+        if t < self.n_steps:
+            self.update(t, grads, figures)
+        else:
+            self.raw.lrs.append(self.spec.lr * warmup_factor(t, self.spec.warmup))
+        self.read(t, exchange(figures, self.dev, self.ranks.reduce))
+
+    def run_probe(self, t: int, figures: StepFigures) -> None:
+        """The probe batch, forward only: the change per point, logits, attention scores."""
+        self.probe.start(t)
+        self.score_probes.reset()
+        self.probe_taps.start()
+        # the attention probes are on for the probe's forward only (entered per t)
+        with self.score_probes, torch.no_grad(), self.autocast():
+            out = call_model(self.model, self.probe_batch)
+        self.probe_taps.on = False
+        self.ranks.settle(self.model)
+        figures.change = self.probe.rows(self.dev)
+        lsum, lmax = _logit_sums(out, self.vocab_size, self.log_v, self.nan)
+        del out
+        layer_scores = self.score_probes.score_maxima()
+        if t == 0:
+            self.raw.attn_names = [
+                name
+                for name, (impl, _) in layer_scores.items()
+                if impl == "builtin" or self.checked is None or name in self.checked
+            ]
+        nan = self.nan
+        per_layer = [
+            layer_scores[n][1].to(self.dev, torch.float64) if n in layer_scores else nan
+            for n in self.raw.attn_names
+        ]
+        amax = torch.stack(per_layer) if per_layer else nan.new_empty(0)
+        figures.logits, figures.logit_max = lsum, lmax.reshape(1)
+        figures.attn_nan, figures.attn_max = torch.isnan(amax).double(), _nan_low(amax)
+        if not self.probe_counts:  # a replica of the probe's rows: rank 0 counts them
+            figures.uncount()  # the probe is the step's first stage: all figures are its
+
+    def run_batch(
+        self, t: int, figures: StepFigures
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """Step t's batch: its stream sums, its loss and (before the last t) gradients."""
+        b = self.prepare(self.ranks.split(self.source(t))[0])
+        self.stream.sums.clear()
+        self.stream_taps.start()
+        with torch.set_grad_enabled(t < self.n_steps), self.autocast():
+            out = call_model(self.model, b)
+            loss = self.loss_of(out, b)
+        self.stream_taps.on = False
+        del out
+        figures.stream = self.stream.rows(self.dev)
+        grads: list[torch.Tensor | None] = []
+        if t < self.n_steps:
+            scale = self.loss_scale
+            scaled = loss.float() * scale if scale != 1.0 else loss
+            grads = self.ranks.grads(scaled, self.params)
+        self.ranks.settle(self.model)
+        return loss, grads
+
+    def update(self, t: int, grads: list[torch.Tensor | None], figures: StepFigures) -> None:
+        """The optimizer step after measurement t, and its gradient and update sums.
+        Empties `grads` (the gradients are freed before the ratios' passes)."""
+        scale = self.loss_scale
+        if scale != 1.0:
+            grads[:] = [g / scale if g is not None else None for g in grads]
+        figures.grad_sq = _grad_sq(grads, self.ranks, self.param_w, self.nan)
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g
+        factor = warmup_factor(t, self.spec.warmup)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base * factor
+        self.raw.lrs.append(self.spec.lr * factor)
+        with torch.no_grad():
+            before = torch._foreach_norm(self.prev)
+            self.optimizer.step()
+            for p in self.params:
+                p.grad = None
+            grads.clear()
+            if self.own:  # prev ← W_t − W_{t+1} in place
+                torch._foreach_sub_(self.prev, self.local_params)
+            else:  # the caller's copy is read only: the difference is ours
+                self.prev, self.own = list(torch._foreach_sub(self.prev, self.local_params)), True
+            delta = torch._foreach_norm(self.prev)
+            if t + 1 < self.n_steps:  # W_{t+1} for the next update
+                torch._foreach_copy_(self.prev, self.local_params)
+        figures.w_sq = torch.stack(before).double().square() * self.param_wt
+        figures.dw_sq = torch.stack(delta).double().square() * self.param_wt
+
+    def read(self, t: int, h: StepFigures) -> None:
+        """Step t's reduced figures, on the host → its norms, means and ratios."""
+        raw = self.raw
+        raw.change.append([_change(row, t) for row in host_values(h.change)])
+        raw.logits.append(_logit_stats(host_values(h.logits), host_values(h.logit_max), self.log_v))
+        flags = zip(host_values(h.attn_nan), host_values(h.attn_max), strict=True)
+        layers = [None if flag or v == -math.inf else _num(v) for flag, v in flags]
+        raw.attn_layers.append(layers)
+        raw.attn_max.append(max((x for x in layers if x is not None), default=None))
+        if t > 0:
+            stream = host_values(h.stream)
+            raw.stream.append(
+                [_num(_ratio(_root(sq), math.sqrt(n))) if n == n else None for sq, n in stream]
+            )
+        (loss,) = host_values(h.loss)
+        raw.losses.append(_num(loss))
+        gains = zip(host_values(h.gain_sq), self.gain_numels, strict=True)
+        raw.gain_drift.append([_num(_root(x) / math.sqrt(k)) for x, k in gains])
+        if t < self.n_steps:
+            grads = zip(host_values(h.grad_sq), self.numels, strict=True)
+            raw.grad_rms.append([_num(_root(x) / math.sqrt(k)) if k else None for x, k in grads])
+            # undefined (None) for a weight that was exactly zero (a zero-init gain)
+            moved = zip(host_values(h.w_sq), host_values(h.dw_sq), strict=True)
+            raw.ratio.append([_num(_root(d) / _root(b)) if b > 0 else None for b, d in moved])
+
+
+def _logit_stats(sums: Sequence[float], maxima: Sequence[float], log_v: float) -> LogitStats | None:
+    """The probe's logit max and log Z mean/std from their reduced sums (None: no logits)."""
+    ln, s1, s2, flag = sums
+    (lmax,) = maxima
+    if not (ln > 0 and s1 == s1):
+        return None
+    mean = s1 / ln
+    var = max(s2 / ln - mean * mean, 0.0)
+    return LogitStats(
+        max=None if flag else _num(lmax), log_z_mean=mean + log_v, log_z_std=_num(math.sqrt(var))
+    )
+
+
+def _change(sums: Sequence[float], t: int) -> tuple[float | None, float | None, float | None]:
+    """(rel, abs_mean, delta_mean) of one probe point from its reduced sums."""
+    d2, x2, ab, dab, n = sums
+    if n != n:
+        return (None, None, None)
+    if t == 0:
+        return (0.0, _num(_ratio(ab, n)), 0.0)
+    rel = _ratio(_root(d2), _root(x2))
+    return (_num(rel), _num(_ratio(ab, n)), _num(_ratio(dab, n)))
 
 
 def _grad_sq(
@@ -687,74 +819,6 @@ def _ratio(num: float, den: float) -> float:
     if den > 0:
         return num / den
     return float("nan") if num == 0 or num != num or den != den else float("inf")
-
-
-def _unpack(
-    raw: StepsRaw, host: list[float], t: int, n_steps: int, n_points: int, n_stream: int,
-    numels: Sequence[int], gain_numels: Sequence[int], log_v: float,
-) -> None:  # fmt: skip
-    """Turn one step's reduced sums and maxima into the step's figures."""
-    pos = 0
-
-    def take(n: int) -> list[float]:
-        nonlocal pos
-        out = host[pos : pos + n]
-        pos += n
-        return out
-
-    changes: list[tuple[float | None, float | None, float | None]] = []
-    for _ in range(n_points):
-        d2, x2, ab, dab, n = take(5)
-        if n != n:
-            changes.append((None, None, None))
-            continue
-        if t == 0:
-            changes.append((0.0, _num(_ratio(ab, n)), 0.0))
-            continue
-        rel = _ratio(_root(d2), _root(x2))
-        changes.append((_num(rel), _num(_ratio(ab, n)), _num(_ratio(dab, n))))
-    raw.change.append(changes)
-    ln, s1, s2, lflag = take(4)
-    n_attn = len(raw.attn_names)
-    aflags = take(n_attn)
-    stream: list[float | None] = []
-    if t > 0:
-        for _ in range(n_stream):
-            sq, n = take(2)
-            stream.append(_num(_ratio(_root(sq), math.sqrt(n))) if n == n else None)
-    loss = take(1)[0]
-    drift = [_num(_root(x) / math.sqrt(k)) for x, k in zip(take(len(gain_numels)), gain_numels,
-                                                           strict=True)]  # fmt: skip
-    grad = ratio = None
-    if t < n_steps:
-        grad = [_num(_root(x) / math.sqrt(k)) if k else None
-                for x, k in zip(take(len(numels)), numels, strict=True)]  # fmt: skip
-        before, delta = take(len(numels)), take(len(numels))
-        # undefined (None) for a weight that was exactly zero (a zero-init gain)
-        ratio = [_num(_root(d) / _root(b)) if b > 0 else None
-                 for b, d in zip(before, delta, strict=True)]  # fmt: skip
-    lmax = take(1)[0]
-    amax = take(n_attn)
-    if ln > 0 and s1 == s1:
-        mean = s1 / ln
-        var = max(s2 / ln - mean * mean, 0.0)
-        raw.logits.append(
-            LogitStats(max=None if lflag else _num(lmax), log_z_mean=mean + log_v,
-                       log_z_std=_num(math.sqrt(var)))
-        )  # fmt: skip
-    else:
-        raw.logits.append(None)
-    layers = [None if flag or v == -math.inf else _num(v)
-              for flag, v in zip(aflags, amax, strict=True)]  # fmt: skip
-    raw.attn_layers.append(layers)
-    raw.attn_max.append(max((x for x in layers if x is not None), default=None))
-    if t > 0:
-        raw.stream.append(stream)
-    raw.losses.append(_num(loss))
-    raw.gain_drift.append(drift)
-    if grad is not None and ratio is not None:
-        raw.grad_rms.append(grad)
-        raw.ratio.append(ratio)
 
 
 def dynamics_record(
