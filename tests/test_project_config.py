@@ -137,7 +137,7 @@ reason = "LayerScale starts at 0"
         ("[tool.actscan]\nbatch = '4'\n", "batch must be an integer"),
         ("[tool.actscan]\nbatch = 0\n", "batch must be at least 1"),
         ("[tool.actscan]\nbatches = true\n", "batches must be an integer"),
-        ("[tool.actscan]\nmodules = '(unclosed'\n", "modules is not a valid regular expression"),
+        ("[tool.actscan]\nmodules = '(unclosed'\n", "modules is an invalid regex"),
         ("[tool.actscan]\nthresholds = { x = 'big' }\n", "thresholds entry 'x'"),
         ("[tool.actscan]\nthresholds = 3\n", "thresholds must be a table"),
         ("[tool.actscan]\nignore = [{ check = 'dead-branch' }]\n", "ignore[0] needs reason"),
@@ -322,5 +322,5 @@ def test_settings_errors_name_the_source(tmp_path):
         Settings.resolve({}, load_project_config(path))
     with pytest.raises(UsageError, match=r"^--threshold: threshold 'outlier-ratio' must be a"):
         Settings.resolve({"thresholds": {"outlier-ratio": "x"}}, ProjectConfig(path=None))
-    with pytest.raises(UsageError, match=r"^--modules: invalid regex"):
+    with pytest.raises(UsageError, match=r"^--modules is an invalid regex"):
         Settings.resolve({"modules": "("}, ProjectConfig(path=None))

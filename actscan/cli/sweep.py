@@ -7,57 +7,44 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from actscan.cli import app
 from actscan.cli import options as c
+from actscan.cli.app import app
 from actscan.cli.sides import check_precision, side_a, side_b
+from actscan.settings import Settings
 
 if TYPE_CHECKING:
     from actscan.compare.sweep import SweepPoint
     from actscan.report.report import Report
 
-Depth = Annotated[str | None, typer.Option("--depth", help="Blocks per model, e.g. 6,12,24,48.")]
+Depth = Annotated[
+    str | None, c.option("--depth", help="Blocks per model, e.g. 6,12,24,48.", panel="Target")
+]
 Width = Annotated[
-    str | None, typer.Option("--width", help="Model width (d_model), e.g. 128,256,512.")
+    str | None,
+    c.option("--width", help="Model width (d_model), e.g. 128,256,512.", panel="Target"),
 ]
 
 
 @app.command("sweep")
 @c.handle_errors
+@c.setting_options("sweep")
 def sweep(
     target: Annotated[
         str, typer.Argument(help="A config file (built-in or Hugging Face) or a shipped name.")
     ],
+    settings: Settings,
     depth: Depth = None,
     width: Width = None,
-    dtype: c.DType = None,
-    vs_dtype: c.VsDType = None,
-    amp: c.Amp = None,
-    vs_amp: c.VsAmp = None,
     init: c.Init = None,
     vs_init: c.VsInit = None,
     set_: c.SetOpt = None,
     vs_set: c.VsSet = None,
-    batch: c.BatchOpt = None,
-    seq_len: c.SeqLen = None,
-    batches: c.Batches = None,
-    seed: c.Seed = None,
     input_file: c.InputFile = None,
-    device: c.Device = None,
-    modules: c.Modules = None,
-    no_backward: c.NoBackward = False,
-    dropout: c.DropoutFlag = False,
-    steps: c.StepsOpt = None,
-    lr: c.LrOpt = None,
-    optimizer: c.OptimizerOpt = None,
-    eps: c.EpsOpt = None,
-    weight_decay: c.WeightDecayOpt = None,
-    warmup: c.WarmupOpt = None,
-    no_attention: c.NoAttention = False,
+    vs_dtype: c.VsDType = None,
+    vs_amp: c.VsAmp = None,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
-    fail_on: c.FailOn = None,
-    threshold: c.ThresholdOpt = None,
     quiet: c.Quiet = False,
     plot: c.Plot = None,
 ) -> None:
@@ -79,13 +66,6 @@ def sweep(
     from actscan.models.arch import parse_set
 
     depths, widths = parse_sizes(depth, "--depth"), parse_sizes(width, "--width")
-    settings = c.resolve_settings(
-        fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
-        seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
-        steps=steps, optimizer=optimizer, lr=lr, eps=eps, weight_decay=weight_decay,
-        warmup=warmup, no_backward=no_backward,
-        no_attention=no_attention,
-    )  # fmt: skip
     a_side = side_a(target, None, init, set_, settings)
     sides = [a_side]
     if vs_init or vs_set or vs_dtype or vs_amp:
@@ -116,7 +96,7 @@ def sweep(
             sized = replace(side, sets=tuple(f"{k}={v}" for k, v in point.overrides))
             progress.stage(f"{point.side.upper()} {point.size}")
             spec = sized.spec(input_file=input_file)
-            return scan_target(spec, side.settings(settings), backward=not no_backward).report
+            return scan_target(spec, side.settings(settings), backward=settings.backward).report
 
         result = run_sweep(
             target, points, scan_point,
