@@ -820,7 +820,7 @@ def _rows() -> tuple[Setting, ...]:
         if _ROW not in f.metadata:
             continue
         row = dict(f.metadata[_ROW])
-        default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+        default = f.default if f.default_factory is MISSING else f.default_factory()
         row["key"] = row["key"] or f.name.replace("_", "-")
         row["scan_name"] = row["scan_name"] or f.name
         if row["scan_default"] is _SAME:

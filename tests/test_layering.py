@@ -309,7 +309,6 @@ MAX_FUNCTION_LINES = 120
 KNOWN_LONG: set[str] = {
     "actscan.run:scan",
     "actscan.steps.loop:run_steps",
-    "actscan.cli.sweep:sweep",
     "actscan.compare.pairs:precision_divergence",
     "actscan.diagnose.numerics:overflow",
 }

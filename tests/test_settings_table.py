@@ -46,22 +46,24 @@ from actscan.settings import (
 
 TABLES = (THRESHOLDS, IGNORES)  # tables of their own, tested by name below
 # scan()'s keywords that are not settings: what to scan and how to describe it.
-SCAN_NOT_SETTINGS = {"model", "inputs", "loss_fn", "info", "layout", "init", "progress",
-                     "at_init", "decode_token"}  # fmt: skip
+SCAN_NOT_SETTINGS = {
+    *("model", "inputs", "loss_fn", "info", "layout", "init", "progress", "at_init"),
+    "decode_token",
+}
 
 
 def sample(s: Setting) -> tuple[str, Any]:
     """A valid value other than the default: (as typed on the command line, as stored)."""
     check = s.check
     if isinstance(check, OneOf):
-        value = next(c for c in reversed(check.choices) if c != s.default)
-        return value, value
+        choice = next(c for c in reversed(check.choices) if c != s.default)
+        return choice, choice
     if isinstance(check, Integer):
-        value = max(check.minimum, s.default or 0) + 2
-        return str(value), value
+        n = max(check.minimum, s.default or 0) + 2
+        return str(n), n
     if isinstance(check, Number):
-        value = (s.default or 0.0) * 2 + 0.25
-        return repr(value), value
+        x = (s.default or 0.0) * 2 + 0.25
+        return repr(x), x
     if check is regex:
         return r"blocks\.1", r"blocks\.1"
     if check is boolean:
@@ -163,14 +165,15 @@ def test_each_option_reaches_the_settings_from_the_command_line() -> None:
 
     given = [s for s in PLAIN if "profile" in s.applies]
     plain = invoke()
-    assert all((getattr(plain, s.name), plain.source(s.name)) == (s.default, "default")
-               for s in given)  # fmt: skip
+    for s in given:
+        assert (getattr(plain, s.name), plain.source(s.name)) == (s.default, "default")
     # --no-backward cannot go with --steps: alone, then every other one at once
-    for batch in ([s for s in given if s.name == "backward"],
-                  [s for s in given if s.name != "backward"]):  # fmt: skip
-        args = [
-            a for s in batch for a in ([s.flag] if s.check is boolean else [s.flag, sample(s)[0]])
-        ]
+    backward = [s for s in given if s.name == "backward"]
+    for batch in (backward, [s for s in given if s not in backward]):
+        args: list[str] = []
+        for s in batch:
+            assert s.flag is not None
+            args += [s.flag] if s.check is boolean else [s.flag, sample(s)[0]]
         got = invoke(*args)
         for s in batch:
             assert (getattr(got, s.name), got.source(s.name)) == (sample(s)[1], "command line")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -86,14 +86,26 @@ def profile(
     from actscan.api import TargetSpec
 
     spec = TargetSpec(
-        target=target, config=config, init=init, overrides=tuple(set_ or ()),
-        input_file=input_file, input_shape=shape, allow_nonfinite=allow_nonfinite,
+        target=target,
+        config=config,
+        init=init,
+        overrides=tuple(set_ or ()),
+        input_file=input_file,
+        input_shape=shape,
+        allow_nonfinite=allow_nonfinite,
         at_init=at_init,
-    )  # fmt: skip
+    )
     body = functools.partial(
-        _profile, spec, settings, plot=plot, json_out=json_out, fmt=fmt, output=output,
-        quiet=quiet, all_modules=all_modules,
-    )  # fmt: skip
+        _profile,
+        spec,
+        settings,
+        plot=plot,
+        json_out=json_out,
+        fmt=fmt,
+        output=output,
+        quiet=quiet,
+        all_modules=all_modules,
+    )
     if not launched():
         body()
         return
@@ -115,8 +127,9 @@ def _profile(
     output: str | None,
     quiet: bool,
     all_modules: bool,
-) -> None:
-    """The command itself, in one process or as one rank (only rank 0 writes)."""
+) -> NoReturn:
+    """The command itself, in one process or as one rank (only rank 0 writes); ends with
+    the exit code."""
     from actscan.distributed.launch import launched
 
     main = not launched() or os.environ.get("RANK", "0") == "0"

@@ -13,7 +13,7 @@ from actscan.cli.sides import check_precision, side_a, side_b
 from actscan.settings import Settings
 
 if TYPE_CHECKING:
-    from actscan.compare.sweep import SweepPoint
+    from actscan.compare.sweep import Sweep, SweepPoint
     from actscan.report.report import Report
 
 Depth = Annotated[
@@ -106,33 +106,8 @@ def sweep(
             thresholds=settings.threshold_set(), ignores=settings.ignores,
         )  # fmt: skip
 
-    if plot is not None and result.coord is not None:
-        from actscan.render.plot import plot_coord
-
-        plot_coord(
-            result.coord.curves, result.coord.widths, plot,
-            labels={k: f"{k.upper()}" for k, _ in result.labels},
-            title=f"Coordinate check: mean |x| vs width, {target}",
-        )  # fmt: skip
-    elif plot is not None:
-        from actscan.render.plot import Series, plot_streams
-
-        two = len(sides) > 1
-        sizes = list(dict.fromkeys((r.depth, r.width) for r in result.rows))
-        plot_streams(
-            [
-                Series(
-                    (f"{r.side.upper()} " if two else "") + r.size,
-                    tuple(p.k for p in r.report.stream),
-                    tuple(p.rms for p in r.report.stream),
-                    linestyle="-" if r.side == "a" else "--",
-                    shade=sizes.index((r.depth, r.width)) / max(len(sizes) - 1, 1),
-                )
-                for r in result.rows
-            ],
-            plot,
-            title=f"Residual stream RMS vs k: {target}",
-        )
+    if plot is not None:
+        _plot(result, plot, target, two=len(sides) > 1)
 
     from actscan.render.compare import render_sweep
     from actscan.render.formats import coord_markdown, to_junit, to_markdown
@@ -157,3 +132,35 @@ def sweep(
     )  # fmt: skip
     findings = [f for r in reports for f in r.findings] + list(result.findings)
     raise typer.Exit(c.gate_exit(findings, settings.fail_on))
+
+
+def _plot(result: Sweep, plot: str, target: str, *, two: bool) -> None:
+    """--plot: the coordinate check's curves when there is one, else each size's stream."""
+    if result.coord is not None:
+        from actscan.render.plot import plot_coord
+
+        plot_coord(
+            result.coord.curves,
+            result.coord.widths,
+            plot,
+            labels={k: f"{k.upper()}" for k, _ in result.labels},
+            title=f"Coordinate check: mean |x| vs width, {target}",
+        )
+        return
+    from actscan.render.plot import Series, plot_streams
+
+    sizes = list(dict.fromkeys((r.depth, r.width) for r in result.rows))
+    plot_streams(
+        [
+            Series(
+                (f"{r.side.upper()} " if two else "") + r.size,
+                tuple(p.k for p in r.report.stream),
+                tuple(p.rms for p in r.report.stream),
+                linestyle="-" if r.side == "a" else "--",
+                shade=sizes.index((r.depth, r.width)) / max(len(sizes) - 1, 1),
+            )
+            for r in result.rows
+        ],
+        plot,
+        title=f"Residual stream RMS vs k: {target}",
+    )
