@@ -1,8 +1,15 @@
-"""Settings, resolved once: command line > `[tool.actscan]` (or `actscan.toml`) > defaults.
+"""Every setting of a run, declared once: the `Settings` dataclass is the table.
 
-`Settings.resolve` merges the three sources into one frozen, validated `Settings` that
-keeps where each value came from (for `--show-config`); `profile`, `compare`, `sweep` and
-the library entry point (actscan.api) all read that one object.
+Each field of `Settings` is one setting, declared with `setting(...)`: its type, default,
+check, help, command-line flag and help panel, and where it applies (the commands
+`profile`, `compare`, `sweep`, the project file, `scan()`). Everything else reads the
+table (`SETTINGS`, derived from the fields): the CLI builds each command's options from
+it (actscan.cli.options.setting_options), the project file's keys and their checks, the
+one validation (`Settings.__post_init__`), `--show-config`, and the defaults `scan()`
+takes. Adding a setting is one field here and the stage that uses it.
+
+`Settings.resolve` merges command line > `[tool.actscan]` (or `actscan.toml`) > defaults
+into one frozen, validated `Settings` that keeps where each value came from.
 
 Discovery works like ruff/pytest: walk up from the start folder to the filesystem root;
 in each folder `actscan.toml` is tried first, then `pyproject.toml` (skipped unless it has
@@ -27,8 +34,9 @@ import difflib
 import math
 import re
 import tomllib
+import typing
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
@@ -41,17 +49,23 @@ if TYPE_CHECKING:
     from actscan.diagnose.thresholds import Thresholds
 
 __all__ = [
+    "COMMANDS",
+    "CONFIG",
     "CONFIG_NAMES",
-    "DEFAULTS",
+    "PANELS",
     "RUN_KEYS",
+    "SCAN",
+    "SETTINGS",
     "Ignore",
     "ProjectConfig",
+    "Setting",
     "Settings",
     "apply_ignores",
     "effective_settings",
     "find_project_config",
     "load_project_config",
     "parse_ignores",
+    "setting",
 ]
 
 ACTSCAN_TOML = "actscan.toml"
@@ -61,21 +75,206 @@ CONFIG_NAMES = (ACTSCAN_TOML, PYPROJECT_TOML)  # tried in this order in each fol
 SOURCE_CLI = "command line"
 SOURCE_DEFAULT = "default"
 SOURCE_API = "python"  # a value passed to Settings(...) directly
+SOURCE_SCAN = "scan()"  # a keyword of scan(): its messages name the CLI flag, as the CLI's do
 
-# The run settings a project file or the command line can set, in --show-config order.
-RUN_KEYS = (
-    "fail_on", "dtype", "amp", "batch", "seq_len", "batches", "seed", "device", "modules",
-    "dropout", "steps", "optimizer", "lr", "eps", "weight_decay", "warmup", "attention",
-)  # fmt: skip
-DEFAULTS: Mapping[str, Any] = MappingProxyType(
-    {
-        "fail_on": "error", "dtype": None, "amp": None, "batch": 4, "seq_len": None,
-        "batches": 1, "seed": 0, "device": "auto", "modules": None, "dropout": False,
-        "steps": 0, "optimizer": "adamw", "lr": 1e-3, "eps": 1e-8, "weight_decay": 0.0,
-        "warmup": 0,
-        "attention": True,
+# Where a setting applies: the three commands, the project file, scan()'s keywords.
+PROFILE, COMPARE, SWEEP = "profile", "compare", "sweep"
+CONFIG, SCAN = "config", "scan"
+COMMANDS = frozenset({PROFILE, COMPARE, SWEEP})
+EVERYWHERE = COMMANDS | {CONFIG, SCAN}
+# The help panels of the commands' options, in --help order.
+PANELS = ("Target", "Inputs", "Precision", "Steps", "Output", "Gate")
+# Settings that are tables of their own: merged and checked entry by entry.
+THRESHOLDS, IGNORES = "thresholds", "ignores"
+
+
+# -- checks: each returns the value (normalised) or raises ValueError("must be …") -------
+@dataclass(frozen=True)
+class OneOf:
+    choices: tuple[str, ...]
+
+    def __call__(self, v: Any) -> Any:
+        if not isinstance(v, str) or v not in self.choices:
+            raise ValueError(f"must be one of {', '.join(self.choices)}, got {v!r}")
+        return v
+
+    @property
+    def metavar(self) -> str:
+        return f"<{'|'.join(self.choices)}>"
+
+
+@dataclass(frozen=True)
+class Integer:
+    minimum: int
+
+    def __call__(self, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"must be an integer, got {v!r}")
+        if v < self.minimum:
+            raise ValueError(f"must be at least {self.minimum}, got {v}")
+        return v
+
+    @property
+    def metavar(self) -> str:
+        return f"<int ≥ {self.minimum}>"
+
+
+@dataclass(frozen=True)
+class Number:
+    positive: bool = False  # > 0; else ≥ 0
+
+    def __call__(self, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise ValueError(f"must be a finite number, got {v!r}")
+        if self.positive and v <= 0:
+            raise ValueError(f"must be > 0, got {v!r}")
+        if v < 0:
+            raise ValueError(f"must be ≥ 0, got {v!r}")
+        return float(v)
+
+    @property
+    def metavar(self) -> str:
+        return "<float > 0>" if self.positive else "<float ≥ 0>"
+
+
+def boolean(v: Any) -> Any:
+    if not isinstance(v, bool):
+        raise ValueError(f"must be true or false, got {v!r}")
+    return v
+
+
+def regex(v: Any) -> Any:
+    if not isinstance(v, str):
+        raise ValueError(f"must be a regular expression string, got {v!r}")
+    try:
+        re.compile(v)
+    except re.error as err:
+        raise ValueError(f"is an invalid regex {v!r}: {err}") from None
+    return v
+
+
+def betas_pair(v: Any) -> Any:
+    ok = isinstance(v, tuple | list) and len(v) == 2
+    if not ok or not all(Number()(b) < 1 for b in v):
+        raise ValueError(f"must be two numbers in [0, 1), got {v!r}")
+    return (float(v[0]), float(v[1]))
+
+
+def thresholds_table(v: Any) -> Any:
+    """A project file's `thresholds`: name = number (names are checked by Settings)."""
+    if not isinstance(v, dict):
+        raise ValueError(f"must be a table of name = number, got {v!r}")
+    out: dict[str, float] = {}
+    for name, x in v.items():
+        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+            raise ValueError(f"entry {name!r} must be a finite number, got {x!r}")
+        out[str(name).replace("_", "-")] = float(x)  # one spelling, so the CLI can override
+    return out
+
+
+def threshold_options(items: list[str] | None) -> dict[str, str] | None:
+    """`--threshold NAME=VALUE` (repeatable) into a dict; None when none is given."""
+    from actscan.diagnose.thresholds import parse_threshold_options  # loads no torch
+
+    return parse_threshold_options(items) or None
+
+
+# -- the table's row --------------------------------------------------------------------
+_SAME: Any = object()  # scan()'s default is the table's
+_ROW = "actscan.setting"  # the field metadata key
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the table, read off one field of `Settings`."""
+
+    name: str  # the field (snake_case)
+    type: Any  # the field's type
+    default: Any
+    help: str  # one sentence; `help_text` adds the default
+    check: Callable[[Any], Any] | None
+    flag: str | None  # the command-line option; a bool's flag sets the opposite of its default
+    panel: str | None  # its --help panel (one of PANELS)
+    applies: frozenset[str]  # COMMANDS members, CONFIG, SCAN
+    key: str  # in the project file (kebab-case)
+    scan_name: str  # scan()'s keyword
+    scan_default: Any  # scan()'s default, where it differs (device: None = the model's)
+    cli_type: Any  # what the option parses, where it is not the field's type
+    parse: Callable[[Any], Any] | None  # the option's value → the setting's
+
+    @property
+    def optional(self) -> bool:
+        return type(None) in typing.get_args(self.type)
+
+    def help_text(self) -> str:
+        """The help with its default: "Sequences per batch [4]." (None and flags: none)."""
+        if self.default is None or isinstance(self.default, bool | Mapping | tuple):
+            return self.help
+        return f"{self.help.removesuffix('.')} [{_shown(self.default)}]."
+
+    def validate(self, value: Any, where: str, error: type[ActscanError] = UsageError) -> Any:
+        """`value` checked and normalised; `error("<where> must be …")` if it is not."""
+        if value is None and self.optional:
+            return None
+        if self.check is None:
+            return value
+        try:
+            return self.check(value)
+        except ValueError as err:
+            raise error(f"{where} {err}") from None
+
+    def where(self, source: str) -> str:
+        """How a message names this setting, given where its value came from."""
+        if source in (SOURCE_CLI, SOURCE_SCAN):
+            return self.flag or self.scan_name
+        if source in (SOURCE_API, SOURCE_DEFAULT):
+            return f"Settings({self.name}=...)"
+        return f"{source} {self.key}"
+
+
+def _shown(v: Any) -> str:
+    """A default as the help writes it: 1e-3, 0, adamw."""
+    if isinstance(v, float) and v != 0 and abs(v) < 1e-2:
+        mantissa, _, exp = f"{v:e}".partition("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exp)}"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    help: str,
+    check: Callable[[Any], Any] | None = None,
+    flag: str | None = None,
+    panel: str | None = None,
+    applies: Iterable[str] = EVERYWHERE,
+    factory: Callable[[], Any] | None = None,
+    key: str | None = None,
+    scan_name: str | None = None,
+    scan_default: Any = _SAME,
+    cli_type: Any = None,
+    parse: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A field of `Settings` that is a setting: `x: int = setting(4, help=..., ...)`.
+
+    `applies` defaults to everywhere (the commands, the project file, scan()); a setting
+    with a command among them needs a `flag` and a `panel`.
+    """
+    row = {
+        "help": help,
+        "check": check,
+        "flag": flag,
+        "panel": panel,
+        "applies": frozenset(applies),
+        "key": key,
+        "scan_name": scan_name,
+        "scan_default": scan_default,
+        "cli_type": cli_type,
+        "parse": parse,
     }
-)  # fmt: skip
+    if factory is not None:
+        return field(default_factory=factory, metadata={_ROW: row})
+    return field(default=default, metadata={_ROW: row})
 
 
 @dataclass(frozen=True)
@@ -108,88 +307,7 @@ class ProjectConfig:
     ignores: tuple[Ignore, ...] = ()
 
 
-# -- validation -----------------------------------------------------------------------
-def _choice(*allowed: str) -> Callable[[Any], Any]:
-    def check(v: Any) -> Any:
-        if not isinstance(v, str) or v not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}, got {v!r}")
-        return v
-
-    return check
-
-
-def _int(minimum: int | None) -> Callable[[Any], Any]:
-    def check(v: Any) -> Any:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"must be an integer, got {v!r}")
-        if minimum is not None and v < minimum:
-            raise ValueError(f"must be at least {minimum}, got {v}")
-        return v
-
-    return check
-
-
-def _bool(v: Any) -> Any:
-    if not isinstance(v, bool):
-        raise ValueError(f"must be true or false, got {v!r}")
-    return v
-
-
-def _number(*, positive: bool) -> Callable[[Any], Any]:
-    def check(v: Any) -> Any:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise ValueError(f"must be a finite number, got {v!r}")
-        if positive and v <= 0:
-            raise ValueError(f"must be > 0, got {v!r}")
-        if v < 0:
-            raise ValueError(f"must be ≥ 0, got {v!r}")
-        return float(v)
-
-    return check
-
-
-def _regex(v: Any) -> Any:
-    if not isinstance(v, str):
-        raise ValueError(f"must be a regular expression string, got {v!r}")
-    try:
-        re.compile(v)
-    except re.error as err:
-        raise ValueError(f"is not a valid regular expression ({err}): {v!r}") from None
-    return v
-
-
-def _thresholds(v: Any) -> Any:
-    if not isinstance(v, dict):
-        raise ValueError(f"must be a table of name = number, got {v!r}")
-    out: dict[str, float] = {}
-    for name, x in v.items():
-        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
-            raise ValueError(f"entry {name!r} must be a finite number, got {x!r}")
-        out[str(name).replace("_", "-")] = float(x)  # one spelling, so the CLI can override
-    return out
-
-
-_VALIDATORS: dict[str, Callable[[Any], Any]] = {
-    "fail-on": _choice(*(m.value for m in FailOn)),
-    "dtype": _choice(*(m.value for m in DType)),
-    "amp": _choice(DType.BF16.value, DType.FP16.value),
-    "batch": _int(1),
-    "seq-len": _int(1),
-    "batches": _int(1),
-    "seed": _int(0),
-    "device": _choice("cpu", "cuda", "auto"),
-    "modules": _regex,
-    "dropout": _bool,
-    "steps": _int(0),
-    "optimizer": _choice("adamw", "adam", "sgd"),
-    "lr": _number(positive=True),
-    "eps": _number(positive=False),
-    "weight-decay": _number(positive=False),
-    "warmup": _int(0),
-    "attention": _bool,
-    "thresholds": _thresholds,
-}
-KNOWN_KEYS = (*_VALIDATORS, "ignore")
+# -- the project file -----------------------------------------------------------------
 _IGNORE_KEYS = ("check", "layers", "reason")
 
 
@@ -239,11 +357,16 @@ def parse_ignores(
         layers = entry.get("layers")
         if layers is not None:
             try:
-                _regex(layers)
+                regex(layers)
             except ValueError as err:
                 raise error(f"{origin}: {at} layers {err}") from None
         out.append(Ignore(check=check, reason=reason.strip(), layers=layers))
     return tuple(out)
+
+
+def _config_rows() -> dict[str, Setting]:
+    """The project file's keys (but `ignore`, parsed apart) → their rows."""
+    return {s.key: s for s in SETTINGS if CONFIG in s.applies and s.name != IGNORES}
 
 
 def _from_table(path: Path, where: str, table: Mapping[str, Any]) -> ProjectConfig:
@@ -253,13 +376,10 @@ def _from_table(path: Path, where: str, table: Mapping[str, Any]) -> ProjectConf
         if key == "ignore":
             ignores = parse_ignores(raw, origin=path, key=f"{where} ignore", error=ConfigError)
             continue
-        validate = _VALIDATORS.get(key)
-        if validate is None:
-            raise _unknown(path, where, key, KNOWN_KEYS)
-        try:
-            values[key.replace("-", "_")] = validate(raw)
-        except ValueError as err:
-            raise ConfigError(f"{path}: {where} {key} {err}") from None
+        row = _config_rows().get(key)
+        if row is None:
+            raise _unknown(path, where, key, [*_config_rows(), "ignore"])
+        values[row.name] = row.validate(raw, f"{path}: {where} {key}", ConfigError)
     return ProjectConfig(path=path, values=values, ignores=ignores)
 
 
@@ -412,86 +532,207 @@ def apply_ignores(
     return tuple(kept), tuple(ignored)
 
 
-# -- the one settings object ----------------------------------------------------------
+# -- the table --------------------------------------------------------------------------
 def _plain(value: Any) -> Any:
-    """Enum members (the CLI's choices) as their string values."""
+    """Enum members (records.DType, FailOn) as their string values."""
     return value.value if isinstance(value, Enum) else value
+
+
+_RUN = COMMANDS | {SCAN}  # a run option, not a project default
 
 
 @dataclass(frozen=True)
 class Settings:
     """Every setting of a run, resolved and validated once, with where each came from.
 
-    Built by `Settings.resolve` (command line > project file > defaults) for the CLI, or
-    directly (`Settings(fail_on="warn", batch=2)`) from Python. `thresholds` holds only
-    the overrides (kebab-case name → value; `threshold_set()` gives all of them);
-    `ignores` are the project's accepted findings; `project` is the file that applied.
-    `sources` maps each run key, `thresholds.<name>` and `ignore` to "command line",
-    the project file's path, "default" or "python".
+    Each `setting(...)` field is one row of the table (`SETTINGS`). Built by
+    `Settings.resolve` (command line > project file > defaults) for the CLI, or directly
+    (`Settings(fail_on="warn", batch=2)`) from Python. `thresholds` holds only the
+    overrides (kebab-case name → value; `threshold_set()` gives all of them); `ignores`
+    are the project's accepted findings; `project` is the file that applied. `sources`
+    maps each setting, `thresholds.<name>` and `ignore` to "command line", the project
+    file's path, "default" or "python".
     """
 
-    fail_on: str = "error"
-    dtype: str | None = None
-    amp: str | None = None
-    batch: int = 4
-    seq_len: int | None = None
-    batches: int = 1
-    seed: int = 0
-    device: str = "auto"
-    modules: str | None = None
-    dropout: bool = False  # keep dropout on in the (train-mode) run
+    fail_on: str = setting(
+        "error",
+        check=OneOf(tuple(m.value for m in FailOn)),
+        flag="--fail-on",
+        panel="Gate",
+        applies=COMMANDS | {CONFIG},
+        help="Exit 1 on findings at or above this severity.",
+    )
+    dtype: str | None = setting(
+        None,
+        check=OneOf(tuple(m.value for m in DType)),
+        flag="--dtype",
+        panel="Precision",
+        help="Cast the model and run in this dtype.",
+    )
+    amp: str | None = setting(
+        None,
+        check=OneOf((DType.BF16.value, DType.FP16.value)),
+        flag="--amp",
+        panel="Precision",
+        help="Autocast in this dtype with fp32 weights.",
+    )
+    batch: int = setting(
+        4, check=Integer(1), flag="--batch", panel="Inputs", help="Sequences per batch."
+    )
+    seq_len: int | None = setting(
+        None, check=Integer(1), flag="--seq-len", panel="Inputs", help="Tokens per sequence."
+    )
+    batches: int = setting(
+        1,
+        check=Integer(1),
+        flag="--batches",
+        panel="Inputs",
+        help="Merge statistics over N batches.",
+    )
+    seed: int = setting(
+        0, check=Integer(0), flag="--seed", panel="Inputs", help="Seed for inputs and init."
+    )
+    # scan(device=None) runs where the model's weights are; the commands default to auto
+    device: str | None = setting(
+        "auto",
+        check=OneOf(("cpu", "cuda", "auto")),
+        flag="--device",
+        panel="Precision",
+        scan_default=None,
+        help="Where to run (auto: cuda when there is one).",
+    )
+    modules: str | None = setting(
+        None,
+        check=regex,
+        flag="--modules",
+        panel="Output",
+        help="Record only modules whose name matches REGEX.",
+    )
+    dropout: bool = setting(
+        False,
+        check=boolean,
+        flag="--dropout",
+        panel="Inputs",
+        help="Keep dropout on (the run is in train mode; dropout is off by default).",
+    )
     # the first optimizer steps (actscan.steps.loop): 0 = the step-0 profile only
-    steps: int = 0
-    optimizer: str = "adamw"
-    lr: float = 1e-3  # the learning rate you will train with
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    warmup: int = 0  # linear warmup steps
-    attention: bool = True  # attention probes (--no-attention: off)
-    thresholds: Mapping[str, float] = field(default_factory=dict)
-    ignores: tuple[Ignore, ...] = ()
+    steps: int = setting(
+        0,
+        check=Integer(0),
+        flag="--steps",
+        panel="Steps",
+        help="Take N optimizer steps and measure each (0: step 0 only).",
+    )
+    optimizer: str = setting(
+        "adamw",
+        check=OneOf(("adamw", "adam", "sgd")),
+        flag="--optimizer",
+        panel="Steps",
+        help="The optimizer of --steps.",
+    )
+    lr: float = setting(
+        1e-3,
+        check=Number(positive=True),
+        flag="--lr",
+        panel="Steps",
+        help="The learning rate you will train with.",
+    )
+    betas: tuple[float, float] = setting(
+        (0.9, 0.95), check=betas_pair, applies={SCAN}, help="Adam's β1, β2 for the steps."
+    )
+    eps: float = setting(
+        1e-8, check=Number(), flag="--eps", panel="Steps", help="Adam's epsilon for --steps."
+    )
+    weight_decay: float = setting(
+        0.0,
+        check=Number(),
+        flag="--weight-decay",
+        panel="Steps",
+        help="Weight decay for --steps.",
+    )
+    warmup: int = setting(
+        0,
+        check=Integer(0),
+        flag="--warmup",
+        panel="Steps",
+        help="Linear learning-rate warmup steps.",
+    )
+    attention: bool = setting(
+        True,
+        check=boolean,
+        flag="--no-attention",
+        panel="Output",
+        help="Switch the attention probes off (per-head scores, entropy, sink; the Heads table).",
+    )
+    backward: bool = setting(
+        True,
+        check=boolean,
+        flag="--no-backward",
+        panel="Output",
+        applies=_RUN,
+        help="Forward only: no gradient statistics.",
+    )
+    channels: bool = setting(
+        True,
+        check=boolean,
+        applies={SCAN},
+        help="Per-channel statistics (outlier channels, dead units); False skips them.",
+    )
+    thresholds: Mapping[str, float] = setting(
+        factory=dict,
+        check=thresholds_table,
+        flag="--threshold",
+        panel="Gate",
+        scan_default=None,
+        cli_type=list[str],
+        parse=threshold_options,
+        help="Override a threshold: NAME=VALUE (repeatable).",
+    )
+    ignores: tuple[Ignore, ...] = setting(
+        (),
+        key="ignore",
+        scan_name="ignore",
+        applies={CONFIG, SCAN},
+        scan_default=None,
+        help="Findings you accept: {check, reason, layers?} rules.",
+    )
     project: Path | None = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        """The one validation of every setting: one line per mistake, naming the setting
+        as its source knows it (`--batch`, `pyproject.toml batch`, `Settings(batch=...)`)."""
         sources = dict(self.sources)
-        for key in RUN_KEYS:
-            value = _plain(getattr(self, key))
-            object.__setattr__(self, key, value)
-            if key not in sources:
-                sources[key] = SOURCE_DEFAULT if value == DEFAULTS[key] else SOURCE_API
-            self._validate(key, value, sources[key])
-        if self.warmup > self.steps:
-            src = sources.get("warmup", SOURCE_API)
-            where = {SOURCE_CLI: "--warmup", SOURCE_API: "Settings(warmup=...)"}.get(
-                src, f"{src} warmup"
-            )
-            raise UsageError(
-                f"{where} {self.warmup} is longer than steps {self.steps}: the steps would "
-                "never reach the learning rate"
-            )
-        object.__setattr__(self, "thresholds", self._checked_thresholds(sources))
+        for s in SETTINGS:
+            if s.name in (THRESHOLDS, IGNORES):
+                continue
+            value = _plain(getattr(self, s.name))
+            src = sources.setdefault(s.name, SOURCE_DEFAULT if value == s.default else SOURCE_API)
+            if not (src == SOURCE_DEFAULT and value == s.default):
+                value = s.validate(value, s.where(src))
+            object.__setattr__(self, s.name, value)
+        self._check_together(sources)
+        object.__setattr__(self, THRESHOLDS, self._checked_thresholds(sources))
         if self.ignores:
             ignores = parse_ignores(self.ignores, origin=sources.get("ignore", "settings"))
-            object.__setattr__(self, "ignores", ignores)
+            object.__setattr__(self, IGNORES, ignores)
+        elif self.ignores is None:  # scan(ignore=None)
+            object.__setattr__(self, IGNORES, ())
         object.__setattr__(self, "sources", MappingProxyType(sources))
 
-    def _validate(self, key: str, value: Any, source: str) -> None:
-        kebab = key.replace("_", "-")
-        if source == SOURCE_CLI and key == "modules" and value is not None:
-            try:  # the message scan() gives, before any model is built
-                re.compile(value)
-            except re.error as err:
-                raise UsageError(f"--modules: invalid regex {value!r}: {err}") from None
-        if value is None or (source == SOURCE_DEFAULT and value == DEFAULTS[key]):
-            return
-        try:
-            _VALIDATORS[kebab](value)
-        except ValueError as err:
-            where = {SOURCE_CLI: f"--{kebab}", SOURCE_API: f"Settings({key}=...)"}.get(
-                source, f"{source} {kebab}"
+    def _check_together(self, sources: Mapping[str, str]) -> None:
+        """Settings that are fine alone but not together."""
+
+        def where(name: str) -> str:
+            return ROWS[name].where(sources.get(name, SOURCE_API))
+
+        if self.warmup > self.steps:
+            raise UsageError(
+                f"{where('warmup')} {self.warmup} is longer than steps {self.steps}: the steps "
+                "would never reach the learning rate"
             )
-            raise UsageError(f"{where} {err}") from None
+        if self.steps and not self.backward:
+            raise UsageError(f"{where('steps')} needs the backward pass: drop {where('backward')}")
 
     def _checked_thresholds(self, sources: dict[str, str]) -> Mapping[str, float]:
         """Fail before any model is built on a name or value scan() would refuse, naming
@@ -499,7 +740,7 @@ class Settings:
         from actscan.diagnose.thresholds import DEFAULT
 
         out: dict[str, float] = {}
-        for name, value in self.thresholds.items():
+        for name, value in (self.thresholds or {}).items():
             kebab = str(name).replace("_", "-")
             where = sources.setdefault(f"thresholds.{kebab}", SOURCE_API)
             try:
@@ -517,37 +758,52 @@ class Settings:
     ) -> Settings:
         """Command line (values that are not None) > `project` > defaults.
 
-        `cli` has snake- or kebab-case keys: the run keys and `thresholds` (a mapping
-        name → value, as `--threshold` gives). `project` None: find the one that applies
-        in the current folder.
+        `cli` has snake- or kebab-case keys: the settings a command takes (`thresholds` a
+        mapping name → value, as `--threshold` gives). `project` None: find the one that
+        applies in the current folder.
         """
         project = find_project_config() if project is None else project
         cli = {k.replace("-", "_"): _plain(v) for k, v in (cli or {}).items()}
-        if cli.get("thresholds"):  # one spelling per name: the command line overrides the file
-            cli["thresholds"] = {k.replace("_", "-"): v for k, v in cli["thresholds"].items()}
-        unknown = set(cli) - {*RUN_KEYS, "thresholds"}
+        if cli.get(THRESHOLDS):  # one spelling per name: the command line overrides the file
+            cli[THRESHOLDS] = {k.replace("_", "-"): v for k, v in cli[THRESHOLDS].items()}
+        unknown = set(cli) - {s.name for s in SETTINGS if s.applies & COMMANDS}
         if unknown:
             raise TypeError(f"Settings.resolve: unknown keys {sorted(unknown)}")
-        eff = effective_settings(cli, project, {**DEFAULTS, "thresholds": {}})
+        defaults = {s.name: s.default for s in SETTINGS if s.applies & (COMMANDS | {CONFIG})}
+        eff = effective_settings(cli, project, {k: v for k, v in defaults.items() if k != IGNORES})
         sources = {k: src for k, (_, src) in eff.items()}
         if project.ignores:
             sources["ignore"] = str(project.path)
+        values = {k: eff[k][0] for k in defaults if k not in (THRESHOLDS, IGNORES)}
         return cls(
-            **{k: eff[k][0] for k in RUN_KEYS},
-            thresholds=eff["thresholds"][0],  # defaults are {}: only file and CLI names
+            **values,
+            thresholds=eff[THRESHOLDS][0],  # defaults are {}: only file and CLI names
             ignores=project.ignores,
             project=project.path,
             sources=sources,
         )
 
+    @classmethod
+    def given(cls, source: str, **values: Any) -> Settings:
+        """`values` as `source` gave them (e.g. SOURCE_SCAN: scan()'s keywords, by their
+        scan() names), the rest defaults; validated, naming `source` in each message."""
+        by_scan = {s.scan_name: s.name for s in SETTINGS}
+        named = {by_scan.get(k, k): v for k, v in values.items()}
+        sources = {k: source for k in named}
+        sources.update({f"thresholds.{k}": source for k in named.get(THRESHOLDS) or {}})
+        if named.get(IGNORES):
+            sources["ignore"] = source
+        return cls(**named, sources=sources)
+
     # -- reading ---------------------------------------------------------------------
     def source(self, key: str) -> str:
-        """Where `key` (a run key, `thresholds.<name>` or `ignore`) came from."""
+        """Where `key` (a setting, `thresholds.<name>` or `ignore`) came from."""
         key = key if key.startswith("thresholds.") else key.replace("-", "_")
         return self.sources.get(key, SOURCE_DEFAULT)
 
     def run_values(self) -> dict[str, Any]:
-        """The run settings by key, in --show-config order (thresholds and ignores apart)."""
+        """The project-file settings by key, in --show-config order (thresholds and ignores
+        apart)."""
         return {k: getattr(self, k) for k in RUN_KEYS}
 
     def threshold_set(self) -> Thresholds:
@@ -555,3 +811,31 @@ class Settings:
         from actscan.diagnose.thresholds import DEFAULT
 
         return DEFAULT.with_overrides(dict(self.thresholds))
+
+
+def _rows() -> tuple[Setting, ...]:
+    hints = typing.get_type_hints(Settings)
+    out = []
+    for f in fields(Settings):
+        if _ROW not in f.metadata:
+            continue
+        row = dict(f.metadata[_ROW])
+        default = f.default if f.default_factory is MISSING else f.default_factory()
+        row["key"] = row["key"] or f.name.replace("_", "-")
+        row["scan_name"] = row["scan_name"] or f.name
+        if row["scan_default"] is _SAME:
+            row["scan_default"] = default
+        s = Setting(name=f.name, type=hints[f.name], default=default, **row)
+        if s.applies & COMMANDS and (s.flag is None or s.panel not in PANELS):
+            raise TypeError(f"setting {s.name}: a command option needs a flag and a panel")
+        out.append(s)
+    return tuple(out)
+
+
+# The table, in declaration order (the order of --show-config and of each help panel).
+SETTINGS: tuple[Setting, ...] = _rows()
+ROWS: Mapping[str, Setting] = MappingProxyType({s.name: s for s in SETTINGS})
+# The project-file settings shown one per row (thresholds and ignores have their own).
+RUN_KEYS = tuple(
+    s.name for s in SETTINGS if CONFIG in s.applies and s.name not in (THRESHOLDS, IGNORES)
+)

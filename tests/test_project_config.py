@@ -137,7 +137,7 @@ reason = "LayerScale starts at 0"
         ("[tool.actscan]\nbatch = '4'\n", "batch must be an integer"),
         ("[tool.actscan]\nbatch = 0\n", "batch must be at least 1"),
         ("[tool.actscan]\nbatches = true\n", "batches must be an integer"),
-        ("[tool.actscan]\nmodules = '(unclosed'\n", "modules is not a valid regular expression"),
+        ("[tool.actscan]\nmodules = '(unclosed'\n", "modules is an invalid regex"),
         ("[tool.actscan]\nthresholds = { x = 'big' }\n", "thresholds entry 'x'"),
         ("[tool.actscan]\nthresholds = 3\n", "thresholds must be a table"),
         ("[tool.actscan]\nignore = [{ check = 'dead-branch' }]\n", "ignore[0] needs reason"),
@@ -272,10 +272,11 @@ def test_settings_precedence_cli_over_file_over_default(tmp_path):
     assert s.threshold_set().outlier_ratio == 3.0 and s.threshold_set().outlier_abs == 0.0
     assert s.ignores == (Ignore(check="collapse", reason="known"),)
     assert s.source("ignore") == src and s.project == path
-    assert list(s.run_values()) == [
+    today = [
         "fail_on", "dtype", "amp", "batch", "seq_len", "batches", "seed", "device", "modules",
         "dropout", "steps", "optimizer", "lr", "eps", "weight_decay", "warmup", "attention",
     ]  # fmt: skip
+    assert [k for k in s.run_values() if k in today] == today  # a new setting may join them
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.batch = 2  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -322,5 +323,5 @@ def test_settings_errors_name_the_source(tmp_path):
         Settings.resolve({}, load_project_config(path))
     with pytest.raises(UsageError, match=r"^--threshold: threshold 'outlier-ratio' must be a"):
         Settings.resolve({"thresholds": {"outlier-ratio": "x"}}, ProjectConfig(path=None))
-    with pytest.raises(UsageError, match=r"^--modules: invalid regex"):
+    with pytest.raises(UsageError, match=r"^--modules is an invalid regex"):
         Settings.resolve({"modules": "("}, ProjectConfig(path=None))

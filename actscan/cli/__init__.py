@@ -1,48 +1,19 @@
 """The `actscan` command line. Thin: parse options, call scan(), render, map errors.
 
 Importing this package must not import torch or transformers (`actscan --help` ≤ 0.3 s):
-each command imports what it needs when it runs.
+each command imports what it needs when it runs. `app` (cli/app.py) is the typer app;
+importing the command modules registers their commands on it.
 """
 
 from __future__ import annotations
 
-import typer
+from actscan.cli import compare as _compare  # noqa: F401  (registers the commands)
+from actscan.cli import configs as _configs  # noqa: F401
+from actscan.cli import profile as _profile  # noqa: F401
+from actscan.cli import sweep as _sweep  # noqa: F401
+from actscan.cli.app import app
 
-from actscan import __version__
-
-app = typer.Typer(
-    name="actscan",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
-    help=(
-        "Does the scale of activations and gradients stay sane through depth?\n\n"
-        "One measured forward+backward pass of a PyTorch model: per-module statistics, "
-        "the residual stream, and findings with remedies."
-    ),
-)
-
-
-def _version(value: bool) -> None:
-    if value:
-        print(f"actscan {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version."
-    ),
-) -> None:
-    """actscan: activation and gradient scale, before you train."""
-
-
-from actscan.cli import compare as _compare  # noqa: E402,F401
-from actscan.cli import configs as _configs  # noqa: E402,F401  (registers commands)
-from actscan.cli import profile as _profile  # noqa: E402,F401
-from actscan.cli import sweep as _sweep  # noqa: E402,F401
+__all__ = ["app", "main"]
 
 
 def main() -> None:

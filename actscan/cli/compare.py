@@ -7,55 +7,42 @@ from typing import Annotated
 
 import typer
 
-from actscan.cli import app
 from actscan.cli import options as c
+from actscan.cli.app import app
 from actscan.cli.sides import check_precision, side_a, side_b
+from actscan.settings import Settings
 
 
 @app.command("compare")
 @c.handle_errors
+@c.setting_options("compare")
 def compare(
     a: Annotated[str, typer.Argument(help="Target A (any TARGET profile accepts).")],
+    settings: Settings,
     b: Annotated[
         str | None, typer.Argument(help="Target B (default: A, changed by the --vs-* options).")
     ] = None,
     config: c.ConfigOpt = None,
     vs_config: c.VsConfig = None,
-    dtype: c.DType = None,
-    vs_dtype: c.VsDType = None,
-    amp: c.Amp = None,
-    vs_amp: c.VsAmp = None,
     init: c.Init = None,
     vs_init: c.VsInit = None,
     set_: c.SetOpt = None,
     vs_set: c.VsSet = None,
-    batch: c.BatchOpt = None,
-    seq_len: c.SeqLen = None,
-    batches: c.Batches = None,
-    seed: c.Seed = None,
+    allow_nonfinite: c.AllowNonfinite = False,
+    at_init: c.AtInit = None,
     input_file: c.InputFile = None,
-    device: c.Device = None,
-    modules: c.Modules = None,
-    no_backward: c.NoBackward = False,
-    dropout: c.DropoutFlag = False,
-    steps: c.StepsOpt = None,
-    lr: c.LrOpt = None,
-    optimizer: c.OptimizerOpt = None,
-    eps: c.EpsOpt = None,
-    weight_decay: c.WeightDecayOpt = None,
-    warmup: c.WarmupOpt = None,
-    no_attention: c.NoAttention = False,
+    input_shape: c.InputShape = None,
+    vs_dtype: c.VsDType = None,
+    vs_amp: c.VsAmp = None,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
-    fail_on: c.FailOn = None,
-    input_shape: c.InputShape = None,
-    threshold: c.ThresholdOpt = None,
     quiet: c.Quiet = False,
-    allow_nonfinite: c.AllowNonfinite = False,
-    at_init: c.AtInit = None,
     all_modules: Annotated[
-        bool, typer.Option("--all", help="Every matched layer (and every layer's divergence).")
+        bool,
+        c.option(
+            "--all", help="Every matched layer (and every layer's divergence).", panel="Output"
+        ),
     ] = False,
     plot: c.Plot = None,
 ) -> None:
@@ -71,13 +58,6 @@ def compare(
       actscan compare model.safetensors --vs-amp bf16 --json compare.json
     """
     c.refuse_distributed("compare")
-    settings = c.resolve_settings(
-        fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
-        seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
-        steps=steps, optimizer=optimizer, lr=lr, eps=eps, weight_decay=weight_decay,
-        warmup=warmup, no_backward=no_backward,
-        no_attention=no_attention,
-    )  # fmt: skip
     if b is None and not (vs_init or vs_set or vs_dtype or vs_amp or vs_config):
         raise c.fail(
             "nothing to compare: give a second TARGET or a --vs-init/--vs-set/--vs-dtype/"
@@ -109,7 +89,7 @@ def compare(
 
     with c.ProgressSink(enabled=not quiet) as progress:
         ra, rb = (
-            scan_target(spec, s.settings(settings), backward=not no_backward, progress=progress)
+            scan_target(spec, s.settings(settings), backward=settings.backward, progress=progress)
             .report
             for spec, s in ((spec_a, a_side), (spec_b, b_side))
         )  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actscan.cli import app
+from actscan.cli.app import app
 from actscan.cli.options import handle_errors, make_console
 
 

@@ -1,13 +1,15 @@
-"""Shared CLI pieces: every option alias (declared once, used by profile/compare/sweep),
-the error-to-exit-code map, consoles, settings resolution, report emission.
-No torch import at module level (`actscan --help` stays fast)."""
+"""Shared CLI pieces: the commands' options (the settings' built from the table in
+actscan.settings, the others declared once here), the error-to-exit-code map, consoles,
+report emission. No torch import at module level (`actscan --help` stays fast)."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 import traceback
+import typing
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -15,35 +17,19 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from typer.models import ArgumentInfo, ParameterInfo
 
 from actscan.errors import ActscanError, UsageError
+from actscan.settings import PANELS, ROWS, SETTINGS, Setting, Settings
 
 if TYPE_CHECKING:
     from actscan.records import Finding
     from actscan.report.report import Report
-    from actscan.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
-
-
-class DTypeOpt(StrEnum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class AmpOpt(StrEnum):
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class FailOnOpt(StrEnum):
-    info = "info"
-    warn = "warn"
-    error = "error"
-    never = "never"
 
 
 class FormatOpt(StrEnum):
@@ -53,130 +39,178 @@ class FormatOpt(StrEnum):
     junit = "junit"
 
 
-class DeviceOpt(StrEnum):
-    cpu = "cpu"
-    cuda = "cuda"
-    auto = "auto"
+# -- options ------------------------------------------------------------------------------
+def option(*decls: str, help: str, panel: str | None = None, **kw: Any) -> Any:
+    """A typer option in its help panel. Every option is built here, so its help is
+    escaped in one place: rich markup would eat "[4]", "[auto]" and "actscan[plot]"."""
+    return typer.Option(*decls, help=escape(help), rich_help_panel=panel, **kw)
 
 
-# -- shared option aliases (huggingface_hub style) -------------------------------------
+def _setting_option(s: Setting) -> inspect.Parameter:
+    """The option of one row. A bool's flag sets the opposite of its default; any other
+    option defaults to None (not given), so the project file and the defaults apply."""
+    assert s.flag is not None
+    metavar = getattr(s.check, "metavar", None) if s.cli_type is None else None
+    opt = option(s.flag, help=s.help_text(), panel=s.panel, metavar=metavar)
+    annotation: Any
+    if s.type is bool:
+        annotation, default = Annotated[bool, opt], False
+    else:
+        types = typing.get_args(s.type) or (s.type,)
+        base = s.cli_type or next(t for t in types if t is not type(None))
+        annotation, default = Annotated[base | None, opt], None
+    kind = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Parameter(s.name, kind, default=default, annotation=annotation)
+
+
+def _given(s: Setting, raw: Any) -> Any:
+    """An option's value as the setting's value; None when the option was not given."""
+    if s.type is bool:
+        return (not s.default) if raw else None
+    if raw is None or s.parse is None:
+        return raw
+    return s.parse(raw)
+
+
+def _place(p: inspect.Parameter) -> int:
+    """Where a parameter goes in --help: arguments first, then the options panel by panel
+    (PANELS), then options without a panel."""
+    meta = getattr(p.annotation, "__metadata__", ())
+    info = next((m for m in meta if isinstance(m, ParameterInfo)), None)
+    if isinstance(info, ArgumentInfo):
+        return -1
+    panel = getattr(info, "rich_help_panel", None)
+    return PANELS.index(panel) if panel in PANELS else len(PANELS)
+
+
+def setting_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give the command an option for every setting of actscan.settings' table that
+    applies to `command`; it receives their values resolved (command line > project file
+    > defaults, validated once) as its `settings` parameter. Its own parameters stay as
+    declared; in --help a panel lists the settings first, then the command's own options.
+    """
+    rows = [s for s in SETTINGS if command in s.applies]
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        hints = typing.get_type_hints(fn, include_extras=True)
+        own = [
+            p.replace(annotation=hints.get(p.name, p.annotation), kind=p.KEYWORD_ONLY)
+            for p in inspect.signature(fn).parameters.values()
+            if p.name != "settings"
+        ]
+        params = sorted([*map(_setting_option, rows), *own], key=_place)  # stable: table order
+        # settings first within a panel: they were listed before the command's own
+
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            given = {s.name: _given(s, kwargs.pop(s.name)) for s in rows}
+            try:
+                settings = Settings.resolve(given)
+            except ActscanError as err:  # under a launcher, rank 0 says it once
+                raise fail(str(err), err.exit_code, rank0=True) from None
+            return fn(settings=settings, **kwargs)
+
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate
+
+
+# The command's own options, each declared once here (profile, compare and sweep share
+# them). Target: what to build; the settings' options come from the table.
 ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", help="Architecture for a bare .safetensors file.")
-]
-DType = Annotated[
-    DTypeOpt | None, typer.Option("--dtype", help="Cast the model and run in this dtype.")
-]
-Amp = Annotated[
-    AmpOpt | None, typer.Option("--amp", help="Autocast in this dtype with fp32 weights.")
+    Path | None,
+    option("--config", help="Architecture for a bare .safetensors file.", panel="Target"),
 ]
 Init = Annotated[
     str | None,
-    typer.Option("--init", help="Re-initialize: gpt2|xavier|kaiming|fan-in|small."),
+    option("--init", help="Re-initialize: gpt2|xavier|kaiming|fan-in|small.", panel="Target"),
 ]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", help="Override a config field: key=value (repeatable)."),
+    option("--set", help="Override a config field: key=value (repeatable).", panel="Target"),
 ]
-BatchOpt = Annotated[int | None, typer.Option("--batch", min=1, help="Sequences per batch [4].")]
-SeqLen = Annotated[int | None, typer.Option("--seq-len", min=1, help="Tokens per sequence.")]
-Batches = Annotated[
-    int | None, typer.Option("--batches", min=1, help="Merge statistics over N batches [1].")
-]
-Seed = Annotated[int | None, typer.Option("--seed", min=0, help="Seed for inputs and init [0].")]
-InputFile = Annotated[
-    Path | None,
-    typer.Option("--input", help="Token ids (.json list of lists) or text (.txt) to run on."),
-]
-Device = Annotated[DeviceOpt | None, typer.Option("--device", help="cpu|cuda|auto [auto].")]
-Modules = Annotated[
-    str | None, typer.Option("--modules", help="Record only modules whose name matches REGEX.")
-]
-DropoutFlag = Annotated[
-    bool,
-    typer.Option(
-        "--dropout", help="Keep dropout on (the run is in train mode; dropout is off by default)."
-    ),
-]
-NoAttention = Annotated[
-    bool,
-    typer.Option(
-        "--no-attention",
-        help="Switch the attention probes off (per-head scores, entropy, sink; the Heads table).",
-    ),
-]
-NoBackward = Annotated[
-    bool, typer.Option("--no-backward", help="Forward only: no gradient statistics.")
-]
-# The first optimizer steps (checked in Settings: a bad value is one line, exit 2).
-StepsOpt = Annotated[
-    int | None,
-    typer.Option("--steps", help="Take N optimizer steps and measure each (0: step 0 only) [0]."),
-]
-LrOpt = Annotated[
-    float | None, typer.Option("--lr", help="The learning rate you will train with [1e-3].")
-]
-OptimizerOpt = Annotated[
-    str | None, typer.Option("--optimizer", help="adamw|adam|sgd for --steps [adamw].")
-]
-EpsOpt = Annotated[float | None, typer.Option("--eps", help="Adam's epsilon for --steps [1e-8].")]
-WeightDecayOpt = Annotated[
-    float | None, typer.Option("--weight-decay", help="Weight decay for --steps [0].")
-]
-WarmupOpt = Annotated[
-    int | None, typer.Option("--warmup", help="Linear learning-rate warmup steps [0].")
-]
-JsonOut = Annotated[
-    str | None, typer.Option("--json", help="Write the JSON report to PATH ('-' = stdout).")
-]
-Format = Annotated[FormatOpt, typer.Option("--format", help="Output format for stdout or -o.")]
-Output = Annotated[
-    str | None, typer.Option("-o", "--output", help="Write --format output to PATH.")
-]
-FailOn = Annotated[
-    FailOnOpt | None,
-    typer.Option("--fail-on", help="Exit 1 on findings at or above this severity [error]."),
-]
-InputShape = Annotated[
-    str | None,
-    typer.Option("--input-shape", help="Random float input of this shape, e.g. 4,32."),
-]
-ThresholdOpt = Annotated[
-    list[str] | None,
-    typer.Option("--threshold", help="Override a threshold: NAME=VALUE (repeatable)."),
-]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the findings.")]
-NProc = Annotated[
-    int | None,
-    typer.Option(
-        "--nproc", min=1,
-        help="Run as N processes on this host (torchrun; FSDP2-sharded model, batch split).",
-    ),
-]  # fmt: skip
 AllowNonfinite = Annotated[
-    bool, typer.Option("--allow-nonfinite", help="Run even if weights contain NaN/Inf.")
+    bool,
+    option("--allow-nonfinite", help="Run even if weights contain NaN/Inf.", panel="Target"),
 ]
 AtInit = Annotated[
     bool | None,
-    typer.Option(
+    option(
         "--at-init/--trained",
         help="Judge the weights as an initialization (init-scale runs) or as trained. "
         "Default: at init for configs and module:callable, trained for checkpoints.",
+        panel="Target",
     ),
 ]
+NProc = Annotated[
+    int | None,
+    option(
+        "--nproc",
+        min=1,
+        help="Run as N processes on this host (torchrun; FSDP2-sharded model, batch split).",
+        panel="Target",
+    ),
+]
+InputFile = Annotated[
+    Path | None,
+    option(
+        "--input",
+        help="Token ids (.json list of lists) or text (.txt) to run on.",
+        panel="Inputs",
+    ),
+]
+InputShape = Annotated[
+    str | None,
+    option("--input-shape", help="Random float input of this shape, e.g. 4,32.", panel="Inputs"),
+]
+JsonOut = Annotated[
+    str | None,
+    option("--json", help="Write the JSON report to PATH ('-' = stdout).", panel="Output"),
+]
+Format = Annotated[
+    FormatOpt, option("--format", help="Output format for stdout or -o.", panel="Output")
+]
+Output = Annotated[
+    str | None, option("-o", "--output", help="Write --format output to PATH.", panel="Output")
+]
+Quiet = Annotated[bool, option("--quiet", "-q", help="Print only the findings.", panel="Output")]
 Plot = Annotated[
-    str | None, typer.Option("--plot", help="Draw stream RMS vs k to PATH (.png/.svg/.pdf).")
+    str | None,
+    option("--plot", help="Draw stream RMS vs k to PATH (.png/.svg/.pdf).", panel="Output"),
 ]
-# B's side of compare and sweep: what changes from A.
+# B's side of compare and sweep: what changes from A (checked as A's dtype and amp are).
 VsDType = Annotated[
-    DTypeOpt | None, typer.Option("--vs-dtype", help="B runs in this dtype (same weights).")
+    str | None,
+    option(
+        "--vs-dtype",
+        help="B runs in this dtype (same weights).",
+        panel="Precision",
+        metavar=getattr(ROWS["dtype"].check, "metavar", None),
+    ),
 ]
-VsAmp = Annotated[AmpOpt | None, typer.Option("--vs-amp", help="B autocasts to this dtype.")]
-VsInit = Annotated[str | None, typer.Option("--vs-init", help="B re-initializes with SCHEME.")]
+VsAmp = Annotated[
+    str | None,
+    option(
+        "--vs-amp",
+        help="B autocasts to this dtype.",
+        panel="Precision",
+        metavar=getattr(ROWS["amp"].check, "metavar", None),
+    ),
+]
+VsInit = Annotated[
+    str | None, option("--vs-init", help="B re-initializes with SCHEME.", panel="Target")
+]
 VsSet = Annotated[
     list[str] | None,
-    typer.Option("--vs-set", help="Override a config field for B only: key=value (repeatable)."),
+    option(
+        "--vs-set",
+        help="Override a config field for B only: key=value (repeatable).",
+        panel="Target",
+    ),
 ]
-VsConfig = Annotated[Path | None, typer.Option("--vs-config", help="--config for B.")]
+VsConfig = Annotated[Path | None, option("--vs-config", help="--config for B.", panel="Target")]
 
 
 # -- errors -------------------------------------------------------------------------------
@@ -184,8 +218,11 @@ def debug() -> bool:
     return os.environ.get("ACTSCAN_DEBUG", "") not in ("", "0")
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
-    print(f"actscan: error: {message}", file=sys.stderr)
+def fail(message: str, code: int = EXIT_USAGE, *, rank0: bool = False) -> typer.Exit:
+    """Print the one line and give the exit. `rank0`: before a distributed run's session
+    starts, only rank 0 of a launcher's processes prints it."""
+    if not rank0 or os.environ.get("RANK", "0") == "0":
+        print(f"actscan: error: {message}", file=sys.stderr)
     return typer.Exit(code)
 
 
@@ -293,48 +330,7 @@ class ProgressSink:
             self._progress.__exit__(*exc)
 
 
-# -- settings -----------------------------------------------------------------------------
-def resolve_settings(
-    *,
-    fail_on: FailOnOpt | None,
-    dtype: DTypeOpt | None,
-    amp: AmpOpt | None,
-    batch: int | None,
-    seq_len: int | None,
-    batches: int | None,
-    seed: int | None,
-    device: DeviceOpt | None,
-    modules: str | None,
-    threshold: list[str] | None,
-    dropout: bool = False,
-    steps: int | None = None,
-    optimizer: str | None = None,
-    lr: float | None = None,
-    eps: float | None = None,
-    weight_decay: float | None = None,
-    warmup: int | None = None,
-    no_backward: bool = False,
-    no_attention: bool = False,
-) -> Settings:
-    """The shared run options (None: not given) > [tool.actscan] > defaults, validated."""
-    from actscan.diagnose.thresholds import parse_threshold_options
-    from actscan.settings import Settings
-
-    settings = Settings.resolve(
-        {
-            "fail_on": fail_on, "dtype": dtype, "amp": amp, "batch": batch, "seq_len": seq_len,
-            "batches": batches, "seed": seed, "device": device, "modules": modules,
-            "dropout": True if dropout else None, "steps": steps, "optimizer": optimizer,
-            "lr": lr, "eps": eps, "weight_decay": weight_decay, "warmup": warmup,
-            "attention": False if no_attention else None,
-            "thresholds": parse_threshold_options(threshold) or None,
-        }
-    )  # fmt: skip
-    if no_backward and settings.steps:
-        raise UsageError("--steps needs the backward pass: drop --no-backward")
-    return settings
-
-
+# -- outputs ----------------------------------------------------------------------------
 def check_outputs(fmt: FormatOpt, output: str | None, json_path: str | None) -> None:
     """Refuse output combinations that would mix two documents in one stream or file,
     before any work is done (stdout must stay parseable)."""

@@ -5,19 +5,37 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from actscan.cli import app
 from actscan.cli import options as c
+from actscan.cli.app import app
+from actscan.errors import UsageError
+from actscan.settings import Settings
 
 if TYPE_CHECKING:
-    from actscan.settings import Settings
+    from actscan.api import TargetSpec
+
+Plot = Annotated[
+    str | None,
+    c.option(
+        "--plot",
+        help="Draw stream RMS vs k, per-channel max |x| per stream point and attention "
+        "entropy per layer × head to PATH (.png/.svg/.pdf; needs actscan[plot]).",
+        panel="Output",
+    ),
+]
+AllModules = Annotated[bool, c.option("--all", help="Table of every module.", panel="Output")]
+ShowConfig = Annotated[
+    bool,
+    c.option("--show-config", help="Print the effective settings and exit.", panel="Output"),
+]
 
 
 @app.command("profile")
 @c.handle_errors
+@c.setting_options("profile")
 def profile(
     target: Annotated[
         str,
@@ -26,49 +44,22 @@ def profile(
             "a shipped config name, or package.module:callable."
         ),
     ],
+    settings: Settings,
     config: c.ConfigOpt = None,
-    dtype: c.DType = None,
-    amp: c.Amp = None,
     init: c.Init = None,
     set_: c.SetOpt = None,
-    batch: c.BatchOpt = None,
-    seq_len: c.SeqLen = None,
-    batches: c.Batches = None,
-    seed: c.Seed = None,
     input_file: c.InputFile = None,
-    device: c.Device = None,
-    modules: c.Modules = None,
-    no_backward: c.NoBackward = False,
-    dropout: c.DropoutFlag = False,
-    steps: c.StepsOpt = None,
-    lr: c.LrOpt = None,
-    optimizer: c.OptimizerOpt = None,
-    eps: c.EpsOpt = None,
-    weight_decay: c.WeightDecayOpt = None,
-    warmup: c.WarmupOpt = None,
-    no_attention: c.NoAttention = False,
+    input_shape: c.InputShape = None,
+    allow_nonfinite: c.AllowNonfinite = False,
+    at_init: c.AtInit = None,
+    nproc: c.NProc = None,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
-    fail_on: c.FailOn = None,
-    input_shape: c.InputShape = None,
-    threshold: c.ThresholdOpt = None,
     quiet: c.Quiet = False,
-    allow_nonfinite: c.AllowNonfinite = False,
-    at_init: c.AtInit = None,
-    plot: Annotated[
-        str | None,
-        typer.Option(
-            "--plot",
-            help="Draw stream RMS vs k, per-channel max |x| per stream point and attention "
-            "entropy per layer × head to PATH (.png/.svg/.pdf; needs actscan[plot]).",
-        ),
-    ] = None,
-    all_modules: Annotated[bool, typer.Option("--all", help="Table of every module.")] = False,
-    show_config: Annotated[
-        bool, typer.Option("--show-config", help="Print the effective settings and exit.")
-    ] = False,
-    nproc: c.NProc = None,
+    plot: Plot = None,
+    all_modules: AllModules = False,
+    show_config: ShowConfig = False,
 ) -> None:
     """Measure one forward+backward pass and report the scale of activations and gradients.
 
@@ -83,105 +74,76 @@ def profile(
     """
     from actscan.distributed.launch import launch, launched
 
+    if show_config:
+        _print_settings(settings)
+        raise typer.Exit(c.EXIT_OK)
     if not launched() and nproc is not None:
         raise typer.Exit(launch(nproc, sys.argv[1:]))
+    try:
+        shape = c.parse_shape(input_shape)
+    except UsageError as err:
+        raise c.fail(str(err), rank0=True) from None
+    from actscan.api import TargetSpec
+
+    spec = TargetSpec(
+        target=target,
+        config=config,
+        init=init,
+        overrides=tuple(set_ or ()),
+        input_file=input_file,
+        input_shape=shape,
+        allow_nonfinite=allow_nonfinite,
+        at_init=at_init,
+    )
     body = functools.partial(
-        _profile, target, config=config, dtype=dtype, amp=amp, init=init, set_=set_,
-        batch=batch, seq_len=seq_len, batches=batches, seed=seed, input_file=input_file,
-        device=device, modules=modules, no_backward=no_backward, dropout=dropout,
-        steps=steps, lr=lr, optimizer=optimizer, eps=eps, weight_decay=weight_decay,
-        warmup=warmup, no_attention=no_attention, plot=plot, json_out=json_out, fmt=fmt,
+        _profile,
+        spec,
+        settings,
+        plot=plot,
+        json_out=json_out,
+        fmt=fmt,
         output=output,
-        fail_on=fail_on,
-        input_shape=input_shape, threshold=threshold, quiet=quiet,
-        allow_nonfinite=allow_nonfinite, at_init=at_init, all_modules=all_modules,
-        show_config=show_config,
-    )  # fmt: skip
+        quiet=quiet,
+        all_modules=all_modules,
+    )
     if not launched():
         body()
         return
     world = int(os.environ["WORLD_SIZE"])
     if nproc is not None and nproc != world:
-        raise _fail_rank0(f"--nproc {nproc} under a launcher that started {world} processes")
+        raise c.fail(f"--nproc {nproc} under a launcher that started {world} processes", rank0=True)
     from actscan.distributed.runtime import run_ranked
 
-    raise typer.Exit(run_ranked(c.handle_errors(body), device.value if device else None))
-
-
-def _fail_rank0(message: str) -> typer.Exit:
-    """One line (rank 0's, under a launcher: the other ranks print nothing) and exit 2."""
-    if os.environ.get("RANK", "0") == "0":
-        print(f"actscan: error: {message}", file=sys.stderr)
-    return typer.Exit(c.EXIT_USAGE)
+    raise typer.Exit(run_ranked(c.handle_errors(body), settings.device))
 
 
 def _profile(
-    target: str,
+    spec: TargetSpec,
+    settings: Settings,
     *,
-    config: Any,
-    dtype: Any,
-    amp: Any,
-    init: str | None,
-    set_: list[str] | None,
-    batch: int | None,
-    seq_len: int | None,
-    batches: int | None,
-    seed: int | None,
-    input_file: Any,
-    device: Any,
-    modules: str | None,
-    no_backward: bool,
-    dropout: bool,
-    steps: int | None,
-    lr: float | None,
-    optimizer: Any,
-    eps: float | None,
-    weight_decay: float | None,
-    warmup: int | None,
-    no_attention: bool,
     plot: str | None,
     json_out: str | None,
     fmt: c.FormatOpt,
     output: str | None,
-    fail_on: Any,
-    input_shape: str | None,
-    threshold: list[str] | None,
     quiet: bool,
-    allow_nonfinite: bool,
-    at_init: bool | None,
     all_modules: bool,
-    show_config: bool,
-) -> None:
-    """The command itself, in one process or as one rank (only rank 0 writes)."""
+) -> NoReturn:
+    """The command itself, in one process or as one rank (only rank 0 writes); ends with
+    the exit code."""
     from actscan.distributed.launch import launched
 
     main = not launched() or os.environ.get("RANK", "0") == "0"
-    settings = c.resolve_settings(
-        fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
-        seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
-        steps=steps, optimizer=optimizer, lr=lr, eps=eps, weight_decay=weight_decay,
-        warmup=warmup, no_backward=no_backward,
-        no_attention=no_attention,
-    )  # fmt: skip
-    if show_config:
-        _print_settings(settings)
-        raise typer.Exit(c.EXIT_OK)
-    if dtype is not None and amp is not None and dtype is not c.DTypeOpt.fp32:
+    if settings.dtype not in (None, "fp32") and settings.amp is not None:
         raise c.fail("--dtype and --amp together: autocast runs fp32 weights (drop --dtype)")
     c.check_outputs(fmt, output, json_out)
     if plot is not None:  # fail now, not after a long scan
         from actscan.render.plot import check_plot
 
         check_plot(plot)
-    from actscan.api import TargetSpec, scan_target
+    from actscan.api import scan_target
 
-    spec = TargetSpec(
-        target=target, config=config, init=init, overrides=tuple(set_ or ()),
-        input_file=input_file, input_shape=c.parse_shape(input_shape),
-        allow_nonfinite=allow_nonfinite, at_init=at_init,
-    )  # fmt: skip
     with c.ProgressSink(enabled=not quiet and main) as progress:
-        scanned = scan_target(spec, settings, backward=not no_backward, progress=progress)
+        scanned = scan_target(spec, settings, backward=settings.backward, progress=progress)
     from actscan.render.terminal import render_report
 
     report = scanned.report

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from actscan.cli import options as c
+from actscan.settings import ROWS
 
 if TYPE_CHECKING:
     from actscan.api import TargetSpec
@@ -87,16 +88,16 @@ def side_b(
     config: Path | None,
     init: str | None,
     sets: list[str] | None,
-    dtype: c.DTypeOpt | None,
-    amp: c.AmpOpt | None,
+    dtype: str | None,
+    amp: str | None,
 ) -> Side:
     """B inherits everything from A except what a --vs-* option (or TARGET B) changes.
     A --vs-amp alone runs B with the model's own weights (no inherited --dtype), and a
     --vs-dtype alone drops an inherited --amp: autocast and a cast do not combine."""
     b_dtype, b_amp = a.dtype, a.amp
     if dtype is not None or amp is not None:
-        b_dtype = dtype.value if dtype is not None else None
-        b_amp = amp.value if amp is not None else None
+        b_dtype = ROWS["dtype"].validate(dtype, "--vs-dtype")
+        b_amp = ROWS["amp"].validate(amp, "--vs-amp")
     return Side(
         tag="b", target=target or a.target, config=config or a.config, init=init or a.init,
         sets=a.sets + tuple(sets or ()), dtype=b_dtype, amp=b_amp,

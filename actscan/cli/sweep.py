@@ -7,57 +7,44 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from actscan.cli import app
 from actscan.cli import options as c
+from actscan.cli.app import app
 from actscan.cli.sides import check_precision, side_a, side_b
+from actscan.settings import Settings
 
 if TYPE_CHECKING:
-    from actscan.compare.sweep import SweepPoint
+    from actscan.compare.sweep import Sweep, SweepPoint
     from actscan.report.report import Report
 
-Depth = Annotated[str | None, typer.Option("--depth", help="Blocks per model, e.g. 6,12,24,48.")]
+Depth = Annotated[
+    str | None, c.option("--depth", help="Blocks per model, e.g. 6,12,24,48.", panel="Target")
+]
 Width = Annotated[
-    str | None, typer.Option("--width", help="Model width (d_model), e.g. 128,256,512.")
+    str | None,
+    c.option("--width", help="Model width (d_model), e.g. 128,256,512.", panel="Target"),
 ]
 
 
 @app.command("sweep")
 @c.handle_errors
+@c.setting_options("sweep")
 def sweep(
     target: Annotated[
         str, typer.Argument(help="A config file (built-in or Hugging Face) or a shipped name.")
     ],
+    settings: Settings,
     depth: Depth = None,
     width: Width = None,
-    dtype: c.DType = None,
-    vs_dtype: c.VsDType = None,
-    amp: c.Amp = None,
-    vs_amp: c.VsAmp = None,
     init: c.Init = None,
     vs_init: c.VsInit = None,
     set_: c.SetOpt = None,
     vs_set: c.VsSet = None,
-    batch: c.BatchOpt = None,
-    seq_len: c.SeqLen = None,
-    batches: c.Batches = None,
-    seed: c.Seed = None,
     input_file: c.InputFile = None,
-    device: c.Device = None,
-    modules: c.Modules = None,
-    no_backward: c.NoBackward = False,
-    dropout: c.DropoutFlag = False,
-    steps: c.StepsOpt = None,
-    lr: c.LrOpt = None,
-    optimizer: c.OptimizerOpt = None,
-    eps: c.EpsOpt = None,
-    weight_decay: c.WeightDecayOpt = None,
-    warmup: c.WarmupOpt = None,
-    no_attention: c.NoAttention = False,
+    vs_dtype: c.VsDType = None,
+    vs_amp: c.VsAmp = None,
     json_out: c.JsonOut = None,
     fmt: c.Format = c.FormatOpt.table,
     output: c.Output = None,
-    fail_on: c.FailOn = None,
-    threshold: c.ThresholdOpt = None,
     quiet: c.Quiet = False,
     plot: c.Plot = None,
 ) -> None:
@@ -79,13 +66,6 @@ def sweep(
     from actscan.models.arch import parse_set
 
     depths, widths = parse_sizes(depth, "--depth"), parse_sizes(width, "--width")
-    settings = c.resolve_settings(
-        fail_on=fail_on, dtype=dtype, amp=amp, batch=batch, seq_len=seq_len, batches=batches,
-        seed=seed, device=device, modules=modules, threshold=threshold, dropout=dropout,
-        steps=steps, optimizer=optimizer, lr=lr, eps=eps, weight_decay=weight_decay,
-        warmup=warmup, no_backward=no_backward,
-        no_attention=no_attention,
-    )  # fmt: skip
     a_side = side_a(target, None, init, set_, settings)
     sides = [a_side]
     if vs_init or vs_set or vs_dtype or vs_amp:
@@ -116,7 +96,7 @@ def sweep(
             sized = replace(side, sets=tuple(f"{k}={v}" for k, v in point.overrides))
             progress.stage(f"{point.side.upper()} {point.size}")
             spec = sized.spec(input_file=input_file)
-            return scan_target(spec, side.settings(settings), backward=not no_backward).report
+            return scan_target(spec, side.settings(settings), backward=settings.backward).report
 
         result = run_sweep(
             target, points, scan_point,
@@ -126,33 +106,8 @@ def sweep(
             thresholds=settings.threshold_set(), ignores=settings.ignores,
         )  # fmt: skip
 
-    if plot is not None and result.coord is not None:
-        from actscan.render.plot import plot_coord
-
-        plot_coord(
-            result.coord.curves, result.coord.widths, plot,
-            labels={k: f"{k.upper()}" for k, _ in result.labels},
-            title=f"Coordinate check: mean |x| vs width, {target}",
-        )  # fmt: skip
-    elif plot is not None:
-        from actscan.render.plot import Series, plot_streams
-
-        two = len(sides) > 1
-        sizes = list(dict.fromkeys((r.depth, r.width) for r in result.rows))
-        plot_streams(
-            [
-                Series(
-                    (f"{r.side.upper()} " if two else "") + r.size,
-                    tuple(p.k for p in r.report.stream),
-                    tuple(p.rms for p in r.report.stream),
-                    linestyle="-" if r.side == "a" else "--",
-                    shade=sizes.index((r.depth, r.width)) / max(len(sizes) - 1, 1),
-                )
-                for r in result.rows
-            ],
-            plot,
-            title=f"Residual stream RMS vs k: {target}",
-        )
+    if plot is not None:
+        _plot(result, plot, target, two=len(sides) > 1)
 
     from actscan.render.compare import render_sweep
     from actscan.render.formats import coord_markdown, to_junit, to_markdown
@@ -177,3 +132,35 @@ def sweep(
     )  # fmt: skip
     findings = [f for r in reports for f in r.findings] + list(result.findings)
     raise typer.Exit(c.gate_exit(findings, settings.fail_on))
+
+
+def _plot(result: Sweep, plot: str, target: str, *, two: bool) -> None:
+    """--plot: the coordinate check's curves when there is one, else each size's stream."""
+    if result.coord is not None:
+        from actscan.render.plot import plot_coord
+
+        plot_coord(
+            result.coord.curves,
+            result.coord.widths,
+            plot,
+            labels={k: f"{k.upper()}" for k, _ in result.labels},
+            title=f"Coordinate check: mean |x| vs width, {target}",
+        )
+        return
+    from actscan.render.plot import Series, plot_streams
+
+    sizes = list(dict.fromkeys((r.depth, r.width) for r in result.rows))
+    plot_streams(
+        [
+            Series(
+                (f"{r.side.upper()} " if two else "") + r.size,
+                tuple(p.k for p in r.report.stream),
+                tuple(p.rms for p in r.report.stream),
+                linestyle="-" if r.side == "a" else "--",
+                shade=sizes.index((r.depth, r.width)) / max(len(sizes) - 1, 1),
+            )
+            for r in result.rows
+        ],
+        plot,
+        title=f"Residual stream RMS vs k: {target}",
+    )
