@@ -16,7 +16,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from actscan.cli import app
-from actscan.render.terminal import num, render_report, spark
+from actscan.render.common import spark
+from actscan.render.terminal import num, render_report
 from actscan.report.report import Report
 
 Golden = Callable[[str, str], None]

@@ -66,8 +66,8 @@ from actscan.records import (
     StepRecord,
     StreamPoint,
     UpdateRecord,
+    block_updates,
 )
-from actscan.steps.derived import block_updates
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 # The probe is batch PROBE_INDEX of the input source: for seeded sources (invented token
