@@ -180,6 +180,9 @@ def test_heat_map_labels_never_overlap_at_48_layers() -> None:
     )
     fig = plot.canvas(plot.PROFILE_SIZE)
     plot.draw_profile(fig, data)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    assert isinstance(fig.canvas, FigureCanvasAgg)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     _, a_ch, a_head = fig.axes[:3]

@@ -81,7 +81,7 @@ def _hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls)
 
 
-def from_json_obj(tp: type[T] | Any, obj: Any) -> T:
+def from_json_obj(tp: type[T], obj: Any) -> T:
     """JSON values `obj` read as type `tp`: objects become the dataclass `tp` (unknown keys
     ignored, missing keys take the field's default), arrays tuples, strings enums, and
     "nan"/"inf"/"-inf" floats where the hint says float."""

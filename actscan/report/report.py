@@ -100,7 +100,7 @@ class Report:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
         """A Report from its JSON form (`to_dict`, or `json.loads` of a report file)."""
-        report: Report = from_json_obj(cls, data)
+        report = from_json_obj(cls, data)
         dyn = report.dynamics
         if dyn is not None and "blocks" not in data["dynamics"]:  # written before blocks
             report = replace(report, dynamics=replace(dyn, blocks=block_updates(dyn.updates)))
