@@ -7,10 +7,37 @@ the JSON report of docs/report-format.md (schema_version 1) one to one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+import math
+import statistics
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
+
+# -- how a field is written in JSON, where its type alone does not say it ---------------
+JSON_META = "json"  # the dataclass field metadata key actscan.report.codec reads
+
+
+@dataclass(frozen=True)
+class JsonAs:
+    """The JSON form of one record field, when it is not the plain one its type gives.
+
+    The report codec (actscan.report.codec) writes every field from its type hint; these
+    are the few shapes the report format chose otherwise, declared on the field itself so
+    the codec has no per-record code.
+    """
+
+    name: str | None = None  # the JSON key, when it is not the field's name
+    keys: tuple[str, ...] = ()  # a tuple of pairs, written as objects with these keys
+    mapping: bool = False  # a tuple of (key, value) pairs, written as one object
+    empty_null: bool = False  # an empty tuple is written as null
+    omit_none: bool = False  # None leaves the key out of the object
+    skip: bool = False  # not part of the JSON at all
+
+
+def json_as(**shape: Any) -> dict[str, JsonAs]:
+    """Field metadata: `field(default=(), metadata=json_as(keys=("k", "rms")))`."""
+    return {JSON_META: JsonAs(**shape)}
 
 
 class Role(StrEnum):
@@ -297,7 +324,7 @@ class Summary(Mapping[str, Any]):
 
     Typed fields for the code; read-only mapping access (`summary["growth"]`, `.get`,
     `dict(summary)`) for users of the dict it replaces. Iterates in the JSON's key order.
-    After a JSON round trip a non-finite value is the string "nan", "inf" or "-inf".
+    JSON spells a non-finite value "nan", "inf" or "-inf"; reading it back gives the float.
     """
 
     growth_exponent: float | None = None  # p in stream RMS ∝ k^p
@@ -482,13 +509,21 @@ class StepRecord:
     t: int
     loss: float | None
     lr: float  # the learning rate the step after this measurement used (warmup applied)
-    stream: tuple[tuple[int, float | None], ...] = ()  # (k, rms) of the step's batch
+    # (k, rms) of the step's batch
+    stream: tuple[tuple[int, float | None], ...] = field(
+        default=(), metadata=json_as(keys=("k", "rms"))
+    )
     change: tuple[ChangeRecord, ...] = ()
     logits: LogitStats | None = None
     attn_max: float | None = None  # largest pre-softmax attention score, where recorded
-    gain_drift: tuple[tuple[str, float], ...] = ()  # (norm module, ‖g − 1‖ / √n)
+    # (norm module, ‖g − 1‖ / √n)
+    gain_drift: tuple[tuple[str, float], ...] = field(
+        default=(), metadata=json_as(keys=("name", "drift"))
+    )
     # (attention layer, its largest |pre-softmax score|) on the probe; attn_max is their max
-    attn_layers: tuple[tuple[str, float | None], ...] = ()
+    attn_layers: tuple[tuple[str, float | None], ...] = field(
+        default=(), metadata=json_as(keys=("name", "max"))
+    )
 
 
 @dataclass(frozen=True)
@@ -523,10 +558,11 @@ class Dynamics:
     """The first optimizer steps: the report's `dynamics` (absent when steps = 0)."""
 
     optimizer: OptimizerInfo
+    # what the probe batch holds, in words; keyword-only, declared here for the JSON's order
+    probe: str | None = field(default=None, kw_only=True)
     steps: tuple[StepRecord, ...]
     updates: tuple[UpdateRecord, ...] = ()
-    probe: str | None = None  # what the probe batch holds, in words
-    # derived from `updates` (actscan.steps.derived.block_updates)
+    # derived from `updates` (block_updates below)
     blocks: tuple[BlockUpdates, ...] = ()
 
 
@@ -566,3 +602,185 @@ class AttentionRecord:
     softcap: float | None = None  # tanh soft-cap the scores passed through (Gemma 2: 50)
     sliding_window: int | None = None  # the layer's local window, when it has one
     stream: str | None = None  # the residual stream it belongs to, when there are several
+
+
+# -- pure figures derived from records (measure, steps and diagnose share them) ----------
+
+
+def all_points(
+    stream: Sequence[StreamPoint], streams: Sequence[StreamRecord]
+) -> tuple[StreamPoint, ...]:
+    """Every stream's points (the one stream when there is one)."""
+    return tuple(p for s in streams for p in s.points) if streams else tuple(stream)
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def _finite_values(values: Sequence[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def _linfit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] | None:
+    """Least squares y = c + s·x → (c, s)."""
+    n = len(xs)
+    if n < 2:
+        return None
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    s = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return my - s * mx, s
+
+
+@dataclass(frozen=True)
+class GrowthFit:
+    """How the stream's scale changes with depth.
+
+    var_a, var_b: Var(x_k) ≈ a + b·k (the accumulator model; Var taken as mean(x²)).
+    exponent p: RMS ∝ k^p over k ≥ 1 (√k growth gives p ≈ 0.5).
+    gain γ: geometric per-block gain of the block outputs' RMS (γ^L is the total).
+    growth: RMS of the last stream point over the first (k = 0).
+    grad_ratio: activation-gradient RMS at the first block's input over the last block's output.
+    """
+
+    var_a: float | None = None
+    var_b: float | None = None
+    exponent: float | None = None
+    gain: float | None = None
+    growth: float | None = None
+    grad_ratio: float | None = None
+    n_points: int = 0
+
+    def summary(self) -> Summary:
+        """The report's `summary` of this fit."""
+        return Summary(
+            growth_exponent=self.exponent,
+            gain_per_block=self.gain,
+            growth=self.growth,
+            var_intercept=self.var_a,
+            var_slope=self.var_b,
+            grad_ratio=self.grad_ratio,
+        )
+
+
+def growth_fit(stream: Sequence[StreamPoint]) -> GrowthFit:
+    pts = [p for p in stream if _finite(p.rms)]
+    if len(pts) < 2:
+        return GrowthFit(n_points=len(pts))
+    var = _linfit([p.k for p in pts], [p.rms**2 for p in pts])  # type: ignore[operator]
+    pos = [p for p in pts if p.k >= 1 and p.rms and p.rms > 0]
+    p_fit = _linfit([math.log(p.k) for p in pos], [math.log(p.rms) for p in pos])  # type: ignore[arg-type]
+    blocks = [p for p in pos if p.block is not None]
+    g_fit = _linfit([p.block for p in blocks], [math.log(p.rms) for p in blocks])  # type: ignore[misc, arg-type]
+    first, last = pts[0], pts[-1]
+    growth = last.rms / first.rms if first.rms else None  # type: ignore[operator]
+    grads = [p for p in stream if _finite(p.grad_rms)]
+    grad_ratio = None
+    if len(grads) >= 2 and grads[-1].grad_rms:
+        grad_ratio = grads[0].grad_rms / grads[-1].grad_rms  # type: ignore[operator]
+    return GrowthFit(
+        var_a=var[0] if var else None,
+        var_b=var[1] if var else None,
+        exponent=p_fit[1] if p_fit and len(pos) >= 2 else None,
+        gain=math.exp(g_fit[1]) if g_fit else None,
+        growth=growth,
+        grad_ratio=grad_ratio,
+        n_points=len(pts),
+    )
+
+
+def branch_records(
+    layout: Layout, layers: Sequence[LayerRecord], stream: Sequence[StreamPoint]
+) -> tuple[BranchRecord, ...]:
+    """Attention/MLP branch outputs against the stream entering their block."""
+    by_name = {r.name: r for r in layers}
+    entering: dict[int, float | None] = {}
+    # stream[0] enters block 0; stream[i] (output of block i-1) enters block i
+    for i, b in enumerate(layout.blocks):
+        entering[b.index] = stream[i].rms if i < len(stream) else None
+    out: list[BranchRecord] = []
+    for b in layout.blocks:
+        verified = None if b.proof is None else b.proof.status == "verified"
+        for br in b.branch_list():
+            name = br.name
+            if name not in by_name:
+                continue
+            rec = by_name[name]
+            sq = [
+                r.param_grad_norm**2
+                for r in layers
+                if (r.name == name or r.name.startswith(name + "."))
+                and r.param_grad_norm is not None
+            ]
+            s_rms = entering.get(b.index)
+            ratio = rec.rms / s_rms if rec.rms is not None and s_rms else None
+            w = by_name.get(br.write) if br.write else None
+            w_rms = None if w is None or w.rms is None else w.rms * abs(br.scale or 1.0)
+            out.append(
+                BranchRecord(
+                    block=b.index,
+                    kind=br.role,
+                    name=name,
+                    rms=rec.rms,
+                    stream_rms=s_rms,
+                    ratio=ratio,
+                    max_abs=rec.max_abs,
+                    channel_max_ratio=rec.channel_max_ratio,
+                    grad_rms=rec.grad_rms,
+                    param_grad_norm=math.sqrt(sum(sq)) if sq else None,
+                    write=br.write,
+                    write_rms=w_rms,
+                    write_ratio=w_rms / s_rms if w_rms is not None and s_rms else None,
+                    verified=verified,
+                    moe=br.moe,
+                )
+            )
+    return tuple(out)
+
+
+def stream_branch_records(
+    layout: Layout,
+    layers: Sequence[LayerRecord],
+    stream: Sequence[StreamPoint],
+    streams: Sequence[StreamRecord] = (),
+) -> tuple[BranchRecord, ...]:
+    """Branch records, each against the stream entering its block in its own stream."""
+    if not streams:
+        return branch_records(layout, layers, stream)
+    out: list[BranchRecord] = []
+    for s in streams:
+        blocks = tuple(b for b in layout.blocks if b.stream == s.name)
+        out += branch_records(replace(layout, blocks=blocks), layers, s.points)
+    return tuple(out)
+
+
+# Parameter kinds whose update ratio the per-block table summarises: matrices. A bias or
+# a norm gain starts at 0 or 1 and has its own scale (gain drift covers the gains).
+MATRIX_KINDS = ("weight", "embedding")
+
+
+def block_updates(updates: Sequence[UpdateRecord]) -> tuple[BlockUpdates, ...]:
+    """Per (block, role), in first-seen order: the median and max update ratio over all
+    steps and matrix tensors, and the median gradient RMS (`Dynamics.blocks`)."""
+    groups: dict[tuple[int | None, str], list[UpdateRecord]] = {}
+    for u in updates:
+        if u.kind in MATRIX_KINDS:
+            groups.setdefault((u.block, u.role), []).append(u)
+    out = []
+    for (block, role), members in groups.items():
+        ratios = _finite_values([r for u in members for r in u.ratio])
+        grads = _finite_values([g for u in members for g in u.grad_rms])
+        out.append(
+            BlockUpdates(
+                block=block,
+                role=role,
+                params=len(members),
+                ratio_median=statistics.median(ratios) if ratios else None,
+                ratio_max=max(ratios) if ratios else None,
+                grad_rms_median=statistics.median(grads) if grads else None,
+            )
+        )
+    return tuple(out)

@@ -34,17 +34,21 @@ from actscan.measure.inputs import Batch, InputSource, default_loss, token_sourc
 from actscan.measure.model_inputs import describe_batch, hf_input_source
 from actscan.measure.prepare import call_model, check_positions, refuse_meta, unwrap_compiled
 from actscan.measure.recorder import Recorder, iter_named, moments
-from actscan.measure.stats import growth_fit, layer_record, stream_points
-from actscan.measure.streams import (
-    all_points,
-    input_name,
-    primary,
-    stream_branch_records,
-    stream_records,
-)
+from actscan.measure.stats import layer_record, stream_points
+from actscan.measure.streams import input_name, primary, stream_records
 from actscan.measure.streams import stream_inputs as stream_input_blocks
 from actscan.measure.tokens import channel_maxima, stream_names, streams_with_views, with_views
-from actscan.records import Layout, ModelInfo, ParamRecord, RunInfo, StreamRecord, Summary
+from actscan.records import (
+    Layout,
+    ModelInfo,
+    ParamRecord,
+    RunInfo,
+    StreamRecord,
+    Summary,
+    all_points,
+    growth_fit,
+    stream_branch_records,
+)
 from actscan.report.report import Report
 from actscan.settings import Ignore, apply_ignores, parse_ignores
 from actscan.steps.loop import StepSpec, StepsRaw, caller_state, dynamics_record, run_steps

@@ -259,8 +259,7 @@ def judge(row: dict[str, Any], thresholds: Any = None) -> dict[str, Any]:
     from actscan.diagnose import CheckContext
     from actscan.diagnose.steps import DYNAMICS_CHECKS, numbers
     from actscan.diagnose.thresholds import DEFAULT
-    from actscan.measure.stats import growth_fit
-    from actscan.records import LayerRecord, Layout, ModelInfo, RunInfo
+    from actscan.records import LayerRecord, Layout, ModelInfo, RunInfo, growth_fit
 
     dyn = dynamics_from_dict(row["dynamics"])
     layers = tuple(

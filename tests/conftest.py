@@ -21,7 +21,6 @@ import torch
 
 from actscan.diagnose import CheckContext
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
-from actscan.measure.stats import growth_fit
 from actscan.records import (
     BlockInfo,
     BranchRecord,
@@ -34,6 +33,7 @@ from actscan.records import (
     Severity,
     StreamPoint,
     Summary,
+    growth_fit,
 )
 from actscan.report.report import Report
 

@@ -18,6 +18,7 @@ from conftest import plant_checks
 from torch import nn
 
 from actscan import Finding, LayerRecord, Report, Severity, scan
+from actscan.render.formats import to_markdown
 from actscan.report.schema import validate_report
 
 
@@ -134,7 +135,7 @@ def test_report_uses_the_json_field_names() -> None:
     # The stream: the first block's input, then one point per block (k counts branches).
     assert [p.name for p in report.stream] == ["blocks.0:input"] + [f"blocks.{i}" for i in range(4)]
     assert [p.k for p in report.stream] == [0, 2, 4, 6, 8]
-    md = report.to_markdown()
+    md = to_markdown(report)
     assert md.startswith("### actscan:") and "| 8 | 3 | `blocks.3` |" in md
 
 

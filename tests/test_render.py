@@ -4,11 +4,13 @@ move with torch), the golden helper itself, and the `profile` command end to end
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import check_golden, make_report
@@ -16,7 +18,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from actscan.cli import app
-from actscan.render.terminal import num, render_report, spark
+from actscan.render.common import spark
+from actscan.render.terminal import num, render_report
 from actscan.report.report import Report
 
 Golden = Callable[[str, str], None]
@@ -148,3 +151,44 @@ def test_help_does_not_import_torch(args: list[str]) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "IMPORTED []" in out.stdout, out.stdout + out.stderr
+
+
+# -- heat-map row labels (profile --plot) ---------------------------------------------------
+def _label_boxes(ax: Any, renderer: Any) -> list[Any]:
+    labels = [t for t in ax.get_yticklabels() if t.get_visible() and t.get_text()]
+    return [t.get_window_extent(renderer) for t in labels]
+
+
+def _overlapping(boxes: list[Any]) -> int:
+    return sum(a.overlaps(b) for a, b in itertools.pairwise(boxes))
+
+
+def test_heat_map_labels_never_overlap_at_48_layers() -> None:
+    """48 blocks: 49 stream points and 48 attention layers; every n-th row is labelled,
+    n from the figure height, and the drawn labels do not touch (all 49 would)."""
+    pytest.importorskip("matplotlib")
+    from actscan.render import plot
+
+    assert [plot.label_step(n) for n in (4, 12, 24, 48, 96)] == [1, 1, 1, 2, 4]
+    assert plot.label_step(48, height_in=2 * plot.PROFILE_SIZE[1]) == 1
+    points = ["blocks.0:input", *(f"blocks.{i}" for i in range(48))]
+    assert plot.row_ticks(points)[1][:3] == ["blocks.0:input", "blocks.1", "blocks.3"]
+    data = plot.ProfileFigure(
+        stream=plot.Series("stream", tuple(range(49)), tuple(1.0 + k for k in range(49))),
+        channel_maxima=[(n, (1.0, 2.0, 30.0, 4.0)) for n in points],
+        heads=[(f"blocks.{i}.attn", [0.5] * 12) for i in range(48)],
+    )
+    fig = plot.canvas(plot.PROFILE_SIZE)
+    plot.draw_profile(fig, data)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    assert isinstance(fig.canvas, FigureCanvasAgg)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    _, a_ch, a_head = fig.axes[:3]
+    for ax, n_rows in ((a_ch, 49), (a_head, 48)):
+        boxes = _label_boxes(ax, renderer)
+        assert len(boxes) == len(range(0, n_rows, 2)) and _overlapping(boxes) == 0
+    a_ch.set_yticks(range(49), points)  # what the plot did before: a label per row
+    fig.canvas.draw()
+    assert _overlapping(_label_boxes(a_ch, renderer)) > 0

@@ -16,6 +16,7 @@ from actscan import scan
 from actscan.layout.detect import detect_layout, find_streams
 from actscan.models.arch import ArchConfig
 from actscan.records import CheckId, Severity
+from actscan.render.formats import to_markdown
 from actscan.render.terminal import render_report
 from actscan.report.report import Report
 
@@ -128,7 +129,7 @@ def test_tables_and_markdown_show_each_stream() -> None:
     assert "Residual stream: decoder (decoder.layers)" in text
     assert "Stream encoder: RMS" in text and "Stream decoder: RMS" in text
     assert "decoder 1   cross_attn" in text
-    md = report.to_markdown()
+    md = to_markdown(report)
     assert "#### Residual stream: encoder" in md and "#### Residual stream: decoder" in md
 
 

@@ -18,14 +18,15 @@ import copy
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from actscan import __version__
 from actscan.compare.steps import StepsComparison, compare_steps
 from actscan.numfmt import num
-from actscan.records import Finding, LayerRecord, Layout, ModelInfo, StreamPoint
-from actscan.report.output import dumps, json_safe
+from actscan.records import Finding, LayerRecord, Layout, ModelInfo, StreamPoint, json_as
+from actscan.report.codec import to_json_obj
+from actscan.report.output import dumps
 from actscan.report.report import SCHEMA_VERSION, Report
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class BranchPair:
 class FindingDiff:
     a_only: tuple[Finding, ...] = ()
     b_only: tuple[Finding, ...] = ()
-    both: tuple[tuple[Finding, Finding], ...] = ()
+    both: tuple[tuple[Finding, Finding], ...] = field(default=(), metadata=json_as(keys=("a", "b")))
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,8 @@ class Divergence:
     reference_side: str  # "a" | "b"
     threshold: float
     scope: str  # "stream+branches" | "all"
-    layers: tuple[LayerDivergence, ...]
     first: str | None  # first layer (execution order) whose rel_err exceeds threshold
+    layers: tuple[LayerDivergence, ...]
 
     @property
     def worst(self) -> LayerDivergence | None:
@@ -169,47 +170,28 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         """The `--json` document of `actscan compare` (docs/interface-extensions.md)."""
-
-        def finding(f: Finding) -> dict[str, Any]:
-            return {**asdict(f), "severity": f.severity.value, "layers": list(f.layers)}
-
-        div = None
-        if self.divergence is not None:
-            d = self.divergence
-            div = {
-                "reference": d.reference, "other": d.other, "reference_side": d.reference_side,
-                "threshold": d.threshold, "scope": d.scope, "first": d.first,
-                "layers": [asdict(x) for x in d.layers],
-            }  # fmt: skip
-        return json_safe(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "kind": "compare",
-                "tool": {"name": "actscan", "version": __version__},
-                "labels": {"a": self.label_a, "b": self.label_b},
-                "match": self.match,
-                "stream": [asdict(p) for p in self.stream],
-                "streams": [
-                    {"name": name, "points": [asdict(p) for p in pairs]}
-                    for name, pairs in self.streams
-                ],
-                "branches": [asdict(p) for p in self.branches],
-                "layers": [asdict(p) for p in self.layers],
-                "unmatched": {"a": list(self.unmatched_a), "b": list(self.unmatched_b)},
-                "summary": {"a": dict(self.a.summary), "b": dict(self.b.summary)},
-                "findings": {
-                    "a_only": [finding(f) for f in self.findings.a_only],
-                    "b_only": [finding(f) for f in self.findings.b_only],
-                    "both": [{"a": finding(x), "b": finding(y)} for x, y in self.findings.both],
-                },
-                "divergence": div,
-                **({"steps": asdict(self.steps)} if self.steps is not None else {}),
-                "verdict": self.verdict,
-                "notes": list(self.notes),
-                "a": self.a.to_dict(),
-                "b": self.b.to_dict(),
-            }
-        )
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "compare",
+            "tool": {"name": "actscan", "version": __version__},
+            "labels": {"a": self.label_a, "b": self.label_b},
+            "match": self.match,
+            "stream": to_json_obj(self.stream),
+            "streams": [
+                {"name": name, "points": to_json_obj(pairs)} for name, pairs in self.streams
+            ],
+            "branches": to_json_obj(self.branches),
+            "layers": to_json_obj(self.layers),
+            "unmatched": {"a": list(self.unmatched_a), "b": list(self.unmatched_b)},
+            "summary": {"a": to_json_obj(self.a.summary), "b": to_json_obj(self.b.summary)},
+            "findings": to_json_obj(self.findings),
+            "divergence": to_json_obj(self.divergence),
+            **({"steps": to_json_obj(self.steps)} if self.steps is not None else {}),
+            "verdict": self.verdict,
+            "notes": list(self.notes),
+            "a": self.a.to_dict(),
+            "b": self.b.to_dict(),
+        }
 
     def to_json(self, indent: int | None = 2) -> str:
         return dumps(self.to_dict(), indent=indent)

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actscan import __version__
 from actscan.errors import BadInputError, UsageError
-from actscan.records import Finding, Severity
-from actscan.report.output import dumps, json_safe
+from actscan.records import Finding, Severity, json_as
+from actscan.report.codec import to_json_obj
+from actscan.report.output import dumps
 from actscan.report.report import SCHEMA_VERSION, Report
 
 if TYPE_CHECKING:
@@ -71,16 +72,18 @@ class SweepRow:
     side: str
     depth: int | None
     width: int | None
-    overrides: tuple[tuple[str, str], ...]
+    overrides: tuple[tuple[str, str], ...] = field(metadata=json_as(mapping=True))
     final_rms: float | None
     growth: float | None  # last stream RMS ÷ first (the embedding as the blocks see it)
     growth_exponent: float | None  # p in RMS ∝ k^p
     gain_per_block: float | None  # γ
     grad_ratio: float | None  # grad RMS first ÷ last
-    counts: tuple[tuple[str, int], ...]  # findings per severity: info, warn, error
+    # findings per severity: info, warn, error
+    counts: tuple[tuple[str, int], ...] = field(metadata=json_as(name="findings", mapping=True))
     worst_check: str | None
     worst_severity: str | None
-    report: Report
+    # in the JSON with the report's own envelope (Sweep.to_dict)
+    report: Report = field(metadata=json_as(skip=True))
 
     @property
     def size(self) -> str:
@@ -129,47 +132,19 @@ class Sweep:
 
     def to_dict(self) -> dict[str, Any]:
         """The `--json` document of `actscan sweep` (docs/interface-extensions.md)."""
-        return json_safe(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "kind": "sweep",
-                "tool": {"name": "actscan", "version": __version__},
-                "target": self.target,
-                "labels": dict(self.labels),
-                "axes": {"depth": list(self.depths) or None, "width": list(self.widths) or None},
-                "keys": {"depth": self.depth_key, "width": self.width_key},
-                "rows": [
-                    {
-                        "side": r.side,
-                        "depth": r.depth,
-                        "width": r.width,
-                        "overrides": dict(r.overrides),
-                        "final_rms": r.final_rms,
-                        "growth": r.growth,
-                        "growth_exponent": r.growth_exponent,
-                        "gain_per_block": r.gain_per_block,
-                        "grad_ratio": r.grad_ratio,
-                        "findings": dict(r.counts),
-                        "worst_check": r.worst_check,
-                        "worst_severity": r.worst_severity,
-                        "report": r.report.to_dict(),
-                    }
-                    for r in self.rows
-                ],
-                "trends": [
-                    {
-                        "side": t.side,
-                        "growth_first": t.growth_first,
-                        "growth_last": t.growth_last,
-                        "growth_spread": t.growth_spread,
-                        "final_rms_spread": t.final_rms_spread,
-                    }
-                    for t in self.trends()
-                ],
-                "notes": list(self.notes),
-                "coord": coord_dict(self.coord),
-            }
-        )
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "sweep",
+            "tool": {"name": "actscan", "version": __version__},
+            "target": self.target,
+            "labels": dict(self.labels),
+            "axes": {"depth": list(self.depths) or None, "width": list(self.widths) or None},
+            "keys": {"depth": self.depth_key, "width": self.width_key},
+            "rows": [{**to_json_obj(r), "report": r.report.to_dict()} for r in self.rows],
+            "trends": to_json_obj(self.trends()),
+            "notes": list(self.notes),
+            "coord": to_json_obj(self.coord),
+        }
 
     def to_json(self, indent: int | None = 2) -> str:
         return dumps(self.to_dict(), indent=indent)
@@ -364,25 +339,6 @@ def run_sweep(
         target=target, labels=tuple(labels), depths=tuple(depths), widths=tuple(widths),
         depth_key=keys[0], width_key=keys[1], rows=rows, notes=tuple(notes), coord=coord,
     )  # fmt: skip
-
-
-def coord_dict(coord: CoordCheck | None) -> dict[str, Any] | None:
-    """The sweep document's `coord` (docs/interface-extensions.md); None without steps."""
-    if coord is None:
-        return None
-    return {
-        "widths": list(coord.widths),
-        "steps": coord.steps,
-        "lr": coord.lr,
-        "bound": coord.bound,
-        "shrink": coord.shrink,
-        "slopes": [asdict(s) for s in coord.slopes],
-        "curves": [{**asdict(c), "delta_mean": list(c.delta_mean) or None} for c in coord.curves],
-        "findings": [
-            {**asdict(f), "severity": f.severity.value, "layers": list(f.layers)}
-            for f in coord.findings
-        ],
-    }
 
 
 def _spread(values: Sequence[float | None]) -> float | None:

@@ -13,7 +13,7 @@ from actscan.diagnose.common import finding, finite, grade, listing, n, skip
 from actscan.records import AttentionRecord, CheckId, Finding, HeadRecord, Severity, Skip
 
 if TYPE_CHECKING:
-    from actscan.diagnose import CheckContext
+    from actscan.diagnose.context import CheckContext
 
 Hit = tuple[AttentionRecord, HeadRecord]
 

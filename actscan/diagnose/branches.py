@@ -17,11 +17,20 @@ from actscan.diagnose.common import (
     skip,
     warn_or_error,
 )
-from actscan.measure.streams import all_points, stream_branch_records
-from actscan.records import BranchRecord, CheckId, Finding, LayerRecord, ParamRecord, Severity, Skip
+from actscan.records import (
+    BranchRecord,
+    CheckId,
+    Finding,
+    LayerRecord,
+    ParamRecord,
+    Severity,
+    Skip,
+    all_points,
+    stream_branch_records,
+)
 
 if TYPE_CHECKING:
-    from actscan.diagnose import CheckContext
+    from actscan.diagnose.context import CheckContext
 
 KIND_NAME = {
     "attn": "attention",

@@ -17,10 +17,11 @@ from actscan.diagnose.common import (
     skip,
     warn_or_error,
 )
-from actscan.records import CheckId, Finding, LayerRecord, Severity, Skip
+from actscan.diagnose.massive import massive_values
+from actscan.records import CheckId, Finding, LayerRecord, Severity, Skip, all_points
 
 if TYPE_CHECKING:
-    from actscan.diagnose import CheckContext
+    from actscan.diagnose.context import CheckContext
 
 # Channels of these outputs are not features: vocabulary logits, attention keys.
 NOT_FEATURES = {"AttentionLogits"}
@@ -122,9 +123,6 @@ def token_local(ctx: CheckContext) -> set[tuple[int | None, int]]:
     """(width, channel) of the massive activations the stream shows on a few tokens only:
     the channel carries a massive value at a stream point where it is not an outlier
     channel across tokens (actscan.measure.stats.channel_outliers, outlier-tokens)."""
-    from actscan.diagnose.massive import massive_values
-    from actscan.measure.streams import all_points
-
     th = ctx.thresholds
     recs = {r.name: r for r in ctx.layers}
     out: set[tuple[int | None, int]] = set()

@@ -22,7 +22,7 @@ from actscan.records import (  # noqa: F401  (CHECK_ORDER re-exported: its old h
 )
 
 if TYPE_CHECKING:
-    from actscan.diagnose import CheckContext
+    from actscan.diagnose.context import CheckContext
 
 # Largest finite value per run dtype; ln(65504) is where exp() overflows fp16.
 DTYPE_MAX = {"fp16": 65504.0, "bf16": 3.3895e38, "fp32": 3.4028e38}

@@ -10,22 +10,32 @@ mean |x_t| (and of mean |x_t − x_0| for t ≥ 1) against width, per module, pe
 group (the plot's lines) and per t, and turns group lines outside the flat band
 (`coord-slope`, `coord-shrink`) into the `coord-check` finding.
 
-Input: the sweep's rows, each a Report whose `dynamics` holds the probe batch's
-ChangeRecords (abs_mean, delta_mean) per step. Pure: no torch, no printing.
+Input: the sweep's rows, each a scan (a Report, read as a StepsRun) whose `dynamics` holds
+the probe batch's ChangeRecords (abs_mean, delta_mean) per step. Pure: no torch, no
+printing.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from actscan.diagnose.thresholds import Thresholds
-from actscan.records import CheckId, Finding, Severity
+from actscan.records import CheckId, Dynamics, Finding, Severity, StreamPoint, json_as
 
-if TYPE_CHECKING:
-    from actscan.report.report import Report
+
+class StepsRun(Protocol):
+    """What the check reads of one row's scan (a Report has it): its stream points and
+    its steps. A protocol, so this pure module needs no report."""
+
+    @property
+    def stream(self) -> Sequence[StreamPoint]: ...
+
+    @property
+    def dynamics(self) -> Dynamics | None: ...
+
 
 # Logits (the readout's, and attention scores) are sums of d_model (d_head) products of
 # independent factors at init: under μP's 1/width readout multiplier and 1/d_head attention
@@ -68,7 +78,8 @@ class CoordCurve:
     group: str
     t: int
     abs_mean: tuple[float | None, ...]
-    delta_mean: tuple[float | None, ...] = ()
+    # none at t = 0; written as null then
+    delta_mean: tuple[float | None, ...] = field(default=(), metadata=json_as(empty_null=True))
     abs_slope: float | None = None
     delta_slope: float | None = None
     beyond: bool = False
@@ -113,7 +124,7 @@ def block_group(block: int, n_blocks: int) -> str:
     return "early" if pos < 1 / 3 else "late" if pos > 2 / 3 else "mid"
 
 
-def _stream_blocks(report: Report) -> dict[int, int | None]:
+def _stream_blocks(report: StepsRun) -> dict[int, int | None]:
     return {p.k: p.block for p in report.stream}
 
 
@@ -135,14 +146,14 @@ def _geomean(values: Sequence[float | None]) -> float | None:
 
 
 def coord_slopes(
-    rows: Sequence[tuple[str, int | None, int, Report]], min_widths: int, th: Thresholds
+    rows: Sequence[tuple[str, int | None, int, StepsRun]], min_widths: int, th: Thresholds
 ) -> tuple[tuple[int, ...], tuple[CoordSlope, ...], tuple[CoordCurve, ...]]:
     """Slopes per (side, depth) × module × t from rows (side, depth, width, report).
 
     Rows without dynamics are left out; a module is fitted over the widths that measured
     it. Modules keep the order of the first row's change records (execution order)."""
     widths = tuple(sorted({w for _, _, w, r in rows if r.dynamics is not None}))
-    series: dict[tuple[str, int | None], dict[int, Report]] = {}
+    series: dict[tuple[str, int | None], dict[int, StepsRun]] = {}
     for side, depth, width, report in rows:
         if report.dynamics is not None:
             series.setdefault((side, depth), {})[width] = report
@@ -342,7 +353,7 @@ def coord_findings(
 
 
 def coord_check(
-    rows: Sequence[tuple[str, int | None, int, Report]],
+    rows: Sequence[tuple[str, int | None, int, StepsRun]],
     th: Thresholds,
     *,
     labels: Mapping[str, str] | None = None,

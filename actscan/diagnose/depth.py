@@ -23,11 +23,10 @@ from actscan.diagnose.common import (
     skip,
     too_few_blocks,
 )
-from actscan.measure.stats import growth_fit
-from actscan.records import CheckId, Finding, Severity, Skip, StreamPoint
+from actscan.records import CheckId, Finding, Severity, Skip, StreamPoint, growth_fit
 
 if TYPE_CHECKING:
-    from actscan.diagnose import Check, CheckContext
+    from actscan.diagnose.context import Check, CheckContext
 
 
 def _place(ctx: CheckContext, p: StreamPoint) -> str:

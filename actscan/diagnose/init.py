@@ -22,7 +22,7 @@ from actscan.diagnose.common import (
 from actscan.records import CheckId, Finding, ParamRecord, Severity, Skip
 
 if TYPE_CHECKING:
-    from actscan.diagnose import CheckContext
+    from actscan.diagnose.context import CheckContext
 
 NOT_AT_INIT = "not at init (init-scale judges weights a model was initialized with)"
 _INDEX = re.compile(r"\.\d+\.")

@@ -17,11 +17,10 @@ import math
 from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import FP16_MAX, finding, listing, n, skip
-from actscan.measure.streams import all_points
-from actscan.records import CheckId, Finding, Severity, Skip, StreamPoint, TopValue
+from actscan.records import CheckId, Finding, Severity, Skip, StreamPoint, TopValue, all_points
 
 if TYPE_CHECKING:
-    from actscan.diagnose import CheckContext
+    from actscan.diagnose.context import CheckContext
 
 
 def massive_values(

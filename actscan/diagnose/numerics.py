@@ -22,7 +22,7 @@ from actscan.diagnose.common import (
 from actscan.records import CheckId, Finding, Severity, Skip
 
 if TYPE_CHECKING:
-    from actscan.diagnose import CheckContext
+    from actscan.diagnose.context import CheckContext
 
 ATTN_LOGITS = "AttentionLogits"
 

@@ -16,16 +16,15 @@ from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import finding, finite, grade, listing, n, positive, skip
 from actscan.diagnose.thresholds import DEFAULT
-from actscan.records import CheckId, Dynamics, Finding, Severity, Skip, UpdateRecord
+from actscan.records import MATRIX_KINDS, CheckId, Dynamics, Finding, Severity, Skip, UpdateRecord
 
 if TYPE_CHECKING:
-    from actscan.diagnose import CheckContext
+    from actscan.diagnose.context import CheckContext
 
 NO_STEPS = "no optimizer steps (--steps 0)"
 ADAM = ("adam", "adamw")
-# Parameters whose update ratio is judged for size: matrices (and embeddings). Norm gains
-# and biases start at 1 and 0, so their ratio measures something else (a 0 bias has none).
-MATRIX_KINDS = ("weight", "embedding")
+# Parameters whose update ratio is judged for size: MATRIX_KINDS, matrices and embeddings.
+# Norm gains and biases start at 1 and 0, so their ratio measures something else.
 # A tensor whose first gradient is below this fraction of the median tensor's has none by
 # construction (a bias on k: softmax is shift-invariant over keys), not one that shrank;
 # adam-epsilon leaves it out.

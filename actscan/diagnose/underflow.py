@@ -9,7 +9,7 @@ from actscan.diagnose.common import NO_BACKWARD, feeding, finding, grade, listin
 from actscan.records import CheckId, Finding, LayerRecord, Skip
 
 if TYPE_CHECKING:
-    from actscan.diagnose import CheckContext
+    from actscan.diagnose.context import CheckContext
 
 # fp16's smallest normal value, 2^-14: below it 10 mantissa bits are lost one by one
 # (subnormals) down to 2^-24 ≈ 5.96e-8, and below that a value is 0.

@@ -1,4 +1,4 @@
-"""Pure statistics over recorded values: layer records, the stream, growth fits.
+"""Pure statistics over recorded values: layer records and the stream points.
 
 No printing, no torch: these functions take the host-side RawStats the recorder
 produced and return frozen records and plain numbers.
@@ -9,18 +9,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from actscan.measure.recorder import RawStats
-from actscan.records import BranchRecord, LayerRecord, Layout, StreamPoint
+from actscan.records import LayerRecord, Layout, StreamPoint
 
 if TYPE_CHECKING:  # annotation only: importing diagnose here would cycle back to stats
     from actscan.diagnose.thresholds import Thresholds
-
-
-def _finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
 
 
 def gauss_max(rms: float, n: int) -> float:
@@ -149,102 +144,3 @@ def stream_points(
         k += b.adds
         pts.append(point(k, b.index, b.name))
     return tuple(pts)
-
-
-def _linfit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] | None:
-    """Least squares y = c + s·x → (c, s)."""
-    n = len(xs)
-    if n < 2:
-        return None
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        return None
-    s = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    return my - s * mx, s
-
-
-@dataclass(frozen=True)
-class GrowthFit:
-    """How the stream's scale changes with depth.
-
-    var_a, var_b: Var(x_k) ≈ a + b·k (the accumulator model; Var taken as mean(x²)).
-    exponent p: RMS ∝ k^p over k ≥ 1 (√k growth gives p ≈ 0.5).
-    gain γ: geometric per-block gain of the block outputs' RMS (γ^L is the total).
-    growth: RMS of the last stream point over the first (k = 0).
-    grad_ratio: activation-gradient RMS at the first block's input over the last block's output.
-    """
-
-    var_a: float | None = None
-    var_b: float | None = None
-    exponent: float | None = None
-    gain: float | None = None
-    growth: float | None = None
-    grad_ratio: float | None = None
-    n_points: int = 0
-
-
-def growth_fit(stream: Sequence[StreamPoint]) -> GrowthFit:
-    pts = [p for p in stream if _finite(p.rms)]
-    if len(pts) < 2:
-        return GrowthFit(n_points=len(pts))
-    var = _linfit([p.k for p in pts], [p.rms**2 for p in pts])  # type: ignore[operator]
-    pos = [p for p in pts if p.k >= 1 and p.rms and p.rms > 0]
-    p_fit = _linfit([math.log(p.k) for p in pos], [math.log(p.rms) for p in pos])  # type: ignore[arg-type]
-    blocks = [p for p in pos if p.block is not None]
-    g_fit = _linfit([p.block for p in blocks], [math.log(p.rms) for p in blocks])  # type: ignore[misc, arg-type]
-    first, last = pts[0], pts[-1]
-    growth = last.rms / first.rms if first.rms else None  # type: ignore[operator]
-    grads = [p for p in stream if _finite(p.grad_rms)]
-    grad_ratio = None
-    if len(grads) >= 2 and grads[-1].grad_rms:
-        grad_ratio = grads[0].grad_rms / grads[-1].grad_rms  # type: ignore[operator]
-    return GrowthFit(
-        var_a=var[0] if var else None,
-        var_b=var[1] if var else None,
-        exponent=p_fit[1] if p_fit and len(pos) >= 2 else None,
-        gain=math.exp(g_fit[1]) if g_fit else None,
-        growth=growth,
-        grad_ratio=grad_ratio,
-        n_points=len(pts),
-    )
-
-
-def branch_records(
-    layout: Layout, layers: Sequence[LayerRecord], stream: Sequence[StreamPoint]
-) -> tuple[BranchRecord, ...]:
-    """Attention/MLP branch outputs against the stream entering their block."""
-    by_name = {r.name: r for r in layers}
-    entering: dict[int, float | None] = {}
-    # stream[0] enters block 0; stream[i] (output of block i-1) enters block i
-    for i, b in enumerate(layout.blocks):
-        entering[b.index] = stream[i].rms if i < len(stream) else None
-    out: list[BranchRecord] = []
-    for b in layout.blocks:
-        verified = None if b.proof is None else b.proof.status == "verified"
-        for br in b.branch_list():
-            name = br.name
-            if name not in by_name:
-                continue
-            rec = by_name[name]
-            sq = [
-                r.param_grad_norm**2
-                for r in layers
-                if (r.name == name or r.name.startswith(name + "."))
-                and r.param_grad_norm is not None
-            ]
-            s_rms = entering.get(b.index)
-            ratio = rec.rms / s_rms if rec.rms is not None and s_rms else None
-            w = by_name.get(br.write) if br.write else None
-            w_rms = None if w is None or w.rms is None else w.rms * abs(br.scale or 1.0)
-            out.append(
-                BranchRecord(
-                    block=b.index, kind=br.role, name=name, rms=rec.rms, stream_rms=s_rms,
-                    ratio=ratio, max_abs=rec.max_abs, channel_max_ratio=rec.channel_max_ratio,
-                    grad_rms=rec.grad_rms, param_grad_norm=math.sqrt(sum(sq)) if sq else None,
-                    write=br.write, write_rms=w_rms,
-                    write_ratio=w_rms / s_rms if w_rms is not None and s_rms else None,
-                    verified=verified, moe=br.moe,
-                )
-            )  # fmt: skip
-    return tuple(out)

@@ -12,15 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from actscan.measure.stats import branch_records, growth_fit, stream_points
-from actscan.records import (
-    BranchRecord,
-    LayerRecord,
-    Layout,
-    StreamPoint,
-    StreamRecord,
-    Summary,
-)
+from actscan.measure.stats import stream_points
+from actscan.records import LayerRecord, Layout, StreamPoint, StreamRecord, Summary, growth_fit
 
 
 def input_name(block: str) -> str:
@@ -34,11 +27,7 @@ def stream_inputs(layout: Layout) -> list[str]:
 
 
 def summary_of(points: Sequence[StreamPoint]) -> Summary:
-    fit = growth_fit(points)
-    return Summary(
-        growth_exponent=fit.exponent, gain_per_block=fit.gain, growth=fit.growth,
-        var_intercept=fit.var_a, var_slope=fit.var_b, grad_ratio=fit.grad_ratio,
-    )  # fmt: skip
+    return growth_fit(points).summary()
 
 
 def stream_records(layout: Layout, records: Mapping[str, LayerRecord]) -> tuple[StreamRecord, ...]:
@@ -62,26 +51,3 @@ def stream_records(layout: Layout, records: Mapping[str, LayerRecord]) -> tuple[
 
 def primary(streams: Sequence[StreamRecord]) -> StreamRecord | None:
     return next((s for s in streams if s.primary), None)
-
-
-def all_points(
-    stream: Sequence[StreamPoint], streams: Sequence[StreamRecord]
-) -> tuple[StreamPoint, ...]:
-    """Every stream's points (the one stream when there is one)."""
-    return tuple(p for s in streams for p in s.points) if streams else tuple(stream)
-
-
-def stream_branch_records(
-    layout: Layout,
-    layers: Sequence[LayerRecord],
-    stream: Sequence[StreamPoint],
-    streams: Sequence[StreamRecord] = (),
-) -> tuple[BranchRecord, ...]:
-    """Branch records, each against the stream entering its block in its own stream."""
-    if not streams:
-        return branch_records(layout, layers, stream)
-    out: list[BranchRecord] = []
-    for s in streams:
-        blocks = tuple(b for b in layout.blocks if b.stream == s.name)
-        out += branch_records(replace(layout, blocks=blocks), layers, s.points)
-    return tuple(out)

@@ -14,7 +14,9 @@ from actscan.compare.pairs import Comparison, Divergence, FindingDiff
 from actscan.compare.sweep import Sweep
 from actscan.numfmt import NONE, as_float, num
 from actscan.records import Finding
-from actscan.render.terminal import SEVERITY_STYLE, findings_panel, spark
+from actscan.render.common import spark
+from actscan.render.steps import render_steps_comparison
+from actscan.render.terminal import SEVERITY_STYLE, findings_panel
 from actscan.report.report import Report
 
 A_STYLE, B_STYLE = "cyan", "magenta"
@@ -226,8 +228,6 @@ def render_comparison(
         if cmp.divergence is not None:
             console.print(divergence_table(cmp.divergence, all_layers=all_layers))
         if cmp.steps is not None:
-            from actscan.render.steps import render_steps_comparison
-
             for part in render_steps_comparison(cmp.steps):
                 console.print(part)
     console.print(findings_diff(cmp.findings))

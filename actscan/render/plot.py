@@ -96,13 +96,17 @@ def check_plot(path: str | Path) -> str:
 def _figure(path: str | Path, size: tuple[float, float]) -> tuple[Figure, Path, str]:
     """A Figure on an Agg canvas (pyplot untouched), PATH and its image format."""
     fmt = check_plot(path)
+    return canvas(size), Path(path), fmt
+
+
+def canvas(size: tuple[float, float]) -> Figure:
+    """An empty Figure on its own Agg canvas (matplotlib must be importable)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    out = Path(path)
     fig = Figure(figsize=size, dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
-    return fig, out, fmt
+    return fig
 
 
 def _save(fig: Figure, out: Path, fmt: str) -> Path:
@@ -180,6 +184,30 @@ def plot_coord(
 # Columns of the channel heat map: wider streams are shown binned, each bin the max of its
 # channels, so a single outlier channel stays one visible column (display only).
 MAX_COLUMNS = 512
+PROFILE_SIZE = (16.0, 4.8)  # inches
+# Row labels of the heat maps: "x-small" (0.694 × matplotlib's default 10 pt), each given
+# 1.3 × its size; the panels get at most this fraction of the figure's height (title,
+# suptitle, tick labels and the x label take the rest).
+LABEL_PT = 6.94
+LABEL_LINE = 1.3
+AXES_FRACTION = 0.72
+
+
+def label_step(n_rows: int, height_in: float = PROFILE_SIZE[1]) -> int:
+    """Label every n-th row of a heat map in a figure `height_in` inches tall: the
+    smallest n whose labels fit the panel's height without overlapping."""
+    fits = max(1, int(height_in * AXES_FRACTION * 72 / (LABEL_PT * LABEL_LINE)))
+    return max(1, -(-n_rows // fits))
+
+
+def row_ticks(
+    names: Sequence[str], height_in: float = PROFILE_SIZE[1]
+) -> tuple[list[int], list[str]]:
+    """(row positions, their labels): every `label_step`-th row, from the first."""
+    rows = list(range(0, len(names), label_step(len(names), height_in)))
+    return rows, [names[i] for i in rows]
+
+
 Heads = Sequence[tuple[str, Sequence[float | None]]]
 
 
@@ -214,7 +242,13 @@ def profile_figure(report: Report) -> ProfileFigure:
 def plot_profile(fig_data: ProfileFigure, path: str | Path) -> Path:
     """One figure, three panels: stream RMS vs k; a stream point × channel heat map of
     per-channel max |x| (log colour); a layer × head heat map of attention entropy."""
-    fig, out, fmt = _figure(path, (16, 4.8))
+    fig, out, fmt = _figure(path, PROFILE_SIZE)
+    draw_profile(fig, fig_data)
+    return _save(fig, out, fmt)
+
+
+def draw_profile(fig: Figure, fig_data: ProfileFigure) -> None:
+    """`plot_profile`'s three panels, drawn on `fig`."""
     from matplotlib.colors import LogNorm, Normalize
 
     a_rms, a_ch, a_head = fig.subplots(1, 3, width_ratios=(1.0, 1.4, 1.0))
@@ -236,8 +270,7 @@ def plot_profile(fig_data: ProfileFigure, path: str | Path) -> Path:
             extent=(-0.5, width - 0.5, len(rows) - 0.5, -0.5),
         )  # fmt: skip
         fig.colorbar(im, ax=a_ch, label="max |x| per channel")
-        a_ch.set_yticks(range(len(rows)), [n for n, _ in fig_data.channel_maxima],
-                        fontsize="x-small")  # fmt: skip
+        a_ch.set_yticks(*row_ticks([n for n, _ in fig_data.channel_maxima]), fontsize=LABEL_PT)
         a_ch.set_xlabel("channel" + (f" (max over {step} per column)" if step > 1 else ""))
     else:
         _empty(a_ch, "per-channel maxima not available\n(not recorded, or a report read from JSON)")
@@ -253,14 +286,13 @@ def plot_profile(fig_data: ProfileFigure, path: str | Path) -> Path:
         im = a_head.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis",
                            vmin=0.0, vmax=1.0)  # fmt: skip
         fig.colorbar(im, ax=a_head, label="entropy / ln(keys)")
-        a_head.set_yticks(range(len(heads)), [n for n, _ in heads], fontsize="x-small")
+        a_head.set_yticks(*row_ticks([n for n, _ in heads]), fontsize=LABEL_PT)
         a_head.set_xlabel("head")
     else:
         _empty(a_head, "attention probes off/unavailable")
     a_head.set_title("Attention entropy, layer × head")
     if fig_data.title:
         fig.suptitle(fig_data.title)
-    return _save(fig, out, fmt)
 
 
 def _empty(ax: Any, text: str) -> None:

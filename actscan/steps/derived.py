@@ -4,40 +4,13 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 
-from actscan.records import BlockUpdates, Dynamics, UpdateRecord
-
-# Parameter kinds whose update ratio the per-block table summarises: matrices. A bias or
-# a norm gain starts at 0 or 1 and has its own scale (gain drift covers the gains).
-MATRIX_KINDS = ("weight", "embedding")
+from actscan.records import Dynamics
 
 
 def _finite(values: Sequence[float | None]) -> list[float]:
     return [v for v in values if v is not None and math.isfinite(v)]
-
-
-def block_updates(updates: Sequence[UpdateRecord]) -> tuple[BlockUpdates, ...]:
-    """Per (block, role), in first-seen order: the median and max update ratio over all
-    steps and matrix tensors, and the median gradient RMS."""
-    groups: dict[tuple[int | None, str], list[UpdateRecord]] = {}
-    for u in updates:
-        if u.kind in MATRIX_KINDS:
-            groups.setdefault((u.block, u.role), []).append(u)
-    out = []
-    for (block, role), members in groups.items():
-        ratios = _finite([r for u in members for r in u.ratio])
-        grads = _finite([g for u in members for g in u.grad_rms])
-        out.append(
-            BlockUpdates(
-                block=block, role=role, params=len(members),
-                ratio_median=statistics.median(ratios) if ratios else None,
-                ratio_max=max(ratios) if ratios else None,
-                grad_rms_median=statistics.median(grads) if grads else None,
-            )
-        )  # fmt: skip
-    return tuple(out)
 
 
 def ratio_spread(dyn: Dynamics) -> float | None:

@@ -70,8 +70,8 @@ from actscan.records import (
     StepRecord,
     StreamPoint,
     UpdateRecord,
+    block_updates,
 )
-from actscan.steps.derived import block_updates
 from actscan.steps.figures import StepFigures, exchange, host_values
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
