@@ -131,6 +131,23 @@ FORBIDDEN: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
             "actscan.run",
         ),
     ),
+    (
+        "targets/ build models: no run, api, distributed, compare or output",
+        ("actscan.targets",),
+        (
+            "actscan.run",
+            "actscan.api",
+            "actscan.distributed",
+            "actscan.compare",
+            "actscan.report",
+            "actscan.render",
+        ),
+    ),
+    (
+        "comparing and sweeping reports is pure: no torch (compare/precision.py runs models)",
+        ("actscan.compare.pairs", "actscan.compare.sweep"),
+        ("torch", "actscan.measure", "actscan.layout", "actscan.run", "actscan.models.gpt"),
+    ),
 ]
 DIAGNOSE_MAY_IMPORT = ("actscan.diagnose", "actscan.records", "actscan.numfmt", "actscan.errors")
 
@@ -231,14 +248,10 @@ IN_KNOWN_CYCLES: set[str] = {
     *("actscan.diagnose.channels", "actscan.diagnose.common", "actscan.diagnose.depth"),
     *("actscan.diagnose.init", "actscan.diagnose.massive", "actscan.diagnose.numerics"),
     *("actscan.diagnose.steps", "actscan.diagnose.underflow", "actscan.measure.stats"),
-    *("actscan.measure.streams", "actscan", "actscan.api", "actscan.compare.pairs"),
-    *("actscan.diagnose.coord", "actscan.distributed.build", "actscan.distributed.runtime"),
-    *("actscan.distributed.steps", "actscan.distributed.telemetry", "actscan.render.formats"),
-    *("actscan.report.report", "actscan.run", "actscan.targets.builtin"),
-    *("actscan.targets.checkpoint", "actscan.targets.factory", "actscan.targets.hf"),
-    *("actscan.targets.hf_layers", "actscan.targets.inputs_file", "actscan.targets.resolve"),
-    *("actscan.render.steps", "actscan.render.terminal", "actscan.cli", "actscan.cli.compare"),
-    *("actscan.cli.configs", "actscan.cli.profile", "actscan.cli.sweep"),
+    *("actscan.measure.streams", "actscan.diagnose.coord", "actscan.render.formats"),
+    *("actscan.report.report", "actscan.render.steps", "actscan.render.terminal"),
+    *("actscan.cli", "actscan.cli.compare", "actscan.cli.configs", "actscan.cli.profile"),
+    "actscan.cli.sweep",
 }
 
 
@@ -277,8 +290,6 @@ HOOK_OWNER = "actscan.measure.hooks"
 KNOWN_HOOK_CALLERS: set[str] = {
     "actscan.layout.proof",
     "actscan.layout.usage",
-    "actscan.compare.pairs",
-    "actscan.distributed.telemetry",
     "actscan.steps.loop",
     "actscan.measure.attention",
     "actscan.measure.recorder",
@@ -311,7 +322,6 @@ KNOWN_LONG: set[str] = {
     "actscan.run:scan",
     "actscan.steps.loop:run_steps",
     "actscan.cli.sweep:sweep",
-    "actscan.compare.pairs:precision_divergence",
     "actscan.cli.compare:compare",
     "actscan.diagnose.numerics:overflow",
 }

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from actscan import __version__
 from actscan.records import (
     AttentionRecord,
     BlockProof,
@@ -32,6 +31,7 @@ from actscan.records import (
 )
 from actscan.report.output import dumps, json_safe
 from actscan.report.steps_io import dynamics_from_dict, dynamics_to_dict
+from actscan.version import __version__
 
 SCHEMA_VERSION = 1
 
