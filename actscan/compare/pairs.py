@@ -221,7 +221,7 @@ def _structural_keys(layers: Sequence[LayerRecord]) -> dict[str, tuple[Any, ...]
     block_names = {r.block: r.name for r in layers if r.role == "stream" and r.block is not None}
     groups: dict[tuple[Any, ...], list[tuple[int, int, str]]] = defaultdict(list)
     for i, r in enumerate(layers):
-        prefix = block_names.get(r.block)
+        prefix = block_names.get(r.block) if r.block is not None else None
         depth = None
         if prefix is not None and r.name.startswith(prefix + "."):
             depth = r.name[len(prefix) + 1 :].count(".") + 1

@@ -292,7 +292,8 @@ def plan(
     """
     if not depths and not widths:
         raise UsageError("sweep needs --depth and/or --width, e.g. --depth 6,12,24,48")
-    sizes = list(product(depths or [None], widths or [None]))
+    no_size: list[int | None] = [None]
+    sizes = list(product(depths or no_size, widths or no_size))
     points = []
     for side, base, own in bases:  # side-major: each side's rows read down as a trend
         for depth, width in sizes:

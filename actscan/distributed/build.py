@@ -253,7 +253,7 @@ class _ParamsOnMeta:
                 assert p is not None
                 mod._parameters[name] = nn.Parameter(p.to("meta"), requires_grad=p.requires_grad)
 
-        nn.Module.register_parameter = register  # type: ignore[method-assign]
+        nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
 
     def __exit__(self, *exc: object) -> None:
         nn.Module.register_parameter = self._orig  # type: ignore[method-assign]
@@ -287,7 +287,7 @@ def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
     data = read_config_file(config_path)
     config = hf_config(data, str(config_path), opts.overrides)
     files = _weight_files(path)
-    cls = model_class(config)
+    cls: Any = model_class(config)  # a transformers model class (`_from_config`)
     try:
         with quiet(), no_init_weights(), _ParamsOnMeta():
             model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
