@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from actscan.version import __version__
+
 __all__ = [
     "Finding",
     "Ignore",

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from actscan.measure.inputs import InputSource
     from actscan.records import Finding
     from actscan.report.report import Report
-    from actscan.targets.resolve import Resolved
+    from actscan.targets.resolved import Resolved
 
 __all__ = ["Progress", "Scanned", "TargetSpec", "build_target", "scan_target"]
 
@@ -65,7 +65,8 @@ class Scanned:
 def build_target(spec: TargetSpec, settings: Settings) -> tuple[Resolved, InputSource | None]:
     """TARGET → (the resolved model, its inputs or None: scan() invents token ids)."""
     from actscan.models.arch import parse_set
-    from actscan.targets.resolve import TargetOptions, resolve
+    from actscan.targets.resolve import resolve
+    from actscan.targets.resolved import TargetOptions
 
     opts = TargetOptions(
         config=spec.config, init=spec.init, overrides=parse_set(list(spec.overrides)),
@@ -154,7 +155,7 @@ def precision_divergence_of(
     """Same weights, two precisions (those `a` and `b` ran in): rebuild the model of
     `spec` once more (deterministic: same config, seed and file) and compare each chosen
     module's output in the lower precision against the higher one."""
-    from actscan.compare.pairs import Precision, default_inputs, precision_divergence
+    from actscan.compare.precision import Precision, default_inputs, precision_divergence
 
     pa = Precision(a.run.dtype, a.run.amp)
     pb = Precision(b.run.dtype, b.run.amp)

@@ -52,6 +52,7 @@ from actscan.records import (
 from actscan.report.report import Report
 from actscan.settings import Ignore, apply_ignores, parse_ignores
 from actscan.steps.loop import StepSpec, StepsRaw, caller_state, dynamics_record, run_steps
+from actscan.targets.info import infer_info
 from actscan.targets.stored_dtype import stored_dtype_note
 
 # Static loss scale of fp16 runs: a steady state of GradScaler's dynamic scale (it starts
@@ -75,36 +76,6 @@ def resolve_device(device: str | torch.device | None, model: nn.Module) -> torch
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here")
     return dev
-
-
-def infer_info(model: nn.Module, source: str = "python") -> ModelInfo:
-    """What can be read off an nn.Module without a resolver's help.
-
-    A module handed over in code (the API, `module:callable`) is taken to be at init: that
-    is how tests and CI build models, and init-scale is what catches a broken init there.
-    Trained weights say so with `scan(at_init=False)` (`--trained`).
-    """
-    from actscan.models.gpt import ActscanGPT, arch_facts
-
-    n_params = sum(p.numel() for p in model.parameters())
-    if isinstance(model, ActscanGPT):
-        cfg = model.config
-        return ModelInfo(
-            source=source, family="actscan-gpt", n_params=n_params, n_blocks=cfg.n_layers,
-            d_model=cfg.d_model, vocab_size=cfg.vocab_size, task="causal-lm", at_init=True,
-            arch={**arch_facts(cfg), "max_positions": cfg.seq_len},
-        )  # fmt: skip
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type:
-        vocab = getattr(config, "vocab_size", None)
-        d = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
-        is_lm = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
-        return ModelInfo(
-            source=source, family=str(model_type), n_params=n_params, d_model=d,
-            vocab_size=vocab, task="causal-lm" if is_lm else "encoder", at_init=True,
-        )  # fmt: skip
-    return ModelInfo(source=source, family="custom", n_params=n_params, at_init=True)
 
 
 def _fan(mod: nn.Module, shape: tuple[int, ...]) -> tuple[int | None, int | None]:

@@ -18,7 +18,7 @@ from actscan.models.arch import (
     read_config_file,
 )
 from actscan.models.gpt import build_model
-from actscan.targets.resolve import shipped_configs
+from actscan.targets.classify import shipped_configs
 
 SMALL = dict(n_layers=4, d_model=64, n_heads=4, vocab_size=128, seq_len=16)
 

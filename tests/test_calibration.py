@@ -19,7 +19,8 @@ from actscan.models.arch import build_config, read_config_file
 from actscan.models.gpt import build_model
 from actscan.records import CheckId, Finding, Severity
 from actscan.report.report import Report
-from actscan.run import infer_info, scan
+from actscan.run import scan
+from actscan.targets.info import infer_info
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 FAST = dict(batch=2, seq_len=32)

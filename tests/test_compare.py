@@ -24,19 +24,14 @@ from typer.testing import CliRunner
 
 import actscan.run  # noqa: F401  (the module whose check runner some tests replace)
 from actscan.cli import app
-from actscan.compare.pairs import (
-    Precision,
-    compare_reports,
-    default_inputs,
-    diff_findings,
-    match_layers,
-    precision_divergence,
-)
+from actscan.compare.pairs import compare_reports, diff_findings, match_layers
+from actscan.compare.precision import Precision, default_inputs, precision_divergence
 from actscan.errors import ActscanError
 from actscan.records import Finding, Severity
 from actscan.report.report import Report
 from actscan.run import scan
-from actscan.targets.resolve import TargetOptions, resolve
+from actscan.targets.resolve import resolve
+from actscan.targets.resolved import TargetOptions
 
 SMALL = {"d_model": "64", "vocab_size": "128"}
 RUN = ["--seq-len", "16", "--batch", "2"]

@@ -15,9 +15,10 @@ from conftest import make_report
 from actscan.errors import UsageError
 from actscan.numfmt import num
 from actscan.records import CHECK_ORDER, CheckId, Finding, ModelInfo, RunInfo, Severity, Summary
-from actscan.render.formats import to_junit, to_markdown, write_atomic
+from actscan.render.formats import to_junit, to_markdown
 from actscan.report import output
 from actscan.report.codec import to_json_obj
+from actscan.report.output import write_atomic
 from actscan.report.report import Report
 from actscan.report.schema import load_schema, validate_report
 

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 from actscan.cli import app
 from actscan.measure.inputs import random_tokens
 from actscan.run import scan
-from actscan.targets.resolve import TargetOptions, resolve
+from actscan.targets.resolve import resolve
+from actscan.targets.resolved import TargetOptions
 
 transformers = pytest.importorskip("transformers")
 

@@ -21,7 +21,9 @@ from actscan.layout.usage import measure_usage, probe_gain
 from actscan.records import CheckId, Finding, Severity
 from actscan.report.report import Report
 from actscan.run import scan
-from actscan.targets.resolve import Resolved, TargetOptions, resolve, shipped_configs
+from actscan.targets.classify import shipped_configs
+from actscan.targets.resolve import resolve
+from actscan.targets.resolved import Resolved, TargetOptions
 
 transformers = pytest.importorskip("transformers")
 

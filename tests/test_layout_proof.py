@@ -22,7 +22,8 @@ from actscan.models.arch import build_config, read_config_file
 from actscan.models.gpt import build_model
 from actscan.records import BlockProof, CheckId, Layout
 from actscan.report.report import Report
-from actscan.run import infer_info, scan
+from actscan.run import scan
+from actscan.targets.info import infer_info
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()

@@ -136,7 +136,7 @@ def test_installed_wheel_finds_shipped_configs(tmp_path: Path) -> None:
             [
                 str(python),
                 "-c",
-                "import actscan, actscan.targets.resolve as r, actscan.report.schema as s; "
+                "import actscan, actscan.targets.classify as r, actscan.report.schema as s; "
                 "print(actscan.__file__); print(r.CONFIGS_DIR); print(s.load_schema()['title'])",
             ],
             cwd=work,
@@ -168,7 +168,7 @@ def test_every_top_level_config_is_shipped_by_name() -> None:
     """From a checkout (editable install, or pytest in the repository) the lookup falls back
     to the top-level configs/ folder, which stays where users browse it; every file there is
     usable by name."""
-    from actscan.targets.resolve import shipped_configs
+    from actscan.targets.classify import shipped_configs
 
     shipped = shipped_configs()
     on_disk = {p.stem for p in (REPO / "configs").iterdir() if p.suffix in CONFIG_SUFFIXES}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from actscan import __version__
+from actscan.version import __version__
 
 app = typer.Typer(
     name="actscan",

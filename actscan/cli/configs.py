@@ -13,7 +13,7 @@ def configs_cmd() -> None:
     from rich.table import Table
 
     from actscan.models.arch import INITS, build_config, read_config_file
-    from actscan.targets.resolve import shipped_configs
+    from actscan.targets.classify import shipped_configs
 
     console = make_console()
     table = Table(title="Shipped configs (actscan profile NAME)", title_justify="left")

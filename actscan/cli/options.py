@@ -378,7 +378,8 @@ def emit(
     """Write --json, --format/-o, and the human table, keeping stdout clean for data.
     `json_text`, `markdown_text`, `junit_text`: a command whose document is more than its
     reports (a sweep's coordinate check) writes its own."""
-    from actscan.render.formats import to_junit, to_markdown, write_atomic
+    from actscan.render.formats import to_junit, to_markdown
+    from actscan.report.output import write_atomic
 
     check_outputs(fmt, output, json_path)
     data_to_stdout = json_path == "-" or (fmt is not FormatOpt.table and output in (None, "-"))

@@ -1,41 +1,26 @@
-"""Two Reports side by side, and the precision-divergence pass (same weights, two dtypes).
+"""Two Reports side by side: a pure comparison, no torch.
 
-The comparison itself is pure: it matches the layers, stream points and branches of two
-Reports, takes ratios (always B ÷ A), splits findings into A only / B only / both and
-words a one-line verdict. No torch is imported for that.
-
-`precision_divergence` is the one part that runs a model: a ratio of two RMS values
-cannot say whether bf16 computes the *same* activations as fp32, only that they have the
-same scale. It runs the higher-precision model once, keeping each chosen module's output
-(detached, fp32) for one batch, then a cast deep copy with hooks that reduce
-Σ(a−b)², Σa², Σab, Σb² against the kept tensors on the device; one host transfer at the
-end. Memory: one batch of the chosen outputs (meant for the small models one compares).
+It matches the layers, stream points and branches of two Reports, takes ratios (always
+B ÷ A), splits findings into A only / B only / both and words a one-line verdict. The
+divergence records (`Divergence`) are filled by the precision-divergence pass, which runs
+a model and lives in compare/precision.py.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from actscan import __version__
 from actscan.compare.steps import StepsComparison, compare_steps
 from actscan.numfmt import num
-from actscan.records import Finding, LayerRecord, Layout, ModelInfo, StreamPoint, json_as
+from actscan.records import Finding, LayerRecord, StreamPoint, json_as
 from actscan.report.codec import to_json_obj
 from actscan.report.output import dumps
 from actscan.report.report import SCHEMA_VERSION, Report
-
-if TYPE_CHECKING:
-    from torch import nn
-
-    from actscan.measure.inputs import InputSource
-
-# Mantissa bits: "higher precision" is the side with more of them (fp16 beats bf16).
-_MANTISSA = {"fp32": 23, "fp16": 10, "bf16": 7}
+from actscan.version import __version__
 
 
 # -- records ------------------------------------------------------------------------------
@@ -88,24 +73,6 @@ class FindingDiff:
     a_only: tuple[Finding, ...] = ()
     b_only: tuple[Finding, ...] = ()
     both: tuple[tuple[Finding, Finding], ...] = field(default=(), metadata=json_as(keys=("a", "b")))
-
-
-@dataclass(frozen=True)
-class Precision:
-    """How one side ran: weights in `dtype`, optionally under autocast to `amp`."""
-
-    dtype: str = "fp32"
-    amp: str | None = None
-
-    @property
-    def bits(self) -> int:
-        """Mantissa bits of the arithmetic: autocast computes in `amp`."""
-        bits = _MANTISSA.get(self.dtype, 23)
-        return min(bits, _MANTISSA[self.amp]) if self.amp else bits
-
-    @property
-    def label(self) -> str:
-        return f"{self.dtype} amp {self.amp}" if self.amp else self.dtype
 
 
 @dataclass(frozen=True)
@@ -236,7 +203,7 @@ def _structural_keys(layers: Sequence[LayerRecord]) -> dict[str, tuple[Any, ...]
     block_names = {r.block: r.name for r in layers if r.role == "stream" and r.block is not None}
     groups: dict[tuple[Any, ...], list[tuple[int, int, str]]] = defaultdict(list)
     for i, r in enumerate(layers):
-        prefix = block_names.get(r.block)
+        prefix = block_names.get(r.block) if r.block is not None else None
         depth = None
         if prefix is not None and r.name.startswith(prefix + "."):
             depth = r.name[len(prefix) + 1 :].count(".") + 1
@@ -452,187 +419,3 @@ def verdict(cmp: Comparison) -> str:
     if ba != bb:
         parts.append(f"{'B' if bb < ba else 'A'} is the healthier side")
     return "; ".join(parts) + "."
-
-
-# -- the precision-divergence pass ------------------------------------------------------------
-def default_inputs(info: ModelInfo, batch: int, seq_len: int, seed: int) -> InputSource:
-    """The random token ids scan() invents for `info` (same seed → the same ids)."""
-    from actscan.errors import UsageError
-    from actscan.measure.inputs import token_source
-
-    if not (info.vocab_size and info.task in ("causal-lm", "encoder")):
-        raise UsageError("cannot invent inputs for this model: pass --input or --input-shape")
-    return token_source(
-        info.vocab_size, batch, seq_len, seed, mask=info.task == "encoder",
-        as_kwargs=info.family != "actscan-gpt",
-    )  # fmt: skip
-
-
-def divergence_targets(model: nn.Module, layout: Layout, scope: str) -> list[tuple[str, Any]]:
-    """Modules whose outputs are compared: the stream and branches (+ final norm, head),
-    or every named module with scope "all"."""
-    mods = dict(model.named_modules())
-    if scope == "all":
-        return [(n, m) for n, m in mods.items() if n]
-    names: list[str] = []
-    for b in layout.blocks:
-        names += [br.name for br in b.branch_list()] + [b.name]
-    names += [n for n in (layout.final_norm, layout.head) if n]
-    if not layout.blocks:
-        names = [n for n in mods if n]
-    return [(n, mods[n]) for n in dict.fromkeys(names) if n in mods]
-
-
-def precision_divergence(
-    model: nn.Module,
-    source: InputSource,
-    *,
-    high: Precision,
-    low: Precision,
-    reference_side: str,
-    threshold: float,
-    layout: Layout | None = None,
-    scope: str = "stream+branches",
-    device: str | None = None,
-    model_type: str | None = None,
-) -> Divergence:
-    """Relative RMS error and cosine of each chosen module's output in `low` against `high`.
-
-    Both runs use deep copies of `model` (the caller's model is never cast or moved) and
-    batch 0 of `source`. Forward only: divergence of activations, not of gradients.
-    """
-    import torch
-
-    from actscan.layout.detect import detect_layout
-    from actscan.measure.recorder import first_tensor
-    from actscan.run import TORCH_DTYPES, cast_batch, resolve_device
-
-    dev = resolve_device(device, model)
-    layout = layout or detect_layout(model, model_type)
-    batch = source(0)
-    stream_in = layout.blocks[0].name if layout.blocks and scope != "all" else None
-
-    def prepared(p: Precision) -> tuple[nn.Module, Any]:
-        m = copy.deepcopy(model).eval()
-        dt = TORCH_DTYPES[p.dtype]
-        m.to(device=dev, dtype=dt)
-        return m, cast_batch(batch, dev, dt)
-
-    def run(p: Precision, m: nn.Module, b: Any) -> None:
-        ctx = torch.autocast(dev.type, dtype=TORCH_DTYPES[p.amp]) if p.amp else None
-        with torch.no_grad():
-            if ctx is None:
-                m(*b.args, **b.kwargs)
-            else:
-                with ctx:
-                    m(*b.args, **b.kwargs)
-
-    m_hi, b_hi = prepared(high)
-    if layout.blocks and scope != "all":
-        from actscan.layout.proof import prove_layout
-
-        # the branches each block really adds (post-branch norms, post-LN encoders)
-        layout = prove_layout(m_hi, layout, lambda m=m_hi, b=b_hi: run(high, m, b)).layout
-    targets = divergence_targets(model, layout, scope)
-    names = [n for n, _ in targets] + ([f"{stream_in}:input"] if stream_in else [])
-
-    def hooked(m: nn.Module, on_output: Callable[[int, Any], None]) -> list[Any]:
-        """Forward hooks on the chosen modules of copy `m` (+ the stream input)."""
-        mods = dict(m.named_modules())
-        handles = []
-        for i, (name, _) in enumerate(targets):
-            handles.append(
-                mods[name].register_forward_hook(lambda _m, _a, out, i=i: on_output(i, out))
-            )
-        if stream_in is not None:
-            j = len(targets)
-
-            def pre(_m: Any, args: Any, kwargs: dict[str, Any]) -> None:
-                hidden = first_tensor(args)
-                on_output(j, hidden if hidden is not None else first_tensor(kwargs))
-
-            handles.append(mods[stream_in].register_forward_pre_hook(pre, with_kwargs=True))
-        return handles
-
-    # Pass 1: the higher precision; keep every call's output (detached, fp32).
-    kept: list[list[torch.Tensor | None]] = [[] for _ in names]
-    order: list[int] = [-1] * len(names)
-    seen = [0]
-
-    def keep(i: int, out: Any) -> None:
-        t = first_tensor(out)
-        if order[i] < 0:
-            order[i], seen[0] = seen[0], seen[0] + 1
-        kept[i].append(None if t is None else t.detach().float().clone())
-
-    handles = hooked(m_hi, keep)
-    try:
-        run(high, m_hi, b_hi)
-    finally:
-        for h in handles:
-            h.remove()
-    del m_hi
-
-    # Pass 2: the lower precision; reduce against the kept tensors on the device.
-    acc = torch.zeros(len(names), 4, dtype=torch.float64, device=dev)
-    calls = [0] * len(names)
-    numel = [0] * len(names)  # host-side: shapes are known without a device sync
-
-    def reduce(i: int, out: Any) -> None:
-        t = first_tensor(out)
-        c = calls[i]
-        calls[i] += 1
-        if t is None or c >= len(kept[i]):
-            return
-        a = kept[i][c]
-        if a is None or a.shape != t.shape:
-            return
-        x = t.detach().float()
-        sums = [(a - x).square().sum(), a.square().sum(), (a * x).sum(), x.square().sum()]
-        acc[i] += torch.stack(sums).to(torch.float64)
-        numel[i] += a.numel()
-
-    m_lo, b_lo = prepared(low)
-    handles = hooked(m_lo, reduce)
-    try:
-        run(low, m_lo, b_lo)
-    finally:
-        for h in handles:
-            h.remove()
-    del m_lo
-    kept.clear()  # free the reference outputs before the host transfer
-    host = acc.cpu().tolist()  # the one host transfer
-
-    layers = []
-    for i, name in enumerate(names):
-        if order[i] < 0:
-            continue  # never ran
-        err2, aa, ab, bb = host[i]
-        n = numel[i]
-        rel = math.sqrt(err2 / aa) if n and aa > 0 else (0.0 if n and err2 == 0 else None)
-        if n and not math.isfinite(err2):
-            rel = math.inf
-        cos = ab / math.sqrt(aa * bb) if n and aa > 0 and bb > 0 else None
-        if n and not all(math.isfinite(v) for v in (ab, bb)):
-            cos = float("nan")  # Inf/NaN in the lower precision: no angle to speak of
-        is_input = name.endswith(":input")
-        layers.append(
-            LayerDivergence(
-                name=name, role="stream" if is_input else layout.role(name),
-                block=0 if is_input else layout.block_of.get(name), order=order[i],
-                rel_err=rel, cosine=cos, rms=math.sqrt(aa / n) if n else None,
-            )
-        )  # fmt: skip
-    layers.sort(key=lambda d: d.order)
-    first = next(
-        (
-            d.name
-            for d in layers
-            if d.rel_err is not None and not (d.rel_err <= threshold)  # nan/inf count
-        ),
-        None,
-    )
-    return Divergence(
-        reference=high.label, other=low.label, reference_side=reference_side,
-        threshold=threshold, scope=scope, layers=tuple(layers), first=first,
-    )  # fmt: skip

@@ -12,15 +12,15 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import product
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actscan import __version__
-from actscan.errors import BadInputError, UsageError
+from actscan.errors import UsageError
 from actscan.records import Finding, Severity, json_as
 from actscan.report.codec import to_json_obj
 from actscan.report.output import dumps
 from actscan.report.report import SCHEMA_VERSION, Report
+from actscan.targets.classify import Kind, classify
+from actscan.version import __version__
 
 if TYPE_CHECKING:
     from actscan.diagnose.coord import CoordCheck
@@ -88,10 +88,6 @@ class SweepRow:
     @property
     def size(self) -> str:
         return SweepPoint(self.side, self.depth, self.width, self.overrides).size
-
-    @property
-    def n_findings(self) -> int:
-        return sum(n for _, n in self.counts)
 
 
 @dataclass(frozen=True)
@@ -173,45 +169,39 @@ def _first_key(values: Mapping[str, Any], keys: Sequence[str]) -> str | None:
 def base_config(target: str, overrides: Mapping[str, str]) -> BaseConfig:
     """Read TARGET's architecture (a config file or a shipped config name) without
     building it: a sweep rebuilds it at every size, at initialization."""
-    from actscan.models.arch import (
-        apply_overrides,
-        build_config,
-        is_actscan_config,
-        read_config_file,
-    )
-    from actscan.targets.resolve import CONFIG_SUFFIXES, shipped_configs
+    from actscan.models.arch import apply_overrides, build_config
 
-    path = Path(target)
-    if ":" in target and not path.exists():
+    what = classify(target)
+    if what.kind is Kind.CALLABLE:
         raise UsageError(
             f"sweep needs a config to rebuild at each size, not a module:callable ({target})"
         )
-    shipped = shipped_configs()
-    if not path.exists() and target in shipped:
-        path = shipped[target]
-    if path.is_dir():
+    path = what.path
+    assert path is not None  # every kind but CALLABLE names a path
+    if what.kind is Kind.FOLDER:
         raise UsageError(
             f"sweep builds models at initialization from a config: pass {path / 'config.json'}"
         )
-    if not path.exists():
-        hint = f" (shipped configs: {', '.join(shipped)})" if shipped else ""
-        raise BadInputError(f"no such file or folder: {target}{hint}")
-    if path.suffix.lower() not in CONFIG_SUFFIXES:
+    if not what.is_config:
         raise UsageError(
             f"sweep builds models at initialization from a config (.yaml/.toml/.json), "
             f"not {path.name}"
         )
-    data = read_config_file(path)
-    if is_actscan_config(data):
+    data = what.config_dict()
+    if what.kind is Kind.BUILTIN_CONFIG:
         cfg = build_config(data, str(path))
         if overrides:
             cfg = apply_overrides(cfg, dict(overrides))
         return BaseConfig("builtin", cfg.to_dict(), "n_layers", "d_model", "n_heads", "d_ff")
     values = {**data, **overrides}
     return BaseConfig(
-        "hf", values, _first_key(values, HF_DEPTH), _first_key(values, HF_WIDTH),
-        _first_key(values, HF_HEADS), _first_key(values, HF_FF),
-    )  # fmt: skip
+        "hf",
+        values,
+        _first_key(values, HF_DEPTH),
+        _first_key(values, HF_WIDTH),
+        _first_key(values, HF_HEADS),
+        _first_key(values, HF_FF),
+    )
 
 
 def size_overrides(base: BaseConfig, depth: int | None, width: int | None) -> dict[str, str]:
@@ -277,7 +267,8 @@ def plan(
     """
     if not depths and not widths:
         raise UsageError("sweep needs --depth and/or --width, e.g. --depth 6,12,24,48")
-    sizes = list(product(depths or [None], widths or [None]))
+    no_size: list[int | None] = [None]
+    sizes = list(product(depths or no_size, widths or no_size))
     points = []
     for side, base, own in bases:  # side-major: each side's rows read down as a trend
         for depth, width in sizes:

@@ -10,8 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from actscan.numfmt import num as n  # noqa: F401  (re-exported for the checks)
-from actscan.records import (  # noqa: F401  (CHECK_ORDER re-exported: its old home)
-    CHECK_ORDER,
+from actscan.records import (
     CheckId,
     Finding,
     LayerRecord,

@@ -18,31 +18,23 @@ process.
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from actscan.distributed.fsdp import fill_local, materialize, shard_model
+from actscan.distributed.fsdp import fill_local, materialize, param_bytes, shard_model
 from actscan.distributed.runtime import DistRun
+from actscan.distributed.telemetry import note_build_peak
 from actscan.errors import BadInputError, UsageError
+from actscan.targets.builtin import arch_from_mapping
+from actscan.targets.classify import Kind, classify
+from actscan.targets.info import builtin_info
+from actscan.targets.resolved import Resolved, TargetOptions
 
 if TYPE_CHECKING:
     from actscan.models.arch import ArchConfig
-    from actscan.targets.resolve import Resolved, TargetOptions
-
-
-@dataclass
-class BuildStats:
-    """Parameter bytes this rank held while building (benchmarks, tests)."""
-
-    peak_bytes: int = 0
-
-
-BUILD = BuildStats()
 
 
 def _refuse(what: str) -> UsageError:
@@ -54,29 +46,19 @@ def _refuse(what: str) -> UsageError:
 
 def build_sharded(target: str, opts: TargetOptions, run: DistRun) -> Resolved:
     """TARGET → the resolved model, sharded over the run's ranks (see the module doc)."""
-    from actscan.targets.resolve import CONFIG_SUFFIXES, shipped_configs
-
-    path = Path(target)
-    if ":" in target and not path.exists():
+    what = classify(target)
+    if what.kind is Kind.CALLABLE:
         raise _refuse(f"{target} (a module:callable target)")
-    if not path.exists():
-        shipped = shipped_configs()
-        if target not in shipped:
-            hint = f" (shipped configs: {', '.join(shipped)})" if shipped else ""
-            raise BadInputError(f"no such file or folder: {target}{hint}")
-        path = shipped[target]
+    path = what.path
+    assert path is not None  # every kind but CALLABLE names a path
     if opts.input_shape is not None:
         raise _refuse("--input-shape")
-    if path.is_dir():
+    if what.kind is Kind.FOLDER:
         return _hf_folder(path, opts, run)
-    if path.suffix.lower() in CONFIG_SUFFIXES:
-        from actscan.models.arch import is_actscan_config, read_config_file
-
-        data = read_config_file(path)
-        if is_actscan_config(data):
-            from actscan.targets.builtin import arch_from_mapping
-
-            return _builtin(arch_from_mapping(data, str(path), opts), str(path), opts, run)
+    if what.kind is Kind.BUILTIN_CONFIG:
+        cfg = arch_from_mapping(what.config_dict(), str(path), opts)
+        return _builtin(cfg, str(path), opts, run)
+    if what.kind is Kind.HF_CONFIG:
         raise _refuse(f"{path} (a Hugging Face config without weights)")
     raise _refuse(f"{path}")
 
@@ -107,9 +89,10 @@ def _set_params(model: nn.Module, names: list[str], device: torch.device | str) 
 
 def _unitwise_values(
     cfg: ArchConfig, seed: int, rows_of: Any, device: torch.device
-) -> tuple[nn.Module, dict[str, torch.Tensor]]:
-    """The built-in model on meta, and for each parameter the rows `rows_of(name, shape)`
-    picks of its one-process init, computing one unit at a time."""
+) -> tuple[nn.Module, dict[str, torch.Tensor], int]:
+    """The built-in model on meta, for each parameter the rows `rows_of(name, shape)`
+    picks of its one-process init, computing one unit at a time, and the most parameter
+    bytes held at once (the rows kept so far plus the one unit being initialised)."""
     from actscan.models import gpt
 
     gen_state = torch.random.get_rng_state()
@@ -123,7 +106,7 @@ def _unitwise_values(
         gpt.skip_draws(draws)
         blocks = [f"blocks.{i}" for i in range(cfg.n_layers)]
         values: dict[str, torch.Tensor] = {}
-        held = 0
+        held = peak = 0
         for unit in _owners(model, blocks):
             _set_params(model, unit, "cpu")
             if cfg.tie_embeddings:
@@ -144,11 +127,11 @@ def _unitwise_values(
                     values[key] = rows_of(key, p.detach()).clone()
                     held += values[key].numel() * values[key].element_size()
                     full += p.numel() * p.element_size()
-            BUILD.peak_bytes = max(BUILD.peak_bytes, held + full)
+            peak = max(peak, held + full)
             _set_params(model, unit, "meta")
             if cfg.tie_embeddings:
                 model.head.weight = model.tok_emb.weight
-        return model, values
+        return model, values, peak
     finally:
         torch.random.set_rng_state(gen_state)
 
@@ -167,7 +150,8 @@ def _check_unitwise(cfg: ArchConfig, seed: int) -> None:
     except Exception:
         ref = None
     if ref is not None:
-        _, got = _unitwise_values(small, seed, lambda _n, t: t, torch.device("cpu"))
+        _, got, peak = _unitwise_values(small, seed, lambda _n, t: t, torch.device("cpu"))
+        note_build_peak(peak)
         if set(got) == set(ref) and all(torch.equal(got[k], ref[k]) for k in ref):
             return
     raise UsageError(
@@ -180,9 +164,6 @@ def _builtin(cfg: ArchConfig, source: str, opts: TargetOptions, run: DistRun) ->
     from torch.distributed.tensor import DTensor
 
     from actscan.distributed.fsdp import local_rows
-    from actscan.models.gpt import arch_facts
-    from actscan.records import ModelInfo
-    from actscan.targets.resolve import Resolved
 
     _check_unitwise(cfg, opts.seed)
     with torch.device("meta"):
@@ -200,19 +181,15 @@ def _builtin(cfg: ArchConfig, source: str, opts: TargetOptions, run: DistRun) ->
         lo, hi = spans.get(name, (0, 0))
         return full[lo:hi] if full.dim() else full
 
-    _, values = _unitwise_values(cfg, opts.seed, rows_of, run.device)
+    _, values, peak = _unitwise_values(cfg, opts.seed, rows_of, run.device)
+    note_build_peak(peak)
     materialize(shell, run.device)
     missing = fill_local(shell, lambda n, lo, hi: values.get(n))
     values.clear()
     if missing:
         raise UsageError(f"sharded build: no values for {', '.join(missing[:3])}")
-    info = ModelInfo(
-        source=source, family=cfg.family, n_params=sum(p.numel() for p in shell.parameters()),
-        n_blocks=cfg.n_layers, d_model=cfg.d_model, vocab_size=cfg.vocab_size,
-        at_init=True, task="causal-lm",
-        arch={**arch_facts(cfg), "max_positions": cfg.seq_len, "config": cfg.to_dict()},
-    )  # fmt: skip
-    return Resolved(model=shell, info=info)
+    n_params = sum(p.numel() for p in shell.parameters())
+    return Resolved(model=shell, info=builtin_info(cfg, source, n_params, at_init=True))
 
 
 # -- Hugging Face folders ------------------------------------------------------------------
@@ -276,7 +253,7 @@ class _ParamsOnMeta:
                 assert p is not None
                 mod._parameters[name] = nn.Parameter(p.to("meta"), requires_grad=p.requires_grad)
 
-        nn.Module.register_parameter = register  # type: ignore[method-assign]
+        nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
 
     def __exit__(self, *exc: object) -> None:
         nn.Module.register_parameter = self._orig  # type: ignore[method-assign]
@@ -294,9 +271,8 @@ def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
         hf_info,
         hf_inputs,
         model_class,
-        quiet,
     )
-    from actscan.targets.resolve import Resolved
+    from actscan.targets.hf_env import quiet
 
     if opts.config is not None:
         raise UsageError(f"--config is for a bare .safetensors file; {path} has its config.json")
@@ -311,7 +287,7 @@ def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
     data = read_config_file(config_path)
     config = hf_config(data, str(config_path), opts.overrides)
     files = _weight_files(path)
-    cls = model_class(config)
+    cls: Any = model_class(config)  # a transformers model class (`_from_config`)
     try:
         with quiet(), no_init_weights(), _ParamsOnMeta():
             model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
@@ -357,9 +333,7 @@ def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
         return rows.to(torch.float32) if rows.is_floating_point() else rows
 
     missing = fill_local(model, read)
-    from actscan.distributed.fsdp import param_bytes
-
-    BUILD.peak_bytes = max(BUILD.peak_bytes, param_bytes(model))  # rows of its shards only
+    note_build_peak(param_bytes(model))  # rows of its shards only
     if missing:
         raise BadInputError(
             f"bad checkpoint {path}: missing {len(missing)} tensors: {', '.join(missing[:3])}"
@@ -385,8 +359,3 @@ def _same_dtypes(dtypes: list[str]) -> list[str]:
     """Dtype names as a one-process load lists them (torch's names)."""
     names = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
     return sorted({names.get(d, d) for d in dtypes})
-
-
-def peak_param_bytes_estimate(total: int, world: int, block: int) -> int:
-    """total / N plus one unsharded block: what a rank is expected to hold at most."""
-    return math.ceil(total / world) + block

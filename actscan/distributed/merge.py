@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
+from actscan.distributed.telemetry import note_merge_ms
 from actscan.measure.moments import Moments, merge_moments
 
 _F64 = torch.float64
-LAST_MERGE_MS: list[float] = []  # wall time of each merge in this process (benchmarks)
 
 
 def _dist() -> Any:
@@ -151,7 +151,7 @@ def merge_state(obj: Any, spec: dict[str, str], device: torch.device) -> None:
     _reduce(obj, by_op.get("min", []), dist.ReduceOp.MIN, device)
     _channels(obj, by_op.get("channels", []), device)
     _cat(obj, by_op.get("cat", []), world)
-    LAST_MERGE_MS.append((time.perf_counter() - start) * 1e3)
+    note_merge_ms((time.perf_counter() - start) * 1e3)  # telemetry (benchmarks)
 
 
 def merge_recorder(rec: Any) -> None:

@@ -27,14 +27,10 @@ import torch
 from torch import nn
 
 from actscan.distributed.runtime import DistRun, split_rows
+from actscan.distributed.telemetry import note_steps
 from actscan.errors import UsageError
 from actscan.measure.inputs import Batch
 from actscan.steps.loop import LocalRanks
-
-# Wall times of this process's last step loop (benchmarks; `stats.write` reports them):
-# each step's two all-reduces, and the whole loop (from `ShardedRanks()` to its last
-# `settle`, in run_steps' finally).
-STEP_TIMES: dict[str, list[float]] = {"reduce_ms": [], "loop_ms": []}
 
 
 def check_sharded(model: nn.Module) -> None:
@@ -57,9 +53,10 @@ class ShardedRanks(LocalRanks):
     def __init__(self, run: DistRun) -> None:
         self.run = run
         self.world_size = run.world_size
+        # Wall times for telemetry (benchmarks): each step's two all-reduces, and the whole
+        # loop (from here to the last `settle`, in run_steps' finally).
         self._start = time.perf_counter()
-        STEP_TIMES["reduce_ms"].clear()
-        STEP_TIMES["loop_ms"].clear()
+        self._reduce_ms: list[float] = []
 
     def local(self, t: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
@@ -95,10 +92,10 @@ class ShardedRanks(LocalRanks):
         start = time.perf_counter()
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
-        STEP_TIMES["reduce_ms"].append((time.perf_counter() - start) * 1e3)
+        self._reduce_ms.append((time.perf_counter() - start) * 1e3)
 
     def settle(self, model: nn.Module) -> None:
         from actscan.distributed.fsdp import reshard_all
 
         reshard_all(model)
-        STEP_TIMES["loop_ms"][:] = [(time.perf_counter() - self._start) * 1e3]  # the latest
+        note_steps((time.perf_counter() - self._start) * 1e3, self._reduce_ms)

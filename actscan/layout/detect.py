@@ -64,15 +64,6 @@ def _block_lists(model: nn.Module) -> list[tuple[tuple[int, int, int], str, list
     return out
 
 
-def find_blocks(model: nn.Module) -> tuple[str, list[str]] | None:
-    """The longest ModuleList (or Sequential) of same-class composite children."""
-    lists = _block_lists(model)
-    if not lists:
-        return None
-    _, name, names = max(lists, key=lambda c: c[0])
-    return name, names
-
-
 def _nested(a: str, b: str) -> bool:
     """One module path is the other or inside it ('' is the root, around everything)."""
     return a == b or not a or not b or a.startswith(b + ".") or b.startswith(a + ".")
@@ -81,7 +72,7 @@ def _nested(a: str, b: str) -> bool:
 def find_streams(model: nn.Module) -> list[tuple[str, str, list[str]]]:
     """(stream name, container, block names) per residual stream, in registration order.
 
-    One stream: the longest block list (`find_blocks`), named "main". Several when the
+    One stream: the longest block list (the highest score), named "main". Several when the
     longest list and at least one other are disjoint, non-nested ModuleLists of ≥ 2
     same-class composite blocks, none inside another block list: an encoder-decoder's
     `encoder.layers`/`decoder.layers` (T5's `encoder.block`/`decoder.block`), two towers.

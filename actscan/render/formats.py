@@ -4,7 +4,6 @@ Pure functions of a Report (and of a sweep's coordinate check): nothing here com
 statistics or imports torch. The Markdown carries what the table view shows, compactly:
 findings, streams, heads (per layer, not per head), the massive-activation tokens, the
 optimizer steps, and a sweep's coordinate check.
-`write_atomic` (actscan.report.output) is re-exported here, where the CLI imports it.
 """
 
 from __future__ import annotations
@@ -29,13 +28,12 @@ from actscan.records import (
     TopValue,
     finding_order,
 )
-from actscan.report.output import write_atomic
 
 if TYPE_CHECKING:
     from actscan.diagnose.coord import CoordCheck
     from actscan.report.report import Report
 
-__all__ = ["coord_markdown", "fmt_count", "to_junit", "to_markdown", "write_atomic"]
+__all__ = ["coord_markdown", "fmt_count", "to_junit", "to_markdown"]
 
 _MAX_LAYERS = 3
 MAX_STEP_COLUMNS = 8  # steps shown as columns: t = 0, 1, … and the last ones

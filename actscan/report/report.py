@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from actscan import __version__
 from actscan.records import (
     AttentionRecord,
     BlockProof,
@@ -32,6 +31,7 @@ from actscan.records import (
 )
 from actscan.report.codec import from_json_obj, to_json_obj
 from actscan.report.output import dumps
+from actscan.version import __version__
 
 SCHEMA_VERSION = 1
 

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from actscan.errors import BadInputError, ConfigError, UsageError
 from actscan.models.arch import ArchConfig, is_actscan_config, read_config_file, saved_config
 from actscan.targets.builtin import arch_from_mapping, build_builtin
-from actscan.targets.resolve import Resolved, TargetOptions, shipped_configs
+from actscan.targets.classify import shipped_configs
+from actscan.targets.resolved import Resolved, TargetOptions
 from actscan.targets.safetensors_io import SafetensorsHeader, read_header
 from actscan.targets.weights import check_finite, check_shapes, expected_shapes, tied_aliases
 

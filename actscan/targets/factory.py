@@ -41,7 +41,8 @@ from dataclasses import replace
 from typing import Any
 
 from actscan.errors import BadInputError, UsageError
-from actscan.targets.resolve import Resolved, TargetOptions
+from actscan.targets.info import infer_info
+from actscan.targets.resolved import Resolved, TargetOptions
 
 _MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 DEFAULT_SEQ = 64
@@ -132,7 +133,6 @@ def _resolve_module(target: str, model: Any, example: Any, opts: TargetOptions) 
     """Inputs for the user's module, first match wins (module docstring, "Inputs")."""
     from actscan.measure.inputs import tensor_source, user_source
     from actscan.measure.model_inputs import takes_token_ids
-    from actscan.run import infer_info
 
     info = infer_info(model, source=target)
     max_pos = _max_positions(model)

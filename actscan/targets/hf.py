@@ -19,19 +19,18 @@ deterministic; weights are fp32 (`--dtype` casts for the run).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actscan.errors import BadInputError, ConfigError, UsageError
 from actscan.records import ModelInfo
 from actscan.targets import safetensors_io as st
-from actscan.targets.resolve import Resolved, TargetOptions
+from actscan.targets.hf_env import offline, quiet
+from actscan.targets.resolved import Resolved, TargetOptions
 
 if TYPE_CHECKING:
     import torch
@@ -58,33 +57,6 @@ _BOOLS = {"true": True, "1": True, "yes": True, "on": True,
 # --------------------------------------------------------------------------- config
 
 
-def _offline() -> None:
-    """Never touch the network, whatever the user's environment says."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """transformers logs config advice (token ids, is_decoder) that is noise here."""
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
 def hf_config(
     data: Mapping[str, Any], where: str, overrides: Mapping[str, str] | None = None
 ) -> Any:
@@ -93,7 +65,7 @@ def hf_config(
     Refused with one line: no model_type, a model_type this transformers does not implement
     (custom code, or too old) and quantized models.
     """
-    _offline()
+    offline()
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 

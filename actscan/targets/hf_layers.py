@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from actscan.targets.hf import quiet
+from actscan.targets.hf_env import quiet
 
 __all__ = ["DEPTH_KEYS", "depth_of", "resize_per_layer"]
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from actscan.errors import BadInputError
 from actscan.measure.inputs import Batch, InputSource, file_tokens
-from actscan.targets.resolve import Resolved, TargetOptions
+from actscan.targets.resolved import Resolved, TargetOptions
 
 if TYPE_CHECKING:
     import torch
