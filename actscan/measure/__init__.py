@@ -1,2 +1,3 @@
-"""Measuring one pass: inputs to feed, the model's layout (`structure`), the hooks that
-record on the device (`recorder`) and the per-module statistics built from them (`stats`)."""
+"""Measuring one pass: the inputs to feed (`inputs`, `model_inputs`), the one owner of hooks
+(`hooks`), the hooks that reduce on the device (`recorder`, `attention`) and the per-module
+statistics built from them (`stats`, `streams`, `tokens`, `moments`)."""

@@ -1,6 +1,6 @@
 """Several residual streams: an encoder-decoder's encoder and decoder, each on its own.
 
-`structure.find_streams` finds the block lists; here each one gets its own points (k = 0
+`layout.detect.find_streams` finds the block lists; here each one gets its own points (k = 0
 at its first block's input, then each block's output) and its own growth fit, from the
 same layer records `stats` works on. The last stream in execution order (the decoder,
 which feeds the head) is the primary one: its points are the report's `stream` and its
