@@ -61,6 +61,7 @@ CONFIG_NAMES = (ACTSCAN_TOML, PYPROJECT_TOML)  # tried in this order in each fol
 SOURCE_CLI = "command line"
 SOURCE_DEFAULT = "default"
 SOURCE_API = "python"  # a value passed to Settings(...) directly
+SOURCE_SCAN = "scan()"  # scan()'s keywords: checked by actscan.run.check_settings instead
 
 # The run settings a project file or the command line can set, in --show-config order.
 RUN_KEYS = (
@@ -431,13 +432,13 @@ class Settings:
     """
 
     fail_on: str = "error"
-    dtype: str | None = None
+    dtype: str | Any = None  # scan() also passes a torch.dtype
     amp: str | None = None
     batch: int = 4
     seq_len: int | None = None
     batches: int = 1
     seed: int = 0
-    device: str = "auto"
+    device: str | Any = "auto"  # scan(): None is the model's own device, or a torch.device
     modules: str | None = None
     dropout: bool = False  # keep dropout on in the (train-mode) run
     # the first optimizer steps (actscan.steps.loop): 0 = the step-0 profile only
@@ -448,6 +449,11 @@ class Settings:
     weight_decay: float = 0.0
     warmup: int = 0  # linear warmup steps
     attention: bool = True  # attention probes (--no-attention: off)
+    betas: tuple[float, float] = (0.9, 0.95)  # Adam's (scan(betas=...))
+    backward: bool = True  # --no-backward: forward passes only
+    channels: bool = True  # per-channel statistics
+    init: str | None = None  # the --init scheme the model was built with (the report says it)
+    at_init: bool | None = None  # the weights are an initialization; None: the resolver's say
     thresholds: Mapping[str, float] = field(default_factory=dict)
     ignores: tuple[Ignore, ...] = ()
     project: Path | None = None
@@ -461,7 +467,7 @@ class Settings:
             if key not in sources:
                 sources[key] = SOURCE_DEFAULT if value == DEFAULTS[key] else SOURCE_API
             self._validate(key, value, sources[key])
-        if self.warmup > self.steps:
+        if sources.get("warmup") != SOURCE_SCAN and self.warmup > self.steps:
             src = sources.get("warmup", SOURCE_API)
             where = {SOURCE_CLI: "--warmup", SOURCE_API: "Settings(warmup=...)"}.get(
                 src, f"{src} warmup"
@@ -478,6 +484,8 @@ class Settings:
 
     def _validate(self, key: str, value: Any, source: str) -> None:
         kebab = key.replace("_", "-")
+        if source == SOURCE_SCAN:
+            return
         if source == SOURCE_CLI and key == "modules" and value is not None:
             try:  # the message scan() gives, before any model is built
                 re.compile(value)

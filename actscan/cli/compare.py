@@ -15,6 +15,7 @@ from actscan.cli.sides import check_precision, side_a, side_b
 @app.command("compare")
 @c.handle_errors
 def compare(
+    ctx: typer.Context,
     a: Annotated[str, typer.Argument(help="Target A (any TARGET profile accepts).")],
     b: Annotated[
         str | None, typer.Argument(help="Target B (default: A, changed by the --vs-* options).")
@@ -104,12 +105,14 @@ def compare(
         for s in (a_side, b_side)
     )
 
-    from actscan.api import precision_divergence_of, scan_target
+    from actscan.api import Wiring, precision_divergence_of, scan_target
     from actscan.compare.pairs import compare_reports
 
+    checks = Wiring.of(ctx.obj).checks
     with c.ProgressSink(enabled=not quiet) as progress:
         ra, rb = (
-            scan_target(spec, s.settings(settings), backward=not no_backward, progress=progress)
+            scan_target(spec, s.settings(settings), backward=not no_backward, progress=progress,
+                        checks=checks)
             .report
             for spec, s in ((spec_a, a_side), (spec_b, b_side))
         )  # fmt: skip

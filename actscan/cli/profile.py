@@ -13,12 +13,14 @@ from actscan.cli import app
 from actscan.cli import options as c
 
 if TYPE_CHECKING:
+    from actscan.run import CheckRunner
     from actscan.settings import Settings
 
 
 @app.command("profile")
 @c.handle_errors
 def profile(
+    ctx: typer.Context,
     target: Annotated[
         str,
         typer.Argument(
@@ -85,9 +87,12 @@ def profile(
 
     if not launched() and nproc is not None:
         raise typer.Exit(launch(nproc, sys.argv[1:]))
+    from actscan.api import Wiring
+
+    checks = Wiring.of(ctx.obj).checks  # tests plant a check runner here
     body = functools.partial(
-        _profile, target, config=config, dtype=dtype, amp=amp, init=init, set_=set_,
-        batch=batch, seq_len=seq_len, batches=batches, seed=seed, input_file=input_file,
+        _profile, target, checks=checks, config=config, dtype=dtype, amp=amp, init=init,
+        set_=set_, batch=batch, seq_len=seq_len, batches=batches, seed=seed, input_file=input_file,
         device=device, modules=modules, no_backward=no_backward, dropout=dropout,
         steps=steps, lr=lr, optimizer=optimizer, eps=eps, weight_decay=weight_decay,
         warmup=warmup, no_attention=no_attention, plot=plot, json_out=json_out, fmt=fmt,
@@ -118,6 +123,7 @@ def _fail_rank0(message: str) -> typer.Exit:
 def _profile(
     target: str,
     *,
+    checks: CheckRunner | None,
     config: Any,
     dtype: Any,
     amp: Any,
@@ -181,7 +187,9 @@ def _profile(
         allow_nonfinite=allow_nonfinite, at_init=at_init,
     )  # fmt: skip
     with c.ProgressSink(enabled=not quiet and main) as progress:
-        scanned = scan_target(spec, settings, backward=not no_backward, progress=progress)
+        scanned = scan_target(
+            spec, settings, backward=not no_backward, progress=progress, checks=checks
+        )
     from actscan.render.terminal import render_report
 
     report = scanned.report

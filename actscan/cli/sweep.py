@@ -24,6 +24,7 @@ Width = Annotated[
 @app.command("sweep")
 @c.handle_errors
 def sweep(
+    ctx: typer.Context,
     target: Annotated[
         str, typer.Argument(help="A config file (built-in or Hugging Face) or a shipped name.")
     ],
@@ -74,7 +75,7 @@ def sweep(
       actscan sweep configs/gpt-12-preln.yaml --width 128,256,512,1024 --plot width.png
     """
     c.refuse_distributed("sweep")
-    from actscan.api import scan_target
+    from actscan.api import Wiring, scan_target
     from actscan.compare.sweep import base_config, parse_sizes, plan, run_sweep, size_notes
     from actscan.models.arch import parse_set
 
@@ -109,6 +110,7 @@ def sweep(
     base_a = bases[0][1]
     notes = size_notes(base_a, widths)
 
+    checks = Wiring.of(ctx.obj).checks
     with c.ProgressSink(enabled=not quiet) as progress:
 
         def scan_point(point: SweepPoint) -> Report:
@@ -116,7 +118,8 @@ def sweep(
             sized = replace(side, sets=tuple(f"{k}={v}" for k, v in point.overrides))
             progress.stage(f"{point.side.upper()} {point.size}")
             spec = sized.spec(input_file=input_file)
-            return scan_target(spec, side.settings(settings), backward=not no_backward).report
+            run = side.settings(settings)
+            return scan_target(spec, run, backward=not no_backward, checks=checks).report
 
         result = run_sweep(
             target, points, scan_point,

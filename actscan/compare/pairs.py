@@ -522,8 +522,8 @@ def precision_divergence(
     import torch
 
     from actscan.layout.detect import detect_layout
+    from actscan.measure.prepare import TORCH_DTYPES, cast_batch, resolve_device
     from actscan.measure.recorder import first_tensor
-    from actscan.run import TORCH_DTYPES, cast_batch, resolve_device
 
     dev = resolve_device(device, model)
     layout = layout or detect_layout(model, model_type)

@@ -258,3 +258,63 @@ def split_rows(b: Batch, global_batch: int, lo: int, hi: int) -> Batch:
         return v
 
     return Batch(tuple(cut(a) for a in b.args), {k: cut(v) for k, v in b.kwargs.items()})
+
+
+# -- this rank's recorded pass --------------------------------------------------------------
+class ShardedPass:
+    """`actscan.measure.profile.LocalPass` for one rank of `run`: its rows of every global
+    batch, FSDP's backward (each rank's gradients: local shards of the reduced ones), the
+    recorder's sums and the parameters' moments merged exactly across ranks, and the
+    sharded optimizer (`ShardedRanks`) for the steps."""
+
+    sharded = True
+
+    def __init__(self, run: DistRun) -> None:
+        from actscan.distributed.merge import merge_recorder
+
+        self.run = run
+        self.world_size = run.world_size
+        self.backend: str | None = run.backend
+        self.is_main = run.is_main
+        self.merge = merge_recorder
+
+    def check(self, model: Any, spec: Any, steps: int, source: InputSource) -> None:
+        from actscan.distributed.fsdp import check_supported
+
+        check_supported(spec.dtype, model_dtype=spec.model_dtype)
+        self.rows_of(source)  # a batch that does not divide by the ranks: refused now
+        if steps:  # the sharded optimizer steps FSDP2's shards (distributed/steps.py)
+            from actscan.distributed.steps import check_sharded
+
+            check_sharded(model)
+
+    def rows_of(self, source: InputSource) -> InputSource:
+        from actscan.measure.model_inputs import batch_size
+
+        return shard_source(source, self.run, batch_size(source))
+
+    def rows(self, recorded: InputSource) -> int | None:
+        from actscan.measure.model_inputs import batch_size
+
+        return batch_size(recorded)
+
+    def grads(self, loss: torch.Tensor, params: Any) -> tuple[Any, Any]:
+        from actscan.distributed.fsdp import local_grad, sharded_grads
+
+        grads = sharded_grads(loss, list(params), self.world_size)
+        return [local_grad(g) for g in grads], grads
+
+    def moments(self, tensors: Any) -> list[tuple[float, float, int]]:
+        from actscan.distributed.merge import sharded_moments
+
+        return sharded_moments(tensors)
+
+    def settle(self, model: Any) -> None:
+        from actscan.distributed.fsdp import reshard_all
+
+        reshard_all(model)  # the pre-passes leave FSDP's root unsharded
+
+    def step_ranks(self) -> Any:
+        from actscan.distributed.steps import ShardedRanks
+
+        return ShardedRanks(self.run)
