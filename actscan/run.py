@@ -15,13 +15,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from actscan.diagnose import CheckContext, evaluate
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
+from actscan.distributed.runtime import ShardedPass
 from actscan.distributed.runtime import current as dist_current
 from actscan.errors import UsageError
 from actscan.layout.detect import detect_layout
@@ -222,7 +223,8 @@ def scan_settings(
 def check_settings(s: Settings) -> StepSpec:
     """Refuse a value no run can use (one line each, before any model runs); gives the
     steps' spec, checked with the rest."""
-    steps = StepSpec(s.steps, s.optimizer, s.lr, tuple(s.betas), s.eps, s.weight_decay, s.warmup)
+    betas = cast(tuple[float, float], tuple(s.betas))  # a list too; check() says if not two
+    steps = StepSpec(s.steps, s.optimizer, s.lr, betas, s.eps, s.weight_decay, s.warmup)
     steps.check()
     if s.steps and not s.backward:
         raise UsageError("--steps needs the backward pass: drop --no-backward")
@@ -265,11 +267,7 @@ def pass_ranks() -> LocalPass:
     """How this process's pass meets the others: alone, or as a rank of the current
     distributed run (actscan.distributed.runtime)."""
     run = dist_current()
-    if run is None:
-        return LocalPass()
-    from actscan.distributed.runtime import ShardedPass
-
-    return ShardedPass(run)
+    return LocalPass() if run is None else ShardedPass(run)
 
 
 # -- the Report ------------------------------------------------------------------------------

@@ -27,15 +27,18 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from actscan.errors import UsageError
 from actscan.measure.inputs import Batch, InputSource
+from actscan.measure.model_inputs import batch_size
+from actscan.measure.profile import Grads, LocalPass, PassSpec
 
 _ERROR_KEY = "actscan/error"
 _ACK_KEY = "actscan/ack"
@@ -261,11 +264,11 @@ def split_rows(b: Batch, global_batch: int, lo: int, hi: int) -> Batch:
 
 
 # -- this rank's recorded pass --------------------------------------------------------------
-class ShardedPass:
-    """`actscan.measure.profile.LocalPass` for one rank of `run`: its rows of every global
-    batch, FSDP's backward (each rank's gradients: local shards of the reduced ones), the
-    recorder's sums and the parameters' moments merged exactly across ranks, and the
-    sharded optimizer (`ShardedRanks`) for the steps."""
+class ShardedPass(LocalPass):
+    """`LocalPass` for one rank of `run`: its rows of every global batch, FSDP's backward
+    (the recorder reads the local shards of the reduced gradients), the recorder's sums
+    and the parameters' moments merged exactly across ranks, and the sharded optimizer
+    (`ShardedRanks`) for the steps."""
 
     sharded = True
 
@@ -274,11 +277,11 @@ class ShardedPass:
 
         self.run = run
         self.world_size = run.world_size
-        self.backend: str | None = run.backend
+        self.backend = run.backend
         self.is_main = run.is_main
         self.merge = merge_recorder
 
-    def check(self, model: Any, spec: Any, steps: int, source: InputSource) -> None:
+    def check(self, model: nn.Module, spec: PassSpec, steps: int, source: InputSource) -> None:
         from actscan.distributed.fsdp import check_supported
 
         check_supported(spec.dtype, model_dtype=spec.model_dtype)
@@ -289,27 +292,23 @@ class ShardedPass:
             check_sharded(model)
 
     def rows_of(self, source: InputSource) -> InputSource:
-        from actscan.measure.model_inputs import batch_size
-
         return shard_source(source, self.run, batch_size(source))
 
     def rows(self, recorded: InputSource) -> int | None:
-        from actscan.measure.model_inputs import batch_size
-
         return batch_size(recorded)
 
-    def grads(self, loss: torch.Tensor, params: Any) -> tuple[Any, Any]:
+    def grads(self, loss: torch.Tensor, params: Sequence[torch.Tensor]) -> tuple[Grads, Grads]:
         from actscan.distributed.fsdp import local_grad, sharded_grads
 
-        grads = sharded_grads(loss, list(params), self.world_size)
+        grads = sharded_grads(loss, list(params), self.world_size)  # type: ignore[arg-type]
         return [local_grad(g) for g in grads], grads
 
-    def moments(self, tensors: Any) -> list[tuple[float, float, int]]:
+    def moments(self, tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
         from actscan.distributed.merge import sharded_moments
 
         return sharded_moments(tensors)
 
-    def settle(self, model: Any) -> None:
+    def settle(self, model: nn.Module) -> None:
         from actscan.distributed.fsdp import reshard_all
 
         reshard_all(model)  # the pre-passes leave FSDP's root unsharded

@@ -104,12 +104,12 @@ class LocalPass:
     """How the pass meets other processes: not at all (one process, all of every batch).
 
     `actscan.distributed.runtime.ShardedPass` is the same contract for one rank of a
-    distributed run."""
+    distributed run, as `ShardedRanks` is `actscan.steps.loop.LocalRanks`' for the steps."""
 
-    world_size = 1
+    world_size: int = 1
     backend: str | None = None
-    is_main = True
-    sharded = False  # attention records merge across ranks
+    is_main: bool = True
+    sharded: bool = False  # attention records merge across ranks
     merge: Callable[[Recorder], None] | None = None  # the recorder's cross-rank merge
 
     def check(self, model: nn.Module, spec: PassSpec, steps: int, source: InputSource) -> None:

@@ -93,10 +93,9 @@ def caller_state(model: nn.Module, *, weights: bool = True) -> Iterator[CallerWe
     params = list(model.parameters())
     attrs = [(m, dict(vars(m))) for m in modules]
     buffers = [(m, dict(m._buffers)) for m in modules]
+    unique = {id(b): b for _, bufs in buffers for b in bufs.values() if b is not None}
     with torch.no_grad():
-        buf_values = [
-            (b, b.detach().clone()) for _, bufs in buffers for b in bufs.values() if b is not None
-        ]
+        buf_values = [(b, b.detach().clone()) for b in unique.values()]
         values = [p.detach().clone() for p in params] if weights else []
     datas = [p.data for p in params]
     grads = [p.grad for p in params]
@@ -117,8 +116,9 @@ def caller_state(model: nn.Module, *, weights: bool = True) -> Iterator[CallerWe
         with torch.no_grad():
             for b, v in buf_values:
                 b.copy_(v)
-            for p, v in zip(params, values, strict=False):
-                p.copy_(v)
+            if weights:
+                for p, v in zip(params, values, strict=True):
+                    p.copy_(v)
         for p, g, f in zip(params, grads, flags, strict=True):
             p.grad = g
             p.requires_grad_(f)
