@@ -1,10 +1,10 @@
 """From a target and settings to a Report: the one path `profile`, `compare` and `sweep` share.
 
 `scan_target(TargetSpec(...), Settings(...))` resolves the target (file, folder, config,
-shipped name or `module:callable`), builds its inputs, calls `scan()` with the settings
-and applies the ignores, so every command (and a Python caller) gates on the same
-findings. `precision_divergence_of` reruns a target for compare's same-weights,
-two-precisions pass.
+shipped name or `module:callable`), builds its inputs, runs the spine
+(`actscan.run.scan_model`) with the settings and applies the ignores, so every command
+(and a Python caller) gates on the same findings. `precision_divergence_of` reruns a
+target for compare's same-weights, two-precisions pass.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ if TYPE_CHECKING:
     from actscan.measure.inputs import InputSource
     from actscan.records import Finding
     from actscan.report.report import Report
+    from actscan.run import CheckRunner
     from actscan.targets.resolved import Resolved
 
-__all__ = ["Progress", "Scanned", "TargetSpec", "build_target", "scan_target"]
+__all__ = ["Progress", "Scanned", "TargetSpec", "Wiring", "build_target", "scan_target"]
 
 
 class Progress(Protocol):
@@ -31,6 +32,20 @@ class Progress(Protocol):
     def stage(self, text: str) -> None: ...
 
     def __call__(self, stage: str, done: int, total: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What the commands are wired to, passed as typer's context object: tests give the
+    CLI a planted check runner with `CliRunner().invoke(app, args, obj=Wiring(checks=...))`.
+    `checks` None: the real checks (actscan.diagnose.evaluate)."""
+
+    checks: CheckRunner | None = None
+
+    @classmethod
+    def of(cls, obj: Any) -> Wiring:
+        """typer's `ctx.obj` as a Wiring (None, the plain command line: the defaults)."""
+        return obj if isinstance(obj, Wiring) else cls()
 
 
 @dataclass(frozen=True)
@@ -98,14 +113,17 @@ def scan_target(
     *,
     backward: bool = True,
     progress: Progress | None = None,
+    checks: CheckRunner | None = None,
 ) -> Scanned:
     """Resolve `spec`, scan it with `settings` (default: `Settings()`), apply the ignores.
 
-    The returned report carries the resolver's notes ahead of scan()'s and only the
+    The returned report carries the resolver's notes ahead of the run's and only the
     findings no ignore matches, so `report.assert_healthy` and the CLI's `--fail-on`
-    gate on the same findings.
+    gate on the same findings. `checks` replaces the check runner (None: the real checks,
+    actscan.diagnose.evaluate).
     """
-    from actscan.run import scan  # looked up per call: tests may replace it
+    from actscan.diagnose import evaluate
+    from actscan.run import scan_model  # looked up per call: tests may watch it
 
     spec = TargetSpec(spec) if isinstance(spec, str) else spec
     settings = Settings() if settings is None else settings
@@ -117,31 +135,15 @@ def scan_target(
         from actscan.targets.inputs_file import token_decoder
 
         decode = token_decoder(spec.input_file, resolved)
-    report = scan(
+    run = replace(settings, backward=settings.backward and backward, init=spec.init, ignores=())
+    report = scan_model(
         resolved.model,
+        run,
         inputs=inputs,
-        dtype=settings.dtype,
-        amp=settings.amp,
-        batches=settings.batches,
-        backward=backward,
-        modules=settings.modules,
-        thresholds=settings.threshold_set(),
-        device=settings.device,
-        seed=settings.seed,
-        batch=settings.batch,
-        seq_len=settings.seq_len,
         info=resolved.info,
-        init=spec.init,
         progress=progress,
-        dropout=settings.dropout,
-        steps=settings.steps,
-        optimizer=settings.optimizer,
-        lr=settings.lr,
-        eps=settings.eps,
-        weight_decay=settings.weight_decay,
-        warmup=settings.warmup,
-        attention=settings.attention,
         decode_token=decode,
+        checks=checks or evaluate,
     )
     if resolved.notes:
         report = replace(report, notes=tuple(dict.fromkeys(resolved.notes + report.notes)))

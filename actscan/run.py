@@ -1,255 +1,106 @@
-"""`scan()`: the one entry point the CLI and users' tests call.
+"""The spine: one run of actscan, stage by stage, in the order the data flows.
 
-It measures one model on given (or random) inputs and returns a Report, and leaves the
-model exactly as it found it: train/eval mode of every module, hooks, requires_grad,
-`.grad`, dtype and device (casts swap `param.data` and swap the originals back), and the
-running statistics of its normalisation layers.
+`scan_model` is the whole path from a model and its `Settings` to a Report, one stage per
+line; each stage's own module says how it works. `scan()` (the Python API) and
+`actscan.api.scan_target` (the CLI's path) both call it.
 
-The run is in train mode, as training runs: BatchNorm normalises with the batch's
+The run leaves the model exactly as it found it (actscan.measure.state says what that
+covers). It is in train mode, as training runs: BatchNorm normalises with the batch's
 statistics (in eval mode at init it is the identity, which hides what training sees).
 Dropout is off by default, so runs are reproducible and comparable (`dropout=True` keeps it).
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from actscan.diagnose import CheckContext, evaluate
 from actscan.diagnose.thresholds import DEFAULT, Thresholds
+from actscan.distributed.ranks import ShardedPass
 from actscan.distributed.runtime import current as dist_current
-from actscan.errors import UsageError
-from actscan.layout.detect import detect_layout, is_norm
+from actscan.layout.detect import detect_layout
 from actscan.layout.proof import prove_layout
-from actscan.layout.usage import Usage, measure_usage, norm_gains
-from actscan.measure.attention import attention_probes
-from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
-from actscan.measure.model_inputs import describe_batch, hf_input_source
-from actscan.measure.prepare import call_model, check_positions, refuse_meta, unwrap_compiled
-from actscan.measure.recorder import Recorder, iter_named, moments
-from actscan.measure.stats import layer_record, stream_points
-from actscan.measure.streams import input_name, primary, stream_records
-from actscan.measure.streams import stream_inputs as stream_input_blocks
-from actscan.measure.tokens import channel_maxima, stream_names, streams_with_views, with_views
-from actscan.records import (
-    Layout,
-    ModelInfo,
-    ParamRecord,
-    RunInfo,
-    StreamRecord,
-    Summary,
-    all_points,
-    growth_fit,
-    stream_branch_records,
+from actscan.measure.model_inputs import choose_inputs
+from actscan.measure.params import measure_at_init, param_records
+from actscan.measure.prepare import (
+    TORCH_DTYPES,
+    dtype_name,
+    refuse_meta,
+    resolve_device,
+    unwrap_compiled,
 )
+from actscan.measure.profile import (
+    LocalPass,
+    PassSpec,
+    Profiled,
+    Progress,
+    one_sample,
+    record_pass,
+    run_info,
+)
+from actscan.measure.results import Measured, build_records
+from actscan.measure.state import kept_state
+from actscan.records import BlockProof, Finding, Layout, ModelInfo, ParamRecord, Skip
 from actscan.report.report import Report
-from actscan.settings import Ignore, apply_ignores, parse_ignores
-from actscan.steps.loop import StepSpec, StepsRaw, caller_state, dynamics_record, run_steps
+from actscan.settings import SOURCE_SCAN, Ignore, Settings, apply_ignores
+from actscan.steps.loop import StepSpec, StepsRaw
+from actscan.steps.take import steps_record, take_steps
 from actscan.targets.info import infer_info
 from actscan.targets.stored_dtype import stored_dtype_note
 
-# Static loss scale of fp16 runs: a steady state of GradScaler's dynamic scale (it starts
-# at 2^16 and halves on every overflow) that keeps an fp16 loss gradient of 1 finite.
-FP16_LOSS_SCALE = 2.0**12
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-Progress = Callable[[str, int, int], None]
+__all__ = ["CheckRunner", "infer_info", "scan", "scan_model", "scan_settings", "with_at_init"]
+
+# The check runner: the records of one run → (findings, checks that did not run).
+CheckRunner = Callable[[CheckContext], tuple[tuple[Finding, ...], tuple[Skip, ...]]]
 
 
-def dtype_name(dt: torch.dtype) -> str:
-    return {v: k for k, v in TORCH_DTYPES.items()}.get(dt, str(dt).removeprefix("torch."))
-
-
-def resolve_device(device: str | torch.device | None, model: nn.Module) -> torch.device:
-    if device is None:
-        p = next(model.parameters(), None)
-        return p.device if p is not None else torch.device("cpu")
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is available here")
-    return dev
-
-
-def _fan(mod: nn.Module, shape: tuple[int, ...]) -> tuple[int | None, int | None]:
-    if len(shape) < 2:
-        return None, None
-    if type(mod).__name__ == "Conv1D":  # HF GPT-2 stores (in, out)
-        return shape[0], shape[1]
-    rf = 1
-    for s in shape[2:]:
-        rf *= s
-    return shape[1] * rf, shape[0] * rf
-
-
-def _measured(
-    usage: Usage, full: str, shape: tuple[int, ...], kind: str, of_norm: bool
-) -> tuple[str, int | None, int | None]:
-    """(kind, fan_in, fan_out) from how the forward pass used the parameter."""
-    use = usage.role(full)
-    if of_norm and use is None:
-        return kind, None, None  # norm gains and biases: judged on the norm's own terms
-    if use is None:
-        return ("scalar" if len(shape) <= 1 and math.prod(shape) <= 1 else "structured"), None, None
-    if use.op == "embedding":
-        return "embedding", None, None
-    if use.op == "bias":
-        return "bias", None, None
-    return "weight", use.fan_in, use.fan_out
-
-
-def param_records(
+def scan_model(
     model: nn.Module,
-    layout: Layout,
-    usage: Usage | None = None,
-    gains: Mapping[str, tuple[float, float]] | None = None,
-) -> tuple[ParamRecord, ...]:
-    """mean/std/non-finite count of every parameter, one host transfer for all.
+    settings: Settings,
+    *,
+    inputs: Any = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    info: ModelInfo | None = None,
+    layout: Layout | None = None,
+    progress: Progress | None = None,
+    decode_token: Callable[[int], str] | None = None,
+    checks: CheckRunner = evaluate,
+) -> Report:
+    """Measure `model` as `settings` say and judge it with `checks`: the whole run.
 
-    With `usage` (measured at init), kind and fan-in come from how the forward pass used
-    each parameter, and `gains` (norm module → effective gain mean, std) replace reading a
-    norm's `weight` as its gain; without, they are guessed from module types and shapes.
+    `inputs`, `loss_fn`, `info`, `layout` and `decode_token` are scan()'s (None: chosen
+    here); `checks` runs the checks on the run's records (actscan.diagnose.evaluate).
+    The findings `settings.ignores` match leave the report.
     """
-    seen: set[int] = set()
-    entries: list[tuple[str, str, nn.Module, nn.Parameter]] = []
-    for mname, mod in model.named_modules():
-        for pname, p in mod.named_parameters(recurse=False):
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            entries.append((f"{mname}.{pname}" if mname else pname, mname, mod, p))
-    if not entries:
-        return ()
-    measure = moments
-    if dist_current() is not None:  # sharded parameters: local shards, merged exactly
-        from actscan.distributed.merge import sharded_moments as measure
-    host = measure([p for _, _, _, p in entries])  # fast passes; Welford is 10× slower
-    out = []
-    for (full, mname, mod, p), (mean, std, bad) in zip(entries, host, strict=True):
-        shape = tuple(p.shape)
-        pname = full.rsplit(".", 1)[-1]
-        fan_in, fan_out = _fan(mod, shape)
-        if isinstance(mod, nn.Embedding) or type(mod).__name__.endswith("Embedding"):
-            kind = "embedding"
-        elif is_norm(mod):
-            kind = "norm-gain" if pname == "weight" else "bias"
-        elif len(shape) >= 2:
-            kind = "weight"
-        elif pname == "bias":
-            kind = "bias"
-        elif len(shape) <= 1 and p.numel() <= 1:
-            kind = "scalar"
-        else:
-            kind = "other"
-        gain = (gains or {}).get(mname) if kind == "norm-gain" else None
-        if usage is not None:
-            kind, fan_in, fan_out = _measured(usage, full, shape, kind, is_norm(mod))
-        out.append(
-            ParamRecord(
-                name=full, module=mname, role=layout.role(mname), block=layout.block_of.get(mname),
-                shape=shape, mean=mean, std=std, fan_in=fan_in, fan_out=fan_out, kind=kind,
-                nonfinite=int(bad), gain=gain[0] if gain else None,
-                gain_std=gain[1] if gain else None,
-            )
-        )  # fmt: skip
-    return tuple(out)
-
-
-# Buffers a forward in train mode updates in place (BatchNorm, InstanceNorm with
-# track_running_stats): their values are copied before the run and written back after.
-_RUNNING = ("running_mean", "running_var", "num_batches_tracked")
-_DROP_ATTR = re.compile(r"drop", re.I)  # attention_dropout, attn_pdrop, layerdrop, drop_path_rate…
-
-
-def _rates(obj: Any) -> list[tuple[Any, str, float]]:
-    """(owner, name, value) of the positive float dropout rates an object holds as plain
-    attributes (HF attention modules pass them to sdpa/F.dropout when `training`)."""
-    items = vars(obj).items() if hasattr(obj, "__dict__") else ()
-    return [
-        (obj, k, v) for k, v in items
-        if _DROP_ATTR.search(k) and type(v) is float and v > 0
-    ]  # fmt: skip
-
-
-@contextlib.contextmanager
-def train_mode(model: nn.Module, dropout: bool = False) -> Iterator[None]:
-    """Train mode as training runs it, with dropout off unless `dropout`; every module's
-    mode, every dropout rate and every running statistic restored on exit."""
-    modes = [(m, m.training) for m in model.modules()]
-    running = [
-        (b, b.clone()) for m in model.modules() for k, b in m._buffers.items()
-        if b is not None and k in _RUNNING
-    ]  # fmt: skip
-    rates: list[tuple[Any, str, float]] = []
-    try:
-        model.train()
-        if not dropout:
-            for m in model.modules():
-                if isinstance(m, nn.modules.dropout._DropoutNd):
-                    m.eval()  # identity
-                    rates.append((m, "p", m.p))
-                else:
-                    rates += _rates(m)
-            config = getattr(model, "config", None)
-            if config is not None:
-                rates += _rates(config)
-            for owner, name, _ in rates:
-                setattr(owner, name, 0.0)
-        yield
-    finally:
-        for owner, name, value in rates:
-            setattr(owner, name, value)
-        with torch.no_grad():
-            for b, saved in running:
-                b.copy_(saved)
-        for m, mode in modes:
-            m.training = mode
-
-
-@contextlib.contextmanager
-def preserved(
-    model: nn.Module, device: torch.device, dtype: torch.dtype | None, *, dropout: bool = False
-) -> Iterator[None]:
-    """Run-time mode/dtype/device; every module's mode and tensor restored on exit."""
-    params = list(model.parameters())
-    saved_params = [p.data for p in params]
-    saved_buffers = [
-        (m, k, b) for m in model.modules() for k, b in m._buffers.items() if b is not None
-    ]
-    with train_mode(model, dropout):
-        try:
-            for p in params:
-                want = dtype if (dtype is not None and p.is_floating_point()) else p.dtype
-                if p.device != device or p.dtype != want:
-                    p.data = p.data.to(device=device, dtype=want)
-            for m, k, b in saved_buffers:
-                want = dtype if (dtype is not None and b.is_floating_point()) else b.dtype
-                if b.device != device or b.dtype != want:
-                    m._buffers[k] = b.to(device=device, dtype=want)
-            yield
-        finally:
-            for p, data in zip(params, saved_params, strict=True):
-                p.data = data
-            for m, k, b in saved_buffers:
-                m._buffers[k] = b
-
-
-def cast_batch(batch: Batch, device: torch.device, dtype: torch.dtype | None) -> Batch:
-    def move(v: Any) -> Any:
-        if not isinstance(v, torch.Tensor):
-            return v
-        if dtype is not None and v.is_floating_point():
-            return v.to(device=device, dtype=dtype)
-        return v.to(device)
-
-    return Batch(tuple(move(a) for a in batch.args), {k: move(v) for k, v in batch.kwargs.items()})
+    s, ranks = settings, pass_ranks()
+    steps = step_spec(s)
+    model, compiled = unwrap_compiled(model)
+    refuse_meta(model)
+    info = with_at_init(info or infer_info(model), s.at_init)
+    layout = layout or detect_layout(model, info.family)
+    spec = pass_spec(model, s, info)
+    chosen = choose_inputs(
+        model, info, inputs, loss_fn, batch=s.batch, seq_len=s.seq_len, seed=s.seed
+    )
+    ranks.check(model, spec, s.steps, chosen.source)
+    with kept_state(model, spec.device, spec.dtype, dropout=s.dropout, weights=s.steps > 0) as kept:
+        proof = prove_layout(model, layout, one_sample(model, chosen.source, spec))
+        at_init = measure_at_init(model, spec.cast(chosen.source(0)), enabled=info.at_init)
+        ranks.settle(model)
+        profiled = record_pass(model, proof.layout, chosen, spec, ranks, progress)
+        raw_steps = take_steps(model, steps, profiled, kept, info.vocab_size, progress)
+    params = param_records(model, proof.layout, at_init, measure=ranks.moments)
+    measured = build_records(model, profiled, s.threshold_set(), decode_token)
+    ctx = check_context(s, info, profiled, measured, params, raw_steps)
+    found, skipped = checks(ctx)
+    findings, _ = apply_ignores(found, s.ignores)
+    notes = (layout.note, compiled, *spec.notes, *proof.notes, *at_init.notes, *profiled.notes)
+    return report_of(ctx, measured, findings, skipped, proof.proofs, notes)
 
 
 def scan(
@@ -319,322 +170,151 @@ def scan(
         decode_token: token id -> its text (the tokenizer's), for the per-token view
           (`top_values[].text`, massive-activations); None: ids only.
     """
-    ignores = parse_ignores(ignore, origin="scan()") if ignore is not None else ()
-    spec = StepSpec(steps, optimizer, lr, tuple(betas), eps, weight_decay, warmup).check()
-    if steps and not backward:
-        raise UsageError("--steps needs the backward pass: drop --no-backward")
-    if batches < 1:
-        raise UsageError(f"batches must be ≥ 1, got {batches}")
-    if modules is not None:
-        try:
-            re.compile(modules)
-        except re.error as err:
-            raise UsageError(f"--modules: invalid regex {modules!r}: {err}") from None
-    th = thresholds if isinstance(thresholds, Thresholds) else DEFAULT.with_overrides(thresholds)
-    if isinstance(dtype, str):
-        if dtype not in TORCH_DTYPES:
-            raise UsageError(f"dtype must be one of fp32|bf16|fp16, got {dtype!r}")
-        run_dtype: torch.dtype | None = TORCH_DTYPES[dtype]
-    else:
-        run_dtype = dtype
-    if amp is not None and amp not in ("bf16", "fp16"):
-        raise UsageError(f"amp must be bf16 or fp16, got {amp!r}")
-    model, compiled_note = unwrap_compiled(model)
-    refuse_meta(model)
-    dev = resolve_device(device, model)
-    info = with_at_init(info or infer_info(model), at_init)
-    layout = layout or detect_layout(model, info.family)
-
-    source: InputSource
-    seq = seq_len
-    if inputs is not None:
-        source = user_source(inputs)
-    elif (hf_source := hf_input_source(model, batch=batch, seq_len=seq_len, seed=seed)) is not None:
-        source = hf_source
-    elif info.vocab_size and info.task in ("causal-lm", "encoder"):
-        seq = seq_len or min(64, int(info.arch.get("max_positions") or 64))
-        check_positions(model, seq)
-        source = token_source(
-            info.vocab_size, batch, seq, seed, mask=info.task == "encoder",
-            as_kwargs=info.family != "actscan-gpt",
-        )  # fmt: skip
-    else:
-        raise UsageError(
-            "cannot invent inputs for this model: pass inputs= (or --input-shape on the CLI)"
-        )
-    loss_default = default_loss(info.task, info.vocab_size)
-    dist_run = dist_current()
-    merge = None
-    recorded = source  # the rows this process runs: all of them, or a rank's share
-    if dist_run is not None:
-        from actscan.distributed.fsdp import check_supported, local_grad, sharded_grads
-        from actscan.distributed.merge import merge_recorder as merge
-        from actscan.distributed.runtime import shard_source
-
-        weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-        check_supported(run_dtype, model_dtype=weights or torch.float32)
-        recorded = shard_source(source, dist_run, _batch_size(source))
-        if steps:  # the sharded optimizer steps FSDP2's shards (distributed/steps.py)
-            from actscan.distributed.steps import check_sharded
-
-            check_sharded(model)
-    rows = _batch_size(recorded) if dist_run is not None else None  # a rank's batch
-
-    def compute_loss(out: Any, b: Batch) -> torch.Tensor:
-        if loss_fn is not None:
-            return loss_fn(out)
-        return loss_default(out, b)
-
-    targets = list(iter_named(model, modules))
-    stream_in = (
-        (f"{layout.blocks[0].name}:input", dict(model.named_modules())[layout.blocks[0].name])
-        if layout.blocks
-        else None
+    settings = scan_settings(
+        dtype=dtype,
+        amp=amp,
+        batch=batch,
+        seq_len=seq_len,
+        batches=batches,
+        seed=seed,
+        device=device,
+        modules=modules,
+        dropout=dropout,
+        steps=steps,
+        optimizer=optimizer,
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        warmup=warmup,
+        attention=attention,
+        backward=backward,
+        channels=channels,
+        init=init,
+        at_init=at_init,
+        thresholds=thresholds,
+        ignore=ignore,
     )
-    token_names = stream_names(
-        [b.name for b in layout.blocks], [stream_in[0]] if stream_in else [], layout.embed
+    return scan_model(
+        model,
+        settings,
+        inputs=inputs,
+        loss_fn=loss_fn,
+        info=info,
+        layout=layout,
+        progress=progress,
+        decode_token=decode_token,
     )
-    notes: list[str] = [layout.note] if layout.note else []
-    if compiled_note:
-        notes.append(compiled_note)
-    model_dtype = next(
-        (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32
+
+
+# -- settings for the stages ------------------------------------------------------------------
+def scan_settings(
+    *,
+    thresholds: Mapping[str, float | str] | Thresholds | None = None,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    **values: Any,
+) -> Settings:
+    """scan()'s keywords as `Settings`, validated once by the settings table with scan()'s
+    messages; a torch dtype or device is read by its name, a `Thresholds` by its overrides."""
+    if isinstance(dtype, torch.dtype) and dtype in TORCH_DTYPES.values():
+        dtype = dtype_name(dtype)  # by its name, as the CLI gives it
+    if isinstance(thresholds, Thresholds):
+        defaults = DEFAULT.as_dict()
+        thresholds = {k: v for k, v in thresholds.as_dict().items() if v != defaults[k]}
+    dev = None if device is None else str(device)
+    return Settings.given(SOURCE_SCAN, thresholds=thresholds, dtype=dtype, device=dev, **values)
+
+
+def step_spec(s: Settings) -> StepSpec:
+    """How the steps run, from settings the table has already checked."""
+    betas = cast(tuple[float, float], tuple(s.betas))
+    return StepSpec(s.steps, s.optimizer, s.lr, betas, s.eps, s.weight_decay, s.warmup)
+
+
+def pass_spec(model: nn.Module, s: Settings, info: ModelInfo) -> PassSpec:
+    """How the recorded pass runs, from the settings (device None: the model's own); a
+    checkpoint stored in another dtype than the run's says so."""
+    dtype = TORCH_DTYPES[s.dtype] if isinstance(s.dtype, str) else s.dtype
+    spec = PassSpec.of(
+        model,
+        resolve_device(s.device, model),
+        dtype,
+        amp=s.amp,
+        batches=s.batches,
+        backward=s.backward,
+        channels=s.channels,
+        attention=s.attention,
+        modules=s.modules,
+        family=info.family,
+        first_step=s.steps > 0,
     )
-    did_backward = backward
-    grad_params = [p for p in model.parameters() if p.requires_grad]
+    stored = stored_dtype_note(info.arch, spec.dtype_name)
+    return replace(spec, notes=(*spec.notes, stored)) if stored else spec
 
-    usage: Usage | None = None
-    gains: dict[str, tuple[float, float]] | None = None
-    fp16_run = run_dtype == torch.float16 or amp == "fp16"
-    # fp16 training scales the loss (GradScaler) so gradients clear fp16's smallest normal;
-    # the run does the same with a static scale and reports unscaled statistics.
-    loss_scale = FP16_LOSS_SCALE if fp16_run and backward else 1.0
-    if loss_scale != 1.0:
-        notes.append(
-            f"fp16 run: the backward pass scales the loss by {loss_scale:g} as loss scaling "
-            "(GradScaler) does; gradient statistics are unscaled"
-        )
-    stored_note = stored_dtype_note(info.arch, dtype_name(run_dtype or model_dtype))
-    if stored_note:
-        notes.append(stored_note)
-    step0: tuple[torch.Tensor, Any] | None = None
-    raw_steps: StepsRaw | None = None
-    restore = caller_state(model) if steps else contextlib.nullcontext()
-    with restore as kept, preserved(model, dev, run_dtype, dropout=dropout):
-        # Layout self-check: one batch-1 forward of the same inputs, before the recorder.
-        proof = prove_layout(model, layout, _probe_run(model, source, dev, run_dtype, amp))
-        layout = proof.layout
-        notes.extend(proof.notes)
-        if info.at_init:
-            usage, gains = _measure_at_init(model, cast_batch(source(0), dev, run_dtype), notes)
-        if dist_run is not None:  # the pre-passes leave FSDP's root unsharded
-            from actscan.distributed.fsdp import reshard_all
 
-            reshard_all(model)
-        autocast = (
-            torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp else contextlib.nullcontext()
-        )
-        with (
-            Recorder(
-                targets,
-                stream_input=stream_in,
-                backward=backward,
-                channels=channels,
-                device=dev,
-                underflow=fp16_run,
-                loss_scale=loss_scale,
-                merge=merge,
-                rows=rows,
-                main=dist_run is None or dist_run.is_main,
-                tokens=token_names,
-            ) as rec,
-            _extra_inputs(model, layout, backward, dev, fp16_run, loss_scale, merge, rows) as extra,
-            attention_probes(model, layout, info.family, enabled=attention) as probes,
-        ):
-            for i in range(batches):
-                if progress:
-                    progress("run", i, batches)
-                b = cast_batch(recorded(i), dev, run_dtype)
-                with torch.set_grad_enabled(backward), autocast:
-                    out = call_model(model, b)
-                    loss = compute_loss(out, b) if backward else None
-                if backward and loss is not None:
-                    if not loss.requires_grad or not grad_params:
-                        did_backward = False
-                        notes.append("no parameter requires grad: backward skipped")
-                        backward = False
-                    else:
-                        scaled = loss.float() * loss_scale if loss_scale != 1.0 else loss
-                        if dist_run is not None:  # FSDP: local shards of reduced grads
-                            dgrads = sharded_grads(scaled, grad_params, dist_run.world_size)
-                            local = [local_grad(g) for g in dgrads]
-                            rec.add_param_grads(dict(zip(grad_params, local, strict=True)))
-                            if steps and i == 0:  # the first update's (sharded) gradient
-                                step0 = (loss.detach(), dgrads)
-                            del dgrads, local
-                        else:
-                            grads = torch.autograd.grad(scaled, grad_params, allow_unused=True)
-                            rec.add_param_grads(dict(zip(grad_params, grads, strict=True)))
-                            if steps and i == 0:  # the first update's gradient: no second pass
-                                step0 = (loss.detach(), grads)
-                            del grads
-                del out, loss
-                rec.end_batch()
-                for r in extra:
-                    r.end_batch()
-            raw = rec.result(batches)
-            for r in extra:
-                raw.update(r.result(batches))
-        attn_records = probes.records(merge=dist_run is not None) if probes is not None else ()
-        if probes is not None:
-            notes.extend(probes.notes)
-        if progress:
-            progress("run", batches, batches)
-        if steps:
-            if step0 is None:
-                raise UsageError(
-                    "--steps: no parameter requires grad, so there is nothing to train"
-                )
-            raw_steps = run_steps(
-                model, spec, layout=layout, source=source, step0=step0, loss_of=compute_loss,
-                prepare=lambda b: cast_batch(b, dev, run_dtype),
-                autocast=lambda: (
-                    torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp
-                    else contextlib.nullcontext()
-                ),
-                loss_scale=loss_scale, vocab_size=info.vocab_size, progress=progress,
-                attention=attention, checked={r.name for r in attn_records},
-                ranks=_step_ranks(dist_run), w0=kept,
-            )  # fmt: skip
-            step0 = None
+def pass_ranks() -> LocalPass:
+    """How this process's pass meets the others: alone, or as a rank of the current
+    distributed run (actscan.distributed.runtime)."""
+    run = dist_current()
+    return LocalPass() if run is None else ShardedPass(run)
 
-    params_before = param_records(model, layout, usage, gains)  # weights are unchanged
-    mods = dict(model.named_modules())
-    records = {
-        name: layer_record(
-            r, type_name=_type_name(mods[name]) if name in mods else "StreamInput",
-            role=layout.role(name) if name in mods else "stream",
-            block=layout.block_of.get(name), batches=batches, th=th,
-        )
-        for name, r in raw.items()
-    }  # fmt: skip
-    layers = tuple(records[n] for n, _ in targets if records[n].calls > 0)
-    streams: tuple[StreamRecord, ...] = ()
-    main = None
-    if layout.streams:  # an encoder-decoder: the decoder's stream is `stream`/`summary`
-        streams = stream_records(layout, records)
-        main = primary(streams)
-    stream = (
-        main.points
-        if main is not None
-        else stream_points(layout, records, stream_in[0] if stream_in else None)
+
+# -- the Report ------------------------------------------------------------------------------
+def check_context(
+    s: Settings,
+    info: ModelInfo,
+    profiled: Profiled,
+    measured: Measured,
+    params: tuple[ParamRecord, ...],
+    raw_steps: StepsRaw | None,
+) -> CheckContext:
+    """Everything the checks read: the run's records, and the thresholds they judge by."""
+    return CheckContext(
+        info=with_blocks(info, profiled.layout),
+        run=run_info(profiled, seed=s.seed, init=s.init, dropout=s.dropout),
+        layout=profiled.layout,
+        layers=measured.layers,
+        stream=measured.stream,
+        fit=measured.fit,
+        params=params,
+        thresholds=s.threshold_set(),
+        streams=measured.streams,
+        dynamics=steps_record(raw_steps, measured.stream, params),
+        attention=profiled.attention,
     )
-    stream = with_views(stream, raw, source, decode_token)
-    streams = streams_with_views(streams, raw, source, decode_token)
-    fit = growth_fit(stream)
-    run = RunInfo(
-        dtype=dtype_name(run_dtype or model_dtype), amp=amp, device=dev.type,
-        batch=_batch_size(source), batches=batches, seed=seed,
-        seq_len=seq if seq and source(0).token_ids is not None else _seq_len(source),
-        backward=did_backward, init=init, mode="train", dropout=dropout,
-        inputs=describe_batch(source(0)),
-        world_size=dist_run.world_size if dist_run else 1,
-        backend=dist_run.backend if dist_run else None,
-    )  # fmt: skip
-    info = _with_blocks(info, layout)
-    dynamics = dynamics_record(raw_steps, stream, params_before) if raw_steps else None
-    ctx = CheckContext(
-        info=info, run=run, layout=layout, layers=layers, stream=stream, fit=fit,
-        params=params_before, thresholds=th, streams=streams, dynamics=dynamics,
-        attention=attn_records,
-    )  # fmt: skip
-    summary = Summary(
-        growth_exponent=fit.exponent, gain_per_block=fit.gain, growth=fit.growth,
-        var_intercept=fit.var_a, var_slope=fit.var_b, grad_ratio=fit.grad_ratio,
-    )  # fmt: skip
-    checked, skipped = evaluate(ctx)
-    findings, _ = apply_ignores(checked, ignores)
+
+
+def report_of(
+    ctx: CheckContext,
+    measured: Measured,
+    findings: tuple[Finding, ...],
+    skipped: tuple[Skip, ...],
+    proofs: tuple[BlockProof, ...],
+    notes: tuple[str | None, ...],
+) -> Report:
+    """The Report of one run: its records, the checks' verdicts and the notes of every
+    stage (in the order the stages ran, each once)."""
     return Report(
-        model=info, run=run, layers=layers, stream=stream, findings=findings,
-        summary=summary, params=params_before, notes=tuple(dict.fromkeys(notes)),
-        branches=stream_branch_records(layout, layers, stream, streams), layout=proof.proofs,
-        skipped=skipped, streams=streams, dynamics=dynamics, attention=attn_records,
-        channel_maxima=channel_maxima(all_points(stream, streams), raw),
-    )  # fmt: skip
+        model=ctx.info,
+        run=ctx.run,
+        layers=measured.layers,
+        stream=measured.stream,
+        findings=findings,
+        summary=measured.summary,
+        params=ctx.params,
+        notes=tuple(dict.fromkeys(n for n in notes if n)),
+        branches=measured.branches,
+        layout=proofs,
+        skipped=skipped,
+        streams=measured.streams,
+        dynamics=ctx.dynamics,
+        attention=ctx.attention,
+        channel_maxima=measured.channel_maxima,
+    )
 
 
-def _step_ranks(run: Any) -> Any:
-    """How the steps meet other processes: not at all (None), or as a rank of `run`."""
-    if run is None:
-        return None
-    from actscan.distributed.steps import ShardedRanks
-
-    return ShardedRanks(run)
-
-
-@contextlib.contextmanager
-def _extra_inputs(
-    model: nn.Module,
-    layout: Layout,
-    backward: bool,
-    dev: torch.device,
-    underflow: bool,
-    loss_scale: float,
-    merge: Callable[[Recorder], None] | None = None,
-    rows: int | None = None,
-) -> Iterator[list[Recorder]]:
-    """One recorder per further stream's input (an encoder-decoder's decoder: k = 0 of its
-    stream is its first block's input), beside the main recorder's own stream input."""
-    mods = dict(model.named_modules())
-    with contextlib.ExitStack() as stack:
-        yield [
-            stack.enter_context(
-                Recorder(
-                    [], stream_input=(input_name(name), mods[name]), backward=backward,
-                    channels=False, device=dev, underflow=underflow, loss_scale=loss_scale,
-                    merge=merge, rows=rows, main=rows is None or dist_current().is_main,
-                    tokens=[input_name(name)],
-                )
-            )
-            for name in stream_input_blocks(layout)[1:]
-        ]  # fmt: skip
-
-
-def _probe_run(
-    model: nn.Module,
-    source: InputSource,
-    dev: torch.device,
-    run_dtype: torch.dtype | None,
-    amp: str | None,
-) -> Callable[[], None]:
-    """The layout self-check's forward pass: batch 0 cut to its first sample."""
-
-    def run() -> None:
-        b = cast_batch(source(0), dev, run_dtype)
-        lead = _first_shape_of(b)
-        if lead and lead[0] > 1:
-            n = lead[0]
-
-            def cut(v: Any) -> Any:
-                return v[:1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
-
-            b = Batch(tuple(cut(a) for a in b.args), {k: cut(v) for k, v in b.kwargs.items()})
-        ctx = torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp else contextlib.nullcontext()
-        with ctx:
-            model(*b.args, **b.kwargs)
-
-    return run
-
-
-def _first_shape_of(b: Batch) -> tuple[int, ...]:
-    from actscan.measure.recorder import first_tensor
-
-    t = b.token_ids
-    if t is None:
-        t = first_tensor((b.args, b.kwargs))
-    return tuple(t.shape) if t is not None else ()
-
-
+# -- what the model is ----------------------------------------------------------------------
 def with_at_init(info: ModelInfo, at_init: bool | None) -> ModelInfo:
     """`info` with the caller's at-init judgement (`--at-init/--trained`, `scan(at_init=)`);
     None keeps the resolver's."""
@@ -642,72 +322,6 @@ def with_at_init(info: ModelInfo, at_init: bool | None) -> ModelInfo:
     return info if at_init is None or at_init == info.at_init else replace(info, at_init=at_init)
 
 
-def _measure_at_init(
-    model: nn.Module, first: Batch, notes: list[str]
-) -> tuple[Usage | None, dict[str, tuple[float, float]] | None]:
-    """Fan-in of every weight (one small pass) and each norm's effective gain (a probe)."""
-    try:
-        usage = measure_usage(model, first.args, first.kwargs)
-    except Exception as err:  # the recorded pass below reports the model's own error
-        line = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-        notes.append(f"init-scale: fan-in read from weight shapes (measuring pass failed: {line})")
-        return None, None
-    structured = sorted(
-        name for name, p in model.named_parameters() if name not in usage.uses and p.numel() > 1
-    )
-    structured = [s for s in structured if not _is_norm_param(model, s)]
-    if structured:
-        shown = ", ".join(structured[:3]) + (
-            f", … ({len(structured)})" if len(structured) > 3 else ""
-        )
-        notes.append(
-            f"init-scale: {len(structured)} parameters are not matmul/conv/embedding weights "
-            f"(structured, not judged): {shown}"
-        )
-    return usage, norm_gains(model, usage.norm_inputs)
-
-
-def _is_norm_param(model: nn.Module, pname: str) -> bool:
-    mname = pname.rpartition(".")[0]
-    mod = model.get_submodule(mname) if mname else model
-    return is_norm(mod)
-
-
-def _type_name(mod: nn.Module) -> str:
-    """The module's class name; FSDP2's wrapper class (`FSDPBlock`) reads as `Block`."""
-    cls = type(mod)
-    if cls.__name__.startswith("FSDP") and len(cls.__mro__) > 2:
-        from torch.distributed.fsdp import FSDPModule
-
-        if issubclass(cls, FSDPModule):
-            return next(c for c in cls.__mro__[1:] if not issubclass(c, FSDPModule)).__name__
-    return cls.__name__
-
-
-def _with_blocks(info: ModelInfo, layout: Layout) -> ModelInfo:
-
+def with_blocks(info: ModelInfo, layout: Layout) -> ModelInfo:
+    """`info` with the number of blocks the proved layout found."""
     return replace(info, n_blocks=len(layout.blocks)) if layout.blocks else info
-
-
-def _first_shape(source: InputSource) -> tuple[int, ...]:
-    b = source(0)
-    t = b.token_ids
-    if t is None:
-        from actscan.measure.recorder import first_tensor
-
-        t = first_tensor((b.args, b.kwargs))
-    return tuple(t.shape) if t is not None else ()
-
-
-def _batch_size(source: InputSource) -> int:
-    shape = _first_shape(source)
-    return shape[0] if shape else 0
-
-
-def _seq_len(source: InputSource) -> int:
-    if source(0).token_ids is None and {"pixel_values", "input_values", "input_features"} & set(
-        source(0).kwargs
-    ):
-        return 0  # images and audio have no sequence of tokens; RunInfo.inputs says what
-    shape = _first_shape(source)
-    return shape[1] if len(shape) >= 2 else 0

@@ -104,6 +104,17 @@ class OneOf:
 
 
 @dataclass(frozen=True)
+class RunDType(OneOf):
+    """A dtype name; from Python also a floating `torch.dtype` (scan(dtype=torch.float64))."""
+
+    def __call__(self, v: Any) -> Any:
+        is_torch_dtype = type(v).__module__ == "torch" and type(v).__name__ == "dtype"
+        if is_torch_dtype and getattr(v, "is_floating_point", False):
+            return v
+        return super().__call__(v)
+
+
+@dataclass(frozen=True)
 class Integer:
     minimum: int
 
@@ -140,6 +151,12 @@ class Number:
 def boolean(v: Any) -> Any:
     if not isinstance(v, bool):
         raise ValueError(f"must be true or false, got {v!r}")
+    return v
+
+
+def text(v: Any) -> Any:
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"must be a non-empty string, got {v!r}")
     return v
 
 
@@ -562,9 +579,9 @@ class Settings:
         applies=COMMANDS | {CONFIG},
         help="Exit 1 on findings at or above this severity.",
     )
-    dtype: str | None = setting(
+    dtype: str | Any | None = setting(
         None,
-        check=OneOf(tuple(m.value for m in DType)),
+        check=RunDType(tuple(m.value for m in DType)),
         flag="--dtype",
         panel="Precision",
         help="Cast the model and run in this dtype.",
@@ -677,6 +694,19 @@ class Settings:
         check=boolean,
         applies={SCAN},
         help="Per-channel statistics (outlier channels, dead units); False skips them.",
+    )
+    # What the model is, as the caller knows it (the CLI's --init/--at-init are target options).
+    init: str | None = setting(
+        None,
+        check=text,
+        applies={SCAN},
+        help="The --init scheme the model was built with (the report says it).",
+    )
+    at_init: bool | None = setting(
+        None,
+        check=boolean,
+        applies={SCAN},
+        help="Whether the weights are an initialization; None: the resolver's say.",
     )
     thresholds: Mapping[str, float] = setting(
         factory=dict,

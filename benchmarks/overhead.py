@@ -9,7 +9,7 @@ benchmarks/results/<timestamp>.json so runs can be compared across commits):
             it (the recorder before issue 13), interleaved pairs, both models.
   overhead  instrumented ÷ plain forward+backward, in this process, interleaved, median
             of ≥ 5 runs after a warm-up: every module hooked, per-channel statistics and
-            gradients on, the Recorder driven exactly as actscan.run drives it. Models:
+            gradients on, the Recorder driven exactly as actscan.measure.profile drives it. Models:
             configs/gpt2-124m.yaml (12 × 768, seq 256, batch 4) and configs/gpt-48-naive
             .yaml (48 × 256, seq 64, batch 4: small tensors, many hooks: hook-bound).
   rss       peak RSS (resource.getrusage) of an instrumented ÷ a plain 12 × 768 batch
@@ -99,7 +99,7 @@ def build(name: str, device: str) -> tuple[Any, Any]:
 class Steps:
     """plain and instrumented forward+backward of one batch.
 
-    instrumented = one iteration of actscan.run's batch loop: every module hooked (and
+    instrumented = one iteration of actscan.measure.profile's batch loop: every module hooked (and
     the stream input), per-channel statistics and gradients on, add_param_grads and
     end_batch; the Recorder lives across batches as in a scan with --batches N (its
     hooks are registered and removed around each batch, since plain runs interleave).
@@ -511,8 +511,9 @@ def step0_extras(device: str, batch: int, seq: int) -> dict[str, float]:
     import torch
 
     from actscan.measure.inputs import token_source
-    from actscan.run import _measure_at_init, _probe_run
-    from actscan.steps.loop import caller_state
+    from actscan.measure.params import measure_at_init
+    from actscan.measure.profile import PassSpec, one_sample
+    from actscan.measure.state import caller_state
 
     model, _ = build("12x768", device)
     model.train()
@@ -524,8 +525,8 @@ def step0_extras(device: str, batch: int, seq: int) -> dict[str, float]:
             pass
 
     fns = {
-        "layout_check": _probe_run(model, src, dev, None, None),
-        "at_init": lambda: _measure_at_init(model, src(0).to(dev), []),
+        "layout_check": one_sample(model, src, PassSpec.of(model, dev, None)),
+        "at_init": lambda: measure_at_init(model, src(0).to(dev)),
         "weights_copy_restore": restore,
     }
     return {k: statistics.median(time_once(f, device)[1] for _ in range(3))

@@ -31,11 +31,13 @@ from actscan.records import (
     ParamRecord,
     RunInfo,
     Severity,
+    Skip,
     StreamPoint,
     Summary,
     growth_fit,
 )
 from actscan.report.report import Report
+from actscan.run import CheckRunner
 
 # Tiny models are dominated by threading overhead on a shared 2-core machine.
 torch.set_num_threads(1)
@@ -335,15 +337,15 @@ def make_report(
     )  # fmt: skip
 
 
-def plant_checks(monkeypatch: pytest.MonkeyPatch, checks: Callable[..., Iterable[Finding]]) -> None:
-    """Replace the real checks of scan() with `checks(ctx) -> findings` (no skips)."""
-    import sys
+def planted_checks(checks: Callable[..., Iterable[Finding]]) -> CheckRunner:
+    """A check runner reporting `checks(ctx)` (no skips) instead of the real checks: pass it
+    to `scan_target(checks=...)`, `scan_model(checks=...)` or, for the CLI, as
+    `CliRunner().invoke(app, args, obj=Wiring(checks=...))`."""
 
-    import actscan.run  # noqa: F401  (the module whose check runner is replaced)
+    def run(ctx: CheckContext) -> tuple[tuple[Finding, ...], tuple[Skip, ...]]:
+        return tuple(checks(ctx)), ()
 
-    monkeypatch.setattr(
-        sys.modules["actscan.run"], "evaluate", lambda ctx: (tuple(checks(ctx)), ())
-    )
+    return run
 
 
 @pytest.fixture(autouse=True)

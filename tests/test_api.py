@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import plant_checks
+from conftest import planted_checks
 from torch import nn
 
 from actscan import Finding, LayerRecord, Report, Severity, scan
@@ -195,15 +195,20 @@ def test_default_loss_mean_square_and_options() -> None:
     )
 
 
-def test_thresholds_reach_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_thresholds_reach_the_checks() -> None:
+    """scan(thresholds=...) as the spine scan() calls receives it (its check runner planted)."""
+    from actscan.run import scan_model, scan_settings
+
     seen: dict[str, Any] = {}
 
     def run_checks(ctx: Any) -> tuple[Finding, ...]:
         seen["th"] = ctx.thresholds
         return ()
 
-    plant_checks(monkeypatch, run_checks)
-    scan(make_net(), features(), mse, thresholds={"outlier-ratio": 3.5, "outlier_abs": 2})
+    settings = scan_settings(thresholds={"outlier-ratio": 3.5, "outlier_abs": 2})
+    scan_model(
+        make_net(), settings, inputs=features(), loss_fn=mse, checks=planted_checks(run_checks)
+    )
     assert (seen["th"].outlier_ratio, seen["th"].outlier_abs) == (3.5, 2.0)
     from actscan.errors import UsageError
 
@@ -273,7 +278,7 @@ def test_bad_ignore_rules_are_refused_before_running(ignore: Any, fragment: str)
     assert str(err.value).startswith("scan(): ") and fragment in str(err.value)
 
 
-def test_scan_target_is_the_cli_path_from_python(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scan_target_is_the_cli_path_from_python() -> None:
     """The library entry point the CLI calls: target + Settings → report, ignores applied."""
     from actscan import Ignore, Settings, TargetSpec, scan_target
 
@@ -281,13 +286,13 @@ def test_scan_target_is_the_cli_path_from_python(monkeypatch: pytest.MonkeyPatch
         Finding(check, Severity.WARN, (layer,), 0.0, 1e-3, f"planted {check}")
         for check, layer in (("dead-branch", "blocks.1.mlp"), ("collapse", "blocks.0.mlp"))
     )
-    plant_checks(monkeypatch, lambda ctx: planted)
+    checks = planted_checks(lambda ctx: planted)
     spec = TargetSpec("gpt-12-preln", overrides=("n_layers=2", "d_model=32", "n_heads=2"))
-    plain = scan_target(spec, Settings(batch=2, seq_len=8))
+    plain = scan_target(spec, Settings(batch=2, seq_len=8), checks=checks)
     assert (plain.report.run.batch, plain.report.run.seq_len) == (2, 8)
     assert plain.report.findings == planted and plain.ignored == ()
     rule = Ignore("dead-branch", "LayerScale at 0", layers=r"\.1\.")
-    kept = scan_target(spec, Settings(batch=2, seq_len=8, ignores=(rule,)))
+    kept = scan_target(spec, Settings(batch=2, seq_len=8, ignores=(rule,)), checks=checks)
     assert kept.report.findings == planted[1:]
     assert kept.ignored == ((planted[0], "LayerScale at 0"),)
     with pytest.raises(AssertionError, match="collapse"):
@@ -467,19 +472,23 @@ def test_model_left_as_it_was_when_the_loss_raises() -> None:
 
 
 def test_the_cli_calls_the_same_scan(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """scan() and the CLI run the one spine (actscan.run.scan_model)."""
     from typer.testing import CliRunner
 
     from actscan.cli import app
 
     module = sys.modules["actscan.run"]
-    real = module.scan
+    real = module.scan_model
     calls: list[str] = []
 
     def spy(model: nn.Module, *args: Any, **kwargs: Any) -> Report:
         calls.append(type(model).__name__)
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(module, "scan", spy)
+    monkeypatch.setattr(module, "scan_model", spy)
+    scan(make_net(), features(), mse)
+    assert calls == ["ResidualNet"]
+    calls.clear()
     monkeypatch.chdir(tmp_path)
     tiny = ["--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2", "--seq-len", "8"]
     result = CliRunner().invoke(app, ["profile", "gpt-12-preln", *tiny, "-q"])

@@ -2,9 +2,9 @@
 machine-readable reports (JSON schema, JUnit, Markdown), atomic writes, and project
 configuration ([tool.actscan] / actscan.toml) reaching the scan and the checks.
 
-Most tests plant findings by replacing the check runner that `scan()` calls, so the gate
-logic is tested independently of which real checks fire; `test_naive_model_*` uses the
-real checks on the built-in broken-on-purpose config.
+Most tests plant findings by handing the CLI another check runner (typer's context object,
+`Wiring(checks=...)`), so the gate logic is tested independently of which real checks
+fire; `test_naive_model_*` uses the real checks on the built-in broken-on-purpose config.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ import os
 import re
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer
-from conftest import plant_checks
+from conftest import planted_checks
 from typer.testing import CliRunner
 
-import actscan.run  # noqa: F401  (the module whose check runner the tests replace)
+from actscan.api import Wiring
 from actscan.cli import app
 from actscan.records import Finding, Severity
 from actscan.report.schema import validate_report
@@ -41,11 +41,15 @@ SAMPLES = sorted(
 TINY = ["gpt-12-preln", "--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2"]
 SMALL_RUN = ["--seq-len", "8", "--batch", "2"]
 ANSI = re.compile(r"\x1b\[")
+# The running test's planted check runner (set by the `plant` fixture, cleared after it).
+WIRING: list[Wiring] = []
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> Any:
-    """Run `actscan ARGS` in-process; result.stdout and result.stderr are separate."""
-    return CliRunner().invoke(app, list(args), env=env)
+    """Run `actscan ARGS` in-process (wired to the planted checks, if any); result.stdout
+    and result.stderr are separate."""
+    obj = WIRING[-1] if WIRING else None
+    return CliRunner().invoke(app, list(args), env=env, obj=obj)
 
 
 def profile(*extra: str, target: list[str] = TINY) -> Any:
@@ -65,8 +69,9 @@ Planted = Callable[..., dict[str, Any]]
 
 
 @pytest.fixture
-def plant(monkeypatch: pytest.MonkeyPatch) -> Planted:
-    """plant(*findings_or_fns) → the findings scan() reports (a fn gets the CheckContext).
+def plant() -> Iterator[Planted]:
+    """plant(*findings_or_fns) → the findings the scans of `cli()` report (a fn gets the
+    CheckContext).
 
     Returns a dict that records the CheckContext of the last scan ("ctx").
     """
@@ -77,10 +82,11 @@ def plant(monkeypatch: pytest.MonkeyPatch) -> Planted:
             seen["ctx"] = ctx
             return tuple(item(ctx) if callable(item) else item for item in items)
 
-        plant_checks(monkeypatch, run_checks)
+        WIRING[:] = [Wiring(checks=planted_checks(run_checks))]
         return seen
 
-    return install
+    yield install
+    WIRING.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,9 @@
 """`actscan compare`: matching, ratios, finding diffs, the precision-divergence pass
 (against an independent recomputation), the JSON document, the plot and exit codes.
 
-Models are tiny (d = 64, ≤ 24 blocks, 2 × 16 tokens). Findings are planted by replacing
-the check runner `scan()` calls, so the A-only/B-only/both logic and the gate are tested
-independently of which real checks exist.
+Models are tiny (d = 64, ≤ 24 blocks, 2 × 16 tokens). Findings are planted by handing the
+CLI another check runner (`Wiring(checks=...)`), so the A-only/B-only/both logic and the
+gate are tested independently of which real checks exist.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import plant_checks
+from conftest import planted_checks
 from typer.testing import CliRunner
 
-import actscan.run  # noqa: F401  (the module whose check runner some tests replace)
+from actscan.api import Wiring
 from actscan.cli import app
 from actscan.compare.pairs import compare_reports, diff_findings, match_layers
 from actscan.compare.precision import Precision, default_inputs, precision_divergence
@@ -43,8 +43,8 @@ def measure(target: str, init: str | None = None, **overrides: str) -> Report:
     return scan(r.model, info=r.info, batch=2, seq_len=16, seed=0, init=init)
 
 
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
+def cli(*args: str, obj: Wiring | None = None) -> Any:
+    return CliRunner().invoke(app, list(args), obj=obj)
 
 
 @pytest.fixture
@@ -55,9 +55,9 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def plant(monkeypatch: pytest.MonkeyPatch, rule: Any) -> None:
-    """Findings from rule(ctx) instead of the real checks."""
-    plant_checks(monkeypatch, lambda ctx: tuple(rule(ctx)))
+def planted(rule: Any) -> Wiring:
+    """The CLI wired to report rule(ctx) instead of the real checks."""
+    return Wiring(checks=planted_checks(lambda ctx: tuple(rule(ctx))))
 
 
 def finding(check: str, severity: str = "warn", layers: tuple[str, ...] = ()) -> Finding:
@@ -348,10 +348,9 @@ def test_cli_init_compare_table_and_a_threshold_override(isolated: Path) -> None
     assert "bf16 departs from fp32 by more than 0.1%" in strict.stdout
 
 
-def test_cli_gate_covers_both_sides(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_gate_covers_both_sides(isolated: Path) -> None:
     """A warn only where branch_scale is 'depth' (side B) → B only; --fail-on decides."""
-    plant(
-        monkeypatch,
+    wired = planted(
         lambda ctx: (
             (
                 [finding("init-scale", "warn", ("blocks.0.attn.proj",))]
@@ -363,15 +362,16 @@ def test_cli_gate_covers_both_sides(isolated: Path, monkeypatch: pytest.MonkeyPa
     )
     base = ["compare", "gpt-12-preln", "--set", "n_layers=2", "--set", "d_model=64",
             "--set", "branch_scale=none", "--vs-set", "branch_scale=depth", *RUN]  # fmt: skip
-    warn = cli(*base, "--fail-on", "warn", "--json", "-")
+    warn = cli(*base, "--fail-on", "warn", "--json", "-", obj=wired)
     assert warn.exit_code == 1, warn.output
     data = json.loads(warn.stdout)
     assert [f["check"] for f in data["findings"]["b_only"]] == ["init-scale"]
     assert data["findings"]["a_only"] == []
     assert [x["a"]["check"] for x in data["findings"]["both"]] == ["sqrt-growth"]
-    assert cli(*base, "--fail-on", "error").exit_code == 0
+    assert cli(*base, "--fail-on", "error", obj=wired).exit_code == 0
     # The gate counts side A too: the info finding is on both sides.
-    assert cli(*base, "--fail-on", "info", "--vs-set", "branch_scale=none").exit_code == 1
+    both = cli(*base, "--fail-on", "info", "--vs-set", "branch_scale=none", obj=wired)
+    assert both.exit_code == 1
 
 
 @pytest.mark.parametrize(

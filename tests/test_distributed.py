@@ -152,7 +152,7 @@ def test_hf_folder_two_ranks_equal_one_process(tmp_path: Path) -> None:
 
 SITE = """import os
 if os.environ.get("RANK") == "1":
-    import actscan.run as s
+    import actscan.measure.profile as s
     from torch import nn
 
     class Broken(nn.Module):

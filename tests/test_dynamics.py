@@ -15,9 +15,10 @@ from torch import nn
 from actscan import Report, scan
 from actscan.errors import UsageError
 from actscan.measure.inputs import next_token_loss, random_tokens
+from actscan.measure.state import caller_state
 from actscan.models.arch import ArchConfig
 from actscan.models.gpt import ActscanGPT, build_model
-from actscan.steps.loop import PROBE_INDEX, caller_state, probe_rows, warmup_factor
+from actscan.steps.loop import PROBE_INDEX, probe_rows, warmup_factor
 
 VOCAB, SEQ, BATCH, SEED = 61, 12, 4, 3
 

@@ -42,12 +42,13 @@ from actscan.settings import (
     boolean,
     load_project_config,
     regex,
+    text,
 )
 
 TABLES = (THRESHOLDS, IGNORES)  # tables of their own, tested by name below
 # scan()'s keywords that are not settings: what to scan and how to describe it.
 SCAN_NOT_SETTINGS = {
-    *("model", "inputs", "loss_fn", "info", "layout", "init", "progress", "at_init"),
+    *("model", "inputs", "loss_fn", "info", "layout", "progress"),
     "decode_token",
 }
 
@@ -86,6 +87,8 @@ def bad(s: Setting) -> Any:
         return "yes"
     if check is betas_pair:
         return (0.9, 1.0)
+    if check is text:
+        return ""
     raise AssertionError(f"no bad value for {s.name}: teach bad() its check {check!r}")
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import plant_checks
+from conftest import planted_checks
 from typer.testing import CliRunner
 
-import actscan.run  # noqa: F401  (the module whose check runner a test replaces)
+from actscan.api import Wiring
 from actscan.cli import app
 from actscan.compare.sweep import BaseConfig, base_config, parse_sizes, plan, size_overrides
 from actscan.errors import BadInputError, UsageError
@@ -28,8 +28,8 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args))
+def cli(*args: str, obj: Wiring | None = None) -> Any:
+    return CliRunner().invoke(app, list(args), obj=obj)
 
 
 # -- planning -------------------------------------------------------------------------------
@@ -177,7 +177,7 @@ def test_width_sweep_builds_each_width(isolated: Path) -> None:
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
-def test_gate_trips_on_any_row(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gate_trips_on_any_row(isolated: Path) -> None:
     """A planted error on the deepest model only: the sweep exits 1 at --fail-on error."""
 
     def checks(ctx: Any) -> tuple[Finding, ...]:
@@ -185,15 +185,15 @@ def test_gate_trips_on_any_row(isolated: Path, monkeypatch: pytest.MonkeyPatch) 
             return (Finding("exp-growth", Severity.ERROR, ("blocks.3",), 9.0, 4.0, "planted"),)
         return ()
 
-    plant_checks(monkeypatch, checks)
+    wired = Wiring(checks=planted_checks(checks))
     args = ["sweep", "gpt-12-preln", "--set", "d_model=32", "--json", "-", *RUN]
-    res = cli(*args, "--depth", "2,4")
+    res = cli(*args, "--depth", "2,4", obj=wired)
     assert res.exit_code == 1, res.output
     rows = json.loads(res.stdout)["rows"]
     assert [r["findings"]["error"] for r in rows] == [0, 1]
     assert rows[1]["worst_check"] == "exp-growth" and rows[1]["worst_severity"] == "error"
-    assert cli(*args, "--depth", "2,3").exit_code == 0
-    assert cli(*args, "--depth", "2,4", "--fail-on", "never").exit_code == 0
+    assert cli(*args, "--depth", "2,3", obj=wired).exit_code == 0
+    assert cli(*args, "--depth", "2,4", "--fail-on", "never", obj=wired).exit_code == 0
 
 
 @pytest.mark.parametrize(

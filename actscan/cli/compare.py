@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,11 +12,16 @@ from actscan.cli.app import app
 from actscan.cli.sides import check_precision, side_a, side_b
 from actscan.settings import Settings
 
+if TYPE_CHECKING:
+    from actscan.compare.pairs import Comparison
+    from actscan.report.report import Report
+
 
 @app.command("compare")
 @c.handle_errors
 @c.setting_options("compare")
 def compare(
+    ctx: typer.Context,
     a: Annotated[str, typer.Argument(help="Target A (any TARGET profile accepts).")],
     settings: Settings,
     b: Annotated[
@@ -84,15 +89,15 @@ def compare(
         for s in (a_side, b_side)
     )
 
-    from actscan.api import precision_divergence_of, scan_target
+    from actscan.api import Wiring, precision_divergence_of, scan_target
     from actscan.compare.pairs import compare_reports
 
+    checks = Wiring.of(ctx.obj).checks
     with c.ProgressSink(enabled=not quiet) as progress:
         ra, rb = (
-            scan_target(spec, s.settings(settings), backward=settings.backward, progress=progress)
-            .report
+            scan_target(spec, s.settings(settings), progress=progress, checks=checks).report
             for spec, s in ((spec_a, a_side), (spec_b, b_side))
-        )  # fmt: skip
+        )
         div = None
         precision_differs = (ra.run.dtype, ra.run.amp) != (rb.run.dtype, rb.run.amp)
         known = {"fp32", "bf16", "fp16"}
@@ -116,17 +121,7 @@ def compare(
             ),
         )
     if plot is not None:
-        from actscan.render.plot import Series, plot_streams
-
-        plot_streams(
-            [
-                Series(f"A: {cmp.label_a}", tuple(p.k for p in ra.stream),
-                       tuple(p.rms for p in ra.stream)),
-                Series(f"B: {cmp.label_b}", tuple(p.k for p in rb.stream),
-                       tuple(p.rms for p in rb.stream)),
-            ],
-            plot, title="Residual stream RMS vs k",
-        )  # fmt: skip
+        _plot(cmp, ra, rb, plot)
 
     from actscan.render.compare import render_comparison
 
@@ -136,3 +131,14 @@ def compare(
         quiet=quiet, json_text=cmp.to_json,
     )  # fmt: skip
     raise typer.Exit(c.gate_exit(ra.findings + rb.findings, settings.fail_on))
+
+
+def _plot(cmp: Comparison, ra: Report, rb: Report, plot: str) -> None:
+    """Both sides' stream RMS against k in one figure."""
+    from actscan.render.plot import Series, plot_streams
+
+    series = [
+        Series(f"{side}: {label}", tuple(p.k for p in r.stream), tuple(p.rms for p in r.stream))
+        for side, label, r in (("A", cmp.label_a, ra), ("B", cmp.label_b, rb))
+    ]
+    plot_streams(series, plot, title="Residual stream RMS vs k")

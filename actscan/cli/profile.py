@@ -16,6 +16,7 @@ from actscan.settings import Settings
 
 if TYPE_CHECKING:
     from actscan.api import TargetSpec
+    from actscan.run import CheckRunner
 
 Plot = Annotated[
     str | None,
@@ -37,6 +38,7 @@ ShowConfig = Annotated[
 @c.handle_errors
 @c.setting_options("profile")
 def profile(
+    ctx: typer.Context,
     target: Annotated[
         str,
         typer.Argument(
@@ -83,7 +85,7 @@ def profile(
         shape = c.parse_shape(input_shape)
     except UsageError as err:
         raise c.fail(str(err), rank0=True) from None
-    from actscan.api import TargetSpec
+    from actscan.api import TargetSpec, Wiring
 
     spec = TargetSpec(
         target=target,
@@ -99,6 +101,7 @@ def profile(
         _profile,
         spec,
         settings,
+        checks=Wiring.of(ctx.obj).checks,  # tests plant a check runner here
         plot=plot,
         json_out=json_out,
         fmt=fmt,
@@ -121,6 +124,7 @@ def _profile(
     spec: TargetSpec,
     settings: Settings,
     *,
+    checks: CheckRunner | None,
     plot: str | None,
     json_out: str | None,
     fmt: c.FormatOpt,
@@ -143,7 +147,7 @@ def _profile(
     from actscan.api import scan_target
 
     with c.ProgressSink(enabled=not quiet and main) as progress:
-        scanned = scan_target(spec, settings, backward=settings.backward, progress=progress)
+        scanned = scan_target(spec, settings, progress=progress, checks=checks)
     from actscan.render.terminal import render_report
 
     report = scanned.report

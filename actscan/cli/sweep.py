@@ -29,6 +29,7 @@ Width = Annotated[
 @c.handle_errors
 @c.setting_options("sweep")
 def sweep(
+    ctx: typer.Context,
     target: Annotated[
         str, typer.Argument(help="A config file (built-in or Hugging Face) or a shipped name.")
     ],
@@ -61,7 +62,7 @@ def sweep(
       actscan sweep configs/gpt-12-preln.yaml --width 128,256,512,1024 --plot width.png
     """
     c.refuse_distributed("sweep")
-    from actscan.api import scan_target
+    from actscan.api import Wiring, scan_target
     from actscan.compare.sweep import base_config, parse_sizes, plan, run_sweep, size_notes
     from actscan.models.arch import parse_set
 
@@ -96,7 +97,9 @@ def sweep(
             sized = replace(side, sets=tuple(f"{k}={v}" for k, v in point.overrides))
             progress.stage(f"{point.side.upper()} {point.size}")
             spec = sized.spec(input_file=input_file)
-            return scan_target(spec, side.settings(settings), backward=settings.backward).report
+            run = side.settings(settings)
+            checks = Wiring.of(ctx.obj).checks
+            return scan_target(spec, run, checks=checks).report
 
         result = run_sweep(
             target, points, scan_point,

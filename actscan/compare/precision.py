@@ -99,7 +99,7 @@ def precision_divergence(
     batch 0 of `source`. Forward only: divergence of activations, not of gradients.
     """
     from actscan.layout.detect import detect_layout
-    from actscan.run import resolve_device
+    from actscan.measure.prepare import resolve_device
 
     dev = resolve_device(device, model)
     layout = layout or detect_layout(model, model_type)
@@ -141,7 +141,7 @@ class _Copy:
     """A deep copy of the caller's model in one precision, with batch 0 cast for it."""
 
     def __init__(self, model: nn.Module, p: Precision, batch: Batch, dev: torch.device) -> None:
-        from actscan.run import TORCH_DTYPES, cast_batch
+        from actscan.measure.prepare import TORCH_DTYPES, cast_batch
 
         self.precision = p
         self.device = dev

@@ -258,3 +258,6 @@ def split_rows(b: Batch, global_batch: int, lo: int, hi: int) -> Batch:
         return v
 
     return Batch(tuple(cut(a) for a in b.args), {k: cut(v) for k, v in b.kwargs.items()})
+
+
+# -- this rank's recorded pass --------------------------------------------------------------

@@ -7,23 +7,41 @@ feature extractor's kernels and strides). Encoder-decoder models also need decod
 they get random `labels` and `decoder_input_ids` = the labels shifted right behind
 `decoder_start_token_id`, so the model computes its own loss (`output.loss`).
 
-`hf_input_source` returns None for token-only models without a decoder: scan() invents
-their ids as before. Everything here duck-types `model.config`; nothing imports
+`hf_input_source` returns None for token-only models without a decoder: `choose_inputs`
+invents their ids. Everything here duck-types `model.config`; nothing imports
 transformers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from actscan.errors import UsageError
-from actscan.measure.inputs import Batch, InputSource, random_tokens
+from actscan.measure.inputs import (
+    Batch,
+    InputSource,
+    default_loss,
+    random_tokens,
+    token_source,
+    user_source,
+)
+from actscan.measure.recorder import first_tensor
+from actscan.records import ModelInfo
 
-__all__ = ["describe_batch", "hf_input_source", "learned_positions", "takes_token_ids"]
+__all__ = [
+    "ChosenInputs",
+    "check_positions",
+    "choose_inputs",
+    "describe_batch",
+    "hf_input_source",
+    "learned_positions",
+    "takes_token_ids",
+]
 
 DEFAULT_SEQ = 64
 DEFAULT_FRAMES = 50  # about one second of 16 kHz audio for wav2vec2-like extractors
@@ -216,6 +234,102 @@ def learned_positions(model: nn.Module) -> tuple[str, int] | None:
         if isinstance(limit, int) and limit in rows:
             return key, limit
     return None
+
+
+def check_positions(model: nn.Module, seq: int) -> None:
+    """One line naming the config field when random ids are longer than a learned
+    position table (BERT's max_position_embeddings = 512), instead of a shape error."""
+    found = learned_positions(model)
+    if found is not None and seq > found[1]:
+        key, limit = found
+        raise UsageError(
+            f"--seq-len {seq}: this model has learned positions for at most {limit} tokens "
+            f"({key} = {limit}); use --seq-len {limit} or less"
+        )
+
+
+@dataclass(frozen=True)
+class ChosenInputs:
+    """The run's global batches, the loss on one batch's output, and `seq`: the sequence
+    length asked for (or given to invented token ids); None when the inputs say it."""
+
+    source: InputSource
+    loss_of: Callable[[Any, Batch], torch.Tensor]
+    seq: int | None = None
+
+    def batch_size(self) -> int:
+        return batch_size(self.source)
+
+    def seq_len(self) -> int:
+        """The report's sequence length: of the token ids, 0 for images and audio."""
+        if self.seq and self.source(0).token_ids is not None:
+            return self.seq
+        return seq_len_of(self.source)
+
+
+def choose_inputs(
+    model: nn.Module,
+    info: ModelInfo,
+    inputs: Any,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    *,
+    batch: int,
+    seq_len: int | None,
+    seed: int,
+) -> ChosenInputs:
+    """The caller's inputs, else what the model's config asks for (transformers' main
+    input), else random token ids for language models and encoders; the caller's loss,
+    else the task's (`default_loss`)."""
+    source: InputSource
+    seq = seq_len
+    if inputs is not None:
+        source = user_source(inputs)
+    elif (hf := hf_input_source(model, batch=batch, seq_len=seq_len, seed=seed)) is not None:
+        source = hf
+    elif info.vocab_size and info.task in ("causal-lm", "encoder"):
+        seq = seq_len or min(64, int(info.arch.get("max_positions") or 64))
+        check_positions(model, seq)
+        source = token_source(
+            info.vocab_size,
+            batch,
+            seq,
+            seed,
+            mask=info.task == "encoder",
+            as_kwargs=info.family != "actscan-gpt",
+        )
+    else:
+        raise UsageError(
+            "cannot invent inputs for this model: pass inputs= (or --input-shape on the CLI)"
+        )
+    task_loss = default_loss(info.task, info.vocab_size)
+
+    def loss_of(out: Any, b: Batch) -> torch.Tensor:
+        return loss_fn(out) if loss_fn is not None else task_loss(out, b)
+
+    return ChosenInputs(source, loss_of, seq)
+
+
+def first_shape(b: Batch) -> tuple[int, ...]:
+    """The shape of the batch's token ids, else of its first tensor; () when none."""
+    t = b.token_ids
+    if t is None:
+        t = first_tensor((b.args, b.kwargs))
+    return tuple(t.shape) if t is not None else ()
+
+
+def batch_size(source: InputSource) -> int:
+    """Rows of batch 0 (0 when it holds no tensor)."""
+    shape = first_shape(source(0))
+    return shape[0] if shape else 0
+
+
+def seq_len_of(source: InputSource) -> int:
+    """The second dim of batch 0's main tensor; 0 for images and audio (no tokens)."""
+    b = source(0)
+    if b.token_ids is None and {"pixel_values", "input_values", "input_features"} & set(b.kwargs):
+        return 0  # images and audio have no sequence of tokens; RunInfo.inputs says what
+    shape = first_shape(b)
+    return shape[1] if len(shape) >= 2 else 0
 
 
 def _dims(t: torch.Tensor) -> str:

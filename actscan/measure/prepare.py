@@ -1,5 +1,6 @@
 """The module as it runs: a `torch.compile`d wrapper's original, a meta-device model
-materialised, the forward call whose failure is the user's, not actscan's."""
+materialised, the run's device and dtype, the forward call whose failure is the user's,
+not actscan's."""
 
 from __future__ import annotations
 
@@ -13,13 +14,18 @@ from actscan.errors import UsageError
 from actscan.measure.inputs import Batch
 
 __all__ = [
+    "TORCH_DTYPES",
     "call_model",
-    "check_positions",
+    "cast_batch",
+    "dtype_name",
     "materialize_meta",
     "model_error_line",
     "refuse_meta",
+    "resolve_device",
     "unwrap_compiled",
 ]
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 COMPILED_NOTE = (
     "torch.compile'd module: profiled its original module (_orig_mod) eagerly, so hooks "
@@ -37,6 +43,37 @@ def unwrap_compiled(model: nn.Module) -> tuple[nn.Module, str | None]:
     if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule":
         return inner, COMPILED_NOTE
     return model, None
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    """The report's name of a dtype: fp32 | bf16 | fp16, else torch's own (float64)."""
+    return {v: k for k, v in TORCH_DTYPES.items()}.get(dt, str(dt).removeprefix("torch."))
+
+
+def resolve_device(device: str | torch.device | None, model: nn.Module) -> torch.device:
+    """Where the run happens: None is the model's own device, "auto" CUDA when present."""
+    if device is None:
+        p = next(model.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available here")
+    return dev
+
+
+def cast_batch(batch: Batch, device: torch.device, dtype: torch.dtype | None) -> Batch:
+    """`batch` on `device`, its floating tensors in `dtype` (None: their own)."""
+
+    def move(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        if dtype is not None and v.is_floating_point():
+            return v.to(device=device, dtype=dtype)
+        return v.to(device)
+
+    return Batch(tuple(move(a) for a in batch.args), {k: move(v) for k, v in batch.kwargs.items()})
 
 
 def _meta_names(model: nn.Module) -> list[str]:
@@ -119,20 +156,6 @@ def materialize_meta(model: nn.Module, where: str, seed: int = 0) -> str | None:
                         reset()
     how = "transformers' _init_weights" if is_hf else "each module's reset_parameters()"
     return f"built on the meta device: materialised on the CPU with {how}"
-
-
-def check_positions(model: nn.Module, seq: int) -> None:
-    """One line naming the config field when random ids are longer than a learned
-    position table (BERT's max_position_embeddings = 512), instead of a shape error."""
-    from actscan.measure.model_inputs import learned_positions
-
-    found = learned_positions(model)
-    if found is not None and seq > found[1]:
-        key, limit = found
-        raise UsageError(
-            f"--seq-len {seq}: this model has learned positions for at most {limit} tokens "
-            f"({key} = {limit}); use --seq-len {limit} or less"
-        )
 
 
 def _first_line(err: BaseException) -> str:

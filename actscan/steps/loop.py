@@ -28,7 +28,7 @@ Sums and maxima are what a distributed run adds across its ranks (`LocalRanks`; 
 and one MAX all-reduce per step: actscan.distributed.steps), so its figures equal the
 one-process run's.
 Memory: O(steps × modules) scalars, the probe's stream/branch/head outputs at t = 0, one
-copy of the caller's weights (`caller_state`: restored bit for bit afterwards, also when a
+copy of the caller's weights (`measure.state.caller_state`: restored bit for bit, also when a
 step raises) and, from the first update on, one of the previous step's (for the update
 ratios; before it, in one process, the caller's copy serves as W_0 where the run did not
 cast the weights). Per update the ratios cost four fused (`torch._foreach_*`) passes over
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,7 @@ from actscan.measure.inputs import Batch, InputSource
 from actscan.measure.model_inputs import describe_batch
 from actscan.measure.prepare import call_model
 from actscan.measure.recorder import first_tensor
+from actscan.measure.state import CallerWeights
 from actscan.measure.streams import input_name
 from actscan.records import (
     ChangeRecord,
@@ -83,7 +84,7 @@ _vnorm = torch.linalg.vector_norm
 
 @dataclass(frozen=True)
 class StepSpec:
-    """How to take the steps (validated by `check`)."""
+    """How to take the steps (values checked by the settings table, `actscan.settings`)."""
 
     steps: int
     optimizer: str = "adamw"
@@ -92,33 +93,6 @@ class StepSpec:
     eps: float = 1e-8
     weight_decay: float = 0.0
     warmup: int = 0
-
-    def check(self) -> StepSpec:
-        """Raise UsageError (one line) on a value no optimizer run could use."""
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
-            raise UsageError(f"--steps must be an integer ≥ 0, got {self.steps!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise UsageError(
-                f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}"
-            )
-        if not _positive(self.lr):
-            raise UsageError(f"--lr must be a finite number > 0, got {self.lr!r}")
-        if not (_finite(self.eps) and self.eps >= 0):
-            raise UsageError(f"--eps must be a finite number ≥ 0, got {self.eps!r}")
-        if not (_finite(self.weight_decay) and self.weight_decay >= 0):
-            raise UsageError(
-                f"--weight-decay must be a finite number ≥ 0, got {self.weight_decay!r}"
-            )
-        if len(self.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in self.betas):
-            raise UsageError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise UsageError(f"--warmup must be an integer ≥ 0, got {self.warmup!r}")
-        if self.warmup > self.steps:
-            raise UsageError(
-                f"--warmup {self.warmup} is longer than --steps {self.steps}: "
-                "the steps would never reach the learning rate"
-            )
-        return self
 
 
 def _finite(x: Any) -> bool:
@@ -170,61 +144,6 @@ def build_optimizer(spec: StepSpec, groups: list[dict[str, Any]]) -> torch.optim
         groups, lr=spec.lr, betas=tuple(spec.betas), eps=spec.eps,
         weight_decay=spec.weight_decay,
     )  # fmt: skip
-
-
-class CallerWeights:
-    """The copy of the caller's parameter values that `caller_state` keeps for the
-    restore. The steps read it as W_0 for the first update ratio instead of taking a
-    second copy of their own (they never write it)."""
-
-    def __init__(self, params: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
-        # (value, data pointer, version) per parameter: the copy stands for W_0 only while
-        # the parameter still holds the same storage, unwritten since the copy
-        self._kept = {
-            id(p): (v, p.data_ptr(), p._version) for p, v in zip(params, values, strict=True)
-        }
-
-    def of(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
-        """The kept values of `params`, bit-identical to their current values; None when
-        one was replaced (cast to the run's dtype or device) or written in place since."""
-        out = []
-        for p in params:
-            kept = self._kept.get(id(p))
-            if kept is None or kept[1] != p.data_ptr() or kept[2] != p._version:
-                return None
-            out.append(kept[0])
-        return out
-
-
-@contextlib.contextmanager
-def caller_state(model: nn.Module) -> Iterator[CallerWeights]:
-    """Give the model back exactly as it came: parameter and buffer values (bit for bit),
-    `.grad` (the same tensor objects, never written: the steps start from `.grad = None`),
-    requires_grad and every module's train/eval mode. Also when a step raises.
-    Yields the kept copy of the parameter values (`CallerWeights`)."""
-    params = list(model.parameters())
-    buffers = [b for b in model.buffers() if b is not None]
-    with torch.no_grad():
-        values = [p.detach().clone() for p in params]
-        buf_values = [b.detach().clone() for b in buffers]
-    grads = [p.grad for p in params]
-    flags = [p.requires_grad for p in params]
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        for p in params:
-            p.grad = None
-        yield CallerWeights(params, values)
-    finally:
-        with torch.no_grad():
-            for p, v in zip(params, values, strict=True):
-                p.copy_(v)
-            for b, v in zip(buffers, buf_values, strict=True):
-                b.copy_(v)
-        for p, g, f in zip(params, grads, flags, strict=True):
-            p.grad = g
-            p.requires_grad_(f)
-        for m, mode in modes:
-            m.training = mode
 
 
 def probe_rows(model: nn.Module, batch: int) -> int:

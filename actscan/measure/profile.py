@@ -1,0 +1,313 @@
+"""The recorded pass: `batches` forward(+backward) passes with every chosen module hooked.
+
+`PassSpec` says how the pass runs (device, dtype, autocast, backward, loss scale);
+`LocalPass` how it meets other processes: not at all. One rank of a distributed run
+passes `actscan.distributed.ranks.ShardedPass` instead, the same contract (its rows of
+every batch, FSDP's sharded backward, the recorder's sums merged across ranks), so this
+loop has no distributed branch. `record_pass` returns the raw sums (`Profiled`) and, when
+optimizer steps follow, batch 0's loss and gradients: the first update uses them, so the
+steps need no second pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from actscan.measure.attention import attention_probes
+from actscan.measure.inputs import Batch, InputSource
+from actscan.measure.model_inputs import ChosenInputs, describe_batch, first_shape
+from actscan.measure.prepare import TORCH_DTYPES, call_model, cast_batch, dtype_name
+from actscan.measure.recorder import RawStats, Recorder, iter_named, moments
+from actscan.measure.streams import input_name, stream_inputs
+from actscan.measure.tokens import stream_names
+from actscan.records import AttentionRecord, Layout, RunInfo
+
+__all__ = ["FP16_LOSS_SCALE", "LocalPass", "PassSpec", "Profiled", "one_sample", "record_pass"]
+
+# Static loss scale of fp16 runs: a steady state of GradScaler's dynamic scale (it starts
+# at 2^16 and halves on every overflow) that keeps an fp16 loss gradient of 1 finite.
+FP16_LOSS_SCALE = 2.0**12
+Progress = Callable[[str, int, int], None]
+StepStart = tuple[torch.Tensor, Sequence[torch.Tensor | None]]
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """How the recorded pass runs. `dtype` None keeps the model's (`model_dtype` names
+    what ran); `amp` is an autocast dtype name; `modules` a regex of the modules recorded;
+    `family` the model family (which attention the probes read); `first_step`: keep batch
+    0's loss and gradients for the first optimizer step; `notes` for the user."""
+
+    device: torch.device
+    dtype: torch.dtype | None
+    model_dtype: torch.dtype
+    amp: str | None = None
+    batches: int = 1
+    backward: bool = True
+    channels: bool = True
+    attention: bool = True
+    modules: str | None = None
+    family: str = ""
+    first_step: bool = False
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls, model: nn.Module, device: torch.device, dtype: torch.dtype | None, **kw: Any
+    ) -> PassSpec:
+        """The spec for `model` (its weights' dtype is what runs when `dtype` is None); an
+        fp16 run with backward says it scales the loss."""
+        weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        spec = cls(device, dtype, weights or torch.float32, **kw)
+        if spec.loss_scale == 1.0:
+            return spec
+        note = (
+            f"fp16 run: the backward pass scales the loss by {spec.loss_scale:g} as loss "
+            "scaling (GradScaler) does; gradient statistics are unscaled"
+        )
+        return replace(spec, notes=(note, *spec.notes))
+
+    @property
+    def fp16(self) -> bool:
+        """An fp16 run: underflow is counted, and the loss is scaled."""
+        return self.dtype == torch.float16 or self.amp == "fp16"
+
+    @property
+    def loss_scale(self) -> float:
+        # fp16 training scales the loss (GradScaler) so gradients clear fp16's smallest
+        # normal; the run does the same with a static scale and reports unscaled statistics
+        return FP16_LOSS_SCALE if self.fp16 and self.backward else 1.0
+
+    @property
+    def dtype_name(self) -> str:
+        return dtype_name(self.dtype or self.model_dtype)
+
+    def cast(self, b: Batch) -> Batch:
+        return cast_batch(b, self.device, self.dtype)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.amp:
+            return torch.autocast(self.device.type, dtype=TORCH_DTYPES[self.amp])
+        return contextlib.nullcontext()
+
+
+Grads = Sequence[torch.Tensor | None]
+
+
+class LocalPass:
+    """How the pass meets other processes: not at all (one process, all of every batch).
+
+    `actscan.distributed.ranks.ShardedPass` is the same contract for one rank of a
+    distributed run, as `ShardedRanks` is `actscan.steps.loop.LocalRanks`' for the steps."""
+
+    world_size: int = 1
+    backend: str | None = None
+    is_main: bool = True
+    sharded: bool = False  # attention records merge across ranks
+    merge: Callable[[Recorder], None] | None = None  # the recorder's cross-rank merge
+
+    def check(self, model: nn.Module, spec: PassSpec, steps: int, source: InputSource) -> None:
+        """Refuse, before anything runs, what this process cannot run."""
+
+    def rows_of(self, source: InputSource) -> InputSource:
+        """The rows of every global batch this process runs: all of them."""
+        return source
+
+    def rows(self, recorded: InputSource) -> int | None:
+        """This process's batch size when it runs a share of each batch; None: all."""
+        return None
+
+    def grads(self, loss: torch.Tensor, params: Sequence[torch.Tensor]) -> tuple[Grads, Grads]:
+        """(gradients the recorder reads, gradients the first optimizer step uses) of
+        `loss`; `.grad` is never written."""
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        return grads, grads
+
+    def moments(self, tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
+        """(mean, std, non-finite count) of each parameter."""
+        return moments(tensors)
+
+    def settle(self, model: nn.Module) -> None:
+        """Leave `model` ready for the recorded pass after the pre-passes (FSDP: resharded)."""
+
+    def step_ranks(self) -> Any:
+        """How the optimizer steps meet other processes (actscan.steps.loop.LocalRanks):
+        None, one process."""
+        return None
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """The pass as it ran (its layout, inputs, spec and ranks) and what it measured: raw
+    sums per recorded name, the modules recorded (in order), the stream's k = 0 name, the
+    attention records, notes, whether the backward pass ran, and `step0` (batch 0's loss
+    and gradients) for the first optimizer step."""
+
+    layout: Layout
+    chosen: ChosenInputs
+    spec: PassSpec
+    ranks: LocalPass
+    raw: dict[str, RawStats]
+    targets: tuple[str, ...]
+    stream_input: str | None
+    attention: tuple[AttentionRecord, ...] = ()
+    notes: tuple[str, ...] = ()
+    backward: bool = True
+    step0: StepStart | None = field(default=None, repr=False)
+
+
+def one_sample(model: nn.Module, source: InputSource, spec: PassSpec) -> Callable[[], None]:
+    """The layout self-check's forward pass: batch 0 cut to its first sample."""
+
+    def run() -> None:
+        b = spec.cast(source(0))
+        lead = first_shape(b)
+        if lead and lead[0] > 1:
+            n = lead[0]
+
+            def cut(v: Any) -> Any:
+                return v[:1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
+
+            b = Batch(tuple(cut(a) for a in b.args), {k: cut(v) for k, v in b.kwargs.items()})
+        with spec.autocast():
+            model(*b.args, **b.kwargs)
+
+    return run
+
+
+@contextlib.contextmanager
+def _recorders(
+    model: nn.Module, layout: Layout, spec: PassSpec, ranks: LocalPass, rows: int | None
+) -> Iterator[tuple[Recorder, list[Recorder], list[tuple[str, nn.Module]]]]:
+    """The main recorder (every chosen module and the first stream's input) and one per
+    further stream's input (an encoder-decoder's decoder: k = 0 of its stream is its first
+    block's input)."""
+    mods = dict(model.named_modules())
+    targets = list(iter_named(model, spec.modules))
+    first = layout.blocks[0].name if layout.blocks else None
+    stream_in = (input_name(first), mods[first]) if first is not None else None
+    common: dict[str, Any] = {
+        "backward": spec.backward,
+        "device": spec.device,
+        "underflow": spec.fp16,
+        "loss_scale": spec.loss_scale,
+        "merge": ranks.merge,
+        "rows": rows,
+        "main": ranks.is_main,
+    }
+    tokens = stream_names(
+        [b.name for b in layout.blocks], [stream_in[0]] if stream_in else [], layout.embed
+    )
+    with contextlib.ExitStack() as stack:
+        rec = stack.enter_context(
+            Recorder(
+                targets, stream_input=stream_in, channels=spec.channels, tokens=tokens, **common
+            )
+        )
+        extra = [
+            stack.enter_context(
+                Recorder(
+                    [],
+                    stream_input=(input_name(name), mods[name]),
+                    channels=False,
+                    tokens=[input_name(name)],
+                    **common,
+                )
+            )
+            for name in stream_inputs(layout)[1:]
+        ]
+        yield rec, extra, targets
+
+
+def record_pass(
+    model: nn.Module,
+    layout: Layout,
+    chosen: ChosenInputs,
+    spec: PassSpec,
+    ranks: LocalPass,
+    progress: Progress | None = None,
+) -> Profiled:
+    """Run the recorded batches (this process's rows of each) and read the sums back once.
+
+    A model whose loss needs no parameter's gradient skips the backward pass, with a note.
+    """
+    recorded = ranks.rows_of(chosen.source)
+    grad_params = [p for p in model.parameters() if p.requires_grad]
+    backward, notes = spec.backward, []
+    step0: StepStart | None = None
+    with (
+        _recorders(model, layout, spec, ranks, ranks.rows(recorded)) as (rec, extra, targets),
+        attention_probes(model, layout, spec.family, enabled=spec.attention) as probes,
+    ):
+        for i in range(spec.batches):
+            if progress:
+                progress("run", i, spec.batches)
+            b = spec.cast(recorded(i))
+            with torch.set_grad_enabled(backward), spec.autocast():
+                out = call_model(model, b)
+                loss = chosen.loss_of(out, b) if backward else None
+            if backward and loss is not None:
+                if not loss.requires_grad or not grad_params:
+                    notes.append("no parameter requires grad: backward skipped")
+                    backward = False
+                else:
+                    scale = spec.loss_scale
+                    scaled = loss.float() * scale if scale != 1.0 else loss
+                    seen, used = ranks.grads(scaled, grad_params)
+                    rec.add_param_grads(dict(zip(grad_params, seen, strict=True)))
+                    if spec.first_step and i == 0:  # the first update's gradient: no second pass
+                        step0 = (loss.detach(), used)
+                    del seen, used
+            del out, loss
+            rec.end_batch()
+            for r in extra:
+                r.end_batch()
+        raw = rec.result(spec.batches)
+        for r in extra:
+            raw.update(r.result(spec.batches))
+    attention = probes.records(merge=ranks.sharded) if probes is not None else ()
+    if probes is not None:
+        notes.extend(probes.notes)
+    if progress:
+        progress("run", spec.batches, spec.batches)
+    first = layout.blocks[0].name if layout.blocks else None
+    return Profiled(
+        layout=layout,
+        chosen=chosen,
+        spec=spec,
+        ranks=ranks,
+        raw=raw,
+        targets=tuple(n for n, _ in targets),
+        attention=attention,
+        stream_input=input_name(first) if first is not None else None,
+        notes=tuple(notes),
+        backward=backward,
+        step0=step0,
+    )
+
+
+def run_info(profiled: Profiled, *, seed: int, init: str | None, dropout: bool) -> RunInfo:
+    """What ran, for the report's header."""
+    spec, chosen, ranks = profiled.spec, profiled.chosen, profiled.ranks
+    return RunInfo(
+        dtype=spec.dtype_name,
+        amp=spec.amp,
+        device=spec.device.type,
+        batch=chosen.batch_size(),
+        batches=spec.batches,
+        seed=seed,
+        seq_len=chosen.seq_len(),
+        backward=profiled.backward,
+        init=init,
+        mode="train",
+        dropout=dropout,
+        inputs=describe_batch(chosen.source(0)),
+        world_size=ranks.world_size,
+        backend=ranks.backend,
+    )
