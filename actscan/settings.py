@@ -579,7 +579,7 @@ class Settings:
         applies=COMMANDS | {CONFIG},
         help="Exit 1 on findings at or above this severity.",
     )
-    dtype: str | Any | None = setting(
+    dtype: str | Any | None = setting(  # noqa: RUF009  (Any: scan() may pass a torch.dtype)
         None,
         check=RunDType(tuple(m.value for m in DType)),
         flag="--dtype",
