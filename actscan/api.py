@@ -84,10 +84,16 @@ def build_target(spec: TargetSpec, settings: Settings) -> tuple[Resolved, InputS
     from actscan.targets.resolved import TargetOptions
 
     opts = TargetOptions(
-        config=spec.config, init=spec.init, overrides=parse_set(list(spec.overrides)),
-        seed=settings.seed, input_shape=spec.input_shape, allow_nonfinite=spec.allow_nonfinite,
-        batch=settings.batch, seq_len=settings.seq_len, at_init=spec.at_init,
-    )  # fmt: skip
+        config=spec.config,
+        init=spec.init,
+        overrides=parse_set(list(spec.overrides)),
+        seed=settings.seed,
+        input_shape=spec.input_shape,
+        allow_nonfinite=spec.allow_nonfinite,
+        batch=settings.batch,
+        seq_len=settings.seq_len,
+        at_init=spec.at_init,
+    )
     from actscan.distributed.runtime import current
 
     run = current()
@@ -166,7 +172,13 @@ def precision_divergence_of(
     if source is None:
         source = default_inputs(resolved.info, a.run.batch, a.run.seq_len, settings.seed)
     return precision_divergence(
-        resolved.model, source, high=high, low=low, reference_side=ref,
-        threshold=settings.threshold_set().divergence_rel_err, scope=scope,
-        device=settings.device, model_type=resolved.info.family,
-    )  # fmt: skip
+        resolved.model,
+        source,
+        high=high,
+        low=low,
+        reference_side=ref,
+        threshold=settings.threshold_set().divergence_rel_err,
+        scope=scope,
+        device=settings.device,
+        model_type=resolved.info.family,
+    )

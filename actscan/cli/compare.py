@@ -13,8 +13,11 @@ from actscan.cli.sides import check_precision, side_a, side_b
 from actscan.settings import Settings
 
 if TYPE_CHECKING:
+    from actscan.api import TargetSpec
+    from actscan.cli.sides import Side
     from actscan.compare.pairs import Comparison
     from actscan.report.report import Report
+    from actscan.run import CheckRunner
 
 
 @app.command("compare")
@@ -76,8 +79,11 @@ def compare(
         check_precision(s)
     c.check_outputs(fmt, output, json_out)
     same_weights = (b_side.target, b_side.config, b_side.init, b_side.sets) == (
-        a_side.target, a_side.config, a_side.init, a_side.sets,
-    )  # fmt: skip
+        a_side.target,
+        a_side.config,
+        a_side.init,
+        a_side.sets,
+    )
     shape = c.parse_shape(input_shape)
     spec_a, spec_b = (
         s.spec(
@@ -89,47 +95,33 @@ def compare(
         for s in (a_side, b_side)
     )
 
-    from actscan.api import Wiring, precision_divergence_of, scan_target
-    from actscan.compare.pairs import compare_reports
+    from actscan.api import Wiring
 
-    checks = Wiring.of(ctx.obj).checks
-    with c.ProgressSink(enabled=not quiet) as progress:
-        ra, rb = (
-            scan_target(spec, s.settings(settings), progress=progress, checks=checks).report
-            for spec, s in ((spec_a, a_side), (spec_b, b_side))
-        )
-        div = None
-        precision_differs = (ra.run.dtype, ra.run.amp) != (rb.run.dtype, rb.run.amp)
-        known = {"fp32", "bf16", "fp16"}
-        if same_weights and precision_differs and {ra.run.dtype, rb.run.dtype} <= known:
-            progress.stage("precision divergence")
-            div = precision_divergence_of(
-                spec_a, settings, ra, rb,
-                scope="all" if all_modules else "stream+branches",
-            )  # fmt: skip
-    cmp = compare_reports(
-        ra, rb, label_a=a_side.label(), label_b=b_side.label_vs(a_side, vs_set),
-        divergence=div,
-    )  # fmt: skip
-    if precision_differs and not same_weights:
-        cmp = replace(
-            cmp,
-            notes=(
-                *cmp.notes,
-                "the sides differ in weights as well as precision: no divergence pass "
-                "(compare one model: --dtype X --vs-dtype Y)",
-            ),
-        )
+    ra, rb, cmp = _run_sides(
+        (spec_a, a_side),
+        (spec_b, b_side),
+        settings,
+        checks=Wiring.of(ctx.obj).checks,
+        same_weights=same_weights,
+        vs_set=vs_set,
+        all_modules=all_modules,
+        quiet=quiet,
+    )
     if plot is not None:
         _plot(cmp, ra, rb, plot)
 
     from actscan.render.compare import render_comparison
 
     c.emit(
-        [ra, rb], fmt=fmt, output=output, json_path=json_out, fail_on=settings.fail_on,
+        [ra, rb],
+        fmt=fmt,
+        output=output,
+        json_path=json_out,
+        fail_on=settings.fail_on,
         render=lambda con: render_comparison(cmp, con, quiet=quiet, all_layers=all_modules),
-        quiet=quiet, json_text=cmp.to_json,
-    )  # fmt: skip
+        quiet=quiet,
+        json_text=cmp.to_json,
+    )
     raise typer.Exit(c.gate_exit(ra.findings + rb.findings, settings.fail_on))
 
 
@@ -142,3 +134,56 @@ def _plot(cmp: Comparison, ra: Report, rb: Report, plot: str) -> None:
         for side, label, r in (("A", cmp.label_a, ra), ("B", cmp.label_b, rb))
     ]
     plot_streams(series, plot, title="Residual stream RMS vs k")
+
+
+def _run_sides(
+    a: tuple[TargetSpec, Side],
+    b: tuple[TargetSpec, Side],
+    settings: Settings,
+    *,
+    checks: CheckRunner | None,
+    same_weights: bool,
+    vs_set: list[str] | None,
+    all_modules: bool,
+    quiet: bool,
+) -> tuple[Report, Report, Comparison]:
+    """Both sides' reports on identical inputs, and their comparison (with the divergence
+    pass when they are the same weights in two precisions)."""
+    (spec_a, a_side), (spec_b, b_side) = a, b
+    from actscan.api import precision_divergence_of, scan_target
+    from actscan.compare.pairs import compare_reports
+
+    with c.ProgressSink(enabled=not quiet) as progress:
+        ra, rb = (
+            scan_target(spec, s.settings(settings), progress=progress, checks=checks).report
+            for spec, s in ((spec_a, a_side), (spec_b, b_side))
+        )
+        div = None
+        precision_differs = (ra.run.dtype, ra.run.amp) != (rb.run.dtype, rb.run.amp)
+        known = {"fp32", "bf16", "fp16"}
+        if same_weights and precision_differs and {ra.run.dtype, rb.run.dtype} <= known:
+            progress.stage("precision divergence")
+            div = precision_divergence_of(
+                spec_a,
+                settings,
+                ra,
+                rb,
+                scope="all" if all_modules else "stream+branches",
+            )
+    cmp = compare_reports(
+        ra,
+        rb,
+        label_a=a_side.label(),
+        label_b=b_side.label_vs(a_side, vs_set),
+        divergence=div,
+    )
+    if precision_differs and not same_weights:
+        cmp = replace(
+            cmp,
+            notes=(
+                *cmp.notes,
+                "the sides differ in weights as well as precision: no divergence pass "
+                "(compare one model: --dtype X --vs-dtype Y)",
+            ),
+        )
+    return ra, rb, cmp

@@ -17,8 +17,17 @@ def configs_cmd() -> None:
 
     console = make_console()
     table = Table(title="Shipped configs (actscan profile NAME)", title_justify="left")
-    for col in ("name", "layers", "d_model", "norm", "placement", "activation", "branch scale",
-                "init", "file"):  # fmt: skip
+    for col in (
+        "name",
+        "layers",
+        "d_model",
+        "norm",
+        "placement",
+        "activation",
+        "branch scale",
+        "init",
+        "file",
+    ):
         table.add_column(col)
     for name, path in shipped_configs().items():
         data = read_config_file(path)
@@ -26,7 +35,16 @@ def configs_cmd() -> None:
             table.add_row(name, "", "", "", "", "", "", "", str(path.name))
             continue
         c = build_config(data, str(path))
-        table.add_row(name, str(c.n_layers), str(c.d_model), c.norm, c.placement, c.activation,
-                      c.branch_scale, c.init, path.name)  # fmt: skip
+        table.add_row(
+            name,
+            str(c.n_layers),
+            str(c.d_model),
+            c.norm,
+            c.placement,
+            c.activation,
+            c.branch_scale,
+            c.init,
+            path.name,
+        )
     console.print(table)
     console.print("Init schemes (--init): " + ", ".join(INITS))

@@ -285,9 +285,13 @@ def make_console(stderr: bool = False, width: int | None = None) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     plain = "NO_COLOR" in os.environ or not stream.isatty()
     return Console(
-        file=stream, no_color=plain, color_system=None if plain else "auto", highlight=False,
-        width=width or (120 if plain else None), soft_wrap=False,
-    )  # fmt: skip
+        file=stream,
+        no_color=plain,
+        color_system=None if plain else "auto",
+        highlight=False,
+        width=width or (120 if plain else None),
+        soft_wrap=False,
+    )
 
 
 class ProgressSink:
@@ -303,10 +307,13 @@ class ProgressSink:
             from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
             self._progress = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                TextColumn("{task.completed}/{task.total}"), transient=True,
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                transient=True,
                 console=Console(file=sys.stderr),
-            )  # fmt: skip
+            )
             self._progress.__enter__()
         return self
 

@@ -158,12 +158,16 @@ def _profile(
 
         plot_profile(profile_figure(report), plot)
     c.emit(
-        [report], fmt=fmt, output=output, json_path=json_out, fail_on=settings.fail_on,
+        [report],
+        fmt=fmt,
+        output=output,
+        json_path=json_out,
+        fail_on=settings.fail_on,
         render=lambda con: render_report(
             report, con, all_modules=all_modules, quiet=quiet, ignored=scanned.ignored
         ),
         quiet=quiet,
-    )  # fmt: skip
+    )
     raise typer.Exit(c.gate_exit(report.findings, settings.fail_on))
 
 
@@ -190,5 +194,6 @@ def _print_settings(settings: Settings) -> None:
         table.add_row(f"threshold {name}", f"{value:g}", where(src))
     console.print(table)
     for ig in settings.ignores:
-        console.print(f"ignore {ig.check}" + (f" at /{ig.layers}/" if ig.layers else "")
-                      + f": {ig.reason}")  # fmt: skip
+        console.print(
+            f"ignore {ig.check}" + (f" at /{ig.layers}/" if ig.layers else "") + f": {ig.reason}"
+        )

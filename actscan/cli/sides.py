@@ -44,10 +44,15 @@ class Side:
         from actscan.api import TargetSpec
 
         return TargetSpec(
-            target=self.target, config=self.config, init=self.init, overrides=self.sets,
-            input_file=input_file, input_shape=input_shape, allow_nonfinite=allow_nonfinite,
+            target=self.target,
+            config=self.config,
+            init=self.init,
+            overrides=self.sets,
+            input_file=input_file,
+            input_shape=input_shape,
+            allow_nonfinite=allow_nonfinite,
             at_init=at_init,
-        )  # fmt: skip
+        )
 
     def label(self) -> str:
         bits = [self.target]
@@ -99,9 +104,14 @@ def side_b(
         b_dtype = ROWS["dtype"].validate(dtype, "--vs-dtype")
         b_amp = ROWS["amp"].validate(amp, "--vs-amp")
     return Side(
-        tag="b", target=target or a.target, config=config or a.config, init=init or a.init,
-        sets=a.sets + tuple(sets or ()), dtype=b_dtype, amp=b_amp,
-    )  # fmt: skip
+        tag="b",
+        target=target or a.target,
+        config=config or a.config,
+        init=init or a.init,
+        sets=a.sets + tuple(sets or ()),
+        dtype=b_dtype,
+        amp=b_amp,
+    )
 
 
 def check_precision(side: Side) -> None:

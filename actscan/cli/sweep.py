@@ -71,9 +71,16 @@ def sweep(
     sides = [a_side]
     if vs_init or vs_set or vs_dtype or vs_amp:
         sides.append(
-            side_b(a_side, target=None, config=None, init=vs_init, sets=vs_set, dtype=vs_dtype,
-                   amp=vs_amp)
-        )  # fmt: skip
+            side_b(
+                a_side,
+                target=None,
+                config=None,
+                init=vs_init,
+                sets=vs_set,
+                dtype=vs_dtype,
+                amp=vs_amp,
+            )
+        )
     for s in sides:
         check_precision(s)
     c.check_outputs(fmt, output, json_out)
@@ -102,37 +109,26 @@ def sweep(
             return scan_target(spec, run, checks=checks).report
 
         result = run_sweep(
-            target, points, scan_point,
-            labels=[(s.tag, s.label() if s.tag == "a" else s.label_vs(a_side, vs_set))
-                    for s in sides],
-            depths=depths, widths=widths, keys=(base_a.depth_key, base_a.width_key), notes=notes,
-            thresholds=settings.threshold_set(), ignores=settings.ignores,
-        )  # fmt: skip
+            target,
+            points,
+            scan_point,
+            labels=[
+                (s.tag, s.label() if s.tag == "a" else s.label_vs(a_side, vs_set)) for s in sides
+            ],
+            depths=depths,
+            widths=widths,
+            keys=(base_a.depth_key, base_a.width_key),
+            notes=notes,
+            thresholds=settings.threshold_set(),
+            ignores=settings.ignores,
+        )
 
     if plot is not None:
         _plot(result, plot, target, two=len(sides) > 1)
 
-    from actscan.render.compare import render_sweep
-    from actscan.render.formats import coord_markdown, to_junit, to_markdown
-
-    reports = [r.report for r in result.rows]
-    gate = settings.fail_on
-    cc = result.coord
-
-    def markdown() -> str:
-        parts = [to_markdown(r, fail_on=gate) for r in reports]
-        if cc is not None:
-            parts.append(coord_markdown(cc, result.labels, fail_on=gate))
-        return "\n\n".join(parts)
-
-    c.emit(
-        reports, fmt=fmt, output=output, json_path=json_out, fail_on=gate,
-        render=lambda con: render_sweep(result, con, quiet=quiet), quiet=quiet,
-        json_text=result.to_json, markdown_text=markdown,
-        junit_text=lambda: to_junit(
-            reports, fail_on=gate, coord=(target, cc.findings) if cc is not None else None
-        ),
-    )  # fmt: skip
+    reports = _emit(
+        result, target, settings, fmt=fmt, output=output, json_out=json_out, quiet=quiet
+    )
     findings = [f for r in reports for f in r.findings] + list(result.findings)
     raise typer.Exit(c.gate_exit(findings, settings.fail_on))
 
@@ -167,3 +163,44 @@ def _plot(result: Sweep, plot: str, target: str, *, two: bool) -> None:
         plot,
         title=f"Residual stream RMS vs k: {target}",
     )
+
+
+def _emit(
+    result: Sweep,
+    target: str,
+    settings: Settings,
+    *,
+    fmt: c.FormatOpt,
+    output: str | None,
+    json_out: str | None,
+    quiet: bool,
+) -> list[Report]:
+    """Show the sweep in the chosen format (and its JSON); gives its rows' reports."""
+    from actscan.render.compare import render_sweep
+    from actscan.render.formats import coord_markdown, to_junit, to_markdown
+
+    reports = [r.report for r in result.rows]
+    gate = settings.fail_on
+    cc = result.coord
+
+    def markdown() -> str:
+        parts = [to_markdown(r, fail_on=gate) for r in reports]
+        if cc is not None:
+            parts.append(coord_markdown(cc, result.labels, fail_on=gate))
+        return "\n\n".join(parts)
+
+    c.emit(
+        reports,
+        fmt=fmt,
+        output=output,
+        json_path=json_out,
+        fail_on=gate,
+        render=lambda con: render_sweep(result, con, quiet=quiet),
+        quiet=quiet,
+        json_text=result.to_json,
+        markdown_text=markdown,
+        junit_text=lambda: to_junit(
+            reports, fail_on=gate, coord=(target, cc.findings) if cc is not None else None
+        ),
+    )
+    return reports

@@ -244,12 +244,20 @@ def match_layers(
     pairs.sort(key=lambda t: order_a[t[0].name])
     out = tuple(
         LayerPair(
-            name_a=x.name, name_b=y.name, role=x.role, block=x.block, matched_by=how,
-            rms_a=x.rms, rms_b=y.rms, ratio=ratio(x.rms, y.rms), grad_rms_a=x.grad_rms,
-            grad_rms_b=y.grad_rms, grad_ratio=ratio(x.grad_rms, y.grad_rms),
+            name_a=x.name,
+            name_b=y.name,
+            role=x.role,
+            block=x.block,
+            matched_by=how,
+            rms_a=x.rms,
+            rms_b=y.rms,
+            ratio=ratio(x.rms, y.rms),
+            grad_rms_a=x.grad_rms,
+            grad_rms_b=y.grad_rms,
+            grad_ratio=ratio(x.grad_rms, y.grad_rms),
         )
         for x, y, how in pairs
-    )  # fmt: skip
+    )
     unmatched_b = tuple(r.name for r in b if r.name in {v.name for v in left_b.values()})
     return out, tuple(unmatched_a), unmatched_b
 
@@ -262,14 +270,18 @@ def match_stream(a: Sequence[StreamPoint], b: Sequence[StreamPoint]) -> tuple[St
         x, y = pa.get(k), pb.get(k)
         out.append(
             StreamPair(
-                k=k, block=(x or y).block,  # type: ignore[union-attr]
-                name_a=x.name if x else None, name_b=y.name if y else None,
-                rms_a=x.rms if x else None, rms_b=y.rms if y else None,
+                k=k,
+                block=(x or y).block,  # type: ignore[union-attr]
+                name_a=x.name if x else None,
+                name_b=y.name if y else None,
+                rms_a=x.rms if x else None,
+                rms_b=y.rms if y else None,
                 ratio=ratio(x.rms, y.rms) if x and y else None,
-                grad_rms_a=x.grad_rms if x else None, grad_rms_b=y.grad_rms if y else None,
+                grad_rms_a=x.grad_rms if x else None,
+                grad_rms_b=y.grad_rms if y else None,
                 grad_ratio=ratio(x.grad_rms, y.grad_rms) if x and y else None,
             )
-        )  # fmt: skip
+        )
     return tuple(out)
 
 
@@ -289,12 +301,15 @@ def match_branches(a: Report, b: Report) -> tuple[BranchPair, ...]:
         x, y = ba.get(key), bb.get(key)
         out.append(
             BranchPair(
-                block=key[0], kind=key[1], name_a=x.name if x else None,
-                name_b=y.name if y else None, ratio_a=x.ratio if x else None,
+                block=key[0],
+                kind=key[1],
+                name_a=x.name if x else None,
+                name_b=y.name if y else None,
+                ratio_a=x.ratio if x else None,
                 ratio_b=y.ratio if y else None,
                 rms_ratio=ratio(x.rms, y.rms) if x and y else None,
             )
-        )  # fmt: skip
+        )
     return tuple(out)
 
 
@@ -349,12 +364,23 @@ def compare_reports(
             "(matched by name, then by role, block and position in the block)"
         )
     cmp = Comparison(
-        a=a, b=b, label_a=label_a, label_b=label_b, layers=layers, stream=stream,
-        branches=match_branches(a, b), unmatched_a=un_a, unmatched_b=un_b, findings=findings,
-        divergence=divergence, notes=tuple(notes), streams=streams,
+        a=a,
+        b=b,
+        label_a=label_a,
+        label_b=label_b,
+        layers=layers,
+        stream=stream,
+        branches=match_branches(a, b),
+        unmatched_a=un_a,
+        unmatched_b=un_b,
+        findings=findings,
+        divergence=divergence,
+        notes=tuple(notes),
+        streams=streams,
         steps=compare_steps(a.dynamics, b.dynamics, label_a=label_a, label_b=label_b)
-        if a.dynamics is not None and b.dynamics is not None else None,
-    )  # fmt: skip
+        if a.dynamics is not None and b.dynamics is not None
+        else None,
+    )
     return replace(cmp, verdict=verdict(cmp))
 
 

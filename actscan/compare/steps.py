@@ -71,13 +71,16 @@ class StepsComparison:
 def _side(d: Dynamics) -> SideSteps:
     o = d.optimizer
     return SideSteps(
-        steps=len(d.steps) - 1, optimizer=f"{o.name} lr {num(o.lr)}",
-        ratio_spread=ratio_spread(d), final_amplification=final_amplification(d),
+        steps=len(d.steps) - 1,
+        optimizer=f"{o.name} lr {num(o.lr)}",
+        ratio_spread=ratio_spread(d),
+        final_amplification=final_amplification(d),
         attn_first=d.steps[0].attn_max if d.steps else None,
-        attn_last=d.steps[-1].attn_max if d.steps else None, attn_growth=attn_growth(d),
+        attn_last=d.steps[-1].attn_max if d.steps else None,
+        attn_growth=attn_growth(d),
         loss_first=d.steps[0].loss if d.steps else None,
         loss_last=d.steps[-1].loss if d.steps else None,
-    )  # fmt: skip
+    )
 
 
 def _wins(x: float | None, y: float | None) -> str | None:

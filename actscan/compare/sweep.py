@@ -286,12 +286,20 @@ def row(point: SweepPoint, report: Report) -> SweepRow:
     worst = max(report.findings, key=lambda f: f.severity.rank, default=None)
     final = next((p.rms for p in reversed(report.stream) if p.rms is not None), None)
     return SweepRow(
-        side=point.side, depth=point.depth, width=point.width, overrides=point.overrides,
-        final_rms=final, growth=s.growth, growth_exponent=s.growth_exponent,
-        gain_per_block=s.gain_per_block, grad_ratio=s.grad_ratio, counts=counts,
+        side=point.side,
+        depth=point.depth,
+        width=point.width,
+        overrides=point.overrides,
+        final_rms=final,
+        growth=s.growth,
+        growth_exponent=s.growth_exponent,
+        gain_per_block=s.gain_per_block,
+        grad_ratio=s.grad_ratio,
+        counts=counts,
         worst_check=worst.check if worst else None,
-        worst_severity=worst.severity.value if worst else None, report=report,
-    )  # fmt: skip
+        worst_severity=worst.severity.value if worst else None,
+        report=report,
+    )
 
 
 def run_sweep(
@@ -327,9 +335,16 @@ def run_sweep(
         if coord is not None and ignores:
             coord = replace(coord, findings=apply_ignores(coord.findings, ignores)[0])
     return Sweep(
-        target=target, labels=tuple(labels), depths=tuple(depths), widths=tuple(widths),
-        depth_key=keys[0], width_key=keys[1], rows=rows, notes=tuple(notes), coord=coord,
-    )  # fmt: skip
+        target=target,
+        labels=tuple(labels),
+        depths=tuple(depths),
+        widths=tuple(widths),
+        depth_key=keys[0],
+        width_key=keys[1],
+        rows=rows,
+        notes=tuple(notes),
+        coord=coord,
+    )
 
 
 def _spread(values: Sequence[float | None]) -> float | None:

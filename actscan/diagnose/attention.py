@@ -71,7 +71,11 @@ def score_findings(ctx: CheckContext) -> list[Finding]:
         )
         out.append(
             finding(
-                CheckId.LOGIT_SCALE, sev, _layers(hot), worst, threshold,
+                CheckId.LOGIT_SCALE,
+                sev,
+                _layers(hot),
+                worst,
+                threshold,
                 f"Attention scores {state}have std up to {n(head.score_std)} at {rec.name} head "
                 f"{head.head} over T = {rec.keys} keys, {n(worst)}× √(2 ln T) = "
                 f"{n(freeze(rec.keys))} ({len(hot)} head{'s' if len(hot) > 1 else ''}: "
@@ -79,7 +83,7 @@ def score_findings(ctx: CheckContext) -> list[Finding]:
                 "Check the attention scale (1/√d_k) and the q/k projections' init; QK-norm, "
                 "a lower q/k init or a logit soft-cap keeps the scores near unit scale.",
             )
-        )  # fmt: skip
+        )
     big = _hits(ctx, lambda r, h: finite(h.score_max) and h.score_max >= th.attn_score_max)  # type: ignore[operator]
     if big:
         rec, head = max(big, key=lambda x: x[1].score_max)  # type: ignore[arg-type, return-value]
@@ -91,7 +95,10 @@ def score_findings(ctx: CheckContext) -> list[Finding]:
             sev = Severity.WARN if sev is Severity.ERROR else Severity.INFO
         out.append(
             finding(
-                CheckId.LOGIT_SCALE, sev, _layers(big), top,
+                CheckId.LOGIT_SCALE,
+                sev,
+                _layers(big),
+                top,
                 th.attn_score_max_error if over else th.attn_score_max,
                 f"Attention scores reach {n(top)} at {rec.name} head {head.head} "
                 f"({len(big)} head{'s' if len(big) > 1 else ''} ≥ {n(th.attn_score_max)}: "
@@ -101,7 +108,7 @@ def score_findings(ctx: CheckContext) -> list[Finding]:
                 "Bound the scores: QK-norm, a tanh soft-cap (Gemma 2: 50·tanh(s/50)) or "
                 "QK-Clip; at init, check the q/k projections' scale.",
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -132,7 +139,11 @@ def attn_entropy(ctx: CheckContext) -> list[Finding | Skip]:
         sev, threshold = grade(e, th.attn_entropy_low, th.attn_entropy_collapse, above=False)
         return [
             finding(
-                CheckId.ATTN_ENTROPY, sev, _layers(low), e, threshold,
+                CheckId.ATTN_ENTROPY,
+                sev,
+                _layers(low),
+                e,
+                threshold,
                 f"{len(low)} attention head{'s' if len(low) > 1 else ''} at init "
                 f"{'have' if len(low) > 1 else 'has'} normalised entropy below "
                 f"{n(th.attn_entropy_low)} (healthy heads at init sit near 1, uniform over "
@@ -143,15 +154,16 @@ def attn_entropy(ctx: CheckContext) -> list[Finding | Skip]:
                 "1/√d_k scale (logit-scale says by how much); QK-norm keeps them near unit "
                 "scale.",
             )
-        ]  # fmt: skip
+        ]
     collapsed = _hits(ctx, lambda r, h: (e := ent(h)) is not None and e < th.attn_entropy_collapse)
     if not collapsed:
         return []
     whole = [
-        r.name for r in ctx.attention
-        if r.heads and all((e := ent(h)) is not None and e < th.attn_entropy_collapse
-                           for h in r.heads)
-    ]  # fmt: skip
+        r.name
+        for r in ctx.attention
+        if r.heads
+        and all((e := ent(h)) is not None and e < th.attn_entropy_collapse for h in r.heads)
+    ]
     total = sum(len(r.heads) for r in ctx.attention)
     rec, head = min(collapsed, key=lambda x: x[1].entropy)  # type: ignore[arg-type, return-value]
     e = float(head.entropy)  # type: ignore[arg-type]
@@ -174,10 +186,14 @@ def attn_entropy(ctx: CheckContext) -> list[Finding | Skip]:
         sev = Severity.INFO
     return [
         finding(
-            CheckId.ATTN_ENTROPY, sev, whole or _layers(collapsed), e,
-            th.attn_entropy_collapse, message,
+            CheckId.ATTN_ENTROPY,
+            sev,
+            whole or _layers(collapsed),
+            e,
+            th.attn_entropy_collapse,
+            message,
             "Compare with a healthy checkpoint of the same family on real text (--input); "
             "during training, falling entropy with growing scores (logit-scale) is the "
             "entropy-collapse instability QK-norm and σReparam prevent.",
         )
-    ]  # fmt: skip
+    ]

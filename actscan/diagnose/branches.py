@@ -59,10 +59,13 @@ def _gain_for(
 ) -> LayerRecord | None:
     """The gain module applied right after this branch (next gain in execution order)."""
     later = [
-        r for r in block
-        if r.order > branch.order and GAIN_NAME.search(r.name.rsplit(".", 1)[-1])
-        and not r.name.startswith(rec.name + ".") and r.role not in (*KIND_NAME, "norm")
-    ]  # fmt: skip
+        r
+        for r in block
+        if r.order > branch.order
+        and GAIN_NAME.search(r.name.rsplit(".", 1)[-1])
+        and not r.name.startswith(rec.name + ".")
+        and r.role not in (*KIND_NAME, "norm")
+    ]
     return min(later, key=lambda r: r.order) if later else None
 
 
@@ -130,10 +133,11 @@ def dead_branch(ctx: CheckContext) -> list[Finding | Skip]:
             skip(CheckId.DEAD_BRANCH, "no attention/MLP branch output was identified or recorded")
         ]
     dead = [
-        b for b in branches
+        b
+        for b in branches
         if (b.ratio is not None and b.ratio <= th.dead_branch_ratio)
         or (b.grad_ratio is not None and b.grad_ratio <= th.dead_branch_ratio)
-    ]  # fmt: skip
+    ]
     if not dead:
         return []
     out: list[Finding | Skip] = []
@@ -191,9 +195,10 @@ def dead_branch(ctx: CheckContext) -> list[Finding | Skip]:
     if not rest:
         return out
     stuck = [
-        b for b in rest
+        b
+        for b in rest
         if ctx.run.backward and b.rec.param_grad_norm is not None and b.rec.param_grad_norm == 0
-    ]  # fmt: skip
+    ]
     severity, threshold = warn_or_error(bool(stuck), th.dead_branch_ratio)
     dead_acts = {
         r.name
@@ -226,9 +231,16 @@ def dead_branch(ctx: CheckContext) -> list[Finding | Skip]:
         "makes sense in every block at once, with weights that can learn (Fixup/SkipInit)."
     )
     out.append(
-        finding(CheckId.DEAD_BRANCH, severity, [b.rec.name for b in rest], value, threshold,
-                message, hint)
-    )  # fmt: skip
+        finding(
+            CheckId.DEAD_BRANCH,
+            severity,
+            [b.rec.name for b in rest],
+            value,
+            threshold,
+            message,
+            hint,
+        )
+    )
     return out
 
 
@@ -259,20 +271,24 @@ def _uniformly_small(
             continue
         floor = ratios[len(ratios) // 2] / max(th.dead_branch_spread, 1.0)
         small = [
-            b for b in dead_kind
-            if b.ratio is not None and b.ratio > 0 and b.ratio >= floor
+            b
+            for b in dead_kind
+            if b.ratio is not None
+            and b.ratio > 0
+            and b.ratio >= floor
             and (b.grad_ratio is None or b.grad_ratio > th.dead_branch_ratio)
             and not (ctx.run.backward and b.rec.param_grad_norm == 0)
-        ]  # fmt: skip
+        ]
         if not small:
             continue
         lo = min(b.ratio for b in small if b.ratio is not None)
         hi = max(b.ratio for b in small if b.ratio is not None)
         name = kind_name(small[0].rec)
         what = (
-            f"{len(small)} of the {len(of_kind)} {name} branches" if len(small) < len(of_kind)
+            f"{len(small)} of the {len(of_kind)} {name} branches"
+            if len(small) < len(of_kind)
             else f"All {len(of_kind)} {name} branches"
-        )  # fmt: skip
+        )
         out.append(
             finding(
                 CheckId.DEAD_BRANCH,

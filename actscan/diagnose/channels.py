@@ -72,8 +72,11 @@ def dead_units(ctx: CheckContext) -> list[Finding | Skip]:
         "Dead ReLUs get no gradient and never recover: center the pre-activations (zero bias "
         "init, He init √(2/fan_in)), lower the learning rate, or use GELU/SiLU/leaky ReLU."
     )
-    return [finding(CheckId.DEAD_UNITS, severity, [r.name for r, _ in hits], frac, threshold,
-                    message, hint)]  # fmt: skip
+    return [
+        finding(
+            CheckId.DEAD_UNITS, severity, [r.name for r, _ in hits], frac, threshold, message, hint
+        )
+    ]
 
 
 def _has_channels(ctx: CheckContext) -> bool:
@@ -142,11 +145,16 @@ def outlier_channels(ctx: CheckContext) -> list[Finding | Skip]:
     # same channel, the same width) is massive-activations' to report, not this check's.
     local = token_local(ctx)
     hits = [
-        r for r in ctx.layers
-        if r.outlier_channels and r.role != "head" and r.type not in NOT_FEATURES
-        and not r.nonfinite and positive(r.channel_max_ratio) and positive(r.max_abs)
+        r
+        for r in ctx.layers
+        if r.outlier_channels
+        and r.role != "head"
+        and r.type not in NOT_FEATURES
+        and not r.nonfinite
+        and positive(r.channel_max_ratio)
+        and positive(r.max_abs)
         and not all((r.n_channels, c) in local for c in r.outlier_channels)
-    ]  # fmt: skip
+    ]
     if not hits:
         return []
     hits.sort(key=lambda r: r.order)
@@ -185,5 +193,14 @@ def outlier_channels(ctx: CheckContext) -> list[Finding | Skip]:
     )
     if hits[0].role == "embed" or hits[0].type == "StreamInput":
         hint += " Here the channel starts at the embedding: check that column's values."
-    return [finding(CheckId.OUTLIER_CHANNELS, severity, [r.name for r in hits], ratio,
-                    threshold, message, hint)]  # fmt: skip
+    return [
+        finding(
+            CheckId.OUTLIER_CHANNELS,
+            severity,
+            [r.name for r in hits],
+            ratio,
+            threshold,
+            message,
+            hint,
+        )
+    ]

@@ -83,9 +83,14 @@ def finding(
     hint: str = "",
 ) -> Finding:
     return Finding(
-        check=str(check), severity=severity, layers=tuple(dict.fromkeys(layers)),
-        value=value, threshold=threshold, message=message, hint=hint,
-    )  # fmt: skip
+        check=str(check),
+        severity=severity,
+        layers=tuple(dict.fromkeys(layers)),
+        value=value,
+        threshold=threshold,
+        message=message,
+        hint=hint,
+    )
 
 
 def skip(check: CheckId, reason: str) -> Skip:
@@ -112,9 +117,10 @@ def branch_projections(ctx: CheckContext) -> list[tuple[ParamRecord, ParamRecord
         for br in b.branch_list():
             kind, branch = br.role, br.name
             ws = [
-                p for p in ctx.params
+                p
+                for p in ctx.params
                 if p.kind == "weight" and (p.module == branch or p.module.startswith(branch + "."))
-            ]  # fmt: skip
+            ]
             if len(ws) < 2:
                 continue
             ws.sort(key=lambda p: (order.get(p.module, 10**9), index[p.name]))
@@ -162,8 +168,12 @@ def residual_budget(
 def feeding(act: LayerRecord, layers: tuple[LayerRecord, ...]) -> LayerRecord | None:
     """The pre-activation: the latest module before `act` in its block with as many channels."""
     before = [
-        r for r in layers
-        if r.block == act.block and r.order < act.order and r.n_channels == act.n_channels
-        and r.role != "act" and not act.name.startswith(r.name + ".")
-    ]  # fmt: skip
+        r
+        for r in layers
+        if r.block == act.block
+        and r.order < act.order
+        and r.n_channels == act.n_channels
+        and r.role != "act"
+        and not act.name.startswith(r.name + ".")
+    ]
     return max(before, key=lambda r: r.order) if before else None

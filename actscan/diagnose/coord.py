@@ -191,11 +191,19 @@ def coord_slopes(
                 blk = block if block is not None else blocks.get(k) if k is not None else None
                 group = _group(kind, k, blk, n_blocks)
                 slope = CoordSlope(
-                    side=side, depth=depth, name=name, kind=kind, k=k, block=blk,
-                    group=group, t=t, abs_mean=absv, delta_mean=delv,
+                    side=side,
+                    depth=depth,
+                    name=name,
+                    kind=kind,
+                    k=k,
+                    block=blk,
+                    group=group,
+                    t=t,
+                    abs_mean=absv,
+                    delta_mean=delv,
                     abs_slope=fit_slope(widths, absv, min_widths),
                     delta_slope=fit_slope(widths, delv, min_widths) if t else None,
-                )  # fmt: skip
+                )
                 slopes.append(slope)
                 if kind not in LOGIT_KINDS or kind == "head":
                     group_vals.setdefault(group, []).append((absv, delv))
@@ -211,11 +219,17 @@ def coord_slopes(
                 out = any(v is not None and not low <= v <= high for v in (a_slope, d_slope))
                 curves.append(
                     CoordCurve(
-                        side=side, depth=depth, group=group, t=t, abs_mean=absc,
-                        delta_mean=delc if t else (), abs_slope=a_slope, delta_slope=d_slope,
+                        side=side,
+                        depth=depth,
+                        group=group,
+                        t=t,
+                        abs_mean=absc,
+                        delta_mean=delc if t else (),
+                        abs_slope=a_slope,
+                        delta_slope=d_slope,
                         beyond=out,
                     )
-                )  # fmt: skip
+                )
     return widths, tuple(slopes), tuple(curves)
 
 
@@ -344,11 +358,15 @@ def coord_findings(
                 )
             out.append(
                 Finding(
-                    check=CheckId.COORD_CHECK, severity=Severity.WARN, layers=layers,
-                    value=worst[3], threshold=th.coord_slope if up else -th.coord_shrink,
-                    message=message, hint=hint,
+                    check=CheckId.COORD_CHECK,
+                    severity=Severity.WARN,
+                    layers=layers,
+                    value=worst[3],
+                    threshold=th.coord_slope if up else -th.coord_shrink,
+                    message=message,
+                    hint=hint,
                 )
-            )  # fmt: skip
+            )
     return tuple(out)
 
 

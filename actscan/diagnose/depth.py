@@ -68,9 +68,11 @@ def per_stream(check: Check) -> Check:
         for s in ctx.streams:
             blocks = tuple(b for b in ctx.layout.blocks if b.stream == s.name)
             sub = replace(
-                ctx, stream=s.points, fit=growth_fit(s.points),
+                ctx,
+                stream=s.points,
+                fit=growth_fit(s.points),
                 layout=replace(ctx.layout, blocks=blocks),
-            )  # fmt: skip
+            )
             for item in check(sub):
                 if isinstance(item, Skip):
                     skips.setdefault(item.check, []).append(f"{s.name} stream: {item.reason}")
@@ -229,9 +231,16 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
             "with the norm on the branch (pre-norm), or a normalization on the stream."
         )
         return [
-            finding(CheckId.EXP_GROWTH, severity, (cross.name, last.name), total, threshold,
-                    message, hint)
-        ]  # fmt: skip
+            finding(
+                CheckId.EXP_GROWTH,
+                severity,
+                (cross.name, last.name),
+                total,
+                threshold,
+                message,
+                hint,
+            )
+        ]
     shrink = min(total, actual)
     if shrink <= 1 / th.exp_gain_warn:
         severity, threshold = grade(
@@ -249,9 +258,16 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
             "x + F(x) around each block, and check norm gains and placement."
         )
         return [
-            finding(CheckId.COLLAPSE, severity, (cross.name, last.name), shrink, threshold,
-                    message, hint)
-        ]  # fmt: skip
+            finding(
+                CheckId.COLLAPSE,
+                severity,
+                (cross.name, last.name),
+                shrink,
+                threshold,
+                message,
+                hint,
+            )
+        ]
     return []
 
 
@@ -286,10 +302,13 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
         )
         # the highest block below which the gradient stays under the threshold
         cross = next(
-            (p for p, v in zip(reversed(pts), reversed(r), strict=True)
-             if v / top <= 1 / th.grad_ratio_warn),
+            (
+                p
+                for p, v in zip(reversed(pts), reversed(r), strict=True)
+                if v / top <= 1 / th.grad_ratio_warn
+            ),
             first,
-        )  # fmt: skip
+        )
         message = (
             f"The gradient reaching {where} is {n(1 / ratio)}× weaker than at "
             f"{_b(ctx, last)}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
@@ -302,16 +321,26 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
             "β = (2N)^−¼ on the branch init) or Admin, and learning-rate warmup."
         )
         return [
-            finding(CheckId.VANISHING_GRAD, severity, (cross.name, last.name), ratio, threshold,
-                    message, hint)
-        ]  # fmt: skip
+            finding(
+                CheckId.VANISHING_GRAD,
+                severity,
+                (cross.name, last.name),
+                ratio,
+                threshold,
+                message,
+                hint,
+            )
+        ]
     if ratio >= th.grad_ratio_warn:
         severity, threshold = grade(ratio, th.grad_ratio_warn, th.grad_ratio_error)
         cross = next(
-            (p for p, v in zip(reversed(pts), reversed(r), strict=True)
-             if v / top >= th.grad_ratio_warn),
+            (
+                p
+                for p, v in zip(reversed(pts), reversed(r), strict=True)
+                if v / top >= th.grad_ratio_warn
+            ),
             first,
-        )  # fmt: skip
+        )
         message = (
             f"The gradient reaching {where} is {n(ratio)}× stronger than at "
             f"{_b(ctx, last)}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
@@ -323,7 +352,14 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
             "logit scale (a saturated softmax concentrates the gradient)."
         )
         return [
-            finding(CheckId.EXPLODING_GRAD, severity, (cross.name, last.name), ratio, threshold,
-                    message, hint)
-        ]  # fmt: skip
+            finding(
+                CheckId.EXPLODING_GRAD,
+                severity,
+                (cross.name, last.name),
+                ratio,
+                threshold,
+                message,
+                hint,
+            )
+        ]
     return []

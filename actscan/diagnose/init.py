@@ -74,8 +74,17 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
             f"a flat {n(flat)} matches √(1/fan_in) only at fan_in ≈ {round(1 / flat**2)}; "
             "residual output projections also take 1/√(2L)."
         )
-        out.append(finding(CheckId.INIT_SCALE, severity, sorted({p.module for p in big}), r,
-                           threshold, message, hint))  # fmt: skip
+        out.append(
+            finding(
+                CheckId.INIT_SCALE,
+                severity,
+                sorted({p.module for p in big}),
+                r,
+                threshold,
+                message,
+                hint,
+            )
+        )
 
     small = [p for p in weights if ratio(p) <= th.init_scale_low and p.name not in out_proj]
     if small:

@@ -76,9 +76,7 @@ def massive_activations(ctx: CheckContext) -> list[Finding | Skip]:
     top = max(abs(h[1].value) for g in ranked for h in g)
     scale = top / 127
     med = big[0].median_abs or 0.0
-    others = [
-        f"{token_label(g[0][1])} channel {g[0][1].channel}" for g in ranked[1:]
-    ]  # fmt: skip
+    others = [f"{token_label(g[0][1])} channel {g[0][1].channel}" for g in ranked[1:]]
     more = f"; also {listing(others, 4)}" if others else ""
     seqs = {(h[1].batch, h[1].sequence) for h in lead}
     many = f" of {len(seqs)} sequences" if len(seqs) > 1 else ""
@@ -110,5 +108,14 @@ def massive_activations(ctx: CheckContext) -> list[Finding | Skip]:
             "per-tensor scale: quantize per token, or keep those tokens in higher precision."
         )
     layers = [h[0].name for h in sorted(hits, key=lambda h: order[h[0].name])]
-    return [finding(CheckId.MASSIVE_ACTIVATIONS, severity, list(dict.fromkeys(layers)),
-                    worst_ratio, th.massive_ratio, message, hint)]  # fmt: skip
+    return [
+        finding(
+            CheckId.MASSIVE_ACTIVATIONS,
+            severity,
+            list(dict.fromkeys(layers)),
+            worst_ratio,
+            th.massive_ratio,
+            message,
+            hint,
+        )
+    ]

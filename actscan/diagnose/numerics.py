@@ -32,10 +32,21 @@ def _fp16(ctx: CheckContext) -> bool:
 
 
 def overflow(ctx: CheckContext) -> list[Finding]:
-    th = ctx.thresholds
-    out: list[Finding] = []
+    """Non-finite weights, outputs or gradients (error), values near the dtype's ceiling
+    (warn), beyond fp16's (info, in wider runs) and logits that exp() overflows (info)."""
     fp16 = _fp16(ctx)
     dtype = "fp16" if fp16 else ctx.run.dtype
+    out = _nonfinite_params(ctx) + _nonfinite_outputs(ctx, dtype, fp16)
+    if any(r.nonfinite > 0 for r in ctx.layers):
+        return out  # no ceiling to judge once values are inf
+    out += _near_ceiling(ctx, dtype, fp16)
+    if fp16:
+        out += _hot_logits(ctx)
+    return out
+
+
+def _nonfinite_params(ctx: CheckContext) -> list[Finding]:
+    out: list[Finding] = []
     bad_params = [p for p in ctx.params if p.nonfinite]
     if bad_params:
         out.append(
@@ -52,6 +63,12 @@ def overflow(ctx: CheckContext) -> list[Finding]:
                 "where training diverged (lower the learning rate, clip gradients).",
             )
         )
+    return out
+
+
+def _nonfinite_outputs(ctx: CheckContext, dtype: str, fp16: bool) -> list[Finding]:
+    """The first module whose output is non-finite; else the gradient that overflows."""
+    out: list[Finding] = []
     bad = sorted((r for r in ctx.layers if r.nonfinite > 0), key=lambda r: r.order)
     if bad:
         first = bad[0]
@@ -73,8 +90,17 @@ def overflow(ctx: CheckContext) -> list[Finding]:
                 f"Check the weights and inputs feeding {first.name}: an inf/nan weight, a log "
                 f"or division of zero, or a scale that exploded."
             )
-        out.append(finding(CheckId.OVERFLOW, Severity.ERROR, [r.name for r in bad],
-                           float(first.nonfinite), 0.0, message, hint))  # fmt: skip
+        out.append(
+            finding(
+                CheckId.OVERFLOW,
+                Severity.ERROR,
+                [r.name for r in bad],
+                float(first.nonfinite),
+                0.0,
+                message,
+                hint,
+            )
+        )
     elif ctx.run.backward:
         bad_grad = sorted(
             (r for r in ctx.layers if r.grad_rms is not None and not math.isfinite(r.grad_rms)),
@@ -96,8 +122,12 @@ def overflow(ctx: CheckContext) -> list[Finding]:
                     "the loss for log(0).",
                 )
             )
-    if bad:
-        return out
+    return out
+
+
+def _near_ceiling(ctx: CheckContext, dtype: str, fp16: bool) -> list[Finding]:
+    th = ctx.thresholds
+    out: list[Finding] = []
     ceiling = DTYPE_MAX.get(dtype, DTYPE_MAX["fp32"])
     near = [r for r in ctx.layers if positive(r.max_abs) and r.max_abs >= ceiling / th.headroom]  # type: ignore[operator]
     if near:
@@ -138,28 +168,34 @@ def overflow(ctx: CheckContext) -> list[Finding]:
                     "or keep them in fp32.",
                 )
             )
-    if fp16:
-        hot = [
-            r for r in ctx.layers
-            if (r.role == "head" or r.type == ATTN_LOGITS) and positive(r.max_abs)
-            and r.max_abs > FP16_EXP_LIMIT  # type: ignore[operator]
-        ]  # fmt: skip
-        if hot:
-            worst = max(hot, key=lambda r: r.max_abs)  # type: ignore[arg-type, return-value]
-            out.append(
-                finding(
-                    CheckId.OVERFLOW,
-                    Severity.INFO,
-                    [r.name for r in hot],
-                    worst.max_abs,
-                    FP16_EXP_LIMIT,
-                    f"Logits reach |z| = {n(worst.max_abs)} at {worst.name}: exp(z) overflows "
-                    f"fp16 above {n(FP16_EXP_LIMIT)}, so their softmax is finite only because "
-                    f"it subtracts the max first.",
-                    "Keep softmax/cross-entropy max-subtracted (PyTorch's are) and never "
-                    "exponentiate these logits by hand in half precision.",
-                )
+    return out
+
+
+def _hot_logits(ctx: CheckContext) -> list[Finding]:
+    out: list[Finding] = []
+    hot = [
+        r
+        for r in ctx.layers
+        if (r.role == "head" or r.type == ATTN_LOGITS)
+        and positive(r.max_abs)
+        and r.max_abs > FP16_EXP_LIMIT  # type: ignore[operator]
+    ]
+    if hot:
+        worst = max(hot, key=lambda r: r.max_abs)  # type: ignore[arg-type, return-value]
+        out.append(
+            finding(
+                CheckId.OVERFLOW,
+                Severity.INFO,
+                [r.name for r in hot],
+                worst.max_abs,
+                FP16_EXP_LIMIT,
+                f"Logits reach |z| = {n(worst.max_abs)} at {worst.name}: exp(z) overflows "
+                f"fp16 above {n(FP16_EXP_LIMIT)}, so their softmax is finite only because "
+                f"it subtracts the max first.",
+                "Keep softmax/cross-entropy max-subtracted (PyTorch's are) and never "
+                "exponentiate these logits by hand in half precision.",
             )
+        )
     return out
 
 
@@ -222,8 +258,7 @@ def logit_scale(ctx: CheckContext) -> list[Finding | Skip]:
                 "scale its input by √d_model as the original Transformer does) or untie the "
                 "head. " + hint
             )
-        out.append(finding(CheckId.LOGIT_SCALE, sev, [head.name], factor, threshold, message,
-                           hint))  # fmt: skip
+        out.append(finding(CheckId.LOGIT_SCALE, sev, [head.name], factor, threshold, message, hint))
     out.extend(_attention_logits(ctx))
     return out
 

@@ -77,8 +77,10 @@ class DynStats:
     def eps_low(self, ratio: float) -> tuple[list[str], float]:
         """Tensors whose gradient RMS fell to ≤ ratio × eps at some step (smallest
         first), and their share of the judged parameters by count of values."""
-        low = sorted((p for p, r in self.grad_over_eps.items() if r <= ratio),
-                     key=self.grad_over_eps.__getitem__)  # fmt: skip
+        low = sorted(
+            (p for p, r in self.grad_over_eps.items() if r <= ratio),
+            key=self.grad_over_eps.__getitem__,
+        )
         total = sum(self.numel.get(p, 0) for p in self.grad_over_eps)
         share = sum(self.numel.get(p, 0) for p in low) / total if total else 0.0
         return low, share
@@ -173,14 +175,27 @@ def statistics(d: Dynamics) -> DynStats:
             if gs and finite(u.grad_rms[0]) and u.grad_rms[0] > floor:  # type: ignore[operator]
                 g_eps[u.param] = min(gs) / opt.eps  # type: ignore[operator,type-var]
     return DynStats(
-        steps=len(d.steps) - 1, lr=opt.lr, adam=adam, update=ratio, update_block=block,
-        update_kind=kind, frozen=frozen, change=change, sustain=sustain(change),
+        steps=len(d.steps) - 1,
+        lr=opt.lr,
+        adam=adam,
+        update=ratio,
+        update_block=block,
+        update_kind=kind,
+        frozen=frozen,
+        change=change,
+        sustain=sustain(change),
         change_first=change[-1][2] if change else None,
-        change_last=last[-1][2] if last else None, attn=attn,  # type: ignore[arg-type]
-        attn_growth=attn_growth, attn_layers=attn_layers, log_z=log_z, log_z_drift=drift,  # type: ignore[arg-type]
-        loss=tuple(s.loss for s in d.steps), grad_over_eps=g_eps, eps=opt.eps,
+        change_last=last[-1][2] if last else None,
+        attn=attn,  # type: ignore[arg-type]
+        attn_growth=attn_growth,
+        attn_layers=attn_layers,
+        log_z=log_z,
+        log_z_drift=drift,  # type: ignore[arg-type]
+        loss=tuple(s.loss for s in d.steps),
+        grad_over_eps=g_eps,
+        eps=opt.eps,
         numel={u.param: u.numel for u in d.updates},
-    )  # fmt: skip
+    )
 
 
 def numbers(d: Dynamics) -> dict[str, float | None]:
@@ -230,7 +245,11 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
     if s.frozen:
         res.append(
             finding(
-                CheckId.UPDATE_SIZE, Severity.WARN, s.frozen, 0.0, 0.0,
+                CheckId.UPDATE_SIZE,
+                Severity.WARN,
+                s.frozen,
+                0.0,
+                0.0,
                 f"{len(s.frozen)} parameter tensor{'s' if len(s.frozen) > 1 else ''} did not "
                 f"move in {s.steps} optimizer step{'s' if s.steps > 1 else ''} at lr "
                 f"{n(s.lr)}: {listing(s.frozen)}. They get no gradient (detached, unused, "
@@ -238,11 +257,12 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
                 "Check that these parameters are in the optimizer's groups with a non-zero "
                 "learning rate and reach the loss (a detach, an unused branch).",
             )
-        )  # fmt: skip
+        )
     if not s.update:
         return res
-    big = sorted((p for p, r in s.update.items() if r >= th.update_ratio_warn),
-                 key=lambda p: -s.update[p])  # fmt: skip
+    big = sorted(
+        (p for p, r in s.update.items() if r >= th.update_ratio_warn), key=lambda p: -s.update[p]
+    )
     top = max(s.update, key=s.update.__getitem__)
     med = stats.median(s.update.values())
     if big:
@@ -251,7 +271,11 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
         adam = " Adam's step is ≈ lr per coordinate whatever the gradient, so" if s.adam else ""
         res.append(
             finding(
-                CheckId.UPDATE_SIZE, sev, big, worst, threshold,
+                CheckId.UPDATE_SIZE,
+                sev,
+                big,
+                worst,
+                threshold,
                 f"Each step rewrites {pct_(worst)} of {big[0]}'s norm (median of ‖ΔW‖/‖W‖ "
                 f"over {_steps_judged(s.steps)}; {n(worst / s.lr)}× the lr {n(s.lr)}); "
                 f"{len(big)} of {len(s.update)} matrices {'is' if len(big) == 1 else 'are'} at ≥ "
@@ -265,14 +289,17 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
                 "scale the residual projections' learning rate with depth rather than "
                 "their init alone.",
             )
-        )  # fmt: skip
+        )
     outliers = [
         p for p, r in s.update.items() if med > 0 and r >= th.update_outlier * med and p not in big
     ]
     if outliers:
         res.append(
             finding(
-                CheckId.UPDATE_SIZE, Severity.INFO, outliers, s.update[top] / med,
+                CheckId.UPDATE_SIZE,
+                Severity.INFO,
+                outliers,
+                s.update[top] / med,
                 th.update_outlier,
                 f"{len(outliers)} matri{'ces' if len(outliers) > 1 else 'x'} move ≥ "
                 f"{n(th.update_outlier)}× the median matrix's update ratio ({pct_(med)} per "
@@ -282,7 +309,7 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
                 "If these are down-scaled on purpose, give them a smaller learning rate in "
                 "proportion (μP / depth-μP parameter groups).",
             )
-        )  # fmt: skip
+        )
     return res
 
 
@@ -321,7 +348,10 @@ def amplification(ctx: CheckContext) -> list[Finding | Skip]:
     post = " (this is a Post-LN stack)" if placement == "post" else ""
     return [
         finding(
-            CheckId.AMPLIFICATION, Severity.INFO, [first[1], mid[1], last[1]], s.sustain,
+            CheckId.AMPLIFICATION,
+            Severity.INFO,
+            [first[1], mid[1], last[1]],
+            s.sustain,
             th.amplification_sustain,
             f"After the first update the probe's relative change grows linearly through "
             f"depth{post}: ‖x_1 − x_0‖/‖x_0‖ = {n(first[2])} at {first[1]}, {n(mid[2])} at "
@@ -334,7 +364,7 @@ def amplification(ctx: CheckContext) -> list[Finding | Skip]:
             "use Pre-LN (or a sandwich norm), DeepNorm or Admin initialisation, or lower "
             "the learning rate and add warmup as the stack gets deeper.",
         )
-    ]  # fmt: skip
+    ]
 
 
 # ---- attn-logit-growth -----------------------------------------------------------------------
@@ -364,34 +394,44 @@ def attn_logit_growth(ctx: CheckContext) -> list[Finding | Skip]:
         first, _ = s.attn_layers[names[0]]
         block = blocks.get(names[0])
         rule = (
-            f"past the cap of {n(th.attn_logit_cap)}" if sev is Severity.ERROR
+            f"past the cap of {n(th.attn_logit_cap)}"
+            if sev is Severity.ERROR
             else f"≥ {n(th.attn_logit_warn)} and grown ≥ ×{n(th.attn_logit_growth)}"
-        )  # fmt: skip
+        )
         where = (
             f", in {names[0]}{f' (block {block})' if block is not None else ''} ({n(first)} "
             f"at step 0); "
-            + (f"the only one of {len(s.attn_layers)} attention layers {rule}"
-               if len(names) == 1 else
-               f"{len(names)} of {len(s.attn_layers)} attention layers are {rule}: "
-               f"{_where(names, blocks)}")
-        )  # fmt: skip
+            + (
+                f"the only one of {len(s.attn_layers)} attention layers {rule}"
+                if len(names) == 1
+                else f"{len(names)} of {len(s.attn_layers)} attention layers are {rule}: "
+                f"{_where(names, blocks)}"
+            )
+        )
     else:  # a record without per-layer maxima: every score marker
         names = sorted({r.name for r in ctx.layers if r.type == "AttentionLogits"})
     return [
         finding(
-            CheckId.ATTN_LOGIT_GROWTH, sev, names or ["attention scores"], last, threshold,
+            CheckId.ATTN_LOGIT_GROWTH,
+            sev,
+            names or ["attention scores"],
+            last,
+            threshold,
             f"The largest pre-softmax attention score reached {n(last)} after {s.steps} "
             f"step{'s' if s.steps > 1 else ''} at lr {n(s.lr)}{grew}{where}. Scores this "
             "large make "
             "attention one-hot and its gradient vanish: Wortsman et al. 2023 trace the "
             "loss divergence of high-lr small-scale runs to this growth; Gemma 2 soft-caps "
             f"scores at 50 and Kimi K2's QK-Clip rescales q, k past τ = 100."
-            + (" The model already normalises q and k, so the growth is in their gains."
-               if qk else ""),
+            + (
+                " The model already normalises q and k, so the growth is in their gains."
+                if qk
+                else ""
+            ),
             "Add QK-norm (qk_norm: true in the built-in family; a LayerNorm/RMSNorm on q "
             "and k per head), a soft cap (tanh, 50) or QK-Clip, or lower the learning rate.",
         )
-    ]  # fmt: skip
+    ]
 
 
 def _grown_layers(s: DynStats, sev: Severity, cap: float, warn: float, growth: float) -> list[str]:
@@ -403,9 +443,10 @@ def _grown_layers(s: DynStats, sev: Severity, cap: float, warn: float, growth: f
         hit = [name for name, (_, b) in s.attn_layers.items() if b >= cap]
     else:
         hit = [
-            name for name, (a, b) in s.attn_layers.items()
+            name
+            for name, (a, b) in s.attn_layers.items()
             if b >= warn and (a <= 0 or b / a >= growth)
-        ]  # fmt: skip
+        ]
     return sorted(hit, key=lambda name: -s.attn_layers[name][1])
 
 
@@ -441,7 +482,11 @@ def logit_drift(ctx: CheckContext) -> list[Finding | Skip]:
     head = next((r.name for r in ctx.layers if r.role == "head"), "head")
     return [
         finding(
-            CheckId.LOGIT_DRIFT, Severity.WARN, [head], s.log_z_drift, th.log_z_drift,
+            CheckId.LOGIT_DRIFT,
+            Severity.WARN,
+            [head],
+            s.log_z_drift,
+            th.log_z_drift,
             f"log Z of the output softmax moved by {n(s.log_z_drift)} nats in {s.steps} "
             f"step{'s' if s.steps > 1 else ''} ({n(s.log_z[0])} at step 0, {n(s.log_z[worst])}"
             f" at step {worst}). The loss is invariant to a shift of all logits, so nothing "
@@ -451,7 +496,7 @@ def logit_drift(ctx: CheckContext) -> list[Finding | Skip]:
             "to the loss; a drift this fast in the first steps also means the lr is too high "
             "for the head: lower it or warm it up.",
         )
-    ]  # fmt: skip
+    ]
 
 
 # ---- adam-epsilon ---------------------------------------------------------------------------

@@ -39,9 +39,10 @@ def underflow(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
     excluded = _structural_zeros(ctx)
     recs: list[LayerRecord] = [
-        r for r in ctx.layers
+        r
+        for r in ctx.layers
         if r.grad_underflow_frac is not None and not r.nonfinite and r.name not in excluded
-    ]  # fmt: skip
+    ]
     if not recs:
         return [skip(CheckId.UNDERFLOW, "no output gradient was recorded")]
     hits = sorted(
@@ -75,5 +76,6 @@ def underflow(ctx: CheckContext) -> list[Finding | Skip]:
         "torch.amp.GradScaler (dynamic loss scaling: starts at 2^16, halves on inf/nan, grows "
         "back while finite), or a static loss scale; or train in bf16 (fp32's range)."
     )
-    return [finding(CheckId.UNDERFLOW, severity, [r.name for r in hits], frac, threshold,
-                    message, hint)]  # fmt: skip
+    return [
+        finding(CheckId.UNDERFLOW, severity, [r.name for r in hits], frac, threshold, message, hint)
+    ]

@@ -144,8 +144,9 @@ def _check_unitwise(cfg: ArchConfig, seed: int) -> None:
 
     try:
         # 2 layers, at most 1024 tokens × 64 positions: a few blocks' worth of memory
-        small = replace(cfg, n_layers=2, vocab_size=min(cfg.vocab_size, 1024),
-                        seq_len=min(cfg.seq_len, 64))  # fmt: skip
+        small = replace(
+            cfg, n_layers=2, vocab_size=min(cfg.vocab_size, 1024), seq_len=min(cfg.seq_len, 64)
+        )
         ref = dict(build_model(small, seed=seed).named_parameters())
     except Exception:
         ref = None
@@ -297,12 +298,23 @@ def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
     slices = _Slices(files)
     for name in slices.names():
         slices.dtypes.add(str(slices._open[slices.where[name]].get_slice(name).get_dtype()))
-    dtypes = sorted({d.lower().replace("f32", "float32").replace("bf16", "bfloat16")
-                     .replace("f16", "float16") for d in slices.dtypes})  # fmt: skip
+    dtypes = sorted(
+        {
+            d.lower()
+            .replace("f32", "float32")
+            .replace("bf16", "bfloat16")
+            .replace("f16", "float16")
+            for d in slices.dtypes
+        }
+    )
     info = hf_info(  # read off the unwrapped model (FSDP renames its class)
-        model, config, str(path), at_init=False, init=None,
+        model,
+        config,
+        str(path),
+        at_init=False,
+        init=None,
         extra={"config_source": str(config_path), "checkpoint_dtypes": _same_dtypes(dtypes)},
-    )  # fmt: skip
+    )
     layout = detect_layout(model, info.family)
     shard_model(model, [b.name for b in layout.blocks], run.device)
     materialize(model, run.device)
@@ -351,8 +363,13 @@ def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
             )
         note = f"weights hold {n} non-finite values (NaN/Inf)"
     notes = config_notes(data, str(config_path)) + ((note,) if note else ())
-    return Resolved(model=model, info=info, inputs=hf_inputs(opts, info, model), notes=notes,
-                    extra={"tokenizer_dir": str(path)})  # fmt: skip
+    return Resolved(
+        model=model,
+        info=info,
+        inputs=hf_inputs(opts, info, model),
+        notes=notes,
+        extra={"tokenizer_dir": str(path)},
+    )
 
 
 def _same_dtypes(dtypes: list[str]) -> list[str]:

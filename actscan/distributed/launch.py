@@ -49,9 +49,15 @@ def launch(nproc: int, argv: Sequence[str]) -> int:
     for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     args = get_args_parser().parse_args(
-        ["--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.1",
-         "-m", "actscan", *without_nproc(argv)]
-    )  # fmt: skip
+        [
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "--monitor-interval=0.1",
+            "-m",
+            "actscan",
+            *without_nproc(argv),
+        ]
+    )
     try:
         run(args)
     except ChildFailedError as err:
@@ -62,7 +68,8 @@ def launch(nproc: int, argv: Sequence[str]) -> int:
         return 130
     except Exception as err:  # the launcher itself (rendezvous, ports…)
         line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"actscan: error: --nproc {nproc}: could not start the ranks: {line}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"actscan: error: --nproc {nproc}: could not start the ranks: {line}", file=sys.stderr
+        )
         return 2
     return 0

@@ -110,12 +110,17 @@ def _chan(obj: Any, groups: Sequence[str], dev: torch.device, world: int) -> Non
 
 def _channels(obj: Any, attrs: Sequence[str], dev: torch.device) -> None:
     """Per-channel (amax, amin) pairs: one MAX all-reduce of [amax, −amin] for all."""
-    slots = [(a, i, pair) for a in attrs for i, pair in enumerate(getattr(obj, a))
-             if pair is not None]  # fmt: skip
+    slots = [
+        (a, i, pair) for a in attrs for i, pair in enumerate(getattr(obj, a)) if pair is not None
+    ]
     if not slots:
         return
-    flat = torch.cat([torch.cat([hi.reshape(-1).to(dev, _F64), lo.reshape(-1).to(dev, _F64).neg()])
-                      for _, _, (hi, lo) in slots])  # fmt: skip
+    flat = torch.cat(
+        [
+            torch.cat([hi.reshape(-1).to(dev, _F64), lo.reshape(-1).to(dev, _F64).neg()])
+            for _, _, (hi, lo) in slots
+        ]
+    )
     _dist().all_reduce(flat, op=_dist().ReduceOp.MAX)
     pos = 0
     for _, _, (hi, lo) in slots:
@@ -235,8 +240,11 @@ def sharded_moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float,
         finite = torch.isfinite(v)
         bad = (~finite).sum().to(_F64)
         var, mean = torch.var_mean(v, correction=0)
-        rows.append(torch.stack([torch.tensor(float(v.numel()), dtype=_F64), mean, var * v.numel(),
-                                 bad]).cpu())  # fmt: skip
+        rows.append(
+            torch.stack(
+                [torch.tensor(float(v.numel()), dtype=_F64), mean, var * v.numel(), bad]
+            ).cpu()
+        )
     if not rows:
         return []
     mine = torch.stack(rows)

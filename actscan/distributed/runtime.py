@@ -190,8 +190,13 @@ def session(device: str | None = None) -> Iterator[Session]:
 
     backend, dev = pick_backend(device)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    run = DistRun(rank=rank, world_size=world, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-                  backend=backend, device=dev)  # fmt: skip
+    run = DistRun(
+        rank=rank,
+        world_size=world,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        backend=backend,
+        device=dev,
+    )
     timeout = datetime.timedelta(seconds=timeout_s())
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timeout)

@@ -38,8 +38,9 @@ def check_sharded(model: nn.Module) -> None:
     this rank's gradient alone would drift apart from the other ranks' copies."""
     from torch.distributed.tensor import DTensor
 
-    plain = [n for n, p in model.named_parameters() if p.requires_grad
-             and not isinstance(p, DTensor)]  # fmt: skip
+    plain = [
+        n for n, p in model.named_parameters() if p.requires_grad and not isinstance(p, DTensor)
+    ]
     if plain:
         raise UsageError(
             "--steps distributed needs every trainable parameter sharded by FSDP2 "

@@ -65,7 +65,7 @@ def token_source(
             return Batch(kwargs=kw)
         return Batch(args=(ids,))
 
-    return source  # fmt: skip
+    return source
 
 
 def tensor_source(shape: Sequence[int], seed: int) -> InputSource:

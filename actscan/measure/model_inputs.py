@@ -192,9 +192,11 @@ def hf_input_source(
         _check_positions(model, seq, ("max_position_embeddings", "n_positions"), "positions")
         shape: tuple[int, ...] = (batch, seq)
     else:
-        shape = tuple(input_shape) if input_shape is not None else _main_shape(
-            model, name, batch, seq_len
-        )  # fmt: skip
+        shape = (
+            tuple(input_shape)
+            if input_shape is not None
+            else _main_shape(model, name, batch, seq_len)
+        )
         vocab = None
     dec_seq = 0
     if _is_encoder_decoder(model):

@@ -109,8 +109,11 @@ def _hf_init(model: nn.Module) -> bool:
 
 
 def _own_tensors(mod: nn.Module) -> list[str]:
-    return [n for n, t in [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]
-            if t is not None]  # fmt: skip
+    return [
+        n
+        for n, t in [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]
+        if t is not None
+    ]
 
 
 def materialize_meta(model: nn.Module, where: str, seed: int = 0) -> str | None:

@@ -55,12 +55,13 @@ def channel_outliers(
     if summary is None:
         live_v = [v for v in channel_max if v > 0.0 and math.isfinite(v)]
         summary = (
-            channel_max.count(0.0) if isinstance(channel_max, tuple | list)
+            channel_max.count(0.0)
+            if isinstance(channel_max, tuple | list)
             else sum(1 for v in channel_max if v == 0.0),
             len(live_v),
             statistics.median(live_v) if live_v else 0.0,
             max(live_v) if live_v else None,
-        )  # fmt: skip
+        )
     dead, live, med, top = summary
     if len(channel_max) < 4 or not live or top is None:
         return None, (), med, dead
@@ -97,8 +98,9 @@ def layer_record(
         block=block,
         calls=max(1, round(raw.calls / max(batches, 1))) if raw.calls else 0,
         mean=raw.mean if has else None,
-        std=math.sqrt(max(raw.var, 0.0)) if has and not math.isnan(raw.var) else
-        (float("nan") if has else None),
+        std=math.sqrt(max(raw.var, 0.0))
+        if has and not math.isnan(raw.var)
+        else (float("nan") if has else None),
         rms=rms,
         max_abs=raw.max_abs if has else None,
         zero_frac=raw.zeros / raw.numel if has else None,
@@ -107,7 +109,8 @@ def layer_record(
         outlier_channels=outliers,
         grad_rms=grad_rms,
         grad_norm=grad_norm,
-        param_grad_norm=math.sqrt(raw.param_grad_sumsq) if raw.param_grad_sumsq is not None
+        param_grad_norm=math.sqrt(raw.param_grad_sumsq)
+        if raw.param_grad_sumsq is not None
         else None,
         numel=raw.numel // max(batches, 1),
         n_channels=len(raw.channel_max) if raw.channel_max else None,
@@ -116,8 +119,9 @@ def layer_record(
         order=raw.order,
         underflow_frac=raw.underflow / raw.numel if raw.underflow is not None and has else None,
         grad_underflow_frac=raw.grad_underflow / raw.grad_numel
-        if raw.grad_underflow is not None and raw.grad_numel else None,
-    )  # fmt: skip
+        if raw.grad_underflow is not None and raw.grad_numel
+        else None,
+    )
 
 
 def stream_points(
@@ -133,9 +137,15 @@ def stream_points(
         if rec is None:
             return StreamPoint(k=k, block=block, name=name, rms=None)
         return StreamPoint(
-            k=k, block=block, name=name, rms=rec.rms, grad_rms=rec.grad_rms,
-            mean=rec.mean, std=rec.std, max_abs=rec.max_abs,
-        )  # fmt: skip
+            k=k,
+            block=block,
+            name=name,
+            rms=rec.rms,
+            grad_rms=rec.grad_rms,
+            mean=rec.mean,
+            std=rec.std,
+            max_abs=rec.max_abs,
+        )
 
     if input_name is not None:
         pts.append(point(0, None, input_name))

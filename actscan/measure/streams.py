@@ -42,10 +42,13 @@ def stream_records(layout: Layout, records: Mapping[str, LayerRecord]) -> tuple[
         points = stream_points(replace(layout, blocks=blocks), records, input_name(blocks[0].name))
         out.append(
             StreamRecord(
-                name=name, container=containers.get(name), primary=i == len(groups) - 1,
-                points=points, summary=summary_of(points),
+                name=name,
+                container=containers.get(name),
+                primary=i == len(groups) - 1,
+                points=points,
+                summary=summary_of(points),
             )
-        )  # fmt: skip
+        )
     return tuple(out)
 
 

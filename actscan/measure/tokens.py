@@ -54,8 +54,17 @@ def top_values(
             if ids is not None and seq < ids.shape[0] and tok < ids.shape[1] and t == ids.shape[1]:
                 token_id = int(ids[seq, tok])
         text = decode(token_id) if decode is not None and token_id is not None else None
-        out.append(TopValue(value=value, token=tok, channel=channel, sequence=seq, batch=batch,
-                            token_id=token_id, text=text))  # fmt: skip
+        out.append(
+            TopValue(
+                value=value,
+                token=tok,
+                channel=channel,
+                sequence=seq,
+                batch=batch,
+                token_id=token_id,
+                text=text,
+            )
+        )
     return tuple(out)
 
 

@@ -73,9 +73,15 @@ def stream_table(cmp: Comparison) -> Table | None:
         t.add_column(col, justify="right")
     for p in cmp.stream:
         t.add_row(
-            str(p.k), NONE if p.block is None else str(p.block), num(p.rms_a), num(p.rms_b),
-            ratio_text(p.ratio), num(p.grad_rms_a), num(p.grad_rms_b), ratio_text(p.grad_ratio),
-        )  # fmt: skip
+            str(p.k),
+            NONE if p.block is None else str(p.block),
+            num(p.rms_a),
+            num(p.rms_b),
+            ratio_text(p.ratio),
+            num(p.grad_rms_a),
+            num(p.grad_rms_b),
+            ratio_text(p.grad_ratio),
+        )
     return t
 
 
@@ -91,9 +97,7 @@ def branch_table(cmp: Comparison) -> Table | None:
     for col in ("block", "branch", "÷stream A", "÷stream B", "RMS B÷A"):
         t.add_column(col, justify="left" if col == "branch" else "right")
     for b in cmp.branches:
-        t.add_row(
-            str(b.block), b.kind, num(b.ratio_a), num(b.ratio_b), ratio_text(b.rms_ratio)
-        )  # fmt: skip
+        t.add_row(str(b.block), b.kind, num(b.ratio_a), num(b.ratio_b), ratio_text(b.rms_ratio))
     return t
 
 
@@ -134,10 +138,15 @@ def layers_table(cmp: Comparison) -> Table:
         t.add_column(col, justify="left" if col in ("A", "B", "role") else "right")
     for p in cmp.layers:
         t.add_row(
-            p.name_a, "=" if p.name_b == p.name_a else p.name_b, p.role,
-            "" if p.block is None else str(p.block), num(p.rms_a), num(p.rms_b),
-            ratio_text(p.ratio), ratio_text(p.grad_ratio),
-        )  # fmt: skip
+            p.name_a,
+            "=" if p.name_b == p.name_a else p.name_b,
+            p.role,
+            "" if p.block is None else str(p.block),
+            num(p.rms_a),
+            num(p.rms_b),
+            ratio_text(p.ratio),
+            ratio_text(p.grad_ratio),
+        )
     return t
 
 
@@ -151,9 +160,13 @@ def divergence_table(d: Divergence, *, all_layers: bool) -> Table:
             t.add_column(col, justify="left" if col in ("module", "role") else "right")
         for x in d.layers:
             t.add_row(
-                x.name, x.role, "" if x.block is None else str(x.block),
-                Text(num(x.rel_err), style=mark(x.rel_err)), _cos(x.cosine), num(x.rms),
-            )  # fmt: skip
+                x.name,
+                x.role,
+                "" if x.block is None else str(x.block),
+                Text(num(x.rel_err), style=mark(x.rel_err)),
+                _cos(x.cosine),
+                num(x.rms),
+            )
         return t
     branch = {(x.block, x.role): x for x in d.layers if x.role in ("attn", "mlp")}
     for col in ("module", "blk", "rel err", "cos", "attn rel err", "mlp rel err"):
@@ -164,11 +177,13 @@ def divergence_table(d: Divergence, *, all_layers: bool) -> Table:
         at, ml = branch.get((x.block, "attn")), branch.get((x.block, "mlp"))
         is_block = x.role == "stream" and not x.name.endswith(":input")
         t.add_row(
-            x.name, "" if x.block is None else str(x.block),
-            Text(num(x.rel_err), style=mark(x.rel_err)), _cos(x.cosine),
+            x.name,
+            "" if x.block is None else str(x.block),
+            Text(num(x.rel_err), style=mark(x.rel_err)),
+            _cos(x.cosine),
             Text(num(at.rel_err), style=mark(at.rel_err)) if at and is_block else "",
             Text(num(ml.rel_err), style=mark(ml.rel_err)) if ml and is_block else "",
-        )  # fmt: skip
+        )
     return t
 
 
@@ -246,9 +261,16 @@ def sweep_table(sw: Sweep) -> Table:
     )
     two = len(sw.sides) > 1
     cols = (["side"] if two else []) + [
-        "size", "final RMS", "growth", "p", "γ/block", "grad first/last", "findings", "worst",
+        "size",
+        "final RMS",
+        "growth",
+        "p",
+        "γ/block",
+        "grad first/last",
+        "findings",
+        "worst",
         "stream RMS vs k",
-    ]  # fmt: skip
+    ]
     for col in cols:
         t.add_column(col, justify="left" if col in ("side", "size", "worst", cols[-1]) else "right")
     finite = [
@@ -267,10 +289,16 @@ def sweep_table(sw: Sweep) -> Table:
             else Text(NONE)
         )
         cells = [
-            r.size, num(r.final_rms), f"×{num(r.growth)}", num(r.growth_exponent),
-            num(r.gain_per_block), f"×{num(r.grad_ratio)}", found, worst,
+            r.size,
+            num(r.final_rms),
+            f"×{num(r.growth)}",
+            num(r.growth_exponent),
+            num(r.gain_per_block),
+            f"×{num(r.grad_ratio)}",
+            found,
+            worst,
             spark(_thin([p.rms for p in r.report.stream]), lo, hi),
-        ]  # fmt: skip
+        ]
         style = (A_STYLE if r.side == "a" else B_STYLE) if two else None
         if two and i and sw.rows[i - 1].side != r.side:
             t.add_section()

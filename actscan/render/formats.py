@@ -57,19 +57,22 @@ def head_summary(
     scores = [v for h in a.heads if (v := as_float(h.score_max)) is not None]
     sinks = [v for h in a.heads if (v := as_float(h.sink)) is not None]
     return (
-        min(ents) if ents else None, _median(ents), max(scores) if scores else None,
+        min(ents) if ents else None,
+        _median(ents),
+        max(scores) if scores else None,
         max(sinks) if sinks else None,
-    )  # fmt: skip
+    )
 
 
 def massive_rows(report: Report) -> list[tuple[StreamPoint, TopValue]]:
     """The stream points the massive-activations finding names, each with its largest |x|
     (the Tokens table)."""
-    named = {n for f in report.findings if f.check == CheckId.MASSIVE_ACTIVATIONS.value
-             for n in f.layers}  # fmt: skip
-    points = [
-        p for s in (report.streams or ()) for p in s.points if p.name in named
-    ] or [p for p in report.stream if p.name in named]  # fmt: skip
+    named = {
+        n for f in report.findings if f.check == CheckId.MASSIVE_ACTIVATIONS.value for n in f.layers
+    }
+    points = [p for s in (report.streams or ()) for p in s.points if p.name in named] or [
+        p for p in report.stream if p.name in named
+    ]
     return [(p, p.top_values[0]) for p in points if p.top_values]
 
 
@@ -150,10 +153,10 @@ def to_markdown(report: Report, fail_on: str | FailOn = FailOn.ERROR) -> str:
         out += ["", "Not checked:", ""]
         out += [f"- {_code(sk.check)}: {_cell(sk.reason)}" for sk in report.skipped]
     # one section per residual stream when there are several (encoder, decoder)
-    sections = [(f"Residual stream: {s.name}", s.points, s.summary, f"Stream {s.name}: ")
-                for s in report.streams] or [
-        ("Residual stream", report.stream, report.summary, "Stream: ")
-    ]  # fmt: skip
+    sections = [
+        (f"Residual stream: {s.name}", s.points, s.summary, f"Stream {s.name}: ")
+        for s in report.streams
+    ] or [("Residual stream", report.stream, report.summary, "Stream: ")]
     for title, points, s, lead in sections:
         out += ["", f"#### {title}", ""]
         if points:
@@ -192,12 +195,17 @@ def _heads_markdown(report: Report) -> list[str]:
     """Per attention layer (not per head): entropy min/median, largest score and sink."""
     if not report.attention:
         return []
-    out = ["", "#### Attention heads", "",
-           "Per layer over its heads: normalised attention entropy (1 uniform over the "
-           "allowed keys, 0 all mass on one key), the largest pre-softmax score, the largest "
-           "mass on the first key (sink).", "",
-           "| block | layer | heads | entropy min | entropy median | max score | max sink |",
-           "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    out = [
+        "",
+        "#### Attention heads",
+        "",
+        "Per layer over its heads: normalised attention entropy (1 uniform over the "
+        "allowed keys, 0 all mass on one key), the largest pre-softmax score, the largest "
+        "mass on the first key (sink).",
+        "",
+        "| block | layer | heads | entropy min | entropy median | max score | max sink |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for a in report.attention:
         lo, med, score, sink = head_summary(a)
         block = NONE if a.block is None else str(a.block)
@@ -213,9 +221,13 @@ def _tokens_markdown(report: Report) -> list[str]:
     rows = massive_rows(report)
     if not rows:
         return []
-    out = ["", "#### Tokens: the largest \\|x\\| per stream point (massive-activations)", "",
-           "| k | module | seq | token | text | id | channel | value | median \\|x\\| |",
-           "| ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    out = [
+        "",
+        "#### Tokens: the largest \\|x\\| per stream point (massive-activations)",
+        "",
+        "| k | module | seq | token | text | id | channel | value | median \\|x\\| |",
+        "| ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
     for p, tv in rows:
         out.append(
             f"| {p.k} | {_code(p.name)} | {NONE if tv.sequence is None else tv.sequence} "
@@ -230,11 +242,18 @@ def _dynamics_markdown(dyn: Dynamics) -> list[str]:
     """`--steps N`: the optimizer, one row per step (loss, lr, attention max, log Z, the
     probe's change at the last stream point) and the updates per block."""
     o = dyn.optimizer
-    out = ["", f"#### Optimizer steps ({len(dyn.steps) - 1})", "",
-           f"{o.name}, lr {num(o.lr)}" + (f", warmup {o.warmup}" if o.warmup else "")
-           + (f", {o.parametrization}" if o.parametrization != "sp" else "") + ".", "",
-           "| t | loss | lr | attn max | log Z | Δ probe (last k) |",
-           "| ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    out = [
+        "",
+        f"#### Optimizer steps ({len(dyn.steps) - 1})",
+        "",
+        f"{o.name}, lr {num(o.lr)}"
+        + (f", warmup {o.warmup}" if o.warmup else "")
+        + (f", {o.parametrization}" if o.parametrization != "sp" else "")
+        + ".",
+        "",
+        "| t | loss | lr | attn max | log Z | Δ probe (last k) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for s in dyn.steps:
         last = [c.rel for c in s.change if c.kind == "stream"]
         out.append(
@@ -246,10 +265,14 @@ def _dynamics_markdown(dyn: Dynamics) -> list[str]:
     if steps and steps[0].stream:
         last = dyn.steps[-1]
         rel = {c.k: c.rel for c in last.change if c.kind == "stream"}
-        out += ["", "Residual stream over the steps (RMS of each step's batch; Δ probe: "
-                "‖x_t − x_0‖/‖x_0‖ on the probe batch):", "",
-                "| k | " + " | ".join(f"t={s.t}" for s in steps) + f" | Δ probe t={last.t} |",
-                "| ---: |" + " ---: |" * (len(steps) + 1)]  # fmt: skip
+        out += [
+            "",
+            "Residual stream over the steps (RMS of each step's batch; Δ probe: "
+            "‖x_t − x_0‖/‖x_0‖ on the probe batch):",
+            "",
+            "| k | " + " | ".join(f"t={s.t}" for s in steps) + f" | Δ probe t={last.t} |",
+            "| ---: |" + " ---: |" * (len(steps) + 1),
+        ]
         rows = [dict(s.stream) for s in steps]
         for k, _ in steps[0].stream:
             cells = " | ".join(num(r.get(k)) for r in rows)
@@ -258,14 +281,21 @@ def _dynamics_markdown(dyn: Dynamics) -> list[str]:
     if layers:
         first, last_t = dyn.steps[0], dyn.steps[-1]
         a, b = dict(first.attn_layers), dict(last_t.attn_layers)
-        out += ["", "Attention score max per layer (largest \\|pre-softmax score\\| on the "
-                "probe batch):", "",
-                f"| layer | t={first.t} | t={last_t.t} |", "| --- | ---: | ---: |"]  # fmt: skip
+        out += [
+            "",
+            "Attention score max per layer (largest \\|pre-softmax score\\| on the probe batch):",
+            "",
+            f"| layer | t={first.t} | t={last_t.t} |",
+            "| --- | ---: | ---: |",
+        ]
         for name in layers:
             out.append(f"| {_code(name)} | {num(a.get(name))} | {num(b.get(name))} |")
     if dyn.blocks:
-        out += ["", "| block | role | median ‖ΔW‖/‖W‖ | max | median grad RMS |",
-                "| ---: | --- | ---: | ---: | ---: |"]  # fmt: skip
+        out += [
+            "",
+            "| block | role | median ‖ΔW‖/‖W‖ | max | median grad RMS |",
+            "| ---: | --- | ---: | ---: | ---: |",
+        ]
         for b in dyn.blocks:
             block = NONE if b.block is None else str(b.block)
             out.append(
@@ -299,10 +329,14 @@ def coord_markdown(
     gate = FailOn(fail_on)
     widths = "→".join(map(str, cc.widths))
     lr = f", lr {num(cc.lr)}" if cc.lr is not None else ""
-    out = [f"#### Coordinate check (widths {widths}, {cc.steps} steps{lr})", "",
-           f"Log–log slope of mean \\|x\\| against width; flat: −{num(cc.shrink)}…"
-           f"+{num(cc.bound)} (logits may shrink to −{num(0.5 + cc.bound)}); **bold**: not "
-           "flat.", ""]  # fmt: skip
+    out = [
+        f"#### Coordinate check (widths {widths}, {cc.steps} steps{lr})",
+        "",
+        f"Log–log slope of mean \\|x\\| against width; flat: −{num(cc.shrink)}…"
+        f"+{num(cc.bound)} (logits may shrink to −{num(0.5 + cc.bound)}); **bold**: not "
+        "flat.",
+        "",
+    ]
     two = len(labels) > 1
     if two:
         out += [f"- {side.upper()}: {_cell(label)}" for side, label in labels] + [""]
@@ -311,8 +345,10 @@ def coord_markdown(
     steps = sorted({c.t for c in cc.curves})
     head = (["side"] if two else []) + (["depth"] if depths else []) + ["group"]
     head += [f"t={t} \\|x\\|" + (" / Δ" if t else "") for t in steps]
-    out += ["| " + " | ".join(head) + " |", "|" + " --- |" * (len(head) - len(steps))
-            + " ---: |" * len(steps)]  # fmt: skip
+    out += [
+        "| " + " | ".join(head) + " |",
+        "|" + " --- |" * (len(head) - len(steps)) + " ---: |" * len(steps),
+    ]
     by = {(c.side, c.depth, c.group, c.t): c for c in cc.curves}
     for side, depth in keys:
         groups = dict.fromkeys(c.group for c in cc.curves if (c.side, c.depth) == (side, depth))

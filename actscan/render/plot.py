@@ -56,9 +56,14 @@ def _stream_axes(ax: Any, series: Sequence[Series], title: str, legend: bool = T
         values += [v for _, v in pts]
         color = None if s.shade is None else _viridis(s.shade)
         ax.plot(
-            [k for k, _ in pts], [v for _, v in pts], marker=".", markersize=3,
-            linestyle=s.linestyle, color=color, label=s.label,
-        )  # fmt: skip
+            [k for k, _ in pts],
+            [v for _, v in pts],
+            marker=".",
+            markersize=3,
+            linestyle=s.linestyle,
+            color=color,
+            label=s.label,
+        )
     if values and max(values) / min(values) > 10:
         ax.set_yscale("log")
     ax.set_xlabel("k (residual additions)")
@@ -159,11 +164,14 @@ def plot_coord(
                     continue
                 side = (labels or {}).get(c.side, c.side.upper())
                 ax.plot(
-                    [w for w, _ in pts], [v for _, v in pts], marker="o", markersize=3,
+                    [w for w, _ in pts],
+                    [v for _, v in pts],
+                    marker="o",
+                    markersize=3,
                     linestyle="-" if c.side == sides[0] else "--",
-                    color=GROUP_COLORS.get(c.group), label=c.group if len(sides) < 2
-                    else f"{side}: {c.group}",
-                )  # fmt: skip
+                    color=GROUP_COLORS.get(c.group),
+                    label=c.group if len(sides) < 2 else f"{side}: {c.group}",
+                )
             ax.set_xscale("log", base=2)
             ax.set_xticks(list(widths), [str(w) for w in widths])
             ax.minorticks_off()
@@ -232,11 +240,13 @@ def profile_figure(report: Report) -> ProfileFigure:
     heads = [(a.name, [h.entropy for h in a.heads]) for a in attention] or None
     m = report.model
     return ProfileFigure(
-        stream=Series("stream", tuple(p.k for p in report.stream),
-                      tuple(p.rms for p in report.stream)),
-        channel_maxima=report.channel_maxima, heads=heads,
+        stream=Series(
+            "stream", tuple(p.k for p in report.stream), tuple(p.rms for p in report.stream)
+        ),
+        channel_maxima=report.channel_maxima,
+        heads=heads,
         title=f"{m.source} ({m.family}, {m.n_blocks} blocks, d={m.d_model})",
-    )  # fmt: skip
+    )
 
 
 def plot_profile(fig_data: ProfileFigure, path: str | Path) -> Path:
@@ -258,17 +268,18 @@ def draw_profile(fig: Figure, fig_data: ProfileFigure) -> None:
     width = max((len(r) for r in rows), default=0)
     if rows and all(len(r) == width for r in rows) and width:
         step = -(-width // MAX_COLUMNS)
-        grid = [
-            [max(r[j : j + step]) for j in range(0, width, step)] for r in rows
-        ]  # fmt: skip
+        grid = [[max(r[j : j + step]) for j in range(0, width, step)] for r in rows]
         pos = [v for r in grid for v in r if math.isfinite(v) and v > 0]
         lo, hi = (min(pos), max(pos)) if pos else (1e-3, 1.0)
         norm = LogNorm(vmin=lo, vmax=hi) if hi > lo else Normalize(vmin=0, vmax=hi or 1)
         im = a_ch.imshow(
             [[v if math.isfinite(v) and v > 0 else float("nan") for v in r] for r in grid],
-            aspect="auto", interpolation="nearest", cmap="magma", norm=norm,
+            aspect="auto",
+            interpolation="nearest",
+            cmap="magma",
+            norm=norm,
             extent=(-0.5, width - 0.5, len(rows) - 0.5, -0.5),
-        )  # fmt: skip
+        )
         fig.colorbar(im, ax=a_ch, label="max |x| per channel")
         a_ch.set_yticks(*row_ticks([n for n, _ in fig_data.channel_maxima]), fontsize=LABEL_PT)
         a_ch.set_xlabel("channel" + (f" (max over {step} per column)" if step > 1 else ""))
@@ -282,9 +293,10 @@ def draw_profile(fig: Figure, fig_data: ProfileFigure) -> None:
         grid = [
             [float("nan") if v is None else v for v in e] + [float("nan")] * (n_heads - len(e))
             for _, e in heads
-        ]  # fmt: skip
-        im = a_head.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis",
-                           vmin=0.0, vmax=1.0)  # fmt: skip
+        ]
+        im = a_head.imshow(
+            grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0.0, vmax=1.0
+        )
         fig.colorbar(im, ax=a_head, label="entropy / ln(keys)")
         a_head.set_yticks(*row_ticks([n for n, _ in heads]), fontsize=LABEL_PT)
         a_head.set_xlabel("head")

@@ -43,9 +43,12 @@ def stream_steps_table(dyn: Dynamics) -> Table | None:
     if not steps or not steps[0].stream:
         return None
     t = Table(
-        title="Residual stream over the steps (RMS)", box=box.SIMPLE_HEAD, title_justify="left",
-        pad_edge=False, min_width=40,
-    )  # fmt: skip
+        title="Residual stream over the steps (RMS)",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+        min_width=40,
+    )
     t.add_column("k", justify="right")
     for s in steps:
         t.add_column(f"t={s.t}", justify="right")
@@ -67,8 +70,11 @@ def updates_table(dyn: Dynamics) -> Table | None:
     roles = list(dict.fromkeys(b.role for b in dyn.blocks if b.block is not None)) or [""]
     t = Table(
         title="Updates per block (‖ΔW‖/‖W‖ of the matrices, median \\[max] over steps)",
-        box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, min_width=72,
-    )  # fmt: skip
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+        min_width=72,
+    )
     t.add_column("block", justify="right")
     for role in roles:
         t.add_column(f"{role} Δ/W".strip(), justify="right")
@@ -134,42 +140,62 @@ def render_steps_comparison(sc: StepsComparison) -> list[Table | Text]:
     """compare --steps: the sides' figures, update ratios per block and amplification
     per k, side by side (B ÷ A in the last column)."""
     fig = Table(
-        title=f"After {sc.a.steps} optimizer steps", box=box.SIMPLE_HEAD, title_justify="left",
+        title=f"After {sc.a.steps} optimizer steps",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
         pad_edge=False,
-    )  # fmt: skip
+    )
     for col in ("", "A", "B"):
         fig.add_column(col, justify="left" if not col else "right")
     for label, x, y in (
         ("optimizer", sc.a.optimizer, sc.b.optimizer),
-        ("loss t=0 → N", f"{num(sc.a.loss_first)} → {num(sc.a.loss_last)}",
-         f"{num(sc.b.loss_first)} → {num(sc.b.loss_last)}"),
+        (
+            "loss t=0 → N",
+            f"{num(sc.a.loss_first)} → {num(sc.a.loss_last)}",
+            f"{num(sc.b.loss_first)} → {num(sc.b.loss_last)}",
+        ),
         ("update-ratio spread (max/min block)", num(sc.a.ratio_spread), num(sc.b.ratio_spread)),
-        ("final amplification ‖Δx‖/‖x‖", num(sc.a.final_amplification),
-         num(sc.b.final_amplification)),
-        ("attn max t=0 → N", f"{num(sc.a.attn_first)} → {num(sc.a.attn_last)}",
-         f"{num(sc.b.attn_first)} → {num(sc.b.attn_last)}"),
+        (
+            "final amplification ‖Δx‖/‖x‖",
+            num(sc.a.final_amplification),
+            num(sc.b.final_amplification),
+        ),
+        (
+            "attn max t=0 → N",
+            f"{num(sc.a.attn_first)} → {num(sc.a.attn_last)}",
+            f"{num(sc.b.attn_first)} → {num(sc.b.attn_last)}",
+        ),
         ("attn max growth ×", num(sc.a.attn_growth), num(sc.b.attn_growth)),
-    ):  # fmt: skip
+    ):
         fig.add_row(label, x, y)
     out: list[Table | Text] = [fig]
     if sc.updates:
         up = Table(
-            title="Update ratio per block (median ‖ΔW‖/‖W‖ over steps)", box=box.SIMPLE_HEAD,
-            title_justify="left", pad_edge=False, min_width=56,
-        )  # fmt: skip
+            title="Update ratio per block (median ‖ΔW‖/‖W‖ over steps)",
+            box=box.SIMPLE_HEAD,
+            title_justify="left",
+            pad_edge=False,
+            min_width=56,
+        )
         for col in ("block", "role", "A", "B", "B ÷ A"):
             up.add_column(col, justify="left" if col == "role" else "right")
         for p in sc.updates:
             up.add_row(
-                NONE if p.block is None else str(p.block), p.role, num(p.a), num(p.b),
+                NONE if p.block is None else str(p.block),
+                p.role,
+                num(p.a),
+                num(p.b),
                 num(p.ratio),
-            )  # fmt: skip
+            )
         out.append(up)
     if sc.amplification:
         amp = Table(
-            title="Amplification: probe ‖x_N − x_0‖/‖x_0‖ per k", box=box.SIMPLE_HEAD,
-            title_justify="left", pad_edge=False, min_width=48,
-        )  # fmt: skip
+            title="Amplification: probe ‖x_N − x_0‖/‖x_0‖ per k",
+            box=box.SIMPLE_HEAD,
+            title_justify="left",
+            pad_edge=False,
+            min_width=48,
+        )
         for col in ("k", "A", "B"):
             amp.add_column(col, justify="right")
         for k, x, y in sc.amplification:

@@ -52,8 +52,11 @@ def header(report: Report) -> Text:
         bits.append(f"{m.n_blocks} blocks")
     if m.d_model:
         bits.append(f"d={m.d_model}")
-    run = [r.dtype + (f" amp {r.amp}" if r.amp else ""), r.device,
-           r.inputs or f"{r.batch}×{r.seq_len} tokens"]  # fmt: skip
+    run = [
+        r.dtype + (f" amp {r.amp}" if r.amp else ""),
+        r.device,
+        r.inputs or f"{r.batch}×{r.seq_len} tokens",
+    ]
     if r.batches > 1:
         run.append(f"{r.batches} batches")
     if not r.backward:
@@ -78,11 +81,14 @@ def stream_tables(report: Report) -> list[Table]:
         table = stream_table(report)
         return [] if table is None else [table]
     return [
-        _stream_table(s.points, f"Residual stream: {s.name}"
-                      + (f" ({s.container})" if s.container else ""), local=True)
+        _stream_table(
+            s.points,
+            f"Residual stream: {s.name}" + (f" ({s.container})" if s.container else ""),
+            local=True,
+        )
         for s in report.streams
         if s.points
-    ]  # fmt: skip
+    ]
 
 
 def block_labels(report: Report) -> dict[int, str]:
@@ -104,9 +110,14 @@ def _stream_table(points: Sequence[StreamPoint], title: str, *, local: bool = Fa
     first = next((p.block for p in points if p.block is not None), 0) if local else 0
     for p in points:
         t.add_row(
-            str(p.k), NONE if p.block is None else str(p.block - first), p.name, num(p.rms),
-            num(p.max_abs), num(p.grad_rms), bar(p.rms, top),
-        )  # fmt: skip
+            str(p.k),
+            NONE if p.block is None else str(p.block - first),
+            p.name,
+            num(p.rms),
+            num(p.max_abs),
+            num(p.grad_rms),
+            bar(p.rms, top),
+        )
     return t
 
 
@@ -118,17 +129,24 @@ def tokens_table(report: Report) -> Table | None:
         return None
     t = Table(
         title="Tokens: the largest |x| per stream point (massive-activations)",
-        box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
-    )  # fmt: skip
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+    )
     for col in ("k", "module", "seq", "token", "text", "id", "channel", "value", "median|x|"):
         t.add_column(col, justify="left" if col in ("module", "text") else "right")
     for p, tv in rows:
         t.add_row(
-            str(p.k), p.name, NONE if tv.sequence is None else str(tv.sequence), str(tv.token),
+            str(p.k),
+            p.name,
+            NONE if tv.sequence is None else str(tv.sequence),
+            str(tv.token),
             NONE if tv.text is None else repr(tv.text),
-            NONE if tv.token_id is None else str(tv.token_id), str(tv.channel), num(tv.value),
+            NONE if tv.token_id is None else str(tv.token_id),
+            str(tv.channel),
+            num(tv.value),
             num(p.median_abs),
-        )  # fmt: skip
+        )
     return t
 
 
@@ -136,15 +154,31 @@ def branch_table(report: Report) -> Table | None:
     if not report.branches:
         return None
     t = Table(title="Branches", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-    for col in ("block", "branch", "module", "RMS", "÷stream", "max|x|", "ch ratio", "grad RMS",
-                "‖∇θ‖"):  # fmt: skip
+    for col in (
+        "block",
+        "branch",
+        "module",
+        "RMS",
+        "÷stream",
+        "max|x|",
+        "ch ratio",
+        "grad RMS",
+        "‖∇θ‖",
+    ):
         t.add_column(col, justify="left" if col in ("branch", "module") else "right")
     labels = block_labels(report)
     for b in report.branches:
         t.add_row(
-            labels.get(b.block, str(b.block)), b.kind, b.name, num(b.rms), num(b.ratio),
-            num(b.max_abs), num(b.channel_max_ratio), num(b.grad_rms), num(b.param_grad_norm),
-        )  # fmt: skip
+            labels.get(b.block, str(b.block)),
+            b.kind,
+            b.name,
+            num(b.rms),
+            num(b.ratio),
+            num(b.max_abs),
+            num(b.channel_max_ratio),
+            num(b.grad_rms),
+            num(b.param_grad_norm),
+        )
     return t
 
 
@@ -192,8 +226,11 @@ def heads_table(report: Report) -> Table | None:
     t = Table(
         title=f"Heads: normalised attention entropy, one cell per {what}",
         caption="█ 1 uniform … ▁ 0 one key · red < 0.1 · yellow < 0.5 · green < 0.9",
-        caption_justify="left", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
-    )  # fmt: skip
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+    )
     t.add_column("blk", justify="right", no_wrap=True)
     t.add_column("layer", no_wrap=True, overflow="ellipsis", max_width=36)
     t.add_column("heads", no_wrap=True)
@@ -213,22 +250,43 @@ def _heads_row(a: AttentionRecord, group: int, labels: dict[int, str]) -> tuple[
 
 def modules_table(report: Report) -> Table:
     t = Table(
-        title="All modules", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
-        collapse_padding=True, padding=(0, 1),
-    )  # fmt: skip
+        title="All modules",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+        collapse_padding=True,
+        padding=(0, 1),
+    )
     t.add_column("module", no_wrap=True)
     t.add_column("role", no_wrap=True)
-    for col in ("blk", "calls", "mean", "RMS", "max|x|", "zero%", "nonfin", "ch ratio",
-                "grad RMS", "‖∇θ‖"):  # fmt: skip
+    for col in (
+        "blk",
+        "calls",
+        "mean",
+        "RMS",
+        "max|x|",
+        "zero%",
+        "nonfin",
+        "ch ratio",
+        "grad RMS",
+        "‖∇θ‖",
+    ):
         t.add_column(col, justify="right", no_wrap=True)
     for r in report.layers:
         t.add_row(
-            r.name, r.role, "" if r.block is None else str(r.block), str(r.calls),
-            num(r.mean), num(r.rms), num(r.max_abs),
+            r.name,
+            r.role,
+            "" if r.block is None else str(r.block),
+            str(r.calls),
+            num(r.mean),
+            num(r.rms),
+            num(r.max_abs),
             NONE if r.zero_frac is None else f"{100 * r.zero_frac:.1f}",
-            str(r.nonfinite) if r.nonfinite else "", num(r.channel_max_ratio), num(r.grad_rms),
+            str(r.nonfinite) if r.nonfinite else "",
+            num(r.channel_max_ratio),
+            num(r.grad_rms),
             num(r.param_grad_norm),
-        )  # fmt: skip
+        )
     return t
 
 

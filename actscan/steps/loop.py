@@ -113,10 +113,14 @@ def optimizer_info(spec: StepSpec, model: nn.Module) -> OptimizerInfo:
     sgd = spec.optimizer == "sgd"
     config = getattr(model, "config", None)
     return OptimizerInfo(
-        name=spec.optimizer, lr=float(spec.lr), betas=None if sgd else tuple(spec.betas),
-        eps=None if sgd else float(spec.eps), weight_decay=float(spec.weight_decay),
-        warmup=spec.warmup, parametrization=str(getattr(config, "parametrization", "sp")),
-    )  # fmt: skip
+        name=spec.optimizer,
+        lr=float(spec.lr),
+        betas=None if sgd else tuple(spec.betas),
+        eps=None if sgd else float(spec.eps),
+        weight_decay=float(spec.weight_decay),
+        warmup=spec.warmup,
+        parametrization=str(getattr(config, "parametrization", "sp")),
+    )
 
 
 def param_groups(model: nn.Module, lr: float) -> list[dict[str, Any]]:
@@ -141,9 +145,12 @@ def build_optimizer(spec: StepSpec, groups: list[dict[str, Any]]) -> torch.optim
         return torch.optim.SGD(groups, lr=spec.lr, weight_decay=spec.weight_decay)
     cls = torch.optim.AdamW if spec.optimizer == "adamw" else torch.optim.Adam
     return cls(
-        groups, lr=spec.lr, betas=tuple(spec.betas), eps=spec.eps,
+        groups,
+        lr=spec.lr,
+        betas=tuple(spec.betas),
+        eps=spec.eps,
         weight_decay=spec.weight_decay,
-    )  # fmt: skip
+    )
 
 
 def probe_rows(model: nn.Module, batch: int) -> int:
@@ -681,16 +688,19 @@ def _change(sums: Sequence[float], t: int) -> tuple[float | None, float | None, 
 
 
 def _grad_sq(
-    grads: Sequence[torch.Tensor | None], ranks: LocalRanks, weight: Sequence[float],
+    grads: Sequence[torch.Tensor | None],
+    ranks: LocalRanks,
+    weight: Sequence[float],
     nan: torch.Tensor,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Σg² of this process's part of each gradient (NaN where a parameter got none)."""
     have = [(k, ranks.local(g)) for k, g in enumerate(grads) if g is not None]
     out = nan.expand(len(grads)).clone()
     if have:
         norms = torch._foreach_norm([g for _, g in have])
-        vals = torch.stack([n.double().square() * weight[k]
-                            for n, (k, _) in zip(norms, have, strict=True)])  # fmt: skip
+        vals = torch.stack(
+            [n.double().square() * weight[k] for n, (k, _) in zip(norms, have, strict=True)]
+        )
         out[torch.tensor([k for k, _ in have], device=out.device)] = vals.to(out.device)
     return out
 
@@ -753,32 +763,52 @@ def dynamics_record(
         else:
             s = tuple((p.k or 0, v) for p, v in zip(stream_points, raw.stream[t - 1], strict=True))
         changes = tuple(
-            ChangeRecord(name=p.name, kind=p.kind, k=p.k, block=p.block, rel=c[0],
-                         abs_mean=c[1], delta_mean=c[2])
+            ChangeRecord(
+                name=p.name,
+                kind=p.kind,
+                k=p.k,
+                block=p.block,
+                rel=c[0],
+                abs_mean=c[1],
+                delta_mean=c[2],
+            )
             for p, c in zip(raw.points, raw.change[t], strict=True)
-        )  # fmt: skip
+        )
         drift = tuple(
             (name, v) for name, v in zip(raw.gains, raw.gain_drift[t], strict=True) if v is not None
         )
         steps.append(
             StepRecord(
-                t=t, loss=loss, lr=raw.lrs[t], stream=s, change=changes, logits=raw.logits[t],
-                attn_max=raw.attn_max[t], gain_drift=drift,
+                t=t,
+                loss=loss,
+                lr=raw.lrs[t],
+                stream=s,
+                change=changes,
+                logits=raw.logits[t],
+                attn_max=raw.attn_max[t],
+                gain_drift=drift,
                 attn_layers=tuple(zip(raw.attn_names, raw.attn_layers[t], strict=True)),
             )
-        )  # fmt: skip
+        )
     by_name: Mapping[str, ParamRecord] = {p.name: p for p in params}
     updates = []
     for j, (name, numel) in enumerate(raw.params):
         rec = by_name.get(name)
         updates.append(
             UpdateRecord(
-                param=name, block=rec.block if rec else None, role=rec.role if rec else "other",
-                kind=rec.kind if rec else "other", ratio=tuple(r[j] for r in raw.ratio),
-                grad_rms=tuple(g[j] for g in raw.grad_rms), numel=numel,
+                param=name,
+                block=rec.block if rec else None,
+                role=rec.role if rec else "other",
+                kind=rec.kind if rec else "other",
+                ratio=tuple(r[j] for r in raw.ratio),
+                grad_rms=tuple(g[j] for g in raw.grad_rms),
+                numel=numel,
             )
-        )  # fmt: skip
+        )
     return Dynamics(
-        optimizer=raw.info, steps=tuple(steps), updates=tuple(updates), probe=raw.probe,
+        optimizer=raw.info,
+        steps=tuple(steps),
+        updates=tuple(updates),
+        probe=raw.probe,
         blocks=block_updates(updates),
-    )  # fmt: skip
+    )

@@ -272,10 +272,17 @@ def _with_weights(
         with quiet(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(opts.seed)  # anything transformers initializes is seeded
             model, loaded = cls.from_pretrained(
-                None, config=config, state_dict=dict(tensors), **kwargs,
-                local_files_only=True, trust_remote_code=False, attn_implementation="eager",
-                dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True,
-            )  # fmt: skip
+                None,
+                config=config,
+                state_dict=dict(tensors),
+                **kwargs,
+                local_files_only=True,
+                trust_remote_code=False,
+                attn_implementation="eager",
+                dtype=torch.float32,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,
+            )
     except Exception as err:
         raise BadInputError(
             f"bad checkpoint {where}: transformers could not load it: {st.first_line(err)}"
@@ -293,14 +300,20 @@ def _with_weights(
     note = check_finite(tensors, where, allow=opts.allow_nonfinite)
     if head:
         shown = ", ".join(repr(n) for n in head[:3]) + (" …" if len(head) > 3 else "")
-        notes = (*notes, f"ignored {len(head)} tensors of a task head that {cls.__name__} "
-                 f"does not have: {shown}")  # fmt: skip
+        notes = (
+            *notes,
+            f"ignored {len(head)} tensors of a task head that {cls.__name__} "
+            f"does not have: {shown}",
+        )
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()})
     info = hf_info(
-        model, config, str(source.parent if source.name in (WEIGHTS_NAME, INDEX_NAME) else source),
-        at_init=False, init=None,
+        model,
+        config,
+        str(source.parent if source.name in (WEIGHTS_NAME, INDEX_NAME) else source),
+        at_init=False,
+        init=None,
         extra={"config_source": str(config_path), "checkpoint_dtypes": dtypes},
-    )  # fmt: skip
+    )
     extra = {"tokenizer_dir": str(tokenizer_dir)} if tokenizer_dir is not None else {}
     notes = (*notes, note) if note else notes
     return Resolved(
@@ -383,9 +396,12 @@ def hf_inputs(opts: TargetOptions, info: ModelInfo, model: nn.Module | None = No
 
     if model is not None and not takes_token_ids(model):
         return hf_input_source(
-            model, batch=opts.batch or 4, seq_len=opts.seq_len, seed=opts.seed,
+            model,
+            batch=opts.batch or 4,
+            seq_len=opts.seq_len,
+            seed=opts.seed,
             input_shape=opts.input_shape,
-        )  # fmt: skip
+        )
     if opts.input_shape is None:
         return None
     if info.vocab_size:
@@ -412,8 +428,9 @@ def resolve_hf_config(path: Path, data: dict[str, Any], opts: TargetOptions) -> 
         from actscan.models.reinit import reinit
 
         reinit(model, opts.init, float(std) if ok else 0.02, opts.seed)
-    info = hf_info(model, config, where, at_init=True, init=opts.init,
-                   extra={"config_source": where})  # fmt: skip
+    info = hf_info(
+        model, config, where, at_init=True, init=opts.init, extra={"config_source": where}
+    )
     return Resolved(
         model=model, info=info, inputs=hf_inputs(opts, info, model), notes=config_notes(data, where)
     )
@@ -451,8 +468,10 @@ def resolve_folder(path: Path, opts: TargetOptions) -> Resolved:
     _no_init_with_weights(str(path), opts)
     data = read_config_file(config_path)
     config = hf_config(data, str(config_path), opts.overrides)
-    pickles = sorted((f for f in files if Path(f).suffix.lower() in st.PICKLE_SUFFIXES),
-                     key=lambda f: (not f.startswith("pytorch_model"), f))  # fmt: skip
+    pickles = sorted(
+        (f for f in files if Path(f).suffix.lower() in st.PICKLE_SUFFIXES),
+        key=lambda f: (not f.startswith("pytorch_model"), f),
+    )
     if weights.exists():
         source, tensors = weights, st.load_tensors(weights)
     elif index.exists():
@@ -471,9 +490,14 @@ def resolve_folder(path: Path, opts: TargetOptions) -> Resolved:
             f"({WEIGHTS_NAME} or {INDEX_NAME}); {hint}"
         )
     return _with_weights(
-        config, config_path, source, tensors, opts,
-        tokenizer_dir=path, notes=config_notes(data, str(config_path)),
-    )  # fmt: skip
+        config,
+        config_path,
+        source,
+        tensors,
+        opts,
+        tokenizer_dir=path,
+        notes=config_notes(data, str(config_path)),
+    )
 
 
 def resolve_hf_checkpoint(
@@ -486,6 +510,11 @@ def resolve_hf_checkpoint(
     tensors = st.load_tensors(path)
     folder = config_path.parent if config_path.name == CONFIG_NAME else None
     return _with_weights(
-        config, config_path, path, tensors, opts,
-        tokenizer_dir=folder, notes=config_notes(data, str(config_path)),
-    )  # fmt: skip
+        config,
+        config_path,
+        path,
+        tensors,
+        opts,
+        tokenizer_dir=folder,
+        notes=config_notes(data, str(config_path)),
+    )
