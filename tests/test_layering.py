@@ -292,6 +292,8 @@ def test_one_owner_of_hooks() -> None:
 
 
 MAX_FUNCTION_LINES = 120
+
+
 def long_functions() -> set[str]:
     out = set()
     for mod, path in MODULES.items():
