@@ -13,7 +13,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from actscan.diagnose import evaluate
+from actscan.models.arch import parse_set
 from actscan.settings import Settings, apply_ignores
+from actscan.targets.resolve import resolve
+from actscan.targets.resolved import TargetOptions
 
 if TYPE_CHECKING:
     from actscan.compare.pairs import Divergence
@@ -79,9 +83,6 @@ class Scanned:
 
 def build_target(spec: TargetSpec, settings: Settings) -> tuple[Resolved, InputSource | None]:
     """TARGET → (the resolved model, its inputs or None: scan() invents token ids)."""
-    from actscan.models.arch import parse_set
-    from actscan.targets.resolve import resolve
-    from actscan.targets.resolved import TargetOptions
 
     opts = TargetOptions(
         config=spec.config,
@@ -128,7 +129,6 @@ def scan_target(
     gate on the same findings. `checks` replaces the check runner (None: the real checks,
     actscan.diagnose.evaluate).
     """
-    from actscan.diagnose import evaluate
     from actscan.run import scan_model  # looked up per call: tests may watch it
 
     spec = TargetSpec(spec) if isinstance(spec, str) else spec

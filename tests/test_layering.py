@@ -400,3 +400,55 @@ def foreign_global_reads() -> list[str]:
 def test_no_module_reads_another_modules_mutable_globals() -> None:
     """State that changes at run time is passed or returned, never read across modules."""
     assert foreign_global_reads() == []
+
+
+def _heavy_modules() -> set[str]:
+    """Modules whose module-level imports reach torch."""
+    top: dict[str, set[str]] = {m: set() for m in MODULES}
+    torch_top: set[str] = set()
+    for e in EDGES:
+        if e.local or e.type_only:
+            continue
+        if e.dst.split(".")[0] == "torch":
+            torch_top.add(e.src)
+        elif e.dst in MODULES:
+            top[e.src].add(e.dst)
+    heavy: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for m in MODULES:
+            if m not in heavy and (m in torch_top or top[m] & heavy):
+                heavy.add(m)
+                changed = True
+    return heavy
+
+
+def _help_path() -> set[str]:
+    """The actscan modules `import actscan.cli` loads (what `actscan --help` pays for)."""
+    code = "import sys, actscan.cli; print(' '.join(m for m in sys.modules if 'actscan' in m))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
+    return set(out.stdout.decode().split())
+
+
+def test_function_local_imports_only_where_they_keep_startup_light() -> None:
+    """A function-local import is there to keep `actscan --help` fast and free of torch, a
+    light module free of torch, or a single-process run free of the distributed stack;
+    anywhere else it belongs at the top of the module (the cycle test counts it anyway)."""
+    heavy, help_path = _heavy_modules(), _help_path()
+
+    def justified(e: Edge) -> bool:
+        lazy_stack = e.dst.startswith(("torch.distributed", "actscan.distributed"))
+        return (
+            e.src in help_path
+            or e.src == "actscan"
+            or (e.src not in heavy and (e.dst.split(".")[0] == "torch" or e.dst in heavy))
+            or lazy_stack
+        )
+
+    needless = [
+        f"{e.src}:{e.line} imports {e.dst}"
+        for e in EDGES
+        if e.local and not e.type_only and e.dst != e.src and not justified(e)
+    ]
+    assert needless == []

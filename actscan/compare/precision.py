@@ -22,8 +22,11 @@ from torch import nn
 
 from actscan.compare.pairs import Divergence, LayerDivergence
 from actscan.errors import UsageError
+from actscan.layout.detect import detect_layout
+from actscan.layout.proof import prove_layout
 from actscan.measure.hooks import HookSet
 from actscan.measure.inputs import Batch, InputSource, token_source
+from actscan.measure.prepare import TORCH_DTYPES, cast_batch, resolve_device
 from actscan.measure.recorder import first_tensor
 from actscan.records import Layout, ModelInfo
 
@@ -98,8 +101,6 @@ def precision_divergence(
     Both runs use deep copies of `model` (the caller's model is never cast or moved) and
     batch 0 of `source`. Forward only: divergence of activations, not of gradients.
     """
-    from actscan.layout.detect import detect_layout
-    from actscan.measure.prepare import resolve_device
 
     dev = resolve_device(device, model)
     layout = layout or detect_layout(model, model_type)
@@ -107,8 +108,6 @@ def precision_divergence(
     stream_in = layout.blocks[0].name if layout.blocks and scope != "all" else None
     ref = _Copy(model, high, batch, dev)
     if layout.blocks and scope != "all":
-        from actscan.layout.proof import prove_layout
-
         # the branches each block really adds (post-branch norms, post-LN encoders)
         layout = prove_layout(ref.model, layout, ref.forward).layout
     targets = [n for n, _ in divergence_targets(model, layout, scope)]
@@ -141,7 +140,6 @@ class _Copy:
     """A deep copy of the caller's model in one precision, with batch 0 cast for it."""
 
     def __init__(self, model: nn.Module, p: Precision, batch: Batch, dev: torch.device) -> None:
-        from actscan.measure.prepare import TORCH_DTYPES, cast_batch
 
         self.precision = p
         self.device = dev

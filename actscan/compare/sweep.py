@@ -14,11 +14,15 @@ from dataclasses import dataclass, field, replace
 from itertools import product
 from typing import TYPE_CHECKING, Any
 
+from actscan.diagnose.coord import coord_check
+from actscan.diagnose.thresholds import DEFAULT
 from actscan.errors import UsageError
+from actscan.models.arch import apply_overrides, build_config
 from actscan.records import Finding, Severity, json_as
 from actscan.report.codec import to_json_obj
 from actscan.report.output import dumps
 from actscan.report.report import SCHEMA_VERSION, Report
+from actscan.settings import apply_ignores
 from actscan.targets.classify import Kind, classify
 from actscan.version import __version__
 
@@ -169,7 +173,6 @@ def _first_key(values: Mapping[str, Any], keys: Sequence[str]) -> str | None:
 def base_config(target: str, overrides: Mapping[str, str]) -> BaseConfig:
     """Read TARGET's architecture (a config file or a shipped config name) without
     building it: a sweep rebuilds it at every size, at initialization."""
-    from actscan.models.arch import apply_overrides, build_config
 
     what = classify(target)
     if what.kind is Kind.CALLABLE:
@@ -323,10 +326,6 @@ def run_sweep(
     rows = tuple(row(p, scan_point(p)) for p in points)
     coord = None
     if widths:
-        from actscan.diagnose.coord import coord_check
-        from actscan.diagnose.thresholds import DEFAULT
-        from actscan.settings import apply_ignores
-
         coord = coord_check(
             [(r.side, r.depth, r.width, r.report) for r in rows if r.width is not None],
             thresholds or DEFAULT,

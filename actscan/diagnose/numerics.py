@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from actscan.diagnose.attention import score_findings
 from actscan.diagnose.common import (
     DTYPE_MAX,
     FP16_EXP_LIMIT,
@@ -266,7 +267,6 @@ def logit_scale(ctx: CheckContext) -> list[Finding | Skip]:
 def _attention_logits(ctx: CheckContext) -> list[Finding]:
     """The declared-scale rule, then the measured scores: per head from the attention
     probes when they ran, else from score modules the recorder saw."""
-    from actscan.diagnose.attention import score_findings
 
     unscaled = _unscaled_attention(ctx)
     if ctx.attention:

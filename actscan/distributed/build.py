@@ -28,8 +28,24 @@ from actscan.distributed.fsdp import fill_local, materialize, param_bytes, shard
 from actscan.distributed.runtime import DistRun
 from actscan.distributed.telemetry import note_build_peak
 from actscan.errors import BadInputError, UsageError
+from actscan.layout.detect import detect_layout
+from actscan.models import gpt
+from actscan.models.arch import read_config_file
+from actscan.models.gpt import build_model
+from actscan.targets import safetensors_io as st
 from actscan.targets.builtin import arch_from_mapping
 from actscan.targets.classify import Kind, classify
+from actscan.targets.hf import (
+    CONFIG_NAME,
+    INDEX_NAME,
+    WEIGHTS_NAME,
+    config_notes,
+    hf_config,
+    hf_info,
+    hf_inputs,
+    model_class,
+)
+from actscan.targets.hf_env import quiet
 from actscan.targets.info import builtin_info
 from actscan.targets.resolved import Resolved, TargetOptions
 
@@ -93,7 +109,6 @@ def _unitwise_values(
     """The built-in model on meta, for each parameter the rows `rows_of(name, shape)`
     picks of its one-process init, computing one unit at a time, and the most parameter
     bytes held at once (the rows kept so far plus the one unit being initialised)."""
-    from actscan.models import gpt
 
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
@@ -140,8 +155,6 @@ def _check_unitwise(cfg: ArchConfig, seed: int) -> None:
     """The unit-wise init must equal the one-process build: checked on a 2-layer copy."""
     from dataclasses import replace
 
-    from actscan.models.gpt import build_model
-
     try:
         # 2 layers, at most 1024 tokens × 64 positions: a few blocks' worth of memory
         small = replace(
@@ -167,11 +180,8 @@ def _builtin(cfg: ArchConfig, source: str, opts: TargetOptions, run: DistRun) ->
     from actscan.distributed.fsdp import local_rows
 
     _check_unitwise(cfg, opts.seed)
-    with torch.device("meta"):
-        from actscan.models import gpt
-
-        with gpt.NoMetaNormal():
-            shell = gpt.ActscanGPT(cfg)
+    with torch.device("meta"), gpt.NoMetaNormal():
+        shell = gpt.ActscanGPT(cfg)
     shard_model(shell, [f"blocks.{i}" for i in range(cfg.n_layers)], run.device)
     spans = {
         n: local_rows(p) if isinstance(p, DTensor) else (0, p.shape[0] if p.dim() else 0)
@@ -219,8 +229,6 @@ class _Slices:
 
 
 def _weight_files(path: Path) -> dict[str, Path]:
-    from actscan.targets import safetensors_io as st
-    from actscan.targets.hf import INDEX_NAME, WEIGHTS_NAME
 
     single, index = path / WEIGHTS_NAME, path / INDEX_NAME
     if single.is_file():
@@ -262,18 +270,6 @@ class _ParamsOnMeta:
 
 def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
     from transformers.initialization import no_init_weights
-
-    from actscan.layout.detect import detect_layout
-    from actscan.models.arch import read_config_file
-    from actscan.targets.hf import (
-        CONFIG_NAME,
-        config_notes,
-        hf_config,
-        hf_info,
-        hf_inputs,
-        model_class,
-    )
-    from actscan.targets.hf_env import quiet
 
     if opts.config is not None:
         raise UsageError(f"--config is for a bare .safetensors file; {path} has its config.json")

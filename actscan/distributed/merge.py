@@ -33,6 +33,7 @@ import torch
 
 from actscan.distributed.telemetry import note_merge_ms
 from actscan.measure.moments import Moments, merge_moments
+from actscan.measure.recorder import TOP_K
 
 _F64 = torch.float64
 
@@ -178,7 +179,6 @@ def merge_token_views(rec: Any) -> None:
     ids = sorted(rec._tok_top)
     if not ids:
         return
-    from actscan.measure.recorder import TOP_K
 
     dist = _dist()
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -30,6 +30,7 @@ from actscan.distributed.runtime import DistRun, split_rows
 from actscan.distributed.telemetry import note_steps
 from actscan.errors import UsageError
 from actscan.measure.inputs import Batch
+from actscan.measure.recorder import first_tensor
 from actscan.steps.loop import LocalRanks
 
 
@@ -70,7 +71,6 @@ class ShardedRanks(LocalRanks):
         return isinstance(t, DTensor) or self.run.is_main  # a replica counts once
 
     def split(self, b: Batch) -> tuple[Batch, bool]:
-        from actscan.measure.recorder import first_tensor
 
         lead = b.token_ids if b.token_ids is not None else first_tensor((b.args, b.kwargs))
         rows = int(lead.shape[0]) if lead is not None and lead.dim() else 0

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from actscan.measure.moments import merge_moments
+from actscan.models.gpt import Attention, AttentionLogits
 from actscan.records import AttentionRecord, HeadRecord, Layout
 
 PROBE_PREFIX = "actscan_probe_"
@@ -248,7 +249,6 @@ class AttentionProbes:
         return acc
 
     def _builtin(self) -> bool:
-        from actscan.models.gpt import Attention, AttentionLogits
 
         hooked = False
         for mod in self.model.modules():

@@ -361,7 +361,6 @@ def describe_batch(batch: Batch) -> str | None:
         parts.append(f"{dec.shape[0]}×{dec.shape[1]} decoder tokens")
     if parts:
         return " + ".join(parts)
-    from actscan.measure.recorder import first_tensor
 
     t = first_tensor((batch.args, kw))
     if t is None:

@@ -12,6 +12,7 @@ from torch import nn
 
 from actscan.errors import UsageError
 from actscan.measure.inputs import Batch
+from actscan.measure.model_inputs import describe_batch
 
 __all__ = [
     "TORCH_DTYPES",
@@ -182,8 +183,6 @@ def call_model(model: nn.Module, batch: Batch) -> Any:
     try:
         return model(*batch.args, **batch.kwargs)
     except Exception as err:
-        from actscan.measure.model_inputs import describe_batch
-
         what = describe_batch(batch) or "its inputs"
         line = f"{type(model).__name__} failed on {what}: {_first_line(err)}"
         with contextlib.suppress(AttributeError, TypeError):

@@ -16,7 +16,10 @@ import torch
 from torch import nn
 
 from actscan.errors import ConfigError
+from actscan.layout.detect import is_norm
 from actscan.layout.usage import Usage, measure_usage, probe_gain
+from actscan.models.arch import INITS, ArchConfig
+from actscan.models.gpt import linear_std
 
 
 def unit_gain_(mod: nn.Module, weight: nn.Parameter) -> None:
@@ -94,9 +97,6 @@ def reinit(model: nn.Module, scheme: str, init_std: float, seed: int) -> None:
     it (w = 0 for (1 + w) norms); other matmul weights (fused 3-D MoE experts) get the same
     rule with the fan-in the forward pass contracts over; structured biases are kept.
     """
-    from actscan.layout.detect import is_norm
-    from actscan.models.arch import INITS, ArchConfig
-    from actscan.models.gpt import linear_std
 
     if scheme not in INITS:
         raise ConfigError(f"--init must be one of {'|'.join(INITS)}, got '{scheme}'")

@@ -26,9 +26,21 @@ from actscan.errors import BadInputError, ConfigError, UsageError
 from actscan.models.arch import ArchConfig, is_actscan_config, read_config_file, saved_config
 from actscan.targets.builtin import arch_from_mapping, build_builtin
 from actscan.targets.classify import shipped_configs
+from actscan.targets.hf import resolve_hf_checkpoint
 from actscan.targets.resolved import Resolved, TargetOptions
-from actscan.targets.safetensors_io import SafetensorsHeader, read_header
-from actscan.targets.weights import check_finite, check_shapes, expected_shapes, tied_aliases
+from actscan.targets.safetensors_io import (
+    SafetensorsHeader,
+    load_tensors,
+    read_header,
+    save_tensors,
+)
+from actscan.targets.weights import (
+    check_finite,
+    check_shapes,
+    expected_shapes,
+    load_weights,
+    tied_aliases,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +59,6 @@ def save_builtin(model: nn.Module, path: str | Path, *, dtype: torch.dtype | Non
     casts floating-point tensors (e.g. fp16 to halve the file). Written atomically.
     """
     from actscan.models.gpt import ActscanGPT
-    from actscan.targets.safetensors_io import save_tensors
 
     if not isinstance(model, ActscanGPT):
         raise UsageError(
@@ -78,8 +89,6 @@ def resolve_safetensors(path: Path, opts: TargetOptions) -> Resolved:
         )
     cfg = arch_from_mapping(data, where, opts)
     _check_against(cfg, header)
-    from actscan.targets.safetensors_io import load_tensors
-    from actscan.targets.weights import load_weights
 
     tensors = load_tensors(path)
     note = check_finite(tensors, str(path), allow=opts.allow_nonfinite)
@@ -174,6 +183,5 @@ def _resolve_hf(
     path: Path, config_path: Path, data: dict[str, Any], opts: TargetOptions
 ) -> Resolved:
     """A Hugging Face config + these weights: built by the Hugging Face resolver."""
-    from actscan.targets.hf import resolve_hf_checkpoint
 
     return resolve_hf_checkpoint(path, config_path, data, opts)

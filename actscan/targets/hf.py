@@ -27,10 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actscan.errors import BadInputError, ConfigError, UsageError
+from actscan.models.arch import read_config_file
 from actscan.records import ModelInfo
 from actscan.targets import safetensors_io as st
 from actscan.targets.hf_env import offline, quiet
+from actscan.targets.hf_layers import depth_of, resize_per_layer
 from actscan.targets.resolved import Resolved, TargetOptions
+from actscan.targets.weights import check_finite, mismatch_error
 
 if TYPE_CHECKING:
     import torch
@@ -117,7 +120,6 @@ def config_notes(data: Mapping[str, Any], where: str) -> tuple[str, ...]:
 def _apply_overrides(config: Any, overrides: Mapping[str, str], model_type: str) -> None:
     """`--set key=value` on a transformers config: the value takes the field's type.
     A new depth resizes the config's per-layer lists (`layer_types`, …) unless set too."""
-    from actscan.targets.hf_layers import depth_of, resize_per_layer
 
     known = config.to_dict()
     depth_before = depth_of(config)
@@ -255,8 +257,6 @@ def _with_weights(
     import inspect
 
     import torch
-
-    from actscan.targets.weights import check_finite, mismatch_error
 
     cls = model_class(config)
     where = f"{source} (as {cls.__name__} from {config_path.name})"
@@ -446,7 +446,6 @@ def _no_init_with_weights(source: str, opts: TargetOptions) -> None:
 
 def resolve_folder(path: Path, opts: TargetOptions) -> Resolved:
     """A Hugging Face model folder: config.json + safetensors weights (single or sharded)."""
-    from actscan.models.arch import read_config_file
 
     if opts.config is not None:
         raise UsageError(

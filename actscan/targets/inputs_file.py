@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from actscan.errors import BadInputError
 from actscan.measure.inputs import Batch, InputSource, file_tokens
 from actscan.targets.resolved import Resolved, TargetOptions
@@ -67,7 +69,6 @@ def load_input_file(
 
 def _wrap(ids: torch.Tensor, resolved: Resolved) -> Batch:
     """Positional ids for the built-in and custom models; keywords for transformers models."""
-    import torch
 
     info = resolved.info
     if info.family in ("actscan-gpt", "custom"):
@@ -117,7 +118,6 @@ def token_decoder(path: Path, resolved: Resolved) -> Callable[[int], str] | None
 
 
 def _tokenize_text(path: Path, resolved: Resolved, opts: TargetOptions) -> torch.Tensor:
-    import torch
 
     folder = tokenizer_folder(resolved)
     if folder is None:

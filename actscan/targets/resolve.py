@@ -9,8 +9,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from actscan.errors import BadInputError
+from actscan.targets.builtin import resolve_builtin_config
+from actscan.targets.checkpoint import resolve_safetensors
 from actscan.targets.classify import Kind, classify
+from actscan.targets.factory import resolve_factory
+from actscan.targets.hf import resolve_folder, resolve_hf_config
 from actscan.targets.resolved import Resolved, TargetOptions
+from actscan.targets.safetensors_io import refuse_pickle
 
 __all__ = ["resolve"]
 
@@ -28,28 +33,17 @@ def resolve(target: str, opts: TargetOptions | None = None) -> Resolved:
 def _resolve(target: str, opts: TargetOptions) -> Resolved:
     what = classify(target)
     if what.kind is Kind.CALLABLE:
-        from actscan.targets.factory import resolve_factory
-
         return resolve_factory(target, opts)
     path = what.path
     assert path is not None  # every kind but CALLABLE names a path
     if what.kind is Kind.FOLDER:
-        from actscan.targets.hf import resolve_folder
-
         return resolve_folder(path, opts)
     if what.kind is Kind.SAFETENSORS:
-        from actscan.targets.checkpoint import resolve_safetensors
-
         return resolve_safetensors(path, opts)
     if what.kind is Kind.BUILTIN_CONFIG:
-        from actscan.targets.builtin import resolve_builtin_config
-
         return resolve_builtin_config(path, what.config_dict(), opts)
     if what.kind is Kind.HF_CONFIG:
-        from actscan.targets.hf import resolve_hf_config
-
         return resolve_hf_config(path, what.config_dict(), opts)
-    from actscan.targets.safetensors_io import refuse_pickle
 
     refuse_pickle(path)  # raises for pickle files
     raise BadInputError(

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from actscan.errors import BadInputError
+from actscan.targets.safetensors_io import count_nonfinite
 
 if TYPE_CHECKING:
     import torch
@@ -106,7 +107,6 @@ def mismatch_error(
 
 def check_finite(tensors: Mapping[str, torch.Tensor], where: str, *, allow: bool) -> str | None:
     """Refuse NaN/Inf weights (named, with counts) unless `allow`; then return a note."""
-    from actscan.targets.safetensors_io import count_nonfinite
 
     bad = {n: c for n, c in count_nonfinite(tensors).items() if c}
     if not bad:
