@@ -27,8 +27,8 @@ from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.distributed.runtime import current as dist_current
 from actscan.errors import UsageError
 from actscan.layout.detect import detect_layout, is_norm
-from actscan.layout.proof import prove_layout
-from actscan.layout.usage import Usage, measure_usage, norm_gains
+from actscan.layout.probe import probe_pass
+from actscan.layout.usage import Usage
 from actscan.measure.attention import attention_probes
 from actscan.measure.inputs import Batch, InputSource, default_loss, token_source, user_source
 from actscan.measure.model_inputs import describe_batch, hf_input_source
@@ -446,12 +446,13 @@ def scan(
     raw_steps: StepsRaw | None = None
     restore = caller_state(model) if steps else contextlib.nullcontext()
     with restore as kept, preserved(model, dev, run_dtype, dropout=dropout):
-        # Layout self-check: one batch-1 forward of the same inputs, before the recorder.
-        proof = prove_layout(model, layout, _probe_run(model, source, dev, run_dtype, amp))
-        layout = proof.layout
-        notes.extend(proof.notes)
-        if info.at_init:
-            usage, gains = _measure_at_init(model, cast_batch(source(0), dev, run_dtype), notes)
+        # Layout self-check and, at init, fan-in and norm gains: one batch-1 forward.
+        first = cast_batch(source(0), dev, run_dtype)
+        probe = probe_pass(
+            model, layout, first, at_init=info.at_init, autocast=lambda: _autocast(dev, amp)
+        )
+        proof, layout, usage, gains = probe.proof, probe.proof.layout, probe.usage, probe.gains
+        notes.extend(probe.notes)
         if dist_run is not None:  # the pre-passes leave FSDP's root unsharded
             from actscan.distributed.fsdp import reshard_all
 
@@ -625,39 +626,11 @@ def _extra_inputs(
         ]  # fmt: skip
 
 
-def _probe_run(
-    model: nn.Module,
-    source: InputSource,
-    dev: torch.device,
-    run_dtype: torch.dtype | None,
-    amp: str | None,
-) -> Callable[[], None]:
-    """The layout self-check's forward pass: batch 0 cut to its first sample."""
-
-    def run() -> None:
-        b = cast_batch(source(0), dev, run_dtype)
-        lead = _first_shape_of(b)
-        if lead and lead[0] > 1:
-            n = lead[0]
-
-            def cut(v: Any) -> Any:
-                return v[:1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
-
-            b = Batch(tuple(cut(a) for a in b.args), {k: cut(v) for k, v in b.kwargs.items()})
-        ctx = torch.autocast(dev.type, dtype=TORCH_DTYPES[amp]) if amp else contextlib.nullcontext()
-        with ctx:
-            model(*b.args, **b.kwargs)
-
-    return run
-
-
-def _first_shape_of(b: Batch) -> tuple[int, ...]:
-    from actscan.measure.recorder import first_tensor
-
-    t = b.token_ids
-    if t is None:
-        t = first_tensor((b.args, b.kwargs))
-    return tuple(t.shape) if t is not None else ()
+def _autocast(dev: torch.device, amp: str | None) -> contextlib.AbstractContextManager[Any]:
+    """The run's autocast (a fresh one per use), or nothing without --amp."""
+    if amp:
+        return torch.autocast(dev.type, dtype=TORCH_DTYPES[amp])
+    return contextlib.nullcontext()
 
 
 def with_at_init(info: ModelInfo, at_init: bool | None) -> ModelInfo:
@@ -665,37 +638,6 @@ def with_at_init(info: ModelInfo, at_init: bool | None) -> ModelInfo:
     None keeps the resolver's."""
 
     return info if at_init is None or at_init == info.at_init else replace(info, at_init=at_init)
-
-
-def _measure_at_init(
-    model: nn.Module, first: Batch, notes: list[str]
-) -> tuple[Usage | None, dict[str, tuple[float, float]] | None]:
-    """Fan-in of every weight (one small pass) and each norm's effective gain (a probe)."""
-    try:
-        usage = measure_usage(model, first.args, first.kwargs)
-    except Exception as err:  # the recorded pass below reports the model's own error
-        line = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-        notes.append(f"init-scale: fan-in read from weight shapes (measuring pass failed: {line})")
-        return None, None
-    structured = sorted(
-        name for name, p in model.named_parameters() if name not in usage.uses and p.numel() > 1
-    )
-    structured = [s for s in structured if not _is_norm_param(model, s)]
-    if structured:
-        shown = ", ".join(structured[:3]) + (
-            f", … ({len(structured)})" if len(structured) > 3 else ""
-        )
-        notes.append(
-            f"init-scale: {len(structured)} parameters are not matmul/conv/embedding weights "
-            f"(structured, not judged): {shown}"
-        )
-    return usage, norm_gains(model, usage.norm_inputs)
-
-
-def _is_norm_param(model: nn.Module, pname: str) -> bool:
-    mname = pname.rpartition(".")[0]
-    mod = model.get_submodule(mname) if mname else model
-    return is_norm(mod)
 
 
 def _type_name(mod: nn.Module) -> str:

@@ -275,13 +275,9 @@ HOOK_API = {
 HOOK_OWNER = "actscan.measure.hooks"
 # Modules that still register hooks themselves, to be removed (never added to).
 KNOWN_HOOK_CALLERS: set[str] = {
-    "actscan.layout.proof",
-    "actscan.layout.usage",
     "actscan.compare.pairs",
     "actscan.distributed.telemetry",
     "actscan.steps.loop",
-    "actscan.measure.attention",
-    "actscan.measure.recorder",
 }
 
 
