@@ -364,8 +364,10 @@ def test_memory_is_flat_in_the_number_of_batches() -> None:
             ids = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(i))
             grads = torch.autograd.grad(lm_loss(model(ids)), params)
             rec.add_param_grads(dict(zip(params, grads, strict=True)))
+            assert len(rec._grad_hooks) > 0  # this batch's gradient hooks, one per output
             rec.end_batch()
             assert not rec._pend and not rec._g_rows and not rec._c_idx
+            assert len(rec._grad_hooks) == 0  # removed with their batch: none pile up
             held.append(_held_bytes(rec))
         raw = rec.result(16)
     assert held[0] == held[-1] == max(held)
