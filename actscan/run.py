@@ -24,9 +24,9 @@ from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.distributed.ranks import ShardedPass
 from actscan.distributed.runtime import current as dist_current
 from actscan.layout.detect import detect_layout
-from actscan.layout.proof import prove_layout
+from actscan.layout.probe import probe_pass
 from actscan.measure.model_inputs import choose_inputs
-from actscan.measure.params import measure_at_init, param_records
+from actscan.measure.params import param_records
 from actscan.measure.prepare import (
     TORCH_DTYPES,
     dtype_name,
@@ -39,7 +39,7 @@ from actscan.measure.profile import (
     PassSpec,
     Profiled,
     Progress,
-    one_sample,
+    first_batch,
     record_pass,
     run_info,
 )
@@ -89,18 +89,18 @@ def scan_model(
     )
     ranks.check(model, spec, s.steps, chosen.source)
     with kept_state(model, spec.device, spec.dtype, dropout=s.dropout, weights=s.steps > 0) as kept:
-        proof = prove_layout(model, layout, one_sample(model, chosen.source, spec))
-        at_init = measure_at_init(model, spec.cast(chosen.source(0)), enabled=info.at_init)
+        first = first_batch(chosen, spec)
+        probe = probe_pass(model, layout, first, at_init=info.at_init, autocast=spec.autocast)
         ranks.settle(model)
-        profiled = record_pass(model, proof.layout, chosen, spec, ranks, progress)
+        profiled = record_pass(model, probe.proof.layout, chosen, spec, ranks, progress)
         raw_steps = take_steps(model, steps, profiled, kept, info.vocab_size, progress)
-    params = param_records(model, proof.layout, at_init, measure=ranks.moments)
+    params = param_records(model, probe.proof.layout, probe, measure=ranks.moments)
     measured = build_records(model, profiled, s.threshold_set(), decode_token)
     ctx = check_context(s, info, profiled, measured, params, raw_steps)
     found, skipped = checks(ctx)
     findings, _ = apply_ignores(found, s.ignores)
-    notes = (layout.note, compiled, *spec.notes, *proof.notes, *at_init.notes, *profiled.notes)
-    return report_of(ctx, measured, findings, skipped, proof.proofs, notes)
+    notes = (layout.note, compiled, *spec.notes, *probe.notes, *profiled.notes)
+    return report_of(ctx, measured, findings, skipped, probe.proof.proofs, notes)
 
 
 def scan(

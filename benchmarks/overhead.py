@@ -505,28 +505,28 @@ def children_cpu() -> float:
 
 def step0_extras(device: str, batch: int, seq: int) -> dict[str, float]:
     """What `profile` pays once before its step-0 pass, in CPU seconds (median of 3), on
-    the 12 × 768 model: the layout self-check (a batch-1 forward) and the at-init pass
-    (fan-in of every weight, each norm's effective gain); and the copy of the caller's
-    weights kept for the restore, with the copy back."""
+    the 12 × 768 model: the probe pass (one batch-1 forward for the layout self-check and
+    the at-init fan-in of every weight, then each norm's effective gain); and the copy of
+    the caller's weights kept for the restore, with the copy back."""
     import torch
 
+    from actscan.layout.detect import detect_layout
+    from actscan.layout.probe import probe_pass
     from actscan.measure.inputs import token_source
-    from actscan.measure.params import measure_at_init
-    from actscan.measure.profile import PassSpec, one_sample
     from actscan.measure.state import caller_state
 
     model, _ = build("12x768", device)
     model.train()
     src = token_source(model.config.vocab_size, batch, seq, seed=0)
     dev = torch.device(device)
+    layout = detect_layout(model)
 
     def restore() -> None:
         with caller_state(model):
             pass
 
     fns = {
-        "layout_check": one_sample(model, src, PassSpec.of(model, dev, None)),
-        "at_init": lambda: measure_at_init(model, src(0).to(dev)),
+        "probe_pass": lambda: probe_pass(model, layout, src(0).to(dev), at_init=True),
         "weights_copy_restore": restore,
     }
     return {k: statistics.median(time_once(f, device)[1] for _ in range(3))

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from actscan.models.arch import ArchConfig
-from actscan.models.gpt import build_model
+from actscan.models.gpt import ActscanGPT
 from actscan.targets.checkpoint import save_builtin
 
 OUT = Path(__file__).resolve().parent
@@ -38,8 +38,21 @@ OVERFLOW_BLOCK = 1  # the block whose MLP is scaled up until fp16 overflows
 OVERFLOW_GAIN = 500.0  # applied to both MLP projections of that block
 
 
+def _built(cfg: ArchConfig) -> torch.nn.Module:
+    """A sample's model drawn as the committed files were: from the global random stream
+    in module order (`ActscanGPT(cfg, seed=None)` after `torch.manual_seed(SEED)`), not
+    `build_model`'s per-parameter draws, so that the files keep their bytes. The caller's
+    random stream is left as it was."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(SEED)
+    try:
+        return ActscanGPT(cfg, seed=None)
+    finally:
+        torch.random.set_rng_state(state)
+
+
 def healthy() -> torch.nn.Module:
-    return build_model(HEALTHY, seed=SEED)
+    return _built(HEALTHY)
 
 
 @torch.no_grad()
@@ -50,7 +63,7 @@ def outlier_channel() -> torch.nn.Module:
     would also blow up the logits and blur the point).
     """
     cfg = replace(HEALTHY, name="outlier-channel", tie_embeddings=False)
-    model = build_model(cfg, seed=SEED)
+    model = _built(cfg)
     model.tok_emb.weight[:, OUTLIER_CHANNEL].mul_(100.0)
     return model
 
@@ -58,7 +71,7 @@ def outlier_channel() -> torch.nn.Module:
 @torch.no_grad()
 def dead_branch() -> torch.nn.Module:
     """Block 2's MLP output projection (weight and bias) is all zeros: the branch adds nothing."""
-    model = build_model(replace(HEALTHY, name="dead-branch"), seed=SEED)
+    model = _built(replace(HEALTHY, name="dead-branch"))
     down = model.blocks[DEAD_BLOCK].mlp.down
     down.weight.zero_()
     down.bias.zero_()
@@ -76,7 +89,7 @@ def gpt_48_naive() -> torch.nn.Module:
         name="gpt-48-naive", n_layers=48, d_model=32, n_heads=4, vocab_size=256, seq_len=64,
         init="gpt2", init_std=0.056, embed_std=0.02, branch_scale="none",
     )  # fmt: skip
-    return build_model(cfg, seed=SEED)
+    return _built(cfg)
 
 
 @torch.no_grad()
@@ -84,7 +97,7 @@ def fp16_overflow() -> torch.nn.Module:
     """Block 1's MLP projections ×500 each: its output reaches ~2e5 — finite in fp32, beyond
     fp16's 65504 (run with --dtype fp16 to see Inf/NaN). The weights themselves stay small
     enough for fp16."""
-    model = build_model(replace(HEALTHY, name="fp16-overflow"), seed=SEED)
+    model = _built(replace(HEALTHY, name="fp16-overflow"))
     mlp = model.blocks[OVERFLOW_BLOCK].mlp
     mlp.up.weight.mul_(OVERFLOW_GAIN)
     mlp.down.weight.mul_(OVERFLOW_GAIN)
@@ -101,7 +114,7 @@ def massive_activation() -> torch.nn.Module:
     first token carries one massive value (~3000× the median |x|) down the whole stream, as
     trained LLMs do on their start token (Sun et al. 2024)."""
     cfg = replace(HEALTHY, name="massive-activation", tie_embeddings=False)
-    model = build_model(cfg, seed=SEED)
+    model = _built(cfg)
     model.pos_emb.weight[0, MASSIVE_CHANNEL] = MASSIVE_VALUE
     return model
 

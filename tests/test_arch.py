@@ -225,3 +225,102 @@ def test_checkpoints_store_qk_norm_only_when_used(tmp_path: Path) -> None:
         assert ("qk_norm" in stored) is qk
         assert build_config(stored) == ArchConfig(**SMALL, qk_norm=qk)
         assert ("blocks.0.attn.q_norm.weight" in names) is qk
+
+
+BUILDS = [
+    {},
+    {"branch_scale": "rezero", "tie_embeddings": False},
+    {"branch_scale": "layerscale", "norm": "rmsnorm", "position": "rope", "qk_norm": True},
+    {"branch_scale": "deepnorm", "placement": "post", "activation": "swiglu", "bias": False},
+    {"branch_scale": "depth", "init": "kaiming", "mlp_bias_init": -0.5, "embed_std": 0.3},
+    {"parametrization": "mup", "mup_base_width": 16},
+]
+
+
+def _meta_model(cfg: ArchConfig, seed: int) -> torch.nn.Module:
+    from actscan.models.gpt import ActscanGPT, NoMetaNormal
+
+    with torch.device("meta"), NoMetaNormal():
+        return ActscanGPT(cfg, seed)
+
+
+def _one_unit_at_a_time(cfg: ArchConfig, seed: int) -> dict[str, torch.Tensor]:
+    """As a rank builds: one unit (a block, or a module outside the blocks) holds values
+    at a time, the others stay on meta; the units in reverse order."""
+    from actscan.models.gpt import init_weights
+
+    model = _meta_model(cfg, seed)
+    units = [(n, m) for n, m in model.named_children() if n != "blocks" and m is not None]
+    units += [(f"blocks.{i}", b) for i, b in enumerate(model.blocks)]
+    got: dict[str, torch.Tensor] = {}
+    for name, unit in reversed(units):
+        unit.to_empty(device="cpu")
+        if cfg.tie_embeddings:  # leaving meta makes new parameters: tie them again
+            model.head.weight = model.tok_emb.weight
+        init_weights(model, cfg, seed)
+        held = unit.state_dict(prefix=f"{name}.")
+        got.update({k: v.detach().clone() for k, v in held.items() if not v.is_meta})
+        unit.to("meta")
+    return got  # a tied head holds no values of its own: valued as tok_emb.weight
+
+
+@pytest.mark.parametrize("kw", BUILDS)
+def test_any_build_order_gives_the_same_weights(kw: dict) -> None:
+    """Each parameter is drawn from (seed, its name): the fast build, the eager constructor,
+    meta then init, and one unit at a time in another order give the same tensors, and
+    none of them moves the caller's random stream except the eager constructor's own
+    default initialisers."""
+    from actscan.models.gpt import ActscanGPT, init_weights
+
+    cfg = ArchConfig(n_layers=3, d_model=32, n_heads=2, vocab_size=37, seq_len=17, **kw)
+    for seed in (0, 3):
+        before = torch.random.get_rng_state()
+        fast = build_model(cfg, seed).state_dict()
+        assert torch.equal(before, torch.random.get_rng_state())  # caller's stream untouched
+        eager = ActscanGPT(cfg, seed).state_dict()
+        meta = _meta_model(cfg, seed)
+        meta.to_empty(device="cpu")
+        if cfg.tie_embeddings:
+            meta.head.weight = meta.tok_emb.weight
+        init_weights(meta, cfg, seed)
+        units = _one_unit_at_a_time(cfg, seed)
+        if cfg.tie_embeddings:
+            units["head.weight"] = units["tok_emb.weight"]
+        for other in (eager, meta.state_dict(), units):
+            assert sorted(other) == sorted(fast)
+            assert [k for k in fast if not torch.equal(fast[k], other[k])] == []
+
+
+def test_different_seeds_and_different_parameters_draw_different_numbers() -> None:
+    cfg = ArchConfig(**SMALL)
+    a, b = build_model(cfg, seed=0), build_model(cfg, seed=1)
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        if p.numel() > 1 and _std(p) > 0:
+            assert not torch.equal(p, q), name
+    # same shape, same std, other name: independent draws (no shared stream offset)
+    w0, w1 = a.blocks[0].mlp.up.weight.flatten(), a.blocks[1].mlp.up.weight.flatten()
+    corr = torch.corrcoef(torch.stack([w0, w1]).double())[0, 1].item()
+    assert abs(corr) < 0.05
+
+
+@pytest.mark.parametrize("init", ["gpt2", "kaiming", "fan-in"])
+def test_every_parameter_has_its_scheme_std(init: str) -> None:
+    """Per parameter, the drawn std and mean match what the init scheme asks for."""
+    from actscan.models.gpt import linear_std
+
+    L = SMALL["n_layers"]
+    cfg = ArchConfig(**SMALL, init=init, branch_scale="depth", tie_embeddings=False)
+    model = build_model(cfg, seed=5)
+    emb = 0.02 if init == "gpt2" else 1.0
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Embedding):
+            want = emb
+        elif isinstance(mod, torch.nn.Linear):
+            want = linear_std(cfg, mod.in_features, mod.out_features)
+            if name.endswith(("attn.proj", "mlp.down")):
+                want /= math.sqrt(2 * L)
+        else:
+            continue
+        w = mod.weight.detach().double()
+        assert _std(w) == pytest.approx(want, rel=0.05), name
+        assert abs(w.mean().item()) < 5 * want / math.sqrt(w.numel()), name

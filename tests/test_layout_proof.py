@@ -412,3 +412,68 @@ def test_blocks_that_change_the_stream_shape_are_skipped_silently() -> None:
     result = prove_layout(model, detect_layout(model), lambda: model(x[:1]))
     assert [p.status for p in result.proofs] == ["skipped", "skipped"]
     assert "shape" in result.proofs[0].note and not result.notes
+
+
+def _hook_count(model: nn.Module) -> int:
+    return sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+        for m in model.modules()
+    )
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_one_probe_pass_proves_and_measures_usage_as_the_two_passes_did(family: str) -> None:
+    """The proof and the at-init usage share one forward: same proofs, same fan-ins and
+    norm gains as each measured on its own pass, modes and hooks as they were."""
+    from actscan.layout.probe import probe_pass
+    from actscan.layout.usage import measure_usage, norm_gains
+    from actscan.measure.inputs import Batch
+
+    model = hf_model(family).train()
+    batch = Batch((), {"input_ids": torch.cat([ids(), ids()])})  # batch 2: cut to 1
+    layout = detect_layout(model)
+    alone = prove_layout(model, layout, lambda: model(input_ids=batch.kwargs["input_ids"][:1]))
+    usage = measure_usage(model, batch.args, batch.kwargs)
+    calls: list[int] = []
+    handle = model.register_forward_pre_hook(lambda _m, a, k: calls.append(1), with_kwargs=True)
+    hooks_before = _hook_count(model)
+    try:
+        probe = probe_pass(model, layout, batch, at_init=True)
+        assert len(calls) == 1  # one forward for both readers
+        assert _hook_count(model) == hooks_before
+        assert all(m.training for m in model.modules())
+        assert probe.proof.proofs == alone.proofs and probe.proof.layout == alone.layout
+        assert probe.usage == usage and probe.gains == norm_gains(model, usage.norm_inputs)
+        assert all(p.status == "verified" for p in probe.proof.proofs)
+        trained = probe_pass(model, layout, batch, at_init=False)  # the proof only
+        assert trained.usage is None and trained.gains is None
+        assert trained.proof.proofs == alone.proofs and len(calls) == 2
+    finally:
+        handle.remove()
+
+
+def test_a_failing_probe_pass_notes_the_proof_and_falls_back_for_usage() -> None:
+    """A model whose batch-1 forward raises: the proof is skipped with a note, and usage
+    is measured on its own pass, which retries with the full batch."""
+    from actscan.layout.probe import probe_pass
+    from actscan.measure.inputs import Batch
+
+    class Pairs(nn.Module):  # needs at least two samples
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[0] < 2:
+                raise ValueError("batch of one")
+            for b in self.blocks:
+                x = x + b(x)
+            return x
+
+    model = Pairs()
+    probe = probe_pass(model, detect_layout(model), Batch((torch.randn(3, 8),)), at_init=True)
+    assert [p.status for p in probe.proof.proofs] == ["skipped", "skipped"]
+    assert "layout self-check could not run (ValueError: batch of one)" in probe.notes[0]
+    assert probe.usage is not None
+    assert probe.usage.role("blocks.0.0.weight").fan_in == 8  # type: ignore[union-attr]
+    assert _hook_count(model) == 0

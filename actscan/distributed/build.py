@@ -2,10 +2,10 @@
 
 * Built-in configs (shipped names, actscan config files): the model is built on the
   meta device; its initialisation runs one *unit* at a time (a block, or a module
-  outside the blocks that owns parameters), in the order a one-process build draws its
-  random numbers, with only that unit materialised: each rank keeps the rows of its
-  shards and frees the unit. The weights are bit-identical to the one-process model's
-  (checked on a 2-layer copy of the config before each build; refused if not).
+  outside the blocks that owns parameters) with only that unit materialised: each rank
+  keeps the rows of its shards and frees the unit. Each parameter's values come from
+  (seed, its name) alone, so they are bit-identical to the one-process model's (checked
+  on a 2-layer copy of the config before each build; refused if not).
 * Hugging Face folders (config.json + model.safetensors or a sharded index): built on
   the meta device, and each rank reads only its rows of each tensor, memory-mapped,
   through safetensors slices (`safe_open(...).get_slice`).
@@ -110,45 +110,31 @@ def _unitwise_values(
     picks of its one-process init, computing one unit at a time, and the most parameter
     bytes held at once (the rows kept so far plus the one unit being initialised)."""
 
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        with torch.device("meta"), gpt.NoMetaNormal():
-            model = gpt.ActscanGPT(cfg)  # draws nothing
-        draws = gpt.default_init_draws(model)
-        if draws is None:
-            raise UsageError(f"{cfg.family}: this architecture has no sharded build")
-        gpt.skip_draws(draws)
-        blocks = [f"blocks.{i}" for i in range(cfg.n_layers)]
-        values: dict[str, torch.Tensor] = {}
-        held = peak = 0
-        for unit in _owners(model, blocks):
-            _set_params(model, unit, "cpu")
-            if cfg.tie_embeddings:
-                model.head.weight = model.tok_emb.weight
-            mods = dict(model.named_modules())
-            with torch.no_grad():
-                for n in unit:
-                    if isinstance(mods[n], gpt.BranchGain):
-                        mods[n].gain.fill_(mods[n].init_value)
-            with gpt.NoMetaNormal():
-                gpt.init_weights(model, cfg)  # only this unit holds values: draws its share
-            full = 0
-            for n in unit:
-                for pname, p in mods[n].named_parameters(recurse=False):
-                    if p.is_meta:  # tied to another unit's parameter: valued there
-                        continue
-                    key = f"{n}.{pname}" if n else pname
-                    values[key] = rows_of(key, p.detach()).clone()
-                    held += values[key].numel() * values[key].element_size()
-                    full += p.numel() * p.element_size()
-            peak = max(peak, held + full)
-            _set_params(model, unit, "meta")
-            if cfg.tie_embeddings:
-                model.head.weight = model.tok_emb.weight
-        return model, values, peak
-    finally:
-        torch.random.set_rng_state(gen_state)
+    with torch.device("meta"), gpt.NoMetaNormal():
+        model = gpt.ActscanGPT(cfg, seed)  # draws nothing
+    blocks = [f"blocks.{i}" for i in range(cfg.n_layers)]
+    values: dict[str, torch.Tensor] = {}
+    held = peak = 0
+    for unit in _owners(model, blocks):
+        _set_params(model, unit, "cpu")
+        if cfg.tie_embeddings:
+            model.head.weight = model.tok_emb.weight
+        mods = dict(model.named_modules())
+        gpt.init_weights(model, cfg, seed)  # only this unit holds values: its share
+        full = 0
+        for n in unit:
+            for pname, p in mods[n].named_parameters(recurse=False):
+                if p.is_meta:  # tied to another unit's parameter: valued there
+                    continue
+                key = f"{n}.{pname}" if n else pname
+                values[key] = rows_of(key, p.detach()).clone()
+                held += values[key].numel() * values[key].element_size()
+                full += p.numel() * p.element_size()
+        peak = max(peak, held + full)
+        _set_params(model, unit, "meta")
+        if cfg.tie_embeddings:
+            model.head.weight = model.tok_emb.weight
+    return model, values, peak
 
 
 def _check_unitwise(cfg: ArchConfig, seed: int) -> None:

@@ -21,10 +21,11 @@ proven in the same pass, each block under its own stream's name (`BlockInfo.stre
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 
 from actscan.layout.detect import is_act, is_norm
+from actscan.measure.hooks import HookSet
 from actscan.records import BlockInfo, BlockProof, BranchInfo, Layout, Role
 
 # ‖x_in + Σ writes − x_out‖ / ‖x_out‖ allowed per dtype of the stream: a few roundings of
@@ -111,8 +113,9 @@ class _Trace:
     note: str = ""
 
 
-class _Probe:
-    """Temporary hooks on the blocks and everything inside them."""
+class BlockWatch:
+    """Hooks on the blocks and everything inside them, for one forward pass; `install`
+    puts them into the caller's `HookSet`, which removes them."""
 
     def __init__(self, model: nn.Module, blocks: Sequence[BlockInfo]) -> None:
         self.modules = dict(model.named_modules())
@@ -120,38 +123,18 @@ class _Probe:
         self.traces: dict[int, _Trace] = {}
         self.stack: list[_Trace] = []
         self.order = 0
-        self.handles: list[Any] = []
         # float64 Grams keep residuals down to ~1e-8; MPS has no float64
         self.acc = torch.float64
 
-    def __enter__(self) -> _Probe:
-        try:
-            for b in self.blocks:
-                block = self.modules[b.name]
-                self.handles.append(
-                    block.register_forward_pre_hook(self._enter(b.index), with_kwargs=True)
-                )
-                for name, mod in block.named_modules(prefix=b.name):
-                    if name != b.name:
-                        self.handles.append(
-                            mod.register_forward_hook(self._inner(name), with_kwargs=True)
-                        )
-                self.handles.append(
-                    block.register_forward_hook(self._leave(b.index), with_kwargs=True)
-                )
-        except Exception:
-            self._remove()
-            raise
+    def install(self, hooks: HookSet) -> BlockWatch:
+        for b in self.blocks:
+            block = self.modules[b.name]
+            hooks.forward_pre(block, self._enter(b.index), with_kwargs=True)
+            for name, mod in block.named_modules(prefix=b.name):
+                if name != b.name:
+                    hooks.forward(mod, self._inner(name), with_kwargs=True)
+            hooks.forward(block, self._leave(b.index), with_kwargs=True)
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._remove()
-
-    def _remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-        self.stack.clear()
 
     def _store(self, tr: _Trace, t: torch.Tensor) -> Key:
         k = _key(t)
@@ -552,10 +535,23 @@ def _plain(b: BlockInfo, chain: list[str], tol: float, stream: str) -> BlockInfo
     return replace(b, attn=None, mlp=None, adds=1, branches=(), proof=proof)
 
 
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Every module in eval mode, each one's own mode put back after: dropout would make
+    the writes fresh tensors, and the proof is about structure."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
 def prove_blocks(
     model: nn.Module,
     blocks: Sequence[BlockInfo],
-    run: Any,
+    run: Callable[[], Any],
     *,
     stream: str | None = None,
 ) -> tuple[list[BlockInfo], dict[str, str]]:
@@ -563,17 +559,19 @@ def prove_blocks(
     autocast). Returns the blocks with their branches and proofs, and the role updates of
     the modules inside them. Each proof is recorded under `stream`, else the block's own
     stream (`BlockInfo.stream`: "main", or "encoder"/"decoder" of an encoder-decoder)."""
+    with eval_mode(model), HookSet() as hooks, torch.no_grad():
+        watch = BlockWatch(model, blocks).install(hooks)
+        run()
+    return read_blocks(model, watch, stream=stream)
+
+
+def read_blocks(
+    model: nn.Module, watch: BlockWatch, *, stream: str | None = None
+) -> tuple[list[BlockInfo], dict[str, str]]:
+    """The proofs of the blocks `watch` saw in its forward pass (see `prove_blocks`)."""
+    blocks = watch.blocks
     modules = dict(model.named_modules())
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        # eval: dropout would make the writes fresh tensors; the proof is about structure
-        model.eval()
-        with _Probe(model, blocks) as probe, torch.no_grad():
-            run()
-    finally:
-        for m, mode in modes:
-            m.training = mode
-    traces = [probe.traces.get(b.index) for b in blocks]
+    traces = [watch.traces.get(b.index) for b in blocks]
     grams = [t.gram for t in traces if t is not None and t.gram is not None]
     # one device → host transfer for every block's Gram matrix
     flat = torch.cat([g.reshape(-1) for g in grams]).double().cpu() if grams else None
@@ -691,23 +689,33 @@ def _unfit(blk: _Block, found: _Outcome, tol: float) -> _Outcome:
     return found
 
 
-def prove_layout(model: nn.Module, layout: Layout, run: Any) -> ProofResult:
+def prove_layout(model: nn.Module, layout: Layout, run: Callable[[], Any]) -> ProofResult:
     """The layout with every block proven (or marked), and notes for the user."""
     if not layout.blocks:
         return ProofResult(layout, ())
     try:
         blocks, roles = prove_blocks(model, layout.blocks, run)
     except Exception as err:  # the probe must never break a scan: say so and go on
-        note = (
-            f"layout self-check could not run ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}): branch checks unverified"
-        )
-        blocks = [_unverified(b, "skipped", note, stream=b.stream) for b in layout.blocks]
-        return ProofResult(
-            replace(layout, blocks=tuple(blocks)),
-            tuple(b.proof for b in blocks if b.proof is not None),
-            (note,),
-        )
+        return proof_failed(layout, err)
+    return proof_result(layout, blocks, roles)
+
+
+def proof_failed(layout: Layout, err: Exception) -> ProofResult:
+    """Every block skipped, with the reason: the probe pass (or its reading) raised."""
+    note = (
+        f"layout self-check could not run ({type(err).__name__}: "
+        f"{str(err).splitlines()[0] if str(err) else ''}): branch checks unverified"
+    )
+    blocks = [_unverified(b, "skipped", note, stream=b.stream) for b in layout.blocks]
+    return ProofResult(
+        replace(layout, blocks=tuple(blocks)),
+        tuple(b.proof for b in blocks if b.proof is not None),
+        (note,),
+    )
+
+
+def proof_result(layout: Layout, blocks: Sequence[BlockInfo], roles: dict[str, str]) -> ProofResult:
+    """The proven blocks and role updates folded into the layout, with the user's notes."""
     new_roles = dict(layout.roles)
     for name, role in roles.items():
         if new_roles.get(name) not in (Role.NORM.value, Role.ACT.value, Role.STREAM.value):
@@ -728,7 +736,8 @@ def prove_layout(model: nn.Module, layout: Layout, run: Any) -> ProofResult:
             + (f"; residual up to {worst:.2g}" if worst is not None else "")
             + f"; {bad[0].note}): their branch checks (dead-branch) are skipped"
         )
-    return ProofResult(replace(layout, blocks=tuple(blocks), roles=new_roles), proofs, tuple(notes))
+    layout = replace(layout, blocks=tuple(blocks), roles=new_roles)
+    return ProofResult(layout, proofs, tuple(notes))
 
 
 def _blocks(idx: Iterator[int] | Sequence[int]) -> str:

@@ -27,6 +27,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from actscan.layout.detect import is_norm
+from actscan.measure.hooks import HookSet
+from actscan.measure.recorder import first_tensor
 
 _LINEAR = {"linear"}
 _MATMUL = {"matmul", "__matmul__", "mm", "bmm"}
@@ -207,11 +209,9 @@ def _owners(model: nn.Module) -> dict[int, str]:
     return owner
 
 
-@contextlib.contextmanager
-def _live_owners(model: nn.Module, owner: dict[int, str]) -> Iterator[None]:
+def _live_owners(model: nn.Module, owner: dict[int, str], hooks: HookSet) -> None:
     """Add the parameters each module holds when it is called: FSDP swaps in unsharded
     parameters (other storages than the sharded ones `_owners` saw) for its forward."""
-    handles = []
     held: dict[int, int] = {}  # storage key → id of the parameter it was seen as
 
     def pre(mname: str) -> Callable[..., None]:
@@ -225,14 +225,9 @@ def _live_owners(model: nn.Module, owner: dict[int, str]) -> Iterator[None]:
 
         return hook
 
-    try:
-        for mname, mod in model.named_modules():
-            if any(True for _ in mod.parameters(recurse=False)):
-                handles.append(mod.register_forward_pre_hook(pre(mname)))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    for mname, mod in model.named_modules():
+        if any(True for _ in mod.parameters(recurse=False)):
+            hooks.forward_pre(mod, pre(mname))
 
 
 def _sharded(model: nn.Module) -> bool:
@@ -241,12 +236,15 @@ def _sharded(model: nn.Module) -> bool:
 
 
 def first_batch_of_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-    """The first sample of a batch: every tensor whose leading size is the batch size."""
-    first = next(
-        (t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim() >= 1),
-        None,
-    )
-    if first is None or first.shape[0] <= 1:
+    """The first sample of a batch: every top-level tensor whose leading size is the batch
+    size, read off the token ids (`input_ids`, or an integer first argument), else off the
+    first floating-point tensor."""
+    ids = kwargs.get("input_ids")
+    if ids is None and args and isinstance(args[0], torch.Tensor):
+        ids = args[0]
+    ok = isinstance(ids, torch.Tensor) and not ids.is_floating_point()
+    first = ids if ok else first_tensor((args, kwargs))
+    if first is None or first.dim() == 0 or first.shape[0] <= 1:
         return args, kwargs
     n = first.shape[0]
 
@@ -256,10 +254,7 @@ def first_batch_of_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[t
     return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
 
 
-@contextlib.contextmanager
-def _norm_shapes(model: nn.Module, into: dict[str, tuple[int, ...]]) -> Iterator[None]:
-    handles = []
-
+def _norm_shapes(model: nn.Module, into: dict[str, tuple[int, ...]], hooks: HookSet) -> None:
     def pre(name: str) -> Callable[..., None]:
         def hook(_mod: nn.Module, inputs: tuple[Any, ...]) -> None:
             if name not in into and inputs and isinstance(inputs[0], torch.Tensor):
@@ -267,44 +262,52 @@ def _norm_shapes(model: nn.Module, into: dict[str, tuple[int, ...]]) -> Iterator
 
         return hook
 
-    try:
-        for name, mod in model.named_modules():
-            if is_norm(mod) and isinstance(getattr(mod, "weight", None), nn.Parameter):
-                handles.append(mod.register_forward_pre_hook(pre(name)))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    for name, mod in model.named_modules():
+        if is_norm(mod) and isinstance(getattr(mod, "weight", None), nn.Parameter):
+            hooks.forward_pre(mod, pre(name))
+
+
+@contextlib.contextmanager
+def watch_usage(model: nn.Module, hooks: HookSet) -> Iterator[Callable[[], Usage]]:
+    """Watch the forward passes run inside: yields a function that reads the `Usage`.
+
+    Its hooks go into `hooks` (the caller removes them); the `TorchFunctionMode` that sees
+    every call is active inside the `with` only. Random generators and no_grad are the
+    caller's; the model's mode too.
+    """
+    owner = _owners(model)
+    shapes: dict[str, tuple[int, ...]] = {}
+    spy = _Spy(owner)
+    _norm_shapes(model, shapes, hooks)
+    if _sharded(model):
+        _live_owners(model, owner, hooks)
+    with spy:
+        yield lambda: Usage({k: tuple(v) for k, v in spy.uses.items()}, dict(shapes))
+
+
+def _usage_pass(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Usage:
+    with HookSet() as hooks, watch_usage(model, hooks) as usage:
+        model(*args, **kwargs)
+    return usage()
 
 
 def measure_usage(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Usage:
     """One no-grad forward pass on the first sample of (args, kwargs), watching every call.
 
     Raises whatever the model raises (the caller falls back to shape-based fan-in). The
-    model's mode is left to the caller; random generators are left as they were.
+    model's mode is left to the caller; random generators are left as they were. A scan
+    measures usage inside the layout proof's pass instead (`layout.probe.probe_pass`).
     """
-    owner = _owners(model)
     small_args, small_kwargs = first_batch_of_one(args, kwargs)
-    shapes: dict[str, tuple[int, ...]] = {}
-    spy = _Spy(owner)
     devices = [d for d in {p.device for p in model.parameters()} if d.type == "cuda"]
-    with (
-        torch.random.fork_rng(devices=devices),
-        torch.no_grad(),
-        _norm_shapes(model, shapes),
-        _live_owners(model, owner) if _sharded(model) else contextlib.nullcontext(),
-    ):
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
         try:
-            with spy:
-                model(*small_args, **small_kwargs)
+            return _usage_pass(model, small_args, small_kwargs)
         except Exception:
             if small_args is args and small_kwargs is kwargs:
                 raise
-            spy.uses.clear()
-            shapes.clear()
-            with spy:  # the batch could not be cut to one sample: the full batch
-                model(*args, **kwargs)
-    return Usage({k: tuple(v) for k, v in spy.uses.items()}, shapes)
+        # the batch could not be cut to one sample: the full batch
+        return _usage_pass(model, args, kwargs)
 
 
 # --------------------------------------------------------------------------- norm gains

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from actscan.measure.hooks import HookSet
 from actscan.measure.moments import merge_moments
 from actscan.models.gpt import Attention, AttentionLogits
 from actscan.records import AttentionRecord, HeadRecord, Layout
@@ -250,13 +251,11 @@ class AttentionProbes:
 
     def _builtin(self) -> bool:
 
-        hooked = False
+        hooks = self._stack.enter_context(HookSet())
         for mod in self.model.modules():
             if isinstance(mod, Attention) and isinstance(mod.logits, AttentionLogits):
-                handle = mod.logits.register_forward_hook(self._builtin_hook(mod))
-                self._stack.callback(handle.remove)
-                hooked = True
-        return hooked
+                hooks.forward(mod.logits, self._builtin_hook(mod))
+        return len(hooks) > 0
 
     def _builtin_hook(self, attn: nn.Module) -> Any:
         def hook(_m: nn.Module, _args: Any, scores: torch.Tensor) -> None:

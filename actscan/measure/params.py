@@ -1,6 +1,6 @@
 """Parameter records: mean/std of every parameter, and what kind of tensor it is.
 
-At init (`measure_at_init`) one small forward pass (actscan.layout.usage) says how each
+At init the probe pass (actscan.layout.probe, shared with the layout proof) says how each
 parameter is used: a weight's fan-in is the size of the dimension its matmul contracts,
 whatever its shape, and each norm's effective gain is probed. Without it, kind and fan-in
 are guessed from module types and shapes.
@@ -9,66 +9,20 @@ are guessed from module types and shapes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from actscan.layout.detect import is_norm
-from actscan.layout.usage import Usage, measure_usage, norm_gains
-from actscan.measure.inputs import Batch
+from actscan.layout.probe import Probe
+from actscan.layout.usage import Usage
 from actscan.measure.recorder import moments
 from actscan.records import Layout, ParamRecord
 
-__all__ = ["AtInit", "measure_at_init", "param_records"]
+__all__ = ["param_records"]
 
 Moments = Callable[[Sequence[torch.Tensor]], list[tuple[float, float, int]]]
-
-
-@dataclass(frozen=True)
-class AtInit:
-    """How the forward pass used each parameter (None: not measured), each norm module's
-    effective gain (mean, std), and notes for the user."""
-
-    usage: Usage | None = None
-    gains: Mapping[str, tuple[float, float]] | None = None
-    notes: tuple[str, ...] = ()
-
-
-def measure_at_init(model: nn.Module, first: Batch, *, enabled: bool = True) -> AtInit:
-    """Fan-in of every weight (one small pass) and each norm's effective gain (a probe),
-    for weights that are an initialization (`enabled`); a failing pass says so in a note
-    (the recorded pass reports the model's own error)."""
-    if not enabled:
-        return AtInit()
-    try:
-        usage = measure_usage(model, first.args, first.kwargs)
-    except Exception as err:
-        line = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-        return AtInit(
-            notes=(f"init-scale: fan-in read from weight shapes (measuring pass failed: {line})",)
-        )
-    structured = sorted(
-        name for name, p in model.named_parameters() if name not in usage.uses and p.numel() > 1
-    )
-    structured = [s for s in structured if not _is_norm_param(model, s)]
-    notes: tuple[str, ...] = ()
-    if structured:
-        shown = ", ".join(structured[:3]) + (
-            f", … ({len(structured)})" if len(structured) > 3 else ""
-        )
-        notes = (
-            f"init-scale: {len(structured)} parameters are not matmul/conv/embedding weights "
-            f"(structured, not judged): {shown}",
-        )
-    return AtInit(usage, norm_gains(model, usage.norm_inputs), notes)
-
-
-def _is_norm_param(model: nn.Module, pname: str) -> bool:
-    mname = pname.rpartition(".")[0]
-    mod = model.get_submodule(mname) if mname else model
-    return is_norm(mod)
 
 
 def _fan(mod: nn.Module, shape: tuple[int, ...]) -> tuple[int | None, int | None]:
@@ -116,17 +70,17 @@ def _guessed_kind(mod: nn.Module, pname: str, p: torch.Tensor) -> str:
 def param_records(
     model: nn.Module,
     layout: Layout,
-    at_init: AtInit | None = None,
+    at_init: Probe | None = None,
     *,
     measure: Moments = moments,
 ) -> tuple[ParamRecord, ...]:
     """mean/std/non-finite count of every parameter, one host transfer for all.
 
-    With `at_init.usage` (measured at init), kind and fan-in come from how the forward
-    pass used each parameter, and `at_init.gains` (norm module → effective gain mean, std)
-    replace reading a norm's `weight` as its gain; without, they are guessed from module
-    types and shapes. `measure` gives (mean, std, non-finite) per tensor (a distributed
-    run's merges the ranks' shards exactly).
+    With `at_init.usage` (the probe pass at init, actscan.layout.probe), kind and fan-in
+    come from how the forward pass used each parameter, and `at_init.gains` (norm module →
+    effective gain mean, std) replace reading a norm's `weight` as its gain; without, they
+    are guessed from module types and shapes. `measure` gives (mean, std, non-finite) per
+    tensor (a distributed run's merges the ranks' shards exactly).
     """
     usage = at_init.usage if at_init is not None else None
     gains = (at_init.gains if at_init is not None else None) or {}

@@ -21,14 +21,14 @@ from torch import nn
 
 from actscan.measure.attention import attention_probes
 from actscan.measure.inputs import Batch, InputSource
-from actscan.measure.model_inputs import ChosenInputs, describe_batch, first_shape
+from actscan.measure.model_inputs import ChosenInputs, describe_batch
 from actscan.measure.prepare import TORCH_DTYPES, call_model, cast_batch, dtype_name
 from actscan.measure.recorder import RawStats, Recorder, iter_named, moments
 from actscan.measure.streams import input_name, stream_inputs
 from actscan.measure.tokens import stream_names
 from actscan.records import AttentionRecord, Layout, RunInfo
 
-__all__ = ["FP16_LOSS_SCALE", "LocalPass", "PassSpec", "Profiled", "one_sample", "record_pass"]
+__all__ = ["FP16_LOSS_SCALE", "LocalPass", "PassSpec", "Profiled", "first_batch", "record_pass"]
 
 # Static loss scale of fp16 runs: a steady state of GradScaler's dynamic scale (it starts
 # at 2^16 and halves on every overflow) that keeps an fp16 loss gradient of 1 finite.
@@ -162,23 +162,9 @@ class Profiled:
     step0: StepStart | None = field(default=None, repr=False)
 
 
-def one_sample(model: nn.Module, source: InputSource, spec: PassSpec) -> Callable[[], None]:
-    """The layout self-check's forward pass: batch 0 cut to its first sample."""
-
-    def run() -> None:
-        b = spec.cast(source(0))
-        lead = first_shape(b)
-        if lead and lead[0] > 1:
-            n = lead[0]
-
-            def cut(v: Any) -> Any:
-                return v[:1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
-
-            b = Batch(tuple(cut(a) for a in b.args), {k: cut(v) for k, v in b.kwargs.items()})
-        with spec.autocast():
-            model(*b.args, **b.kwargs)
-
-    return run
+def first_batch(chosen: ChosenInputs, spec: PassSpec) -> Batch:
+    """Batch 0 on the run's device and dtype: what the probe pass reads (its first sample)."""
+    return spec.cast(chosen.source(0))
 
 
 @contextlib.contextmanager

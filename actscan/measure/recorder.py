@@ -19,8 +19,9 @@ instrumented step costs little more than reading each activation a few times:
 - A tensor that is the output of several modules (Identity, a wrapper returning its last
   child's output) is reduced once: the hook sees the same object at the same version and
   reuses the pending results; its gradient hook fans out to every module.
-- With backward on, `output.register_hook` measures the gradient w.r.t. that output (row
-  norms again); it works with in-place ops where `register_full_backward_hook` does not.
+- With backward on, a tensor hook on each output (`HookSet.tensor`) measures the gradient
+  w.r.t. that output (row norms again); it works with in-place ops where a full backward
+  hook does not. Those hooks belong to the batch: `end_batch` removes them.
 - At the end of each batch the pending per-chunk results are merged into per-module
   running accumulators with Chan's parallel formula (`merge_moments`), vectorised over all
   modules (a few kernels per batch, not per module). Memory stays flat in the number of batches.
@@ -40,7 +41,7 @@ instrumented step costs little more than reading each activation a few times:
 Limits: values above ~1.8e19 overflow the fp32 squares (the variance reads inf), as
 they did with Welford in fp32; flushing denormals to zero (torch.set_flush_denormal)
 makes subnormals count as zeros.
-Hooks are removed in `__exit__`, also when the forward raises.
+Hooks (one `HookSet`) are removed in `__exit__`, also when the forward raises.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
+from actscan.measure.hooks import HookSet
 from actscan.measure.moments import merge_moments
 
 _ACC = torch.float64  # merged scalars: exact counts beyond 2**24, tiny tensors
@@ -212,7 +213,8 @@ class Recorder:
         # running per-channel (amax, amin) of each module, while its width is constant
         self._chan: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * m
         self._chan_ok = [True] * m
-        self._handles: list[RemovableHandle] = []
+        self._hooks = HookSet()  # module hooks: the recorder's lifetime
+        self._grad_hooks = HookSet()  # this batch's tensor hooks: removed by end_batch
         self._threads = torch.get_num_threads()
         self._scratch: dict[tuple[torch.dtype, torch.device, int], torch.Tensor] = {}
         self._ones: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
@@ -302,7 +304,8 @@ class Recorder:
             del self._pend[start:]  # the extremes stay: MAX of equal values
         mods = [i]
         if self.backward and t.requires_grad and torch.is_grad_enabled():
-            t.register_hook(partial(self._rep_grad_hook if rep else self._grad_hook, mods))
+            hook = self._rep_grad_hook if rep else self._grad_hook
+            self._grad_hooks.tensor(t, partial(hook, mods))
         self._last = (weakref.ref(t), t._version, start, len(self._pend), hi, lo,
                       per_channel, mods)  # fmt: skip
         self._update_channels(i, hi, lo, per_channel)
@@ -515,13 +518,11 @@ class Recorder:
         self._threads = torch.get_num_threads()
         try:
             for i, (_, mod) in enumerate(self.targets):
-                self._handles.append(mod.register_forward_hook(partial(self._fwd_hook, i)))
+                self._hooks.forward(mod, partial(self._fwd_hook, i))
             if self.stream_input is not None:
                 j = len(self.targets)
-                self._handles.append(
-                    self.stream_input[1].register_forward_pre_hook(
-                        partial(self._pre_hook, j), with_kwargs=True
-                    )
+                self._hooks.forward_pre(
+                    self.stream_input[1], partial(self._pre_hook, j), with_kwargs=True
                 )
         except BaseException:
             self.remove()
@@ -545,9 +546,9 @@ class Recorder:
         self.remove()
 
     def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        """Every hook of the recorder, the module hooks and this batch's tensor hooks."""
+        self._grad_hooks.remove()
+        self._hooks.remove()
 
     # -- per batch -------------------------------------------------------------------
     def add_param_grads(self, grads: dict[nn.Parameter, torch.Tensor | None]) -> None:
@@ -596,6 +597,7 @@ class Recorder:
             self._gsq.index_add_(0, _ix(gidx, dev), gsq[_ix(src, dev)])
         self._merge_underflow()
         self._reset_pending()
+        self._grad_hooks.remove()  # the batch's backward ran: its handles go, not pile up
         self._tok_last = None
         self._batch += 1
 

@@ -4,10 +4,16 @@ Written for legibility and exact control of every scale the theory talks about: 
 branch scale (1/√(2L), ReZero, LayerScale, DeepNorm), the attention-logit scale and the
 init rule are one config field. Attention logits pass through an identity module
 (`AttentionLogits`) so the recorder sees them.
+
+Each parameter's initial values come from its own random generator, seeded from (seed,
+parameter name): the weights depend on the seed alone, never on the order parameters are
+built in, so an eager build, a meta-device build initialised after, and a rank that builds
+one block at a time all hold the same numbers, and none advances a shared random stream.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -56,7 +62,7 @@ class BranchGain(nn.Module):
 
     def __init__(self, shape: tuple[int, ...], init: float) -> None:
         super().__init__()
-        self.init_value = float(init)  # build_model refills it after a meta-device build
+        self.init_value = float(init)  # init_weights refills it (a meta build has no values)
         self.gain = nn.Parameter(torch.full(shape, self.init_value))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -164,9 +170,15 @@ class Block(nn.Module):
 
 
 class ActscanGPT(nn.Module):
-    """Decoder-only LM: ids (B, T) -> logits (B, T, V)."""
+    """Decoder-only LM: ids (B, T) -> logits (B, T, V).
 
-    def __init__(self, cfg: ArchConfig) -> None:
+    `ActscanGPT(cfg, seed=s)` holds the weights of `build_model(cfg, s)` (which skips
+    PyTorch's default initialisers this constructor runs first); under the meta device it
+    holds none, and `init_weights` gives them later. `seed=None` draws from the global
+    random stream in module order instead, as the committed sample checkpoints were made.
+    """
+
+    def __init__(self, cfg: ArchConfig, seed: int | None = 0) -> None:
         super().__init__()
         self.config = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -179,7 +191,7 @@ class ActscanGPT(nn.Module):
             self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
-        init_weights(self, cfg)
+        init_weights(self, cfg, seed)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         t = ids.shape[1]
@@ -228,9 +240,38 @@ def linear_std(cfg: ArchConfig, fan_in: int, fan_out: int) -> float:
     }[cfg.init]
 
 
+def param_seed(seed: int, name: str) -> int:
+    """The seed of one parameter's generator: a stable hash of (seed, name), the same in
+    every process and Python version (unlike `hash()`)."""
+    digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def _normal_(p: torch.Tensor, std: float, name: str, seed: int | None) -> None:
+    """N(0, std²) into p from the generator of (seed, name), drawn in fp32 on the CPU so the
+    values do not depend on p's device; the global stream when seed is None; nothing for a
+    meta tensor (no values to hold, and meta normal_ imports torch._dynamo)."""
+    if p.is_meta:
+        return
+    if seed is None:
+        nn.init.normal_(p, 0.0, std)
+        return
+    gen = torch.Generator().manual_seed(param_seed(seed, name))
+    if p.device.type == "cpu" and p.dtype == torch.float32:
+        p.normal_(0.0, std, generator=gen)
+    else:
+        p.copy_(torch.empty(p.shape).normal_(0.0, std, generator=gen))
+
+
 @torch.no_grad()
-def init_weights(model: ActscanGPT, cfg: ArchConfig) -> None:
-    """Apply cfg.init, then the branch scale. Norm gains 1, biases 0 (identity at init)."""
+def init_weights(model: ActscanGPT, cfg: ArchConfig, seed: int | None = 0) -> None:
+    """Apply cfg.init, then the branch scale. Norm gains 1, biases 0 (identity at init).
+
+    Every draw is keyed by (seed, parameter name), so any subset of the model may hold
+    values (the rest on the meta device, skipped): a rank initialising one block at a time
+    gets that block's share of the whole model's weights.
+    """
+    names = {id(p): n for n, p in model.named_parameters()}  # tied: the first name
     emb_std = cfg.init_std if cfg.init in {"gpt2", "small"} else (cfg.embed_std or 1.0)
     if cfg.init == "small":
         emb_std = cfg.init_std / 10
@@ -238,20 +279,22 @@ def init_weights(model: ActscanGPT, cfg: ArchConfig) -> None:
         emb_std = cfg.embed_std
     for mod in model.modules():
         if isinstance(mod, nn.Embedding):
-            nn.init.normal_(mod.weight, 0.0, emb_std)
+            _normal_(mod.weight, emb_std, names[id(mod.weight)], seed)
         elif isinstance(mod, nn.Linear):
             if mod is model.head and cfg.tie_embeddings:
                 continue
             std = linear_std(cfg, mod.in_features, mod.out_features)
             if cfg.parametrization == "mup":
                 std = _mup_std(cfg, mod, mod is model.head)
-            nn.init.normal_(mod.weight, 0.0, std)
+            _normal_(mod.weight, std, names[id(mod.weight)], seed)
             if mod.bias is not None:
                 nn.init.zeros_(mod.bias)
         elif isinstance(mod, nn.LayerNorm | RMSNorm):
             nn.init.ones_(mod.weight)
             if getattr(mod, "bias", None) is not None:
                 nn.init.zeros_(mod.bias)
+        elif isinstance(mod, BranchGain):
+            mod.gain.fill_(mod.init_value)
     for block in model.blocks:
         assert isinstance(block, Block)
         if cfg.mlp_bias_init and block.mlp.up.bias is not None:
@@ -284,63 +327,18 @@ def _mup_std(cfg: ArchConfig, mod: nn.Linear, readout: bool) -> float:
 def build_model(cfg: ArchConfig, seed: int = 0) -> ActscanGPT:
     """Build deterministically: the same config and seed give the same weights.
 
-    Bit-identical to `torch.manual_seed(seed); ActscanGPT(cfg)`, initialised once: the
-    model is built on the meta device, so PyTorch's default initialisers (which
-    init_weights overwrites) never run; the random stream is advanced by exactly the
-    draws they would have taken, so init_weights draws the same numbers. ~20 % faster
-    at 124M parameters. Falls back to the plain constructor for a module whose default
-    draws are not known, or if this torch draws differently (checked once per process).
+    The weights of `ActscanGPT(cfg, seed=seed)`, initialised once: the model is built on
+    the meta device, so PyTorch's default initialisers (which init_weights overwrites)
+    never run, then given CPU storage and its keyed init. The global random stream is not
+    touched.
     """
-    if not _fast_build_ok():
-        return _plain_build(cfg, seed)
-    return _fast_build(cfg, seed)
-
-
-def _plain_build(cfg: ArchConfig, seed: int) -> ActscanGPT:
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        return ActscanGPT(cfg)
-    finally:
-        torch.random.set_rng_state(gen_state)
-
-
-_FAST_OK: list[bool] = []
-
-
-def _fast_build_ok() -> bool:
-    """Does the fast build reproduce the plain one with this torch? (a 2-layer check)"""
-    if not _FAST_OK:
-        cfg = ArchConfig(n_layers=2, d_model=24, n_heads=2, vocab_size=37, seq_len=9)
-        fast, plain = _fast_build(cfg, 0), _plain_build(cfg, 0)
-        _FAST_OK.append(
-            all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(),
-                                                  plain.state_dict().values(), strict=True))
-        )  # fmt: skip
-    return _FAST_OK[0]
-
-
-def _fast_build(cfg: ArchConfig, seed: int) -> ActscanGPT:
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        with torch.device("meta"), NoMetaNormal():
-            model = ActscanGPT(cfg)  # draws nothing: meta tensors hold no values
-        draws = default_init_draws(model)
-        if draws is None:
-            return ActscanGPT(cfg)
-        _materialize(model)
-        if cfg.tie_embeddings:
-            model.head.weight = model.tok_emb.weight
-        with torch.no_grad():
-            for mod in model.modules():
-                if isinstance(mod, BranchGain):
-                    mod.gain.fill_(mod.init_value)
-        skip_draws(draws)
-        init_weights(model, cfg)
-        return model
-    finally:
-        torch.random.set_rng_state(gen_state)
+    with torch.device("meta"), NoMetaNormal():
+        model = ActscanGPT(cfg, seed)  # draws nothing: meta tensors hold no values
+    _materialize(model)
+    if cfg.tie_embeddings:
+        model.head.weight = model.tok_emb.weight
+    init_weights(model, cfg, seed)
+    return model
 
 
 def _materialize(model: nn.Module) -> None:
@@ -348,8 +346,8 @@ def _materialize(model: nn.Module) -> None:
     slower at 124M: empty_like from meta takes a slow path); ties are made afresh."""
     for mod in model.modules():
         for name, p in list(mod.named_parameters(recurse=False)):
-            setattr(mod, name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype),
-                                            requires_grad=p.requires_grad))  # fmt: skip
+            empty = torch.empty(p.shape, dtype=p.dtype)
+            setattr(mod, name, nn.Parameter(empty, requires_grad=p.requires_grad))
         for name, b in list(mod.named_buffers(recurse=False)):
             setattr(mod, name, torch.empty(b.shape, dtype=b.dtype))
 
@@ -364,39 +362,6 @@ class NoMetaNormal(TorchFunctionMode):
             if isinstance(t, torch.Tensor) and t.is_meta:
                 return t
         return func(*args, **kwargs)
-
-
-def default_init_draws(model: nn.Module) -> int | None:
-    """32-bit draws of the CPU generator PyTorch's default initialisers take for
-    `model` (kaiming_uniform_/uniform_: one per value; normal_ of n ≥ 16 values: n, plus
-    16 when n is not a multiple of 16), or None for a module not known to draw so."""
-    total = 0
-    for mod in model.modules():
-        if isinstance(mod, nn.Linear):
-            total += mod.weight.numel() + (mod.bias.numel() if mod.bias is not None else 0)
-        elif isinstance(mod, nn.Embedding):
-            n = mod.weight.numel()
-            if n < 16:  # normal_ of < 16 values draws differently
-                return None
-            total += n + (16 if n % 16 else 0)
-        elif not isinstance(mod, nn.LayerNorm | RMSNorm | BranchGain) and any(
-            True for _ in mod.parameters(recurse=False)
-        ):
-            return None
-    return total
-
-
-def skip_draws(count: int) -> None:
-    """Advance the default CPU generator by `count` 32-bit draws (int64 random_ takes
-    two per value), through a 1M-value scratch."""
-    buf = torch.empty(min(count // 2, 1 << 20), dtype=torch.int64)
-    left = count
-    while left >= 2:
-        k = min(left // 2, buf.numel())
-        buf[:k].random_()
-        left -= 2 * k
-    if left:
-        torch.empty(1).uniform_()
 
 
 def arch_facts(cfg: ArchConfig) -> dict[str, object]:

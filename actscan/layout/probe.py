@@ -1,0 +1,146 @@
+"""The probe pass: one small forward, before the recorded batches, that serves two readers.
+
+* The layout proof (`proof.BlockWatch`): every block's stream in, writes and stream out.
+* At init only, the usage watch (`usage.watch_usage`): how each parameter enters the
+  contraction calls (its real fan-in) and each norm's input shape, then each norm's
+  effective gain from a probe of the module alone.
+
+Both want the same thing of the pass: the first sample of batch 0, no gradients, eval mode
+(dropout would make fresh tensors of the writes, and fan-in is structure, not mode), the
+run's autocast. So they share one forward instead of running one each. When that forward
+raises, the proof says so in a note and the usage falls back to its own pass
+(`usage.measure_usage`, which retries with the full batch when a cut one fails).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from actscan.layout.detect import is_norm
+from actscan.layout.proof import (
+    BlockWatch,
+    ProofResult,
+    eval_mode,
+    proof_failed,
+    proof_result,
+    read_blocks,
+)
+from actscan.layout.usage import Usage, first_batch_of_one, measure_usage, norm_gains, watch_usage
+from actscan.measure.hooks import HookSet
+from actscan.measure.inputs import Batch
+from actscan.records import Layout
+
+__all__ = ["Probe", "probe_pass"]
+
+Gains = dict[str, tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the probe pass found.
+
+    proof: the layout with every block proven (or marked skipped) and the proofs.
+    usage, gains: at init, how the forward used each parameter and each norm's effective
+    gain (mean, std over channels); None when not at init or when measuring failed.
+    notes: the proof's notes, then the usage's.
+    """
+
+    proof: ProofResult
+    usage: Usage | None = None
+    gains: Gains | None = None
+    notes: tuple[str, ...] = ()
+
+
+def probe_pass(
+    model: nn.Module,
+    layout: Layout,
+    batch: Batch,
+    *,
+    at_init: bool,
+    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> Probe:
+    """Prove `layout` and (at init) measure parameter usage in one forward of `batch`'s
+    first sample (already on the run's device and dtype); `autocast()` wraps the forward.
+
+    The model's modes are put back; its random generators advance as the model's own
+    eval-mode forward advances them (the recorded batches that follow see the same stream
+    as after a plain forward). Never raises for the model's errors: they become notes.
+    """
+    if not layout.blocks and not at_init:
+        return Probe(ProofResult(layout, ()))
+    args, kwargs = first_batch_of_one(batch.args, batch.kwargs)
+    watch: BlockWatch | None = None
+    read_usage: Callable[[], Usage] | None = None
+    failed: Exception | None = None
+    try:
+        with eval_mode(model), HookSet() as hooks, torch.no_grad():
+            if layout.blocks:
+                watch = BlockWatch(model, layout.blocks).install(hooks)
+            with watch_usage(model, hooks) if at_init else contextlib.nullcontext(None) as reader:
+                with autocast():
+                    model(*args, **kwargs)
+                read_usage = reader
+    except Exception as err:  # neither reader may break a scan: each says so below
+        failed = err
+    proof = _proof(model, layout, watch, failed)
+    if not at_init:
+        return Probe(proof, notes=proof.notes)
+    usage, gains, usage_notes = _at_init(model, batch, read_usage)
+    return Probe(proof, usage, gains, (*proof.notes, *usage_notes))
+
+
+def _proof(
+    model: nn.Module, layout: Layout, watch: BlockWatch | None, failed: Exception | None
+) -> ProofResult:
+    if not layout.blocks:
+        return ProofResult(layout, ())
+    if failed is not None:
+        return proof_failed(layout, failed)
+    assert watch is not None
+    try:
+        blocks, roles = read_blocks(model, watch)
+    except Exception as err:  # the proof must never break a scan: say so and go on
+        return proof_failed(layout, err)
+    return proof_result(layout, blocks, roles)
+
+
+def _at_init(
+    model: nn.Module, batch: Batch, read_usage: Callable[[], Usage] | None
+) -> tuple[Usage | None, Gains | None, tuple[str, ...]]:
+    """The usage (from the shared pass, else its own), the norms' gains, and notes."""
+    if read_usage is not None:
+        usage = read_usage()
+    else:  # the shared pass raised: the usage pass on its own, in the run's mode
+        try:
+            usage = measure_usage(model, batch.args, batch.kwargs)
+        except Exception as err:  # the recorded pass reports the model's own error
+            line = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+            note = f"init-scale: fan-in read from weight shapes (measuring pass failed: {line})"
+            return None, None, (note,)
+    structured = sorted(
+        name for name, p in model.named_parameters() if name not in usage.uses and p.numel() > 1
+    )
+    structured = [s for s in structured if not _is_norm_param(model, s)]
+    notes: tuple[str, ...] = ()
+    if structured:
+        shown = ", ".join(structured[:3]) + (
+            f", … ({len(structured)})" if len(structured) > 3 else ""
+        )
+        notes = (
+            f"init-scale: {len(structured)} parameters are not matmul/conv/embedding weights "
+            f"(structured, not judged): {shown}",
+        )
+    return usage, norm_gains(model, usage.norm_inputs), notes
+
+
+def _is_norm_param(model: nn.Module, pname: str) -> bool:
+    mname = pname.rpartition(".")[0]
+    mod = model.get_submodule(mname) if mname else model
+    return is_norm(mod)
