@@ -53,9 +53,14 @@ def gpt2(n_layer: int, d: int, *, unscaled: bool = False) -> nn.Module:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=n_layer, n_embd=d, n_head=4, vocab_size=256, n_positions=64,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        n_layer=n_layer,
+        n_embd=d,
+        n_head=4,
+        vocab_size=256,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(config)
     if unscaled:  # remove the 1/√(2N): c_proj back to a flat normal(0, 0.02)
         with torch.no_grad():
@@ -143,9 +148,13 @@ def test_zeroed_mlp_output_projection_fires_dead_branch_at_that_block() -> None:
 
 def test_one_embedding_channel_x100_fires_outlier_channels_with_its_index() -> None:
     model = builtin(
-        n_layers=2, d_model=64, vocab_size=256, init="fan-in", branch_scale="depth",
+        n_layers=2,
+        d_model=64,
+        vocab_size=256,
+        init="fan-in",
+        branch_scale="depth",
         tie_embeddings=False,
-    )  # fmt: skip
+    )
     with torch.no_grad():
         model.tok_emb.weight[:, 17].mul_(100.0)
     report = profile(model)
@@ -169,9 +178,13 @@ def test_relu_with_large_negative_bias_fires_dead_units() -> None:
 
 def test_fp16_overflow_names_the_first_module() -> None:
     model = builtin(
-        n_layers=4, d_model=64, vocab_size=256, init="fan-in", branch_scale="depth",
+        n_layers=4,
+        d_model=64,
+        vocab_size=256,
+        init="fan-in",
+        branch_scale="depth",
         tie_embeddings=False,
-    )  # fmt: skip
+    )
     with torch.no_grad():
         model.blocks[1].mlp.up.weight.mul_(500.0)
         model.blocks[1].mlp.down.weight.mul_(500.0)

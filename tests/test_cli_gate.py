@@ -56,9 +56,14 @@ def finding(
     check: str = "dead-branch", severity: str = "warn", layers: tuple[str, ...] = ("blocks.1.mlp",)
 ) -> Finding:
     return Finding(
-        check=check, severity=Severity(severity), layers=layers, value=0.0, threshold=1e-3,
-        message=f"planted {check} {severity}", hint="planted by the test",
-    )  # fmt: skip
+        check=check,
+        severity=Severity(severity),
+        layers=layers,
+        value=0.0,
+        threshold=1e-3,
+        message=f"planted {check} {severity}",
+        hint="planted by the test",
+    )
 
 
 Planted = Callable[..., dict[str, Any]]
@@ -392,8 +397,12 @@ def test_project_fail_on_found_from_nested_folder_and_cli_wins(
 
 
 def test_project_run_settings_reach_the_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.chdir(_project(tmp_path, '[tool.actscan]\nbatch = 3\nseq-len = 12\ndtype = "bf16"\n'
-                                          'modules = "blocks\\\\.1"\n'))  # fmt: skip
+    monkeypatch.chdir(
+        _project(
+            tmp_path,
+            '[tool.actscan]\nbatch = 3\nseq-len = 12\ndtype = "bf16"\nmodules = "blocks\\\\.1"\n',
+        )
+    )
     result = cli("profile", *TINY, "--json", "-", "-q")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

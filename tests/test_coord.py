@@ -60,9 +60,16 @@ def report(width: int, exps: dict[str, float], steps: int = 2, head_exp: float =
                 p = exps.get(name, head_exp if kind == "head" else 0.0)
             c = 1.0 + 0.02 * rng.standard_normal()  # small per-width noise
             change.append(
-                ChangeRecord(name, kind, k, block, rel=0.0 if t == 0 else 0.1,
-                             abs_mean=c * width**p, delta_mean=0.0 if t == 0 else c * width**p)
-            )  # fmt: skip
+                ChangeRecord(
+                    name,
+                    kind,
+                    k,
+                    block,
+                    rel=0.0 if t == 0 else 0.1,
+                    abs_mean=c * width**p,
+                    delta_mean=0.0 if t == 0 else c * width**p,
+                )
+            )
         steps_rec.append(StepRecord(t=t, loss=1.0, lr=1e-2, change=tuple(change)))
     dyn = Dynamics(OptimizerInfo("adamw", 1e-2), tuple(steps_rec))
     stream = tuple(
@@ -185,9 +192,13 @@ def test_sweep_carries_the_check_in_json_and_ignores_apply() -> None:
     assert coord["findings"][0]["check"] == "coord-check"
     assert {c["group"] for c in coord["curves"]} == {"embedding", "early", "mid", "late", "head"}
     ignored = run_sweep(
-        "x", points, scan_point, labels=[("a", "x")], widths=WIDTHS,
+        "x",
+        points,
+        scan_point,
+        labels=[("a", "x")],
+        widths=WIDTHS,
         ignores=(Ignore("coord-check", "known"),),
-    )  # fmt: skip
+    )
     assert ignored.findings == () and ignored.coord is not None
     # without steps (or without a width axis) there is no coordinate check
     plain = {w: Report(r.model, r.run, (), r.stream) for w, r in by_width.items()}
@@ -246,11 +257,30 @@ def _sweep(isolated, *extra: str):
     from actscan.cli import app
 
     args = [
-        "sweep", "gpt-12-preln", "--set", "n_layers=2", "--set", "vocab_size=128",
-        "--set", "seq_len=16", "--set", "mup_base_width=32", "--width", "32,64,128",
-        "--steps", "2", "--lr", "1e-2", "--batch", "2", "--seq-len", "16", "--json", "-",
+        "sweep",
+        "gpt-12-preln",
+        "--set",
+        "n_layers=2",
+        "--set",
+        "vocab_size=128",
+        "--set",
+        "seq_len=16",
+        "--set",
+        "mup_base_width=32",
+        "--width",
+        "32,64,128",
+        "--steps",
+        "2",
+        "--lr",
+        "1e-2",
+        "--batch",
+        "2",
+        "--seq-len",
+        "16",
+        "--json",
+        "-",
         *extra,
-    ]  # fmt: skip
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code in (0, 1), res.output
     return res, json.loads(res.stdout)
@@ -330,7 +360,7 @@ def test_sweep_plot_bad_input_is_one_line_exit_2_before_any_scan(
 ) -> None:
     import sys
 
-    from conftest import one_line_error
+    from helpers import one_line_error
     from typer.testing import CliRunner
 
     import actscan.api

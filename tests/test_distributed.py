@@ -12,7 +12,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +48,27 @@ init: kaiming
 
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", ACTSCAN_DIST_TIMEOUT="60", **extra)
+    env.update({"OMP_NUM_THREADS": "1", "ACTSCAN_DIST_TIMEOUT": "60", **extra})
     return env
 
 
 def _profile2(target: Path, out: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "actscan", "profile", str(target), "--nproc", "2",
-           "--batch", str(BATCH), "--seq-len", str(SEQ), "--json", str(out), "-q"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "actscan",
+        "profile",
+        str(target),
+        "--nproc",
+        "2",
+        "--batch",
+        str(BATCH),
+        "--seq-len",
+        str(SEQ),
+        "--json",
+        str(out),
+        "-q",
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -135,9 +148,15 @@ def test_hf_folder_two_ranks_equal_one_process(tmp_path: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.for_model(
-        "llama", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-        num_attention_heads=2, num_key_value_heads=2, vocab_size=96, max_position_embeddings=64,
-    )  # fmt: skip
+        "llama",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=96,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     folder = tmp_path / "llama"
     AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
@@ -170,12 +189,14 @@ def test_a_rank_that_raises_ends_the_job_with_exit_2(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITE)
-    env = _env(PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
-    start = time.monotonic()
+    # The collective timeout is set far beyond _profile2's hang guard: only the failing
+    # rank's published error can end the job before the guard trips.
+    env = _env(
+        PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+        ACTSCAN_DIST_TIMEOUT="600",
+    )
     res = _profile2(cfg, tmp_path / "r.json", env)
-    took = time.monotonic() - start
     assert res.returncode == 2, res.stderr
-    assert took < 30
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert lines == [lines[0]] and lines[0].startswith("actscan: error: rank 1: "), res.stderr
     assert "rank 1 broke on purpose" in lines[0]
@@ -213,8 +234,11 @@ def test_compare_and_sweep_refuse_under_torchrun(
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    args = [command, "gpt-12-preln", "--vs-set", "n_layers=2"] if command == "compare" else [
-        command, "gpt-12-preln", "--depth", "2,4"]  # fmt: skip
+    args = (
+        [command, "gpt-12-preln", "--vs-set", "n_layers=2"]
+        if command == "compare"
+        else [command, "gpt-12-preln", "--depth", "2,4"]
+    )
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2
     assert f"{command} does not run distributed" in res.output
@@ -244,8 +268,9 @@ def test_sharded_steps_split_the_probe_or_count_rank_0_once() -> None:
     from actscan.measure.inputs import Batch
 
     def ranks(r: int) -> ShardedRanks:
-        return ShardedRanks(DistRun(rank=r, world_size=2, local_rank=r, backend="gloo",
-                                    device=torch.device("cpu")))  # fmt: skip
+        return ShardedRanks(
+            DistRun(rank=r, world_size=2, local_rank=r, backend="gloo", device=torch.device("cpu"))
+        )
 
     x = torch.arange(12).reshape(4, 3)
     part, counts = ranks(1).split(Batch((x,), {}))
@@ -270,8 +295,13 @@ init: gpt2
 # lr and eps chosen so that three dynamics checks fire (update-size, logit-drift,
 # adam-epsilon); 8 rows: the probe (2 rows) splits across the ranks too
 STEPS = ["--batch", "8", "--seq-len", "16", "--steps", "2", "--lr", "0.1", "--eps", "1e-3"]
-DYNAMIC_CHECKS = {"update-size", "amplification", "attn-logit-growth", "logit-drift",
-                  "adam-epsilon"}  # fmt: skip
+DYNAMIC_CHECKS = {
+    "update-size",
+    "amplification",
+    "attn-logit-growth",
+    "logit-drift",
+    "adam-epsilon",
+}
 
 
 def _close(a: Any, b: Any, path: str, rel: float) -> float:
@@ -281,8 +311,7 @@ def _close(a: Any, b: Any, path: str, rel: float) -> float:
         return max([_close(a[k], b[k], f"{path}.{k}", rel) for k in a], default=0.0)
     if isinstance(a, list):
         assert len(a) == len(b), path
-        return max([_close(x, y, path + "[]", rel) for x, y in zip(a, b, strict=True)],
-                   default=0.0)  # fmt: skip
+        return max([_close(x, y, path + "[]", rel) for x, y in zip(a, b, strict=True)], default=0.0)
     if isinstance(a, float) and isinstance(b, float):
         gap = abs(a - b) / max(abs(a), abs(b), 1e-300)
         assert gap <= rel, (path, a, b)
@@ -301,8 +330,19 @@ def test_steps_two_ranks_equal_one_process(tmp_path: Path) -> None:
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(TINY)
     out = tmp_path / "r2.json"
-    cmd = [sys.executable, "-m", "actscan", "profile", str(cfg), "--nproc", "2", *STEPS,
-           "--json", str(out), "-q"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "actscan",
+        "profile",
+        str(cfg),
+        "--nproc",
+        "2",
+        *STEPS,
+        "--json",
+        str(out),
+        "-q",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
     assert res.returncode == 1, res.stderr  # the findings gate (errors)
     two = json.loads(out.read_text())

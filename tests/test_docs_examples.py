@@ -166,8 +166,12 @@ def test_github_actions_job_runs(project: Path) -> None:
     for script in scripts:  # as GitHub runs a `run:` step: bash -e
         proc = subprocess.run(
             ["bash", "-e", "-c", script],
-            cwd=project, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         assert "\x1b[" not in proc.stdout + proc.stderr  # not a terminal: plain text
     root = ET.parse(project / "actscan.xml").getroot()
@@ -202,10 +206,23 @@ def test_pre_commit_hook_runs(project: Path) -> None:
 def test_pytest_example_passes(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
-         str(EXAMPLES / "test_model_health.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-o",
+            "addopts=",
+            "-p",
+            "no:cacheprovider",
+            str(EXAMPLES / "test_model_health.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout
 

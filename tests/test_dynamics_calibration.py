@@ -25,9 +25,14 @@ def batches(i: int) -> torch.Tensor:
 
 def fired(placement: str, lr: float, *, qk: bool = False, layers: int = 4) -> dict[str, str]:
     cfg = ArchConfig(
-        n_layers=layers, d_model=32, n_heads=2, vocab_size=64, seq_len=16,
-        placement=placement, qk_norm=qk,
-    )  # fmt: skip
+        n_layers=layers,
+        d_model=32,
+        n_heads=2,
+        vocab_size=64,
+        seq_len=16,
+        placement=placement,
+        qk_norm=qk,
+    )
     report = scan(build_model(cfg), inputs=batches, steps=10, lr=lr)
     assert report.dynamics is not None and len(report.dynamics.steps) == 11
     return {

@@ -74,9 +74,19 @@ def test_mutated_checkpoint_never_crashes(valid: tuple[bytes, int, Path], data: 
     path.write_bytes(bad)
     result = CliRunner().invoke(
         app,
-        ["profile", str(path), "--no-backward", "--quiet", "--batch", "2", "--seq-len", "8",
-         "--device", "cpu"],
-    )  # fmt: skip
+        [
+            "profile",
+            str(path),
+            "--no-backward",
+            "--quiet",
+            "--batch",
+            "2",
+            "--seq-len",
+            "8",
+            "--device",
+            "cpu",
+        ],
+    )
     assert result.exit_code in (0, 1, 2), (m, result.output)
     assert "Traceback" not in result.output, (m, result.output)
     if result.exit_code == 2:

@@ -143,8 +143,10 @@ def tiny_gpt(**kw: Any) -> nn.Module:
 
 
 def lm_loss(logits: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.zeros(
-        logits.shape[0] * logits.shape[1], dtype=torch.long))  # fmt: skip
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        torch.zeros(logits.shape[0] * logits.shape[1], dtype=torch.long),
+    )
 
 
 @pytest.mark.parametrize("kw", [{}, {"activation": "relu", "mlp_bias_init": -0.05}])

@@ -79,8 +79,13 @@ def test_statistics_match_fp64_recomputation() -> None:
     model = tiny(activation="relu")
     ids = random_tokens(128, 4, 16, seed=0, index=0)
     ref = reference(model, ids)
-    report = scan(model, inputs=ids, loss_fn=lambda out: nn.functional.cross_entropy(
-        out[:, :-1].flatten(0, 1), ids[:, 1:].flatten()))  # fmt: skip
+    report = scan(
+        model,
+        inputs=ids,
+        loss_fn=lambda out: nn.functional.cross_entropy(
+            out[:, :-1].flatten(0, 1), ids[:, 1:].flatten()
+        ),
+    )
     checked = 0
     for rec in report.layers:
         r = ref[rec.name]
@@ -105,8 +110,13 @@ def test_statistics_match_fp64_recomputation() -> None:
 def test_param_grad_norm_matches_autograd() -> None:
     model = tiny()
     ids = random_tokens(128, 2, 16, seed=1, index=0)
-    report = scan(model, inputs=ids, loss_fn=lambda out: nn.functional.cross_entropy(
-        out[:, :-1].flatten(0, 1), ids[:, 1:].flatten()))  # fmt: skip
+    report = scan(
+        model,
+        inputs=ids,
+        loss_fn=lambda out: nn.functional.cross_entropy(
+            out[:, :-1].flatten(0, 1), ids[:, 1:].flatten()
+        ),
+    )
     model.eval()
     logits = model(ids)
     loss = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())

@@ -99,7 +99,7 @@ def resize_per_layer(config: Any, depth_before: int | None, keep: set[str]) -> l
     depth = depth_of(config)
     if depth is None or depth_before is None or depth == depth_before or depth < 1:
         return []
-    values = {k: getattr(config, k, None) for k in config.to_dict()}
+    values: dict[str, Any] = {k: getattr(config, k, None) for k in config.to_dict()}
     keys = [k for k in _per_layer_keys(values, depth_before) if k not in keep]
     if not keys:
         return []
