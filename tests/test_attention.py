@@ -311,6 +311,7 @@ def test_scaled_qk_projections_name_their_layer_and_heads() -> None:
     assert min(h.entropy for h in healthy.heads) > 0.99  # type: ignore[type-var]
 
 
+@pytest.mark.slow
 def test_t5_cross_attention_probed_and_families_off_the_interface_get_a_note() -> None:
     t5 = scan(build("t5"), **SMALL)  # T5 calls the interface in transformers 5.x
     kinds = [(a.stream, a.kind) for a in t5.attention]
@@ -460,6 +461,7 @@ def test_logit_scale_on_probed_scores() -> None:
         assert f.severity is sev and "50" in f.message and "τ = 100" in f.message
 
 
+@pytest.mark.slow
 def test_heads_table_fits_32_layers_by_32_heads_in_120_columns() -> None:
     from helpers import make_report
 
@@ -484,6 +486,7 @@ def test_heads_table_fits_32_layers_by_32_heads_in_120_columns() -> None:
     assert "lowest of 2 heads" in console.export_text()
 
 
+@pytest.mark.slow
 def test_cli_no_attention_flag(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[1]
     target = str(root / "sample_models" / "tiny-gpt2-hf")
@@ -497,6 +500,7 @@ def test_cli_no_attention_flag(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["attention"] == []
 
 
+@pytest.mark.slow
 def test_minilm_checkpoint_heads() -> None:
     """The real all-MiniLM-L6-v2 (trained, BERT, 6 × 12 heads) on the default random
     tokens: every head recorded; two heads collapsed, reported as info (trained)."""

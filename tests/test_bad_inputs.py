@@ -275,6 +275,7 @@ def test_unwritable_json_path(tmp_path, good) -> None:
     refuse(["profile", str(good), *FAST, "--json", str(target)], str(target), files=blocker)
 
 
+@pytest.mark.slow
 def test_bad_input_files(tmp_path, good) -> None:
     refuse(["profile", str(good), "--input", str(tmp_path / "no.json")], "no.json", "not found")
     bad = tmp_path / "ids.json"

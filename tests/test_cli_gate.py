@@ -341,6 +341,7 @@ def _validate_cli_json(target: list[str], out: Path, *extra: str) -> dict[str, A
     return data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_every_shipped_config_report_validates(config: Path, isolated_cwd: Path) -> None:
     # Narrow and at most 12 blocks: fast, and still the config's layout and init.
@@ -350,12 +351,14 @@ def test_every_shipped_config_report_validates(config: Path, isolated_cwd: Path)
     assert data["model"]["family"] == "actscan-gpt"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SAMPLES, reason="no sample models generated yet (sample_models/)")
 @pytest.mark.parametrize("sample", SAMPLES, ids=[p.name for p in SAMPLES])
 def test_every_sample_report_validates(sample: Path, isolated_cwd: Path) -> None:
     _validate_cli_json([str(sample)], isolated_cwd / "r.json", *SMALL_RUN)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fail_on", ["info", "error"])
 def test_naive_model_real_checks_gate(fail_on: str, isolated_cwd: Path) -> None:
     """No planting: the real checks on a 48-block unscaled model. The exit code must
@@ -474,6 +477,7 @@ def test_bad_project_config_exits_2_naming_file_and_key(
             assert name in line
 
 
+@pytest.mark.slow
 def test_ignores_remove_findings_from_the_gate(
     plant: Planted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -498,6 +502,7 @@ def test_ignores_remove_findings_from_the_gate(
 
 
 # -- one entry point: profile, compare and sweep all gate on the same findings -----------
+@pytest.mark.slow
 def test_every_command_goes_through_scan_target(
     plant: Planted, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -523,6 +528,7 @@ def test_every_command_goes_through_scan_target(
     assert calls == [("gpt-12-preln", None)] * 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
     [
@@ -594,6 +600,7 @@ def test_cli_modules_stay_apart(tmp_path: Path) -> None:
     assert _private_reaches(probe) == ["from actscan.models.gpt import _linear_std", "sc._hidden"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("target", "flag", "judged"),
     [

@@ -85,6 +85,7 @@ def test_a_config_compared_with_itself_gives_ratios_of_exactly_one() -> None:
     assert cmp.verdict.startswith("A and B measure the same")
 
 
+@pytest.mark.slow
 def test_naive_init_grows_and_fan_in_with_depth_scaling_stays_flat() -> None:
     """gpt2 0.02 without branch scaling vs fan-in + 1/√(2L) on the 48-layer config's family."""
     a = measure("gpt-48-naive", n_layers="24")
@@ -318,6 +319,7 @@ COMPARE_SCHEMA: dict[str, Any] = {
 }
 
 
+@pytest.mark.slow
 def test_cli_dtype_compare_json_has_the_documented_shape(isolated: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     from actscan.report.schema import validate_report
@@ -354,6 +356,7 @@ def test_cli_dtype_compare_json_has_the_documented_shape(isolated: Path) -> None
     assert math.isclose(data["stream"][0]["ratio"], 1.0, rel_tol=0.01)
 
 
+@pytest.mark.slow
 def test_cli_init_compare_table_and_a_threshold_override(isolated: Path) -> None:
     res = cli(
         "compare",
@@ -399,6 +402,7 @@ def test_cli_init_compare_table_and_a_threshold_override(isolated: Path) -> None
     assert "bf16 departs from fp32 by more than 0.1%" in strict.stdout
 
 
+@pytest.mark.slow
 def test_cli_gate_covers_both_sides(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A warn only where branch_scale is 'depth' (side B) → B only; --fail-on decides."""
     plant(
@@ -451,6 +455,7 @@ def test_cli_usage_errors_exit_2(isolated: Path, args: list[str], needle: str) -
     assert needle in res.stderr and "Traceback" not in res.output
 
 
+@pytest.mark.slow
 def test_plot_is_a_png(isolated: Path) -> None:
     pytest.importorskip("matplotlib")
     out = isolated / "cmp.png"

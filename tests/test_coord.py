@@ -209,6 +209,7 @@ def test_sweep_carries_the_check_in_json_and_ignores_apply() -> None:
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_plot_draws_one_panel_per_step_and_one_line_per_group(tmp_path, monkeypatch) -> None:
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
@@ -286,6 +287,7 @@ def _sweep(isolated, *extra: str):
     return res, json.loads(res.stdout)
 
 
+@pytest.mark.slow
 def test_real_sweep_flags_sp_at_the_readout_and_last_blocks(tmp_path, monkeypatch) -> None:
     """Widths 32/64/128, 2 blocks, 2 AdamW steps at lr 1e-2, seed 0 (measured over seeds
     0–3: SP's groups ≥ +0.6, μP's ≤ +0.22; docs/checks.md#coord-check)."""
@@ -304,6 +306,7 @@ def test_real_sweep_flags_sp_at_the_readout_and_last_blocks(tmp_path, monkeypatc
     assert (tmp_path / "coord.png").read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.slow
 def test_real_sweep_passes_mup(tmp_path) -> None:
     res, doc = _sweep(tmp_path, "--set", "parametrization=mup")
     assert res.exit_code == 0 and doc["coord"]["findings"] == []

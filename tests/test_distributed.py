@@ -26,6 +26,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 BATCH, SEQ = 4, 16
+# A hang guard for each launched job, not a speed bound: a job takes ~10-20 s on a quiet
+# 2-core machine and has been seen at 80 s on a loaded one.
+JOB_TIMEOUT_S = 300
 # the median |x| is a sample's (≤ 4096 values per batch) in one process too: 2 ranks
 # sample their own rows, so it agrees to the sample's error, not to rounding
 SAMPLED = {"median_abs"}
@@ -48,7 +51,7 @@ init: kaiming
 
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "ACTSCAN_DIST_TIMEOUT": "60", **extra})
+    env.update({"OMP_NUM_THREADS": "1", "ACTSCAN_DIST_TIMEOUT": "120", **extra})
     return env
 
 
@@ -69,7 +72,7 @@ def _profile2(target: Path, out: Path, env: dict[str, str]) -> subprocess.Comple
         str(out),
         "-q",
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=env)
 
 
 def _one_process(target: Path) -> dict[str, Any]:
@@ -119,6 +122,7 @@ def _without_run_fields(report: dict[str, Any]) -> dict[str, Any]:
     return {**report, "run": run}
 
 
+@pytest.mark.slow
 def test_builtin_two_ranks_equal_one_process_and_memory(tmp_path: Path) -> None:
     cfg = tmp_path / "deep.yaml"
     cfg.write_text(BUILTIN)
@@ -144,6 +148,7 @@ def test_builtin_two_ranks_equal_one_process_and_memory(tmp_path: Path) -> None:
         assert len(st["merge_ms"]) == 2  # the recorder's, the attention probes'
 
 
+@pytest.mark.slow
 def test_hf_folder_two_ranks_equal_one_process(tmp_path: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -183,17 +188,18 @@ if os.environ.get("RANK") == "1":
 """
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_ends_the_job_with_exit_2(tmp_path: Path) -> None:
     cfg = tmp_path / "deep.yaml"
     cfg.write_text(BUILTIN)
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITE)
-    # The collective timeout is set far beyond _profile2's hang guard: only the failing
-    # rank's published error can end the job before the guard trips.
+    # The collective timeout is set beyond the job's hang guard: only the failing rank's
+    # published error can end the job before the guard trips.
     env = _env(
         PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-        ACTSCAN_DIST_TIMEOUT="600",
+        ACTSCAN_DIST_TIMEOUT=str(2 * JOB_TIMEOUT_S),
     )
     res = _profile2(cfg, tmp_path / "r.json", env)
     assert res.returncode == 2, res.stderr
@@ -320,6 +326,7 @@ def _close(a: Any, b: Any, path: str, rel: float) -> float:
     return 0.0
 
 
+@pytest.mark.slow
 def test_steps_two_ranks_equal_one_process(tmp_path: Path) -> None:
     """`--steps 2` with FSDP2's sharded AdamW on 2 ranks: the dynamics (losses, update
     ratios, probe changes, logits, gains…) equal a one-process run's to 1e-5 relative,
@@ -343,7 +350,7 @@ def test_steps_two_ranks_equal_one_process(tmp_path: Path) -> None:
         str(out),
         "-q",
     ]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env())
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=_env())
     assert res.returncode == 1, res.stderr  # the findings gate (errors)
     two = json.loads(out.read_text())
     settings = Settings(batch=8, seq_len=16, steps=2, lr=0.1, eps=1e-3)
@@ -361,6 +368,7 @@ def test_steps_two_ranks_equal_one_process(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_sharded_steps_in_process_restore_every_shard(tmp_path: Path) -> None:
     """scan(steps=2) on an FSDP2-sharded model as rank 0 of a 1-rank gloo group: the
     sharded optimizer moves the shards, and they come back bit for bit (`.grad` too);

@@ -133,6 +133,7 @@ def test_readme_toml_is_a_valid_project_config(tmp_path: Path) -> None:
     assert re.search(cfg.ignores[0].layers or "", "blocks.3.attn")
 
 
+@pytest.mark.slow
 def test_readme_console_commands_run(project: Path) -> None:
     (console,) = blocks("console")
     lines = [ln.removeprefix("$ ") for ln in console.splitlines() if ln.startswith("$ actscan")]
@@ -145,6 +146,7 @@ def test_readme_console_commands_run(project: Path) -> None:
 
 
 # -- GitHub Actions ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_github_actions_job_runs(project: Path) -> None:
     workflow = yaml.safe_load((EXAMPLES / "github-actions.yml").read_text())
     steps = workflow["jobs"]["actscan"]["steps"]
@@ -182,6 +184,7 @@ def test_github_actions_job_runs(project: Path) -> None:
 
 
 # -- pre-commit -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_pre_commit_hook_runs(project: Path) -> None:
     config = yaml.safe_load((EXAMPLES / "pre-commit-config.yaml").read_text())
     (repo,) = config["repos"]
@@ -203,6 +206,7 @@ def test_pre_commit_hook_runs(project: Path) -> None:
 
 
 # -- pytest -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_pytest_example_passes(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(

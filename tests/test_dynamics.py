@@ -395,6 +395,7 @@ def test_cli_profile_steps_renders_the_tables_and_writes_json(tmp_path: Any) -> 
     assert "#### Optimizer steps (1)" in md.stdout and "median ‖ΔW‖/‖W‖" in md.stdout
 
 
+@pytest.mark.slow
 def test_cli_compare_with_steps_puts_the_sides_side_by_side() -> None:
     result = cli("compare", *TINY, "--vs-set", "placement=post", "--steps", "2", "--json", "-")
     assert result.exit_code in (0, 1), result.output

@@ -42,11 +42,13 @@ def fired(placement: str, lr: float, *, qk: bool = False, layers: int = 4) -> di
     }
 
 
+@pytest.mark.slow
 def test_sane_lr_is_quiet_on_both_placements() -> None:
     assert fired("pre", 1e-3) == {}
     assert fired("post", 1e-3) == {}
 
 
+@pytest.mark.slow
 def test_lr_30x_too_high_flags_attention_growth_and_qk_norm_removes_it() -> None:
     """Pre-LN at lr 3e-2: the attention scores grow ~×100 in 10 steps (the calibration's
     failing runs); QK-norm bounds them, and the check stays quiet."""

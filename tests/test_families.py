@@ -137,6 +137,7 @@ INPUTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(INPUTS))
 def test_family_runs_with_truthful_inputs(family: str, tmp_path: Path) -> None:
     cfg = _write(tmp_path, family)
@@ -158,6 +159,7 @@ def test_family_runs_with_truthful_inputs(family: str, tmp_path: Path) -> None:
     assert INPUTS[family] in header and (" tokens" in header) == ("tokens" in INPUTS[family])
 
 
+@pytest.mark.slow
 def test_input_shape_is_the_main_input(tmp_path: Path) -> None:
     vit = _write(tmp_path / "vit", "vit")
     data = _json(run("profile", vit, "--input-shape", "3,3,32,32", "--json", "-", "-q"))
@@ -330,6 +332,7 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     sys.modules.pop(name, None)
 
 
+@pytest.mark.slow
 def test_compiled_module_profiles_the_original(user_module: str) -> None:
     from torch._dynamo.utils import counters
 

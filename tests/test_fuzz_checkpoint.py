@@ -60,6 +60,7 @@ def mutate(raw: bytes, m: tuple[str, int, bytes, int]) -> bytes:
     return raw[:pos]
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60,
     deadline=None,

@@ -127,6 +127,7 @@ def test_folder_stream_matches_hidden_states(saved: dict[str, Path], model_type:
     assert not math.isclose(report.stream[3].rms, ref[3], rel_tol=1e-3)
 
 
+@pytest.mark.slow
 def test_minilm_checkpoint(minilm: Path) -> None:
     resolved = resolve(str(minilm))
     info = resolved.info
@@ -292,6 +293,7 @@ def test_config_at_init_with_set_and_init(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_cli_profiles_saved_folders(saved: dict[str, Path], tmp_path: Path) -> None:
     for model_type, folder in saved.items():
         result = run(

@@ -380,6 +380,7 @@ def _profile(model: nn.Module) -> Report:
     return scan(model, info=info, batch=2, seq_len=16)
 
 
+@pytest.mark.slow
 def test_gemma2_at_8_layers_has_no_false_dead_branch_and_a_planted_one_is_found() -> None:
     model = hf_model("gemma2", num_hidden_layers=8)
     report = _profile(model)

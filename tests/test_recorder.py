@@ -357,6 +357,7 @@ def _held_bytes(obj: Any) -> int:
     return 0
 
 
+@pytest.mark.slow
 def test_memory_is_flat_in_the_number_of_batches() -> None:
     model = tiny_gpt()
     params = list(model.parameters())
@@ -463,6 +464,7 @@ def test_channel_summary_matches_the_python_statistics(monkeypatch: Any) -> None
     assert channel_outliers(raw["0"].channel_max, DEFAULT)[3] == 16  # relu(x − 9): all dead
 
 
+@pytest.mark.slow
 def test_small_outputs_on_one_thread_leave_the_thread_count_alone() -> None:
     """Outputs up to _SERIAL values are reduced with torch's thread count set to 1 and put
     back after each hook, also when the hook raises."""

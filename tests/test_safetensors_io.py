@@ -757,6 +757,7 @@ def _alarm(signum: int, frame: Any) -> None:
     raise TimeoutError("read_header/load_tensors hung")
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(_mutation, min_size=1, max_size=4))
 def test_mutated_files_succeed_or_raise_bad_input(

@@ -244,6 +244,7 @@ def _stream(report):
     return [(p.k, p.rms) for p in report.stream]
 
 
+@pytest.mark.slow
 def test_stream_grows_like_sqrt_k_without_branch_scaling_and_stays_flat_with_it() -> None:
     cfg = dict(n_layers=48, d_model=64, n_heads=2, vocab_size=128, seq_len=16)
     naive = scan(build_model(ArchConfig(**cfg, branch_scale="none")), batch=2, seq_len=16)

@@ -253,6 +253,7 @@ def scaled_ce(scale: float) -> Any:
     return loss
 
 
+@pytest.mark.slow
 def test_underflow_fires_on_a_tiny_loss_in_fp16_and_not_on_a_healthy_one() -> None:
     model = small_gpt()
     bad = scan(model, loss_fn=scaled_ce(1e-6), dtype="fp16", batch=2, seq_len=32)

@@ -180,6 +180,7 @@ SWEEP_SCHEMA: dict[str, Any] = {
 }
 
 
+@pytest.mark.slow
 def test_depth_sweep_naive_grows_with_depth_scaled_does_not(isolated: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     from actscan.report.schema import validate_report
@@ -241,6 +242,7 @@ def test_width_sweep_builds_each_width(isolated: Path) -> None:
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.slow
 def test_gate_trips_on_any_row(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A planted error on the deepest model only: the sweep exits 1 at --fail-on error."""
 

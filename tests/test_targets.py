@@ -350,6 +350,7 @@ def test_sample_dead_branch(tmp_path) -> None:
     assert branch["rms"] == 0.0 and branch["ratio"] == 0.0
 
 
+@pytest.mark.slow
 def test_sample_gpt_48_naive(tmp_path) -> None:
     report = profile(sample("gpt-48-naive.safetensors"), "--no-backward", *SMALL_RUN, tmp=tmp_path)
     assert report["model"]["n_blocks"] == 48

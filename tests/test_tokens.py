@@ -180,6 +180,7 @@ def test_outlier_channel_across_tokens_is_not_massive() -> None:
     assert CheckId.OUTLIER_CHANNELS in checks and CheckId.MASSIVE_ACTIVATIONS not in checks
 
 
+@pytest.mark.slow
 def test_minilm_checkpoint_reports_its_outlier_channel_and_no_massive_value() -> None:
     """The real all-MiniLM-L6-v2 (trained, post-LN, random ids): its stream's largest value
     is ≤ 60× the median |x| (far from massive); channel 267 of its hidden states is a real
@@ -270,6 +271,7 @@ def _profile(*args: str) -> tuple[int, str]:
     return res.exit_code, res.output
 
 
+@pytest.mark.slow
 def test_profile_plot_writes_one_three_panel_figure(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "p.png"
@@ -279,6 +281,7 @@ def test_profile_plot_writes_one_three_panel_figure(tmp_path: Path) -> None:
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+@pytest.mark.slow
 def test_plot_panels_from_data(tmp_path: Path, massive: Report) -> None:
     pytest.importorskip("matplotlib")
     from dataclasses import replace
