@@ -317,8 +317,10 @@ def _read_index(index_path: Path) -> dict[str, str]:
             )
         # Shards stay inside the index's folder (symlinks are fine: the HF cache uses them).
         if not shard or "\x00" in shard or Path(shard).is_absolute() or ".." in Path(shard).parts:
-            raise bad(f"shard name {shard!r} for tensor {tensor_name!r} must be a relative path "
-                      "inside the index's folder")  # fmt: skip
+            raise bad(
+                f"shard name {shard!r} for tensor {tensor_name!r} must be a relative path "
+                "inside the index's folder"
+            )
     return dict(weight_map)
 
 

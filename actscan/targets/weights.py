@@ -69,8 +69,11 @@ def check_shapes(
         partners = [canonical] + [a for a, c in aliases.items() if c == canonical]
         if not any(p in found for p in partners):
             missing.append(name if name == canonical else canonical)
-    misshaped = [(n, list(found[n]), list(expected[n])) for n in found
-                 if n in expected and tuple(found[n]) != tuple(expected[n])]  # fmt: skip
+    misshaped = [
+        (n, list(found[n]), list(expected[n]))
+        for n in found
+        if n in expected and tuple(found[n]) != tuple(expected[n])
+    ]
     unexpected = [n for n in found if n not in expected]
     error = mismatch_error(where, list(dict.fromkeys(missing)), unexpected, misshaped)
     if error is not None:
