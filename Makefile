@@ -1,5 +1,7 @@
 # Two commands on a fresh machine: `make demo` (set up + profile a shipped sample)
 # and `make test` (set up + run the suite). The venv is created once and reused.
+# Inner loop: `make test-fast` (the suite without tests marked `slow`); `make lint` runs
+# ruff, ruff format --check and mypy; `make typecheck` runs mypy alone.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +10,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 DEMO ?= sample_models/gpt-48-naive.safetensors
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint typecheck bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,12 +26,20 @@ test: $(BIN)/.installed
 	$(BIN)/ruff check actscan tests benchmarks
 	$(BIN)/python -m pytest
 
+test-fast: $(BIN)/.installed
+	$(BIN)/ruff check actscan tests benchmarks
+	$(BIN)/python -m pytest -m "not slow"
+
 lint: $(BIN)/.installed
 	$(BIN)/ruff check actscan tests benchmarks
 	$(BIN)/ruff format --check actscan tests benchmarks
+	$(BIN)/python -m mypy
+
+typecheck: $(BIN)/.installed
+	$(BIN)/python -m mypy
 
 bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis

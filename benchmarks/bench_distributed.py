@@ -47,8 +47,22 @@ def run(
     env = dict(os.environ, ACTSCAN_DIST_STATS=str(prefix))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
     out = tmp / f"w{world}.json"
-    cmd = [sys.executable, "-m", "actscan", "profile", str(cfg), "--nproc", str(world),
-           "--batch", str(batch), "--device", device, "--json", str(out), "-q"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "actscan",
+        "profile",
+        str(cfg),
+        "--nproc",
+        str(world),
+        "--batch",
+        str(batch),
+        "--device",
+        device,
+        "--json",
+        str(out),
+        "-q",
+    ]
     if steps:
         out = tmp / f"w{world}.steps.json"
         cmd[-3:-1] = ["--json", str(out), "--steps", str(steps)]
@@ -58,15 +72,21 @@ def run(
     if res.returncode not in (0, 1):
         sys.exit(f"world {world} failed ({res.returncode}): {res.stderr.strip()}")
     ranks = [json.loads((tmp / f"w{world}.rank{r}.json").read_text()) for r in range(world)]
-    whole = int(ranks[0]["total_param_bytes"])  # type: ignore[call-overload]
-    peak = max(max(int(r["build_peak_bytes"]), int(r["run_peak_bytes"])) for r in ranks)  # type: ignore[call-overload]
-    merge = max(max(r["merge_ms"]) for r in ranks)  # type: ignore[type-var,arg-type]
-    return {"world": world, "wall_s": wall, "merge_ms": merge, "whole_MB": whole / 2**20,
-            "dynamics": json.loads(out.read_text()).get("dynamics"),
-            "loop_ms": max(float(r.get("steps_loop_ms", 0.0)) for r in ranks),  # type: ignore[arg-type]
-            "reduce_ms": max(max(r.get("steps_reduce_ms") or [0.0]) for r in ranks),  # type: ignore[type-var,arg-type]
-            "local_MB": max(int(r["local_param_bytes"]) for r in ranks) / 2**20,  # type: ignore[call-overload]
-            "peak_MB": peak / 2**20, "peak_over_whole": peak / whole}  # fmt: skip
+    whole = int(ranks[0]["total_param_bytes"])
+    peak = max(max(int(r["build_peak_bytes"]), int(r["run_peak_bytes"])) for r in ranks)
+    merge = max(max(r["merge_ms"]) for r in ranks)
+    return {
+        "world": world,
+        "wall_s": wall,
+        "merge_ms": merge,
+        "whole_MB": whole / 2**20,
+        "dynamics": json.loads(out.read_text()).get("dynamics"),
+        "loop_ms": max(float(r.get("steps_loop_ms", 0.0)) for r in ranks),
+        "reduce_ms": max(max(r.get("steps_reduce_ms") or [0.0]) for r in ranks),
+        "local_MB": max(int(r["local_param_bytes"]) for r in ranks) / 2**20,
+        "peak_MB": peak / 2**20,
+        "peak_over_whole": peak / whole,
+    }
 
 
 def main() -> None:
@@ -86,25 +106,37 @@ def main() -> None:
         rows = [run(w, cfg, tmp, args.device, args.batch) for w in worlds]
         stepped = [run(w, cfg, tmp, args.device, args.batch, args.steps) for w in worlds]
     print(f"model: {args.layers} layers × d {args.width}, batch {args.batch}, {args.device}")
-    print("| world | merge ms | whole model MB | shards MB / rank | peak MB / rank | peak ÷ whole "
-          "| wall s |")  # fmt: skip
+    print(
+        "| world | merge ms | whole model MB | shards MB / rank | peak MB / rank | peak ÷ whole "
+        "| wall s |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        cells = [r["world"], f"{r['merge_ms']:.1f}", f"{r['whole_MB']:.2f}",
-                 f"{r['local_MB']:.2f}", f"{r['peak_MB']:.2f}", f"{r['peak_over_whole']:.2f}",
-                 f"{r['wall_s']:.1f}"]  # fmt: skip
+        cells = [
+            r["world"],
+            f"{r['merge_ms']:.1f}",
+            f"{r['whole_MB']:.2f}",
+            f"{r['local_MB']:.2f}",
+            f"{r['peak_MB']:.2f}",
+            f"{r['peak_over_whole']:.2f}",
+            f"{r['wall_s']:.1f}",
+        ]
         print("| " + " | ".join(str(c) for c in cells) + " |")
     if not args.steps:
         return
     print(f"\n--steps {args.steps} (adamw, lr 1e-3):")
-    print(f"| world | wall s | step loop ms / step | all-reduces ms / step (max) "
-          f"| dynamics gap to world {worlds[0]} |")  # fmt: skip
+    print(
+        f"| world | wall s | step loop ms / step | all-reduces ms / step (max) "
+        f"| dynamics gap to world {worlds[0]} |"
+    )
     print("| --- | --- | --- | --- | --- |")
     for st in stepped:
         per = float(st["loop_ms"]) / args.steps  # type: ignore[arg-type]
         gap = largest_gap(stepped[0]["dynamics"], st["dynamics"])
-        print(f"| {st['world']} | {st['wall_s']:.1f} | {per:.0f} | {st['reduce_ms']:.1f} "
-              f"| {gap:.1e} |")  # fmt: skip
+        print(
+            f"| {st['world']} | {st['wall_s']:.1f} | {per:.0f} | {st['reduce_ms']:.1f} "
+            f"| {gap:.1e} |"
+        )
 
 
 def largest_gap(a: object, b: object) -> float:

@@ -28,11 +28,29 @@ GROUPS = ("embedding", "early", "mid", "late", "head")
 
 def sweep(args: argparse.Namespace, param: str, lr: float) -> dict[str, Any]:
     cmd = [
-        sys.executable, "-m", "actscan", "sweep", args.config, "--width", args.widths,
-        "--steps", str(args.steps), "--lr", str(lr), "--set", f"parametrization={param}",
-        "--seed", str(args.seed), "--device", "cpu", "--fail-on", "never", "--json", "-",
+        sys.executable,
+        "-m",
+        "actscan",
+        "sweep",
+        args.config,
+        "--width",
+        args.widths,
+        "--steps",
+        str(args.steps),
+        "--lr",
+        str(lr),
+        "--set",
+        f"parametrization={param}",
+        "--seed",
+        str(args.seed),
+        "--device",
+        "cpu",
+        "--fail-on",
+        "never",
+        "--json",
+        "-",
         "--quiet",
-    ]  # fmt: skip
+    ]
     if args.depth is not None:
         cmd += ["--set", f"n_layers={args.depth}"]
     if args.batch is not None:

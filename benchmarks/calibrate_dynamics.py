@@ -87,10 +87,16 @@ class Cell:
 
     def arch(self) -> ArchConfig:
         return ArchConfig(
-            n_layers=self.layers, d_model=D_MODEL, n_heads=HEADS, vocab_size=VOCAB,
-            seq_len=SEQ, placement=self.placement, branch_scale=self.branch, qk_norm=self.qk,
+            n_layers=self.layers,
+            d_model=D_MODEL,
+            n_heads=HEADS,
+            vocab_size=VOCAB,
+            seq_len=SEQ,
+            placement=self.placement,
+            branch_scale=self.branch,
+            qk_norm=self.qk,
             init="gpt2",
-        )  # fmt: skip
+        )
 
 
 def grid(
@@ -205,20 +211,28 @@ def scan_cell(cell: Cell) -> dict[str, Any]:
     batches = task_batches(cell.task, cell.seed)
     t0 = time.perf_counter()
     report = scan(
-        model, inputs=batches, steps=SCAN_STEPS, lr=cell.lr, optimizer="adamw",
-        betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, seed=cell.seed,
-    )  # fmt: skip
+        model,
+        inputs=batches,
+        steps=SCAN_STEPS,
+        lr=cell.lr,
+        optimizer="adamw",
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        weight_decay=0.0,
+        seed=cell.seed,
+    )
     assert report.dynamics is not None
     return {
         "key": cell.key,
         "dynamics": asdict(report.dynamics),
         "arch": {k: v for k, v in report.model.arch.items() if k != "config"},
         "layers": [
-            [r.name, r.type, r.role] for r in report.layers
+            [r.name, r.type, r.role]
+            for r in report.layers
             if r.type == "AttentionLogits" or r.role == "head"
         ],
         "scan_s": round(time.perf_counter() - t0, 2),
-    }  # fmt: skip
+    }
 
 
 def dynamics_from_dict(d: dict[str, Any]) -> Any:
@@ -235,7 +249,9 @@ def dynamics_from_dict(d: dict[str, Any]) -> Any:
     opt["betas"] = tuple(opt["betas"]) if opt.get("betas") else None
     steps = tuple(
         StepRecord(
-            t=s["t"], loss=s["loss"], lr=s["lr"],
+            t=s["t"],
+            loss=s["loss"],
+            lr=s["lr"],
             stream=tuple(tuple(x) for x in s["stream"]),
             change=tuple(ChangeRecord(**c) for c in s["change"]),
             logits=LogitStats(**s["logits"]) if s.get("logits") else None,
@@ -243,7 +259,7 @@ def dynamics_from_dict(d: dict[str, Any]) -> Any:
             gain_drift=tuple(tuple(x) for x in s.get("gain_drift", ())),
         )
         for s in d["steps"]
-    )  # fmt: skip
+    )
     updates = tuple(
         UpdateRecord(**{**u, "ratio": tuple(u["ratio"]), "grad_rms": tuple(u["grad_rms"])})
         for u in d["updates"]
@@ -266,17 +282,25 @@ def judge(row: dict[str, Any], thresholds: Any = None) -> dict[str, Any]:
         LayerRecord(name=n, type=t, role=r, block=None, calls=1) for n, t, r in row["layers"]
     )
     ctx = CheckContext(
-        info=ModelInfo(source="calibration", family="actscan-gpt", n_params=0,
-                       arch=row["arch"]),
-        run=RunInfo(), layout=Layout(), layers=layers, stream=(), fit=growth_fit(()),
-        params=(), thresholds=thresholds or DEFAULT, dynamics=dyn,
-    )  # fmt: skip
+        info=ModelInfo(source="calibration", family="actscan-gpt", n_params=0, arch=row["arch"]),
+        run=RunInfo(),
+        layout=Layout(),
+        layers=layers,
+        stream=(),
+        fit=growth_fit(()),
+        params=(),
+        thresholds=thresholds or DEFAULT,
+        dynamics=dyn,
+    )
     from actscan.diagnose import CHECKS
 
     found = [
-        f for ids, check in CHECKS.items() if ids[0].value in DYNAMICS_CHECKS
-        for f in check(ctx) if not hasattr(f, "reason")
-    ]  # fmt: skip
+        f
+        for ids, check in CHECKS.items()
+        if ids[0].value in DYNAMICS_CHECKS
+        for f in check(ctx)
+        if not hasattr(f, "reason")
+    ]
     fired = {f.check: str(f.severity) for f in found if str(f.severity) in ("warn", "error")}
     info = sorted({f.check for f in found} - set(fired))
     return {"fired": fired, "info": info, "numbers": numbers(dyn)}
@@ -367,10 +391,14 @@ def rows(cells: list[Cell], trained: dict[str, Any], scanned: dict[str, Any]) ->
         run = {**trained[c.key], "lr": c.lr}
         unstable, why = label(run, best[c.config_key])
         yield {
-            "cell": c, "run": run, "unstable": unstable, "why": why,
-            "final": final_loss(run["losses"]), "best": best[c.config_key][0],
+            "cell": c,
+            "run": run,
+            "unstable": unstable,
+            "why": why,
+            "final": final_loss(run["losses"]),
+            "best": best[c.config_key][0],
             "scan": judge(scanned[c.key]) if c.key in scanned else None,
-        }  # fmt: skip
+        }
 
 
 def prf(pred: list[bool], truth: list[bool]) -> tuple[int, int, int, int]:

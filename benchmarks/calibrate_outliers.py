@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _matrix():  # the family table the tests use, not a copy of it
     spec = importlib.util.spec_from_file_location("matrix", ROOT / "tests/test_family_matrix.py")
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    mod = importlib.util.module_from_spec(spec)
     sys.modules["matrix"] = mod
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    spec.loader.exec_module(mod)
     return mod
 
 
@@ -88,9 +88,15 @@ def main() -> None:
             model.get_input_embeddings().weight[:, 17].mul_(100.0)
         row(fam, healthy, mx.profile(model))
     cfg = transformers.AutoConfig.for_model(
-        "qwen2", hidden_size=128, intermediate_size=256, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=256, num_hidden_layers=6, max_position_embeddings=64,
-    )  # fmt: skip
+        "qwen2",
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        num_hidden_layers=6,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     healthy = mx.profile(transformers.AutoModelForCausalLM.from_config(cfg))
     torch.manual_seed(0)

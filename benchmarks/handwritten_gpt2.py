@@ -32,8 +32,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=0)
     args = ap.parse_args()
     # configs/gpt2-124m.yaml, written out by hand
-    cfg = ArchConfig(n_layers=12, d_model=768, n_heads=12, vocab_size=50257, seq_len=1024,
-                     branch_scale="depth", init="gpt2")  # fmt: skip
+    cfg = ArchConfig(
+        n_layers=12,
+        d_model=768,
+        n_heads=12,
+        vocab_size=50257,
+        seq_len=1024,
+        branch_scale="depth",
+        init="gpt2",
+    )
     torch.manual_seed(0)
     model = ActscanGPT(cfg).to(args.device)
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len), device=args.device)

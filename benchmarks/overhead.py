@@ -58,8 +58,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 SECTIONS = (
-    "overhead", "tokens", "rss", "batches", "help", "e2e", "steps", "steps-e2e", "attention",
-)  # fmt: skip
+    "overhead",
+    "tokens",
+    "rss",
+    "batches",
+    "help",
+    "e2e",
+    "steps",
+    "steps-e2e",
+    "attention",
+)
 # name -> (config file, batch, seq_len)
 MODELS = {
     "12x768": ("configs/gpt2-124m.yaml", 4, 256),
@@ -128,8 +136,14 @@ class Steps:
         from actscan.measure.recorder import Recorder, iter_named
 
         targets = list(iter_named(self.model, None))
-        return Recorder(targets, stream_input=self.stream, backward=True, channels=True,
-                        device=self.device, tokens=self.tokens)  # fmt: skip
+        return Recorder(
+            targets,
+            stream_input=self.stream,
+            backward=True,
+            channels=True,
+            device=self.device,
+            tokens=self.tokens,
+        )
 
     def plain(self) -> None:
         import torch
@@ -206,14 +220,18 @@ def run_child(args: list[str], threads: int | None) -> dict[str, Any]:
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     out = subprocess.run(
-        [sys.executable, __file__, "--child", *args], capture_output=True, text=True,
-        env=env, cwd=ROOT, check=True,
-    )  # fmt: skip
+        [sys.executable, __file__, "--child", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # -- sections -------------------------------------------------------------------------------
-def time_once(fn: Callable[[], None], device: str) -> tuple[float, float]:
+def time_once(fn: Callable[[], object], device: str) -> tuple[float, float]:
     gc.collect()
     sync(device)
     w, c = time.perf_counter(), time.process_time()
@@ -247,19 +265,26 @@ def bench_overhead(name: str, device: str, reps: int, warmup: int) -> dict[str, 
     per_scan = st.per_scan()
     med = {k: {m: statistics.median(v) for m, v in s.items()} for k, s in samples.items()}
     # per-pair ratios too: robust to slow drifts of the machine's load
-    pairs = [i / p for i, p in zip(samples["instrumented"]["wall"], samples["plain"]["wall"],
-                                   strict=True)]  # fmt: skip
+    pairs = [
+        i / p
+        for i, p in zip(samples["instrumented"]["wall"], samples["plain"]["wall"], strict=True)
+    ]
     _, batch, seq = MODELS[name]
     return {
-        "model": name, "batch": batch, "seq_len": seq, "reps": reps, "warmup": warmup,
-        "samples": samples, "median": med,
+        "model": name,
+        "batch": batch,
+        "seq_len": seq,
+        "reps": reps,
+        "warmup": warmup,
+        "samples": samples,
+        "median": med,
         "ratio": med["instrumented"]["wall"] / med["plain"]["wall"],
         "ratio_cpu": med["instrumented"]["cpu"] / med["plain"]["cpu"],
         "ratio_pairs_median": statistics.median(pairs),
         "per_scan_s": per_scan,
         "gpu_peak_mb": gpu_peak or None,
         "ratio_one_batch_scan": (med["instrumented"]["wall"] + per_scan) / med["plain"]["wall"],
-    }  # fmt: skip
+    }
 
 
 def bench_attention(device: str, reps: int, batch: int) -> dict[str, Any]:
@@ -299,11 +324,16 @@ def bench_attention(device: str, reps: int, batch: int) -> dict[str, Any]:
     med = {k: statistics.median(v) for k, v in samples.items()}
     pairs = [a / b for a, b in zip(samples["probed"], samples["plain"], strict=True)]
     return {
-        "batch": batch, "seq_len": 256, "reps": reps, "samples": samples, "cpu": cpu,
-        "median": med, "ratio": med["probed"] / med["plain"],
+        "batch": batch,
+        "seq_len": 256,
+        "reps": reps,
+        "samples": samples,
+        "cpu": cpu,
+        "median": med,
+        "ratio": med["probed"] / med["plain"],
         "ratio_pairs_median": statistics.median(pairs),
         "ratio_cpu": statistics.median(cpu["probed"]) / statistics.median(cpu["plain"]),
-    }  # fmt: skip
+    }
 
 
 def bench_tokens(name: str, device: str, reps: int, warmup: int) -> dict[str, Any]:
@@ -320,15 +350,19 @@ def bench_tokens(name: str, device: str, reps: int, warmup: int) -> dict[str, An
             samples[k].append(time_once(fns[k], device)[0])
     med = {k: statistics.median(v) for k, v in samples.items()}
     pairs = [a / b for a, b in zip(samples["on"], samples["off"], strict=True)]
-    return {"model": name, "samples": samples, "median": med, "ratio": med["on"] / med["off"],
-            "ratio_pairs_median": statistics.median(pairs)}  # fmt: skip
+    return {
+        "model": name,
+        "samples": samples,
+        "median": med,
+        "ratio": med["on"] / med["off"],
+        "ratio_pairs_median": statistics.median(pairs),
+    }
 
 
 def bench_rss(device: str, threads: int | None) -> dict[str, Any]:
     plain = run_child(["rss", "12x768", "plain", device], threads)
     instr = run_child(["rss", "12x768", "instrumented", device], threads)
-    return {"plain": plain, "instrumented": instr,
-            "ratio": instr["peak_mb"] / plain["peak_mb"]}  # fmt: skip
+    return {"plain": plain, "instrumented": instr, "ratio": instr["peak_mb"] / plain["peak_mb"]}
 
 
 def bench_batches(device: str, threads: int | None, ns: tuple[int, ...]) -> dict[str, Any]:
@@ -352,8 +386,9 @@ def bench_help(reps: int) -> dict[str, Any]:
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "print('IMPORTED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True, cwd=ROOT).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
     imported = out.rsplit("IMPORTED", 1)[-1].strip()
     return {"samples": times, "median": statistics.median(times), "heavy_imports": imported}
 
@@ -363,11 +398,23 @@ def bench_e2e(device: str, reps: int, threads: int | None) -> dict[str, Any]:
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     cmds = {
-        "profile": [*actscan_cmd(), "profile", "configs/gpt2-124m.yaml", "--quiet",
-                    "--fail-on", "never", "--device", device],
-        "handwritten": [sys.executable, str(ROOT / "benchmarks" / "handwritten_gpt2.py"),
-                        "--device", device],
-    }  # fmt: skip
+        "profile": [
+            *actscan_cmd(),
+            "profile",
+            "configs/gpt2-124m.yaml",
+            "--quiet",
+            "--fail-on",
+            "never",
+            "--device",
+            device,
+        ],
+        "handwritten": [
+            sys.executable,
+            str(ROOT / "benchmarks" / "handwritten_gpt2.py"),
+            "--device",
+            device,
+        ],
+    }
     samples: dict[str, list[float]] = {k: [] for k in cmds}
     for r in range(reps):
         order = list(cmds) if r % 2 == 0 else list(cmds)[::-1]
@@ -435,10 +482,16 @@ class OptimizerSteps:
         loss = loss_of(self.model(*b.args), b)  # the profile's batch 0 (hooks aside)
         grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         run_steps(
-            self.model, StepSpec(self.n), layout=self.layout, source=self.source,
-            step0=(loss.detach(), grads), loss_of=loss_of, prepare=lambda x: x,
-            autocast=contextlib.nullcontext, vocab_size=self.model.config.vocab_size,
-        )  # fmt: skip
+            self.model,
+            StepSpec(self.n),
+            layout=self.layout,
+            source=self.source,
+            step0=(loss.detach(), grads),
+            loss_of=loss_of,
+            prepare=lambda x: x,
+            autocast=contextlib.nullcontext,
+            vocab_size=self.model.config.vocab_size,
+        )
 
 
 def bench_steps(device: str, reps: int, n: int, batch: int, seq: int) -> dict[str, Any]:
@@ -457,14 +510,21 @@ def bench_steps(device: str, reps: int, n: int, batch: int, seq: int) -> dict[st
             samples[k]["wall"].append(w)
             samples[k]["cpu"].append(c)
     med = {k: {m: statistics.median(v) for m, v in s.items()} for k, s in samples.items()}
-    pairs = [i / p for i, p in zip(samples["instrumented"]["wall"], samples["plain"]["wall"],
-                                   strict=True)]  # fmt: skip
+    pairs = [
+        i / p
+        for i, p in zip(samples["instrumented"]["wall"], samples["plain"]["wall"], strict=True)
+    ]
     return {
-        "steps": n, "batch": batch, "seq_len": seq, "reps": reps, "samples": samples,
-        "median": med, "ratio": med["instrumented"]["wall"] / med["plain"]["wall"],
+        "steps": n,
+        "batch": batch,
+        "seq_len": seq,
+        "reps": reps,
+        "samples": samples,
+        "median": med,
+        "ratio": med["instrumented"]["wall"] / med["plain"]["wall"],
         "ratio_cpu": med["instrumented"]["cpu"] / med["plain"]["cpu"],
         "ratio_pairs_median": statistics.median(pairs),
-    }  # fmt: skip
+    }
 
 
 def bench_steps_e2e(
@@ -475,11 +535,25 @@ def bench_steps_e2e(
         env["OMP_NUM_THREADS"] = str(threads)
     size = ["--batch", str(batch), "--seq-len", str(seq), "--device", device]
     cmds = {
-        "profile": [*actscan_cmd(), "profile", "configs/gpt2-124m.yaml", "--quiet",
-                    "--fail-on", "never", "--steps", str(n), *size],
-        "handwritten": [sys.executable, str(ROOT / "benchmarks" / "handwritten_gpt2.py"),
-                        "--steps", str(n), *size],
-    }  # fmt: skip
+        "profile": [
+            *actscan_cmd(),
+            "profile",
+            "configs/gpt2-124m.yaml",
+            "--quiet",
+            "--fail-on",
+            "never",
+            "--steps",
+            str(n),
+            *size,
+        ],
+        "handwritten": [
+            sys.executable,
+            str(ROOT / "benchmarks" / "handwritten_gpt2.py"),
+            "--steps",
+            str(n),
+            *size,
+        ],
+    }
     samples: dict[str, list[float]] = {k: [] for k in cmds}
     cpu: dict[str, list[float]] = {k: [] for k in cmds}
     for r in range(reps):
@@ -491,10 +565,18 @@ def bench_steps_e2e(
             cpu[k].append(children_cpu() - c)
     med = {k: statistics.median(v) for k, v in samples.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
-    return {"steps": n, "batch": batch, "seq_len": seq, "samples": samples, "cpu": cpu,
-            "median": med, "median_cpu": med_cpu, "ratio": med["profile"] / med["handwritten"],
-            "ratio_cpu": med_cpu["profile"] / med_cpu["handwritten"],
-            "once": step0_extras(device, batch, seq)}  # fmt: skip
+    return {
+        "steps": n,
+        "batch": batch,
+        "seq_len": seq,
+        "samples": samples,
+        "cpu": cpu,
+        "median": med,
+        "median_cpu": med_cpu,
+        "ratio": med["profile"] / med["handwritten"],
+        "ratio_cpu": med_cpu["profile"] / med_cpu["handwritten"],
+        "once": step0_extras(device, batch, seq),
+    }
 
 
 def children_cpu() -> float:
@@ -529,8 +611,7 @@ def step0_extras(device: str, batch: int, seq: int) -> dict[str, float]:
         "probe_pass": lambda: probe_pass(model, layout, src(0).to(dev), at_init=True),
         "weights_copy_restore": restore,
     }
-    return {k: statistics.median(time_once(f, device)[1] for _ in range(3))
-            for k, f in fns.items()}  # fmt: skip
+    return {k: statistics.median(time_once(f, device)[1] for _ in range(3)) for k, f in fns.items()}
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -546,10 +627,14 @@ def machine(device: str) -> dict[str, Any]:
     except OSError:
         pass
     info: dict[str, Any] = {
-        "cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-        "platform": platform.platform(), "device": device,
-    }  # fmt: skip
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": device,
+    }
     if device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name()
     return info
@@ -573,32 +658,40 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 f"{med['instrumented']['wall']:.3f} s; per pair {o['ratio_pairs_median']:.3f}×; "
                 f"cpu {o['ratio_cpu']:.3f}×; +{o['per_scan_s'] * 1000:.0f} ms per scan)"
             )
-            add(f"overhead {name}", o["ratio"], shown)  # fmt: skip
+            add(f"overhead {name}", o["ratio"], shown)
     for name in MODELS:
         t = res.get(f"tokens {name}")
         if t:
-            shown = (f"{t['ratio']:.3f}×  ({t['median']['off']:.3f} s → {t['median']['on']:.3f}"
-                     f" s; per pair {t['ratio_pairs_median']:.3f}×)")  # fmt: skip
+            shown = (
+                f"{t['ratio']:.3f}×  ({t['median']['off']:.3f} s → {t['median']['on']:.3f}"
+                f" s; per pair {t['ratio_pairs_median']:.3f}×)"
+            )
             add(f"per-token view {name}", t["ratio"], shown)
     if "rss" in res:
         r = res["rss"]
-        shown = (f"{r['ratio']:.3f}×  ({r['plain']['peak_mb']:.0f} → "
-                 f"{r['instrumented']['peak_mb']:.0f} MB)")  # fmt: skip
+        shown = (
+            f"{r['ratio']:.3f}×  ({r['plain']['peak_mb']:.0f} → "
+            f"{r['instrumented']['peak_mb']:.0f} MB)"
+        )
         add("peak RSS 12x768", r["ratio"], shown)
     if "batches" in res:
         b = res["batches"]
-        shown = f"{b['ratio']:.3f}×  (" + ", ".join(
-            f"N={n}: {v:.0f} MB" for n, v in b["peak_mb"].items()) + ")"  # fmt: skip
+        shown = (
+            f"{b['ratio']:.3f}×  ("
+            + ", ".join(f"N={n}: {v:.0f} MB" for n, v in b["peak_mb"].items())
+            + ")"
+        )
         add("RSS batches 16 / 1", b["ratio"], shown)
     if "help" in res:
         h = res["help"]
         shown = f"{h['median']:.3f} s  (imports torch/transformers: {h['heavy_imports']})"
-        add("actscan --help (s)", h["median"] + (1e9 if h["heavy_imports"] != "[]" else 0),
-            shown)  # fmt: skip
+        add("actscan --help (s)", h["median"] + (1e9 if h["heavy_imports"] != "[]" else 0), shown)
     if "e2e" in res:
         e = res["e2e"]
-        shown = (f"{e['ratio']:.3f}×  ({e['median']['handwritten']:.2f} s → "
-                 f"{e['median']['profile']:.2f} s)")  # fmt: skip
+        shown = (
+            f"{e['ratio']:.3f}×  ({e['median']['handwritten']:.2f} s → "
+            f"{e['median']['profile']:.2f} s)"
+        )
         add("profile end-to-end", e["ratio"], shown)
     if "steps" in res:
         s = res["steps"]
@@ -613,10 +706,12 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         e = res["steps-e2e"]
         med = e["median"]
         once = ", ".join(f"{k} {v:.2f}" for k, v in e.get("once", {}).items())
-        shown = (f"{e['ratio']:.3f}×  ({e['batch']}×{e['seq_len']} tokens: "
-                 f"{med['handwritten']:.2f} s → {med['profile']:.2f} s; cpu "
-                 f"{e['ratio_cpu']:.3f}×, {e['median_cpu']['handwritten']:.1f} → "
-                 f"{e['median_cpu']['profile']:.1f} s; paid once, cpu s: {once})")  # fmt: skip
+        shown = (
+            f"{e['ratio']:.3f}×  ({e['batch']}×{e['seq_len']} tokens: "
+            f"{med['handwritten']:.2f} s → {med['profile']:.2f} s; cpu "
+            f"{e['ratio_cpu']:.3f}×, {e['median_cpu']['handwritten']:.1f} → "
+            f"{e['median_cpu']['profile']:.1f} s; paid once, cpu s: {once})"
+        )
         add("profile --steps 10 end-to-end", e["ratio"], shown)
     if "attention" in res:
         a = res["attention"]
@@ -630,8 +725,9 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
 
 def print_table(table: list[tuple[str, str, str, str]]) -> None:
-    widths = [max(len(r[i]) for r in [("measure", "value", "target", ""), *table])
-              for i in range(4)]  # fmt: skip
+    widths = [
+        max(len(r[i]) for r in [("measure", "value", "target", ""), *table]) for i in range(4)
+    ]
     for r in [("measure", "value", "target", "verdict"), *table]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
@@ -669,9 +765,11 @@ def main() -> None:
     reps = max(5, args.reps or (5 if args.quick else 7))
     t0 = time.perf_counter()
     res: dict[str, Any] = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(args.device),
-        "load_before": os.getloadavg(), "args": vars(args) | {"out": str(args.out)},
-    }  # fmt: skip
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": machine(args.device),
+        "load_before": os.getloadavg(),
+        "args": vars(args) | {"out": str(args.out)},
+    }
     # Processes first: a child's ru_maxrss starts from its parent's high-water mark at
     # exec (Linux), so the parent must not have built a 124M model yet.
     if "rss" in only and not args.device.startswith("cuda"):
@@ -717,15 +815,18 @@ def main() -> None:
     res["load_after"] = os.getloadavg()
     res["seconds"] = time.perf_counter() - t0
     table = rows(res)
-    res["table"] = [dict(zip(("measure", "value", "target", "verdict"), r, strict=True))
-                    for r in table]  # fmt: skip
+    res["table"] = [
+        dict(zip(("measure", "value", "target", "verdict"), r, strict=True)) for r in table
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(res, indent=1, default=str) + "\n")
     m = res["machine"]
-    print(f"\n{m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} "
-          f"threads) · {args.device} · load {res['load_before'][0]:.1f} → "
-          f"{res['load_after'][0]:.1f} · {res['seconds']:.0f} s")  # fmt: skip
+    print(
+        f"\n{m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} "
+        f"threads) · {args.device} · load {res['load_before'][0]:.1f} → "
+        f"{res['load_after'][0]:.1f} · {res['seconds']:.0f} s"
+    )
     print_table(table)
     print(f"\nwritten {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import planted_checks
+from helpers import planted_checks
 from torch import nn
 
 from actscan import Finding, LayerRecord, Report, Severity, scan
@@ -353,10 +353,16 @@ def test_assert_healthy_default_gate_is_warn() -> None:
 # -- the model is left exactly as it was -----------------------------------------------------
 def _hook_dicts(model: nn.Module) -> dict[str, list[tuple[str, list[Any]]]]:
     names = (
-        "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-        "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
-        "_forward_hooks_always_called", "_state_dict_hooks", "_load_state_dict_pre_hooks",
-    )  # fmt: skip
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_backward_hooks",
+        "_backward_pre_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_state_dict_hooks",
+        "_load_state_dict_pre_hooks",
+    )
     return {
         mname: [(n, list(getattr(m, n).items())) for n in names if hasattr(m, n)]
         for mname, m in model.named_modules()

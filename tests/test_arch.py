@@ -46,8 +46,10 @@ def test_bad_values_are_refused(data: dict, match: str) -> None:
 
 
 def test_set_overrides_coerce_strings() -> None:
-    cfg = apply_overrides(ArchConfig(), parse_set(["n_layers=6", "tie_embeddings=false",
-                                                   "init_std=0.01", "d_ff=null"]))  # fmt: skip
+    cfg = apply_overrides(
+        ArchConfig(),
+        parse_set(["n_layers=6", "tie_embeddings=false", "init_std=0.01", "d_ff=null"]),
+    )
     assert (cfg.n_layers, cfg.tie_embeddings, cfg.init_std, cfg.d_ff) == (6, False, 0.01, None)
     with pytest.raises(ConfigError, match="key=value"):
         parse_set(["n_layers"])
@@ -67,8 +69,15 @@ def test_malformed_files_raise_one_line(tmp_path: Path, suffix: str, text: str) 
 
 def test_every_shipped_config_builds() -> None:
     shipped = shipped_configs()
-    assert {"gpt-12-preln", "gpt-48-naive", "gpt-48-scaled", "gpt-24-postln", "gpt-24-rezero",
-            "gpt-24-deepnorm", "llama-12"} <= set(shipped)  # fmt: skip
+    assert {
+        "gpt-12-preln",
+        "gpt-48-naive",
+        "gpt-48-scaled",
+        "gpt-24-postln",
+        "gpt-24-rezero",
+        "gpt-24-deepnorm",
+        "llama-12",
+    } <= set(shipped)
     for name, path in shipped.items():
         cfg = build_config(read_config_file(path), name)
         assert cfg.n_layers >= 12

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ctx, only
+from helpers import ctx, only
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -51,14 +51,24 @@ def _quiet_transformers() -> Iterator[None]:
 
 def build(model_type: str, impl: str = "eager", **kw: Any) -> torch.nn.Module:
     base: dict[str, Any] = {
-        "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "intermediate_size": 64, "max_position_embeddings": 64,
-    }  # fmt: skip
+        "vocab_size": 96,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "max_position_embeddings": 64,
+    }
     if model_type == "gpt2":
         base = {"vocab_size": 96, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64}
     if model_type == "t5":
-        base = {"vocab_size": 96, "d_model": 32, "d_kv": 8, "num_heads": 4, "num_layers": 2,
-                "d_ff": 64}  # fmt: skip
+        base = {
+            "vocab_size": 96,
+            "d_model": 32,
+            "d_kv": 8,
+            "num_heads": 4,
+            "num_layers": 2,
+            "d_ff": 64,
+        }
     base.update(kw)
     cfg = AutoConfig.for_model(model_type, **base)
     torch.manual_seed(0)
@@ -301,15 +311,20 @@ def test_scaled_qk_projections_name_their_layer_and_heads() -> None:
     assert min(h.entropy for h in healthy.heads) > 0.99  # type: ignore[type-var]
 
 
+@pytest.mark.slow
 def test_t5_cross_attention_probed_and_families_off_the_interface_get_a_note() -> None:
     t5 = scan(build("t5"), **SMALL)  # T5 calls the interface in transformers 5.x
     kinds = [(a.stream, a.kind) for a in t5.attention]
     assert kinds == [("encoder", "self")] * 2 + [("decoder", "self"), ("decoder", "cross")] * 2
     assert not [n for n in t5.notes if "attention probes" in n]
     cfg = AutoConfig.for_model(
-        "gpt_neo", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+        "gpt_neo",
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
         attention_types=[[["global", "local"], 1]],
-    )  # fmt: skip
+    )
     neo = scan(AutoModelForCausalLM.from_config(cfg), **SMALL)
     assert neo.attention == ()
     notes = [n for n in neo.notes if "attention probes" in n]
@@ -356,14 +371,28 @@ def test_no_attention_switches_the_probes_off() -> None:
 
 
 # -- report, schema, checks, rendering ------------------------------------------------------
-def _rec(name: str, block: int, entropies: list[float], score_max: float = 1.0,
-         std: float = 0.1, keys: int = 64) -> AttentionRecord:  # fmt: skip
+def _rec(
+    name: str,
+    block: int,
+    entropies: list[float],
+    score_max: float = 1.0,
+    std: float = 0.1,
+    keys: int = 64,
+) -> AttentionRecord:
     heads = tuple(
         HeadRecord(head=i, score_max=score_max, score_std=std, entropy=e, sink=0.1)
         for i, e in enumerate(entropies)
     )
-    return AttentionRecord(name=name, block=block, heads=heads, queries=keys, keys=keys,
-                           mean_keys=keys / 2, kv_heads=2, calls=1)  # fmt: skip
+    return AttentionRecord(
+        name=name,
+        block=block,
+        heads=heads,
+        queries=keys,
+        keys=keys,
+        mean_keys=keys / 2,
+        kv_heads=2,
+        calls=1,
+    )
 
 
 def test_report_round_trip_and_schema() -> None:
@@ -371,8 +400,12 @@ def test_report_round_trip_and_schema() -> None:
     data = json.loads(report.to_json())
     validate_report(data)
     assert data["attention"][0]["heads"][0].keys() == {
-        "head", "score_max", "score_std", "entropy", "sink"
-    }  # fmt: skip
+        "head",
+        "score_max",
+        "score_std",
+        "entropy",
+        "sink",
+    }
     assert Report.from_dict(data).attention == report.attention
 
 
@@ -417,18 +450,25 @@ def test_logit_scale_on_probed_scores() -> None:
     assert f.severity is Severity.ERROR
     (f,) = scale([_rec("l.0", 0, [1.0] * 2, std=5 * f0)], False)
     assert f.severity is Severity.INFO
-    cases = [(60.0, True, Severity.WARN), (120.0, True, Severity.ERROR),
-             (60.0, False, Severity.INFO), (120.0, False, Severity.WARN)]  # fmt: skip
+    cases = [
+        (60.0, True, Severity.WARN),
+        (120.0, True, Severity.ERROR),
+        (60.0, False, Severity.INFO),
+        (120.0, False, Severity.WARN),
+    ]
     for top, at_init, sev in cases:
         (f,) = scale([_rec("l.0", 0, [1.0] * 2, score_max=top)], at_init)
         assert f.severity is sev and "50" in f.message and "τ = 100" in f.message
 
 
+@pytest.mark.slow
 def test_heads_table_fits_32_layers_by_32_heads_in_120_columns() -> None:
-    from conftest import make_report
+    from helpers import make_report
 
-    records = [_rec(f"model.layers.{i}.self_attn", i, [i / 32 + h / 1024 for h in range(32)])
-               for i in range(32)]  # fmt: skip
+    records = [
+        _rec(f"model.layers.{i}.self_attn", i, [i / 32 + h / 1024 for h in range(32)])
+        for i in range(32)
+    ]
     from dataclasses import replace
 
     report = replace(make_report(), attention=tuple(records))
@@ -446,6 +486,7 @@ def test_heads_table_fits_32_layers_by_32_heads_in_120_columns() -> None:
     assert "lowest of 2 heads" in console.export_text()
 
 
+@pytest.mark.slow
 def test_cli_no_attention_flag(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[1]
     target = str(root / "sample_models" / "tiny-gpt2-hf")
@@ -459,6 +500,7 @@ def test_cli_no_attention_flag(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["attention"] == []
 
 
+@pytest.mark.slow
 def test_minilm_checkpoint_heads() -> None:
     """The real all-MiniLM-L6-v2 (trained, BERT, 6 × 12 heads) on the default random
     tokens: every head recorded; two heads collapsed, reported as info (trained)."""

@@ -147,8 +147,13 @@ def test_shape_mismatch_vs_config(tmp_path, good) -> None:
     cfg = tmp_path / "wide.yaml"
     cfg.write_text("n_layers: 2\nd_model: 64\nn_heads: 4\nvocab_size: 64\nseq_len: 16\n")
     want = "'blocks.0.attn.proj.weight' file [32, 32] vs model [64, 64]"
-    refuse(["profile", str(good), "--config", str(cfg), *FAST],
-           "good.safetensors", "mis-shaped", want, files=good.parent)  # fmt: skip
+    refuse(
+        ["profile", str(good), "--config", str(cfg), *FAST],
+        "good.safetensors",
+        "mis-shaped",
+        want,
+        files=good.parent,
+    )
     path = with_config(tmp_path, good, "deep.safetensors", n_layers=3)
     refuse(["profile", str(path)], "deep.safetensors", "n_layers=3", "2 blocks", files=path)
 
@@ -158,12 +163,22 @@ def test_missing_and_unexpected_keys(tmp_path, good) -> None:
     meta = {"format": "actscan", CONFIG_KEY: json.dumps(TINY.to_dict())}
     missing = tmp_path / "missing.safetensors"
     save_tensors({k: v for k, v in tensors.items() if k != "blocks.1.mlp.up.weight"}, missing, meta)
-    refuse(["profile", str(missing), *FAST], "missing.safetensors", "missing 1",
-           "'blocks.1.mlp.up.weight'", files=missing)  # fmt: skip
+    refuse(
+        ["profile", str(missing), *FAST],
+        "missing.safetensors",
+        "missing 1",
+        "'blocks.1.mlp.up.weight'",
+        files=missing,
+    )
     extra = tmp_path / "extra.safetensors"
     save_tensors({**tensors, "blocks.0.extra.weight": torch.zeros(2)}, extra, meta)
-    refuse(["profile", str(extra), *FAST], "extra.safetensors", "unexpected 1",
-           "'blocks.0.extra.weight'", files=extra)  # fmt: skip
+    refuse(
+        ["profile", str(extra), *FAST],
+        "extra.safetensors",
+        "unexpected 1",
+        "'blocks.0.extra.weight'",
+        files=extra,
+    )
     # A tied head stored under both names is fine.
     both = tmp_path / "both.safetensors"
     save_tensors({**tensors, "head.weight": tensors["tok_emb.weight"]}, both, meta)
@@ -179,13 +194,28 @@ def test_nonfinite_weights(tmp_path, good) -> None:
     meta = {"format": "actscan", CONFIG_KEY: json.dumps(TINY.to_dict())}
     path = tmp_path / "nan.safetensors"
     save_tensors({**tensors, "blocks.0.attn.qkv.weight": bad}, path, meta)
-    refuse(["profile", str(path), *FAST], "nan.safetensors", "'blocks.0.attn.qkv.weight' 4",
-           "--allow-nonfinite", files=path)  # fmt: skip
+    refuse(
+        ["profile", str(path), *FAST],
+        "nan.safetensors",
+        "'blocks.0.attn.qkv.weight' 4",
+        "--allow-nonfinite",
+        files=path,
+    )
     out = tmp_path / "r.json"
     result = CliRunner().invoke(
-        app, ["profile", str(path), *FAST, "--allow-nonfinite", "--quiet", "--json", str(out),
-              "--fail-on", "never"],
-    )  # fmt: skip
+        app,
+        [
+            "profile",
+            str(path),
+            *FAST,
+            "--allow-nonfinite",
+            "--quiet",
+            "--json",
+            str(out),
+            "--fail-on",
+            "never",
+        ],
+    )
     assert result.exit_code == 0, result.output
     notes = json.loads(out.read_text())["notes"]
     assert any("non-finite" in n and "blocks.0.attn.qkv.weight" in n for n in notes)
@@ -245,6 +275,7 @@ def test_unwritable_json_path(tmp_path, good) -> None:
     refuse(["profile", str(good), *FAST, "--json", str(target)], str(target), files=blocker)
 
 
+@pytest.mark.slow
 def test_bad_input_files(tmp_path, good) -> None:
     refuse(["profile", str(good), "--input", str(tmp_path / "no.json")], "no.json", "not found")
     bad = tmp_path / "ids.json"

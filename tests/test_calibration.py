@@ -54,9 +54,14 @@ def gpt2(n_layer: int, d: int, *, unscaled: bool = False) -> nn.Module:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        n_layer=n_layer, n_embd=d, n_head=4, vocab_size=256, n_positions=64,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        n_layer=n_layer,
+        n_embd=d,
+        n_head=4,
+        vocab_size=256,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(config)
     if unscaled:  # remove the 1/√(2N): c_proj back to a flat normal(0, 0.02)
         with torch.no_grad():
@@ -69,7 +74,14 @@ def gpt2(n_layer: int, d: int, *, unscaled: bool = False) -> nn.Module:
 # --------------------------------------------------------------------------- must stay quiet
 
 
-@pytest.mark.parametrize("config", ["gpt-12-preln", "gpt-48-scaled", "llama-12"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param("gpt-12-preln", marks=pytest.mark.slow),
+        pytest.param("gpt-48-scaled", marks=pytest.mark.slow),
+        "llama-12",
+    ],
+)
 def test_healthy_builtin_configs_are_quiet(config: str) -> None:
     report = profile(builtin(config))
     assert not loud(report), report.findings
@@ -84,6 +96,7 @@ def test_gpt2_as_transformers_initializes_it_is_quiet() -> None:
     assert not loud(report), report.findings
 
 
+@pytest.mark.slow
 def test_deep_post_ln_is_quiet_at_init_and_why() -> None:
     """The deep post-LN row: neither vanishing-grad nor the growth checks fire at init.
 
@@ -100,6 +113,7 @@ def test_deep_post_ln_is_quiet_at_init_and_why() -> None:
     assert max(r) / min(r) < 1.5  # relative gradient flat through 24 post-LN blocks
 
 
+@pytest.mark.slow
 def test_rezero_branches_are_info_by_design() -> None:
     report = profile(builtin("gpt-24-rezero", tie_embeddings=False, n_layers=8))
     dead = [f for f in report.findings if f.check == CheckId.DEAD_BRANCH]
@@ -111,6 +125,7 @@ def test_rezero_branches_are_info_by_design() -> None:
 # --------------------------------------------------------------------------- must fire
 
 
+@pytest.mark.slow
 def test_naive_48_block_stack_fires_sqrt_growth() -> None:
     report = profile(builtin("gpt-48-naive"))
     f = first(report)  # measured: drift ×8.3, growth ×35 over the embedding, p = 0.55
@@ -123,6 +138,7 @@ def test_naive_48_block_stack_fires_sqrt_growth() -> None:
     assert report.summary["growth_exponent"] > 0.45 and report.summary["growth"] > 20
 
 
+@pytest.mark.slow
 def test_gpt2_without_c_proj_scaling_at_48_layers_fires_sqrt_growth() -> None:
     report = profile(gpt2(48, 128, unscaled=True))
     f = first(report)  # measured at d 128: drift ×7.5, p = 0.53; at d 256: ×8.7, p = 0.55
@@ -144,9 +160,13 @@ def test_zeroed_mlp_output_projection_fires_dead_branch_at_that_block() -> None:
 
 def test_one_embedding_channel_x100_fires_outlier_channels_with_its_index() -> None:
     model = builtin(
-        n_layers=2, d_model=64, vocab_size=256, init="fan-in", branch_scale="depth",
+        n_layers=2,
+        d_model=64,
+        vocab_size=256,
+        init="fan-in",
+        branch_scale="depth",
         tie_embeddings=False,
-    )  # fmt: skip
+    )
     with torch.no_grad():
         model.tok_emb.weight[:, 17].mul_(100.0)
     report = profile(model)
@@ -170,9 +190,13 @@ def test_relu_with_large_negative_bias_fires_dead_units() -> None:
 
 def test_fp16_overflow_names_the_first_module() -> None:
     model = builtin(
-        n_layers=4, d_model=64, vocab_size=256, init="fan-in", branch_scale="depth",
+        n_layers=4,
+        d_model=64,
+        vocab_size=256,
+        init="fan-in",
+        branch_scale="depth",
         tie_embeddings=False,
-    )  # fmt: skip
+    )
     with torch.no_grad():
         model.blocks[1].mlp.up.weight.mul_(500.0)
         model.blocks[1].mlp.down.weight.mul_(500.0)
@@ -185,6 +209,7 @@ def test_fp16_overflow_names_the_first_module() -> None:
     assert [x.severity for x in fp32] == [Severity.INFO] and "65504" in fp32[0].message
 
 
+@pytest.mark.slow
 def test_flat_002_init_at_width_2048_fires_init_scale() -> None:
     model = builtin(n_layers=1, d_model=2048, n_heads=32, vocab_size=64, seq_len=8)
     report = profile(model, batch=1, seq_len=8, backward=False)
@@ -273,6 +298,7 @@ def test_he_init_preserves_variance_but_deep_narrow_relu_stacks_lose_units() -> 
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_reports_with_findings_validate_and_gate(tmp_path: Path) -> None:
     """Findings survive the JSON schema, and the CLI's exit code follows their severity."""
     import json

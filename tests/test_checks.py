@@ -9,7 +9,7 @@ import re
 from dataclasses import replace
 
 import pytest
-from conftest import (
+from helpers import (
     accumulator,
     act,
     branch_layers,
@@ -211,8 +211,11 @@ def test_layerscale_gains_are_info_by_design() -> None:
 def test_zero_init_output_projection_everywhere_is_fixup() -> None:
     dead = {f"blocks.{i}.mlp": dict(rms=0.0) for i in range(4)}
     layers = branch_layers(4, **dead)
-    layers += [rec(f"blocks.{i}.mlp.{p}", role="mlp", order=100 + 2 * i + j)
-               for i in range(4) for j, p in enumerate(("up", "down"))]  # fmt: skip
+    layers += [
+        rec(f"blocks.{i}.mlp.{p}", role="mlp", order=100 + 2 * i + j)
+        for i in range(4)
+        for j, p in enumerate(("up", "down"))
+    ]
     params = []
     for i in range(4):
         params.append(param(f"blocks.{i}.mlp.up.weight", 0.02, fan_in=64))
@@ -361,12 +364,16 @@ def test_logit_scale_tied_hint() -> None:
 
 
 def test_attention_logits() -> None:
-    scores = [rec(f"blocks.{i}.attn.logits", type="AttentionLogits", std=s, n_channels=64,
-                  order=i) for i, s in enumerate((0.5, 5.0))]  # fmt: skip
+    scores = [
+        rec(f"blocks.{i}.attn.logits", type="AttentionLogits", std=s, n_channels=64, order=i)
+        for i, s in enumerate((0.5, 5.0))
+    ]
     f = only(run(ctx(layers=scores)), CheckId.LOGIT_SCALE)[0]
     assert f.layers == ("blocks.1.attn.logits",) and f.severity is Severity.WARN
-    f = only(run(ctx(layers=scores[:1], arch={"attn_scale": "none", "head_dim": 64})),
-             CheckId.LOGIT_SCALE)[0]  # fmt: skip
+    f = only(
+        run(ctx(layers=scores[:1], arch={"attn_scale": "none", "head_dim": 64})),
+        CheckId.LOGIT_SCALE,
+    )[0]
     assert "1/√d_k" in f.message and "8×" in f.message
 
 
@@ -395,14 +402,16 @@ def test_init_scale_accepts_classical_rules_and_errors_far_above() -> None:
         param("c.weight", math.sqrt(2 / (512 + 2048)), fan_in=512, fan_out=2048),  # Xavier
     ]
     assert not run(ctx(params=fine, at_init=True))
-    f = only(run(ctx(params=[param("d.weight", 0.2, fan_in=512)], at_init=True)),
-             CheckId.INIT_SCALE)[0]  # fmt: skip
+    f = only(
+        run(ctx(params=[param("d.weight", 0.2, fan_in=512)], at_init=True)), CheckId.INIT_SCALE
+    )[0]
     assert f.severity is Severity.ERROR  # 4.5×
 
 
 def test_init_scale_tiny_weights_are_info() -> None:
-    f = only(run(ctx(params=[param("a.weight", 1e-4, fan_in=256)], at_init=True)),
-             CheckId.INIT_SCALE)[0]  # fmt: skip
+    f = only(
+        run(ctx(params=[param("a.weight", 1e-4, fan_in=256)], at_init=True)), CheckId.INIT_SCALE
+    )[0]
     assert f.severity is Severity.INFO
 
 
@@ -424,8 +433,7 @@ def test_init_scale_norm_gains_and_biases() -> None:
 
 def test_init_scale_residual_projections_not_down_scaled() -> None:
     layers, params = projections(24, 1.0)
-    f = only(run(ctx(layers=layers, params=params, n_blocks=24, at_init=True)),
-             CheckId.INIT_SCALE)  # fmt: skip
+    f = only(run(ctx(layers=layers, params=params, n_blocks=24, at_init=True)), CheckId.INIT_SCALE)
     assert len(f) == 1 and f[0].severity is Severity.INFO
     assert f[0].value == pytest.approx(48) and "1/√48" in f[0].hint
     layers, params = projections(24, 1 / math.sqrt(48))
@@ -449,19 +457,27 @@ def test_registry_keys_cover_every_check_id_once() -> None:
 def test_each_check_emits_exactly_its_registered_ids() -> None:
     """Contexts that make every check fire; a check may emit only the ids it is keyed by."""
     rms = [1.0] * 25
-    layers = [act("blocks.0.mlp.act", 600), outlier_rec("x", 100.0), head(17.8),
-              rec("blocks.0.mlp", max_abs=2e5)]  # fmt: skip
+    layers = [
+        act("blocks.0.mlp.act", 600),
+        outlier_rec("x", 100.0),
+        head(17.8),
+        rec("blocks.0.mlp", max_abs=2e5),
+    ]
     gains_layers, gains_params = with_gains(4, 0.0, 0.0)
     contexts = [
-        ctx(points=stream(geometric(24, 1.2)), layers=layers, at_init=True,
-            params=[param("blocks.0.mlp.up.weight", 0.2, fan_in=512)]),
+        ctx(
+            points=stream(geometric(24, 1.2)),
+            layers=layers,
+            at_init=True,
+            params=[param("blocks.0.mlp.up.weight", 0.2, fan_in=512)],
+        ),
         ctx(points=stream(geometric(24, 0.8))),
         ctx(points=stream(accumulator(48, a=1e-3, v=0.01))),
         ctx(points=stream(rms, [0.5**i for i in range(24, -1, -1)])),
         ctx(points=stream(rms, [1.3**i for i in range(25)][::-1])),
         ctx(points=flat_stream(4), layers=branch_layers(4, **{"blocks.2.mlp": dict(rms=0.0)})),
         ctx(points=flat_stream(4), layers=gains_layers, params=gains_params, at_init=True),
-    ]  # fmt: skip
+    ]
     seen: set[str] = set()
     for key, check in CHECKS.items():
         for c in contexts:
@@ -474,11 +490,13 @@ def test_each_check_emits_exactly_its_registered_ids() -> None:
 def test_one_warn_error_helper() -> None:
     th = DEFAULT
     assert grade(th.growth_warn, th.growth_warn, th.growth_error) == (
-        Severity.WARN, th.growth_warn,
-    )  # fmt: skip
+        Severity.WARN,
+        th.growth_warn,
+    )
     assert grade(th.growth_error, th.growth_warn, th.growth_error) == (
-        Severity.ERROR, th.growth_error,
-    )  # fmt: skip
+        Severity.ERROR,
+        th.growth_error,
+    )
     assert grade(0.05, 0.1, 0.01, above=False) == (Severity.WARN, 0.1)
     assert grade(0.01, 0.1, 0.01, above=False) == (Severity.ERROR, 0.01)
     assert warn_or_error(True, 0.5) == (Severity.ERROR, 0.5)
@@ -544,8 +562,9 @@ def test_threshold_overrides_validate() -> None:
     with pytest.raises(UsageError, match="non-negative"):
         DEFAULT.with_overrides({"headroom": "-1"})
     assert parse_threshold_options(["headroom=8", " growth-warn = 5 "]) == {
-        "headroom": "8", "growth-warn": "5",
-    }  # fmt: skip
+        "headroom": "8",
+        "growth-warn": "5",
+    }
     with pytest.raises(UsageError):
         parse_threshold_options(["headroom"])
     assert replace(DEFAULT) == thresholds_module.DEFAULT

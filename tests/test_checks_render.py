@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 
-from conftest import (
+from helpers import (
     act,
     ctx,
     flat_stream,

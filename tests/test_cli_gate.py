@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import typer
-from conftest import planted_checks
+from helpers import planted_checks
 from typer.testing import CliRunner
 
 from actscan.api import Wiring
@@ -60,9 +60,14 @@ def finding(
     check: str = "dead-branch", severity: str = "warn", layers: tuple[str, ...] = ("blocks.1.mlp",)
 ) -> Finding:
     return Finding(
-        check=check, severity=Severity(severity), layers=layers, value=0.0, threshold=1e-3,
-        message=f"planted {check} {severity}", hint="planted by the test",
-    )  # fmt: skip
+        check=check,
+        severity=Severity(severity),
+        layers=layers,
+        value=0.0,
+        threshold=1e-3,
+        message=f"planted {check} {severity}",
+        hint="planted by the test",
+    )
 
 
 Planted = Callable[..., dict[str, Any]]
@@ -342,6 +347,7 @@ def _validate_cli_json(target: list[str], out: Path, *extra: str) -> dict[str, A
     return data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_every_shipped_config_report_validates(config: Path, isolated_cwd: Path) -> None:
     # Narrow and at most 12 blocks: fast, and still the config's layout and init.
@@ -351,12 +357,14 @@ def test_every_shipped_config_report_validates(config: Path, isolated_cwd: Path)
     assert data["model"]["family"] == "actscan-gpt"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SAMPLES, reason="no sample models generated yet (sample_models/)")
 @pytest.mark.parametrize("sample", SAMPLES, ids=[p.name for p in SAMPLES])
 def test_every_sample_report_validates(sample: Path, isolated_cwd: Path) -> None:
     _validate_cli_json([str(sample)], isolated_cwd / "r.json", *SMALL_RUN)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fail_on", ["info", "error"])
 def test_naive_model_real_checks_gate(fail_on: str, isolated_cwd: Path) -> None:
     """No planting: the real checks on a 48-block unscaled model. The exit code must
@@ -398,8 +406,12 @@ def test_project_fail_on_found_from_nested_folder_and_cli_wins(
 
 
 def test_project_run_settings_reach_the_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.chdir(_project(tmp_path, '[tool.actscan]\nbatch = 3\nseq-len = 12\ndtype = "bf16"\n'
-                                          'modules = "blocks\\\\.1"\n'))  # fmt: skip
+    monkeypatch.chdir(
+        _project(
+            tmp_path,
+            '[tool.actscan]\nbatch = 3\nseq-len = 12\ndtype = "bf16"\nmodules = "blocks\\\\.1"\n',
+        )
+    )
     result = cli("profile", *TINY, "--json", "-", "-q")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -471,6 +483,7 @@ def test_bad_project_config_exits_2_naming_file_and_key(
             assert name in line
 
 
+@pytest.mark.slow
 def test_ignores_remove_findings_from_the_gate(
     plant: Planted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -495,6 +508,7 @@ def test_ignores_remove_findings_from_the_gate(
 
 
 # -- one entry point: profile, compare and sweep all gate on the same findings -----------
+@pytest.mark.slow
 def test_every_command_goes_through_scan_target(
     plant: Planted, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -520,6 +534,7 @@ def test_every_command_goes_through_scan_target(
     assert calls == [("gpt-12-preln", None)] * 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
     [
@@ -591,6 +606,7 @@ def test_cli_modules_stay_apart(tmp_path: Path) -> None:
     assert _private_reaches(probe) == ["from actscan.models.gpt import _linear_std", "sc._hidden"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("target", "flag", "judged"),
     [

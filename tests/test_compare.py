@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import planted_checks
+from helpers import planted_checks
 from typer.testing import CliRunner
 
 from actscan.api import Wiring
@@ -80,6 +80,7 @@ def test_a_config_compared_with_itself_gives_ratios_of_exactly_one() -> None:
     assert cmp.verdict.startswith("A and B measure the same")
 
 
+@pytest.mark.slow
 def test_naive_init_grows_and_fan_in_with_depth_scaling_stays_flat() -> None:
     """gpt2 0.02 without branch scaling vs fan-in + 1/√(2L) on the 48-layer config's family."""
     a = measure("gpt-48-naive", n_layers="24")
@@ -168,10 +169,14 @@ def test_bf16_divergence_is_small_nonzero_and_grows_with_depth(twelve: Any) -> N
     model = twelve.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
     d = precision_divergence(
-        model, default_inputs(twelve.info, 2, 16, 0), high=Precision("fp32"),
-        low=Precision("bf16"), reference_side="a", threshold=0.05,
+        model,
+        default_inputs(twelve.info, 2, 16, 0),
+        high=Precision("fp32"),
+        low=Precision("bf16"),
+        reference_side="a",
+        threshold=0.05,
         model_type=twelve.info.family,
-    )  # fmt: skip
+    )
     # The caller's model is neither cast nor changed.
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -198,9 +203,14 @@ def test_same_precision_has_zero_divergence_and_threshold_marks_the_first_layer(
     )
     assert all(x.rel_err == 0.0 for x in same.layers) and same.first is None
     strict = precision_divergence(
-        twelve.model, src, high=Precision(), low=Precision("bf16"), reference_side="a",
-        threshold=0.005, scope="all",
-    )  # fmt: skip
+        twelve.model,
+        src,
+        high=Precision(),
+        low=Precision("bf16"),
+        reference_side="a",
+        threshold=0.005,
+        scope="all",
+    )
     first = strict.layer(strict.first)  # type: ignore[arg-type]
     assert first.rel_err > 0.005
     assert all(x.rel_err <= 0.005 for x in strict.layers if x.order < first.order)
@@ -304,15 +314,28 @@ COMPARE_SCHEMA: dict[str, Any] = {
 }
 
 
+@pytest.mark.slow
 def test_cli_dtype_compare_json_has_the_documented_shape(isolated: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     from actscan.report.schema import validate_report
 
     out = isolated / "cmp.json"
     res = cli(
-        "compare", "gpt-12-preln", "--set", "n_layers=4", "--set", "d_model=64",
-        "--dtype", "fp32", "--vs-dtype", "bf16", "--json", str(out), "--quiet", *RUN,
-    )  # fmt: skip
+        "compare",
+        "gpt-12-preln",
+        "--set",
+        "n_layers=4",
+        "--set",
+        "d_model=64",
+        "--dtype",
+        "fp32",
+        "--vs-dtype",
+        "bf16",
+        "--json",
+        str(out),
+        "--quiet",
+        *RUN,
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     jsonschema.validate(data, COMPARE_SCHEMA)
@@ -328,26 +351,53 @@ def test_cli_dtype_compare_json_has_the_documented_shape(isolated: Path) -> None
     assert math.isclose(data["stream"][0]["ratio"], 1.0, rel_tol=0.01)
 
 
+@pytest.mark.slow
 def test_cli_init_compare_table_and_a_threshold_override(isolated: Path) -> None:
     res = cli(
-        "compare", "gpt-48-naive", "--set", "n_layers=8", "--set", "d_model=64",
-        "--vs-init", "fan-in", "--vs-set", "branch_scale=depth", *RUN,
-    )  # fmt: skip
+        "compare",
+        "gpt-48-naive",
+        "--set",
+        "n_layers=8",
+        "--set",
+        "d_model=64",
+        "--vs-init",
+        "fan-in",
+        "--vs-set",
+        "branch_scale=depth",
+        *RUN,
+    )
     assert res.exit_code == 0, res.output
     out = res.stdout
-    for text in ("Residual stream (ratio = B ÷ A)", "Branches", "Growth fit", "γ (gain per block)",
-                 "A: gpt-48-naive --set n_layers=8 --set d_model=64",
-                 "B: A --init fan-in --set branch_scale=depth", "Verdict: B keeps"):  # fmt: skip
+    for text in (
+        "Residual stream (ratio = B ÷ A)",
+        "Branches",
+        "Growth fit",
+        "γ (gain per block)",
+        "A: gpt-48-naive --set n_layers=8 --set d_model=64",
+        "B: A --init fan-in --set branch_scale=depth",
+        "Verdict: B keeps",
+    ):
         assert text in out
     assert "Divergence" not in out  # different weights: no divergence pass
     strict = cli(
-        "compare", "gpt-12-preln", "--set", "n_layers=4", "--set", "d_model=64",
-        "--vs-dtype", "bf16", "--threshold", "divergence-rel-err=0.001", "--quiet", *RUN,
-    )  # fmt: skip
+        "compare",
+        "gpt-12-preln",
+        "--set",
+        "n_layers=4",
+        "--set",
+        "d_model=64",
+        "--vs-dtype",
+        "bf16",
+        "--threshold",
+        "divergence-rel-err=0.001",
+        "--quiet",
+        *RUN,
+    )
     assert strict.exit_code == 0, strict.output
     assert "bf16 departs from fp32 by more than 0.1%" in strict.stdout
 
 
+@pytest.mark.slow
 def test_cli_gate_covers_both_sides(isolated: Path) -> None:
     """A warn only where branch_scale is 'depth' (side B) → B only; --fail-on decides."""
     wired = planted(
@@ -360,8 +410,19 @@ def test_cli_gate_covers_both_sides(isolated: Path) -> None:
             + [finding("sqrt-growth", "info", ("blocks.1",))]
         ),
     )
-    base = ["compare", "gpt-12-preln", "--set", "n_layers=2", "--set", "d_model=64",
-            "--set", "branch_scale=none", "--vs-set", "branch_scale=depth", *RUN]  # fmt: skip
+    base = [
+        "compare",
+        "gpt-12-preln",
+        "--set",
+        "n_layers=2",
+        "--set",
+        "d_model=64",
+        "--set",
+        "branch_scale=none",
+        "--vs-set",
+        "branch_scale=depth",
+        *RUN,
+    ]
     warn = cli(*base, "--fail-on", "warn", "--json", "-", obj=wired)
     assert warn.exit_code == 1, warn.output
     data = json.loads(warn.stdout)
@@ -389,13 +450,24 @@ def test_cli_usage_errors_exit_2(isolated: Path, args: list[str], needle: str) -
     assert needle in res.stderr and "Traceback" not in res.output
 
 
+@pytest.mark.slow
 def test_plot_is_a_png(isolated: Path) -> None:
     pytest.importorskip("matplotlib")
     out = isolated / "cmp.png"
     res = cli(
-        "compare", "gpt-12-preln", "--set", "n_layers=2", "--set", "d_model=32",
-        "--vs-init", "fan-in", "--plot", str(out), "--quiet", *RUN,
-    )  # fmt: skip
+        "compare",
+        "gpt-12-preln",
+        "--set",
+        "n_layers=2",
+        "--set",
+        "d_model=32",
+        "--vs-init",
+        "fan-in",
+        "--plot",
+        str(out),
+        "--quiet",
+        *RUN,
+    )
     assert res.exit_code == 0, res.output
     assert out.read_bytes()[:8] == PNG_MAGIC
 

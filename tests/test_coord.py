@@ -60,9 +60,16 @@ def report(width: int, exps: dict[str, float], steps: int = 2, head_exp: float =
                 p = exps.get(name, head_exp if kind == "head" else 0.0)
             c = 1.0 + 0.02 * rng.standard_normal()  # small per-width noise
             change.append(
-                ChangeRecord(name, kind, k, block, rel=0.0 if t == 0 else 0.1,
-                             abs_mean=c * width**p, delta_mean=0.0 if t == 0 else c * width**p)
-            )  # fmt: skip
+                ChangeRecord(
+                    name,
+                    kind,
+                    k,
+                    block,
+                    rel=0.0 if t == 0 else 0.1,
+                    abs_mean=c * width**p,
+                    delta_mean=0.0 if t == 0 else c * width**p,
+                )
+            )
         steps_rec.append(StepRecord(t=t, loss=1.0, lr=1e-2, change=tuple(change)))
     dyn = Dynamics(OptimizerInfo("adamw", 1e-2), tuple(steps_rec))
     stream = tuple(
@@ -185,9 +192,13 @@ def test_sweep_carries_the_check_in_json_and_ignores_apply() -> None:
     assert coord["findings"][0]["check"] == "coord-check"
     assert {c["group"] for c in coord["curves"]} == {"embedding", "early", "mid", "late", "head"}
     ignored = run_sweep(
-        "x", points, scan_point, labels=[("a", "x")], widths=WIDTHS,
+        "x",
+        points,
+        scan_point,
+        labels=[("a", "x")],
+        widths=WIDTHS,
         ignores=(Ignore("coord-check", "known"),),
-    )  # fmt: skip
+    )
     assert ignored.findings == () and ignored.coord is not None
     # without steps (or without a width axis) there is no coordinate check
     plain = {w: Report(r.model, r.run, (), r.stream) for w, r in by_width.items()}
@@ -198,6 +209,7 @@ def test_sweep_carries_the_check_in_json_and_ignores_apply() -> None:
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_plot_draws_one_panel_per_step_and_one_line_per_group(tmp_path, monkeypatch) -> None:
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
@@ -246,16 +258,36 @@ def _sweep(isolated, *extra: str):
     from actscan.cli import app
 
     args = [
-        "sweep", "gpt-12-preln", "--set", "n_layers=2", "--set", "vocab_size=128",
-        "--set", "seq_len=16", "--set", "mup_base_width=32", "--width", "32,64,128",
-        "--steps", "2", "--lr", "1e-2", "--batch", "2", "--seq-len", "16", "--json", "-",
+        "sweep",
+        "gpt-12-preln",
+        "--set",
+        "n_layers=2",
+        "--set",
+        "vocab_size=128",
+        "--set",
+        "seq_len=16",
+        "--set",
+        "mup_base_width=32",
+        "--width",
+        "32,64,128",
+        "--steps",
+        "2",
+        "--lr",
+        "1e-2",
+        "--batch",
+        "2",
+        "--seq-len",
+        "16",
+        "--json",
+        "-",
         *extra,
-    ]  # fmt: skip
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code in (0, 1), res.output
     return res, json.loads(res.stdout)
 
 
+@pytest.mark.slow
 def test_real_sweep_flags_sp_at_the_readout_and_last_blocks(tmp_path, monkeypatch) -> None:
     """Widths 32/64/128, 2 blocks, 2 AdamW steps at lr 1e-2, seed 0 (measured over seeds
     0–3: SP's groups ≥ +0.6, μP's ≤ +0.22; docs/checks.md#coord-check)."""
@@ -274,6 +306,7 @@ def test_real_sweep_flags_sp_at_the_readout_and_last_blocks(tmp_path, monkeypatc
     assert (tmp_path / "coord.png").read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.slow
 def test_real_sweep_passes_mup(tmp_path) -> None:
     res, doc = _sweep(tmp_path, "--set", "parametrization=mup")
     assert res.exit_code == 0 and doc["coord"]["findings"] == []
@@ -330,7 +363,7 @@ def test_sweep_plot_bad_input_is_one_line_exit_2_before_any_scan(
 ) -> None:
     import sys
 
-    from conftest import one_line_error
+    from helpers import one_line_error
     from typer.testing import CliRunner
 
     import actscan.api

@@ -133,6 +133,7 @@ def test_readme_toml_is_a_valid_project_config(tmp_path: Path) -> None:
     assert re.search(cfg.ignores[0].layers or "", "blocks.3.attn")
 
 
+@pytest.mark.slow
 def test_readme_console_commands_run(project: Path) -> None:
     (console,) = blocks("console")
     lines = [ln.removeprefix("$ ") for ln in console.splitlines() if ln.startswith("$ actscan")]
@@ -145,6 +146,7 @@ def test_readme_console_commands_run(project: Path) -> None:
 
 
 # -- GitHub Actions ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_github_actions_job_runs(project: Path) -> None:
     workflow = yaml.safe_load((EXAMPLES / "github-actions.yml").read_text())
     steps = workflow["jobs"]["actscan"]["steps"]
@@ -166,8 +168,12 @@ def test_github_actions_job_runs(project: Path) -> None:
     for script in scripts:  # as GitHub runs a `run:` step: bash -e
         proc = subprocess.run(
             ["bash", "-e", "-c", script],
-            cwd=project, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         assert "\x1b[" not in proc.stdout + proc.stderr  # not a terminal: plain text
     root = ET.parse(project / "actscan.xml").getroot()
@@ -178,6 +184,7 @@ def test_github_actions_job_runs(project: Path) -> None:
 
 
 # -- pre-commit -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_pre_commit_hook_runs(project: Path) -> None:
     config = yaml.safe_load((EXAMPLES / "pre-commit-config.yaml").read_text())
     (repo,) = config["repos"]
@@ -199,13 +206,27 @@ def test_pre_commit_hook_runs(project: Path) -> None:
 
 
 # -- pytest -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_pytest_example_passes(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
-         str(EXAMPLES / "test_model_health.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-o",
+            "addopts=",
+            "-p",
+            "no:cacheprovider",
+            str(EXAMPLES / "test_model_health.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout
 

@@ -311,9 +311,14 @@ def test_dynamics_json_round_trips_and_validates() -> None:
     validate_report(data)
     dyn = data["dynamics"]
     assert dyn["optimizer"] == {
-        "name": "adamw", "lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0,
-        "warmup": 1, "parametrization": "sp",
-    }  # fmt: skip
+        "name": "adamw",
+        "lr": 1e-3,
+        "betas": [0.9, 0.95],
+        "eps": 1e-8,
+        "weight_decay": 0.0,
+        "warmup": 1,
+        "parametrization": "sp",
+    }
     assert [s["t"] for s in dyn["steps"]] == [0, 1, 2]
     assert dyn["steps"][1]["stream"][0].keys() == {"k", "rms"}
     assert {"ratio", "grad_rms", "param", "block", "role", "kind"} <= dyn["updates"][0].keys()
@@ -328,8 +333,21 @@ def test_dynamics_json_round_trips_and_validates() -> None:
 
 
 # -- the command line ------------------------------------------------------------------
-TINY = ["gpt-12-preln", "--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2",
-        "--set", "vocab_size=64", "--batch", "2", "--seq-len", "8"]  # fmt: skip
+TINY = [
+    "gpt-12-preln",
+    "--set",
+    "n_layers=2",
+    "--set",
+    "d_model=32",
+    "--set",
+    "n_heads=2",
+    "--set",
+    "vocab_size=64",
+    "--batch",
+    "2",
+    "--seq-len",
+    "8",
+]
 
 
 def cli(*args: str) -> Any:
@@ -352,7 +370,7 @@ def cli(*args: str) -> Any:
     ],
 )
 def test_cli_bad_step_options_are_one_line_exit_2(args: list[str], needle: str) -> None:
-    from conftest import one_line_error
+    from helpers import one_line_error
 
     one_line_error(cli("profile", *TINY, *args), needle)
 
@@ -362,8 +380,15 @@ def test_cli_profile_steps_renders_the_tables_and_writes_json(tmp_path: Any) -> 
     result = cli("profile", *TINY, "--steps", "2", "--lr", "0.01", "--json", str(out))
     assert result.exit_code in (0, 1), result.output
     text = result.stdout
-    for needle in ("2 optimizer steps: adamw lr 0.01", "Residual stream over the steps",
-                   "t=2", "Updates per block", "loss ", "attn max", "log Z"):  # fmt: skip
+    for needle in (
+        "2 optimizer steps: adamw lr 0.01",
+        "Residual stream over the steps",
+        "t=2",
+        "Updates per block",
+        "loss ",
+        "attn max",
+        "log Z",
+    ):
         assert needle in text, needle
     data = json.loads(out.read_text())
     assert data["dynamics"]["optimizer"]["lr"] == 0.01 and len(data["dynamics"]["steps"]) == 3
@@ -371,6 +396,7 @@ def test_cli_profile_steps_renders_the_tables_and_writes_json(tmp_path: Any) -> 
     assert "#### Optimizer steps (1)" in md.stdout and "median ‖ΔW‖/‖W‖" in md.stdout
 
 
+@pytest.mark.slow
 def test_cli_compare_with_steps_puts_the_sides_side_by_side() -> None:
     result = cli("compare", *TINY, "--vs-set", "placement=post", "--steps", "2", "--json", "-")
     assert result.exit_code in (0, 1), result.output
@@ -393,10 +419,13 @@ def test_steps_verdict_names_the_side_with_even_updates_and_small_change() -> No
     assert base is not None
 
     def side(spread: float, amp: float) -> Any:
-        blocks = (BlockUpdates(0, "mlp", 1, 0.01, 0.01, 1e-3),
-                  BlockUpdates(1, "mlp", 1, 0.01 * spread, 0.01, 1e-3))  # fmt: skip
-        last = StepRecord(t=1, loss=1.0, lr=1e-3,
-                          change=(ChangeRecord("blocks.1", "stream", 4, 1, amp),))  # fmt: skip
+        blocks = (
+            BlockUpdates(0, "mlp", 1, 0.01, 0.01, 1e-3),
+            BlockUpdates(1, "mlp", 1, 0.01 * spread, 0.01, 1e-3),
+        )
+        last = StepRecord(
+            t=1, loss=1.0, lr=1e-3, change=(ChangeRecord("blocks.1", "stream", 4, 1, amp),)
+        )
         return replace(base, blocks=blocks, steps=(base.steps[0], last))
 
     assert compare_steps(side(1.2, 0.5), side(8.0, 2.0)).saner == "a"
@@ -407,8 +436,22 @@ def test_steps_verdict_names_the_side_with_even_updates_and_small_change() -> No
 
 
 def test_cli_sweep_passes_steps_to_every_row() -> None:
-    args = ["sweep", "gpt-12-preln", "--depth", "1,2", "--set", "d_model=32", "--set",
-            "n_heads=2", "--set", "vocab_size=64", "--batch", "2", "--seq-len", "8"]  # fmt: skip
+    args = [
+        "sweep",
+        "gpt-12-preln",
+        "--depth",
+        "1,2",
+        "--set",
+        "d_model=32",
+        "--set",
+        "n_heads=2",
+        "--set",
+        "vocab_size=64",
+        "--batch",
+        "2",
+        "--seq-len",
+        "8",
+    ]
     result = cli(*args, "--steps", "1", "--lr", "0.01", "--json", "-", "-q")
     assert result.exit_code in (0, 1), result.output
     rows = json.loads(result.stdout)["rows"]

@@ -37,9 +37,15 @@ def llama(impl: str = "eager", gain: float = 1.0) -> torch.nn.Module:
     (measured: q, k ×8 at lr 0.3, the unscaled layer reached 34, the scaled one 28). A gain
     on the layer's input scales its scores and the effect of every q/k update alike."""
     cfg = AutoConfig.for_model(
-        "llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+        "llama",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
     with torch.no_grad():

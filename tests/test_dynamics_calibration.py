@@ -25,9 +25,14 @@ def batches(i: int) -> torch.Tensor:
 
 def fired(placement: str, lr: float, *, qk: bool = False, layers: int = 4) -> dict[str, str]:
     cfg = ArchConfig(
-        n_layers=layers, d_model=32, n_heads=2, vocab_size=64, seq_len=16,
-        placement=placement, qk_norm=qk,
-    )  # fmt: skip
+        n_layers=layers,
+        d_model=32,
+        n_heads=2,
+        vocab_size=64,
+        seq_len=16,
+        placement=placement,
+        qk_norm=qk,
+    )
     report = scan(build_model(cfg), inputs=batches, steps=10, lr=lr)
     assert report.dynamics is not None and len(report.dynamics.steps) == 11
     return {
@@ -37,11 +42,13 @@ def fired(placement: str, lr: float, *, qk: bool = False, layers: int = 4) -> di
     }
 
 
+@pytest.mark.slow
 def test_sane_lr_is_quiet_on_both_placements() -> None:
     assert fired("pre", 1e-3) == {}
     assert fired("post", 1e-3) == {}
 
 
+@pytest.mark.slow
 def test_lr_30x_too_high_flags_attention_growth_and_qk_norm_removes_it() -> None:
     """Pre-LN at lr 3e-2: the attention scores grow ~×100 in 10 steps (the calibration's
     failing runs); QK-norm bounds them, and the check stays quiet."""

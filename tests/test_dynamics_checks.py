@@ -8,7 +8,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from conftest import ctx, only
+from helpers import ctx, only
 
 from actscan.diagnose import CheckContext, evaluate
 from actscan.diagnose.steps import DYNAMICS_CHECKS, NO_STEPS, numbers, statistics
@@ -64,11 +64,14 @@ def dyn(
         z = log_z[0] + f * (log_z[1] - log_z[0])
         steps.append(
             StepRecord(
-                t=t, loss=4.8 - 0.1 * t, lr=lr, change=change,
+                t=t,
+                loss=4.8 - 0.1 * t,
+                lr=lr,
+                change=change,
                 logits=LogitStats(max=3.0, log_z_mean=z, log_z_std=0.1),
                 attn_max=attn[0] * (attn[1] / attn[0]) ** f,
             )
-        )  # fmt: skip
+        )
     updates = []
     for b in range(N_BLOCKS):
         for name in ("attn.qkv", "attn.proj", "mlp.up", "mlp.down"):
@@ -76,26 +79,40 @@ def dyn(
             r = 0.0 if param == frozen else ratio * (20 if param == outlier else 1)
             updates.append(
                 UpdateRecord(
-                    param=param, block=b, role=name.split(".")[0], kind="weight",
-                    ratio=(r,) * STEPS, grad_rms=(grad,) * STEPS, numel=4096,
+                    param=param,
+                    block=b,
+                    role=name.split(".")[0],
+                    kind="weight",
+                    ratio=(r,) * STEPS,
+                    grad_rms=(grad,) * STEPS,
+                    numel=4096,
                 )
-            )  # fmt: skip
+            )
         updates.append(
-            UpdateRecord(param=f"blocks.{b}.norm1.bias", block=b, role="norm", kind="bias",
-                         ratio=(math.inf,) + (0.5,) * (STEPS - 1), grad_rms=(grad,) * STEPS)
-        )  # fmt: skip
+            UpdateRecord(
+                param=f"blocks.{b}.norm1.bias",
+                block=b,
+                role="norm",
+                kind="bias",
+                ratio=(math.inf,) + (0.5,) * (STEPS - 1),
+                grad_rms=(grad,) * STEPS,
+            )
+        )
     opt = OptimizerInfo(
-        name=optimizer, lr=lr, betas=None if optimizer == "sgd" else (0.9, 0.95),
+        name=optimizer,
+        lr=lr,
+        betas=None if optimizer == "sgd" else (0.9, 0.95),
         eps=None if optimizer == "sgd" else eps,
-    )  # fmt: skip
+    )
     return Dynamics(optimizer=opt, steps=tuple(steps), updates=tuple(updates))
 
 
 ATTN_LAYERS = [
-    LayerRecord(name=f"blocks.{b}.attn.logits", type="AttentionLogits", role="attn", block=b,
-                calls=1)
+    LayerRecord(
+        name=f"blocks.{b}.attn.logits", type="AttentionLogits", role="attn", block=b, calls=1
+    )
     for b in range(N_BLOCKS)
-] + [LayerRecord(name="head", type="Linear", role="head", block=None, calls=1)]  # fmt: skip
+] + [LayerRecord(name="head", type="Linear", role="head", block=None, calls=1)]
 
 
 def with_dyn(d: Dynamics | None, **arch: object) -> CheckContext:
@@ -208,8 +225,11 @@ def test_attn_logit_growth_names_the_layers_that_grew() -> None:
     assert warn[0].layers == ("blocks.3.attn",)
     assert "in blocks.3.attn (block 3) (0.2 at step 0)" in warn[0].message
     assert "the only one of 3 attention layers" in warn[0].message
-    series = {"blocks.0.attn": (0.2, 1.0), "blocks.3.attn": (0.2, 60.0),
-              "blocks.7.attn": (0.3, 90.0)}  # fmt: skip
+    series = {
+        "blocks.0.attn": (0.2, 1.0),
+        "blocks.3.attn": (0.2, 60.0),
+        "blocks.7.attn": (0.3, 90.0),
+    }
     err = findings(with_layers(dyn(), series), CheckId.ATTN_LOGIT_GROWTH)
     assert err[0].severity is Severity.ERROR
     assert err[0].layers == ("blocks.7.attn", "blocks.3.attn")  # largest first
@@ -261,9 +281,14 @@ def test_adam_epsilon_ignores_gradients_that_are_zero_by_construction() -> None:
     """A bias on k gets ~1e-12 from step 0 (softmax is shift-invariant over keys)."""
     d = dyn()
     k_bias = UpdateRecord(
-        param="blocks.0.attn.k_norm.bias", block=0, role="attn", kind="bias",
-        ratio=(0.0,) * STEPS, grad_rms=(3e-12,) * STEPS, numel=10**6,
-    )  # fmt: skip
+        param="blocks.0.attn.k_norm.bias",
+        block=0,
+        role="attn",
+        kind="bias",
+        ratio=(0.0,) * STEPS,
+        grad_rms=(3e-12,) * STEPS,
+        numel=10**6,
+    )
     d = replace(d, updates=(*d.updates, k_bias))
     assert not findings(d, CheckId.ADAM_EPSILON)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import one_line_error as _error
+from helpers import one_line_error as _error
 from typer.testing import CliRunner
 
 from actscan.cli import app
@@ -25,33 +25,82 @@ from actscan.targets.hf import hf_config
 
 transformers = pytest.importorskip("transformers")
 
-SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-         "intermediate_size": 64}  # fmt: skip
-SEQ2SEQ = {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 2,
-           "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64}  # fmt: skip
+SMALL = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+}
+SEQ2SEQ = {
+    "d_model": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+}
 TINY: dict[str, dict[str, object]] = {
     "vit": {**SMALL, "image_size": 32, "patch_size": 8, "num_channels": 3},
     "wav2vec2": {
-        **SMALL, "conv_dim": [16, 16, 16], "conv_stride": [5, 2, 2], "conv_kernel": [10, 3, 3],
-        "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2,
+        **SMALL,
+        "conv_dim": [16, 16, 16],
+        "conv_stride": [5, 2, 2],
+        "conv_kernel": [10, 3, 3],
+        "num_conv_pos_embeddings": 16,
+        "num_conv_pos_embedding_groups": 2,
     },
     "whisper": {
-        **SEQ2SEQ, "num_mel_bins": 16, "max_source_positions": 30, "max_target_positions": 32,
-        "vocab_size": 100, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
-        "decoder_start_token_id": 3, "begin_suppress_tokens": None, "suppress_tokens": None,
+        **SEQ2SEQ,
+        "num_mel_bins": 16,
+        "max_source_positions": 30,
+        "max_target_positions": 32,
+        "vocab_size": 100,
+        "pad_token_id": 1,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "decoder_start_token_id": 3,
+        "begin_suppress_tokens": None,
+        "suppress_tokens": None,
     },
-    "t5": {"d_model": 32, "d_kv": 16, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2,
-           "num_heads": 2, "vocab_size": 100},
+    "t5": {
+        "d_model": 32,
+        "d_kv": 16,
+        "d_ff": 64,
+        "num_layers": 2,
+        "num_decoder_layers": 2,
+        "num_heads": 2,
+        "vocab_size": 100,
+    },
     "bart": {**SEQ2SEQ, "vocab_size": 100, "max_position_embeddings": 64},
-    "qwen3": {**SMALL, "vocab_size": 100, "head_dim": 16, "num_key_value_heads": 1,
-              "max_position_embeddings": 64},
-    "gemma2": {**SMALL, "vocab_size": 100, "head_dim": 16, "num_key_value_heads": 1,
-               "max_position_embeddings": 64},
-    "modernbert": {**SMALL, "vocab_size": 100, "max_position_embeddings": 64,
-                   "global_attn_every_n_layers": 2, "local_attention": 16, "pad_token_id": 0,
-                   "eos_token_id": 1, "bos_token_id": 2, "cls_token_id": 2, "sep_token_id": 1},
+    "qwen3": {
+        **SMALL,
+        "vocab_size": 100,
+        "head_dim": 16,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 64,
+    },
+    "gemma2": {
+        **SMALL,
+        "vocab_size": 100,
+        "head_dim": 16,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 64,
+    },
+    "modernbert": {
+        **SMALL,
+        "vocab_size": 100,
+        "max_position_embeddings": 64,
+        "global_attn_every_n_layers": 2,
+        "local_attention": 16,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "bos_token_id": 2,
+        "cls_token_id": 2,
+        "sep_token_id": 1,
+    },
     "bert": {**SMALL, "vocab_size": 100, "max_position_embeddings": 512},
-}  # fmt: skip
+}
 
 
 def _config(model_type: str, **extra: object):
@@ -88,6 +137,7 @@ INPUTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(INPUTS))
 def test_family_runs_with_truthful_inputs(family: str, tmp_path: Path) -> None:
     cfg = _write(tmp_path, family)
@@ -109,13 +159,17 @@ def test_family_runs_with_truthful_inputs(family: str, tmp_path: Path) -> None:
     assert INPUTS[family] in header and (" tokens" in header) == ("tokens" in INPUTS[family])
 
 
+@pytest.mark.slow
 def test_input_shape_is_the_main_input(tmp_path: Path) -> None:
     vit = _write(tmp_path / "vit", "vit")
     data = _json(run("profile", vit, "--input-shape", "3,3,32,32", "--json", "-", "-q"))
     assert data["run"]["inputs"] == "3 images 3×32×32"
     # A wrong shape: the model's own first line, exit 2.
-    _error(run("profile", vit, "--input-shape", "2,3,17,17"), "ViTModel failed on 2 images 3×17×17",
-           "Input image size (17*17) doesn't match model (32*32)")  # fmt: skip
+    _error(
+        run("profile", vit, "--input-shape", "2,3,17,17"),
+        "ViTModel failed on 2 images 3×17×17",
+        "Input image size (17*17) doesn't match model (32*32)",
+    )
     w2v = _write(tmp_path / "w2v", "wav2vec2")
     data = _json(run("profile", w2v, "--input-shape", "2,2000", "--json", "-", "-q"))
     assert data["run"]["inputs"] == "2 clips of 2000 samples"
@@ -140,8 +194,23 @@ def test_decoder_start_outside_vocab_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize("family", ["qwen3", "gemma2", "modernbert"])
 def test_layer_types_follow_a_deeper_set(family: str, tmp_path: Path) -> None:
     cfg = _write(tmp_path, family)
-    data = _json(run("profile", cfg, "--set", "num_hidden_layers=5", "--batch", 2, "--seq-len",
-                     8, "--json", "-", "-q", "--fail-on", "never"))  # fmt: skip
+    data = _json(
+        run(
+            "profile",
+            cfg,
+            "--set",
+            "num_hidden_layers=5",
+            "--batch",
+            2,
+            "--seq-len",
+            8,
+            "--json",
+            "-",
+            "-q",
+            "--fail-on",
+            "never",
+        )
+    )
     assert data["model"]["n_blocks"] == 5
 
 
@@ -158,8 +227,9 @@ def test_layer_types_resize_rules() -> None:
     assert types("gemma3_text", 5, num_hidden_layers=2, layer_types=[f, s]) == [f, s, f, s, f]
     assert types("gemma2", 1, num_hidden_layers=4) == [s]
     # Index lists stay; a user's own layer_types is theirs.
-    data = transformers.AutoConfig.for_model("qwen2_moe", num_hidden_layers=2,
-                                             mlp_only_layers=[0, 1]).to_dict()  # fmt: skip
+    data = transformers.AutoConfig.for_model(
+        "qwen2_moe", num_hidden_layers=2, mlp_only_layers=[0, 1]
+    ).to_dict()
     cfg = hf_config(data, "x", {"num_hidden_layers": "5"})
     assert cfg.mlp_only_layers == [0, 1] and len(cfg.layer_types) == 5
     cfg = hf_config(data, "x", {"num_hidden_layers": "3", "layer_types": json.dumps([f, f, s])})
@@ -168,8 +238,20 @@ def test_layer_types_resize_rules() -> None:
 
 def test_sweep_depth_with_layer_types(tmp_path: Path) -> None:
     cfg = _write(tmp_path, "gemma2")
-    result = run("sweep", cfg, "--depth", "2,5", "--batch", 2, "--seq-len", 8, "--fail-on", "never",
-                 "--json", "-")  # fmt: skip
+    result = run(
+        "sweep",
+        cfg,
+        "--depth",
+        "2,5",
+        "--batch",
+        2,
+        "--seq-len",
+        8,
+        "--fail-on",
+        "never",
+        "--json",
+        "-",
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)["rows"]
     assert [r["report"]["model"]["n_blocks"] for r in rows] == [2, 5]
@@ -188,8 +270,11 @@ def test_seq_len_past_learned_positions(tmp_path: Path) -> None:
 def test_unknown_model_type(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "not_a_real_arch_xyz"}))
-    _error(run("profile", path), f"this transformers version ({transformers.__version__}) "
-           "does not know model_type 'not_a_real_arch_xyz'")  # fmt: skip
+    _error(
+        run("profile", path),
+        f"this transformers version ({transformers.__version__}) "
+        "does not know model_type 'not_a_real_arch_xyz'",
+    )
 
 
 MODULE = textwrap.dedent(
@@ -247,6 +332,7 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     sys.modules.pop(name, None)
 
 
+@pytest.mark.slow
 def test_compiled_module_profiles_the_original(user_module: str) -> None:
     from torch._dynamo.utils import counters
 
@@ -264,10 +350,14 @@ def test_meta_device_models(user_module: str) -> None:
     data = _json(run("profile", f"{user_module}:meta_ok", "--input-shape", "4,16", "--json", "-"))
     assert any("materialised on the CPU" in n for n in data["notes"])
     assert all(r["rms"] is not None and r["rms"] > 0 for r in data["layers"])
-    _error(run("profile", f"{user_module}:meta_bad", "--input-shape", "4,16"),
-           "meta device", "(Scaled) has no reset_parameters()")  # fmt: skip
-    data = _json(run("profile", f"{user_module}:meta_bert", "--batch", 2, "--seq-len", 8,
-                     "--json", "-"))  # fmt: skip
+    _error(
+        run("profile", f"{user_module}:meta_bad", "--input-shape", "4,16"),
+        "meta device",
+        "(Scaled) has no reset_parameters()",
+    )
+    data = _json(
+        run("profile", f"{user_module}:meta_bert", "--batch", 2, "--seq-len", 8, "--json", "-")
+    )
     assert any("transformers' _init_weights" in n for n in data["notes"])
     with torch.device("meta"):
         meta = torch.nn.Linear(4, 4)
@@ -286,5 +376,7 @@ def test_meta_bert_buffers_are_rebuilt() -> None:
 
 
 def test_model_error_is_one_line(user_module: str) -> None:
-    _error(run("profile", f"{user_module}:fails"),
-           "Broken failed on input 2×3 float32: ValueError: shapes do not line up")  # fmt: skip
+    _error(
+        run("profile", f"{user_module}:fails"),
+        "Broken failed on input 2×3 float32: ValueError: shapes do not line up",
+    )

@@ -41,14 +41,27 @@ GROWTH = {CheckId.EXP_GROWTH, CheckId.SQRT_GROWTH}
 # --------------------------------------------------------------------------- the table
 
 DEC = {
-    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "num_hidden_layers": LAYERS,
-    "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
-}  # fmt: skip
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 256,
+    "num_hidden_layers": LAYERS,
+    "max_position_embeddings": 64,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 ENC = {
-    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 256,
-    "num_hidden_layers": LAYERS, "max_position_embeddings": 64, "pad_token_id": 0,
-}  # fmt: skip
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "vocab_size": 256,
+    "num_hidden_layers": LAYERS,
+    "max_position_embeddings": 64,
+    "pad_token_id": 0,
+}
 
 
 @dataclass(frozen=True)
@@ -68,7 +81,8 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "gpt2": Family(
         {"n_layer": LAYERS, "n_embd": 64, "n_head": 4, "vocab_size": 256, "n_positions": 64},
-        blocks="transformer.h", down="mlp.c_proj",
+        blocks="transformer.h",
+        down="mlp.c_proj",
     ),
     "llama": Family(DEC),
     "qwen2": Family(DEC),
@@ -78,30 +92,50 @@ FAMILIES: dict[str, Family] = {
     "gemma2": Family(DEC, write="post_feedforward_layernorm"),
     "gemma3_text": Family(DEC, write="post_feedforward_layernorm"),
     "mixtral": Family(
-        {**DEC, "num_local_experts": 4, "num_experts_per_tok": 2}, down="mlp.experts",
+        {**DEC, "num_local_experts": 4, "num_experts_per_tok": 2},
+        down="mlp.experts",
     ),
     "qwen2_moe": Family(
-        {**DEC, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-         "shared_expert_intermediate_size": 48},
+        {
+            **DEC,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+        },
         down="mlp",
     ),
     "falcon": Family(
-        {"hidden_size": 64, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
-         "vocab_size": 256},
-        blocks="transformer.h", down="mlp.dense_4h_to_h",
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": LAYERS,
+            "num_attention_heads": 4,
+            "vocab_size": 256,
+        },
+        blocks="transformer.h",
+        down="mlp.dense_4h_to_h",
     ),
     "mamba": Family(
-        {"hidden_size": 64, "num_hidden_layers": LAYERS, "vocab_size": 256, "state_size": 8,
-         "expand": 2},
-        blocks="backbone.layers", down="mixer.out_proj",
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": LAYERS,
+            "vocab_size": 256,
+            "state_size": 8,
+            "expand": 2,
+        },
+        blocks="backbone.layers",
+        down="mixer.out_proj",
     ),
-    "bert": Family(ENC, head="masked", blocks="bert.encoder.layer", down="output.dense",
-                   post_norm=True),
+    "bert": Family(
+        ENC, head="masked", blocks="bert.encoder.layer", down="output.dense", post_norm=True
+    ),
     "modernbert": Family(
         {**ENC, "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2},
-        head="masked", down="mlp.Wo", grow=40.0,  # its MLPs write ~7e-4 of the stream
+        head="masked",
+        down="mlp.Wo",
+        grow=40.0,  # its MLPs write ~7e-4 of the stream
     ),
-}  # fmt: skip
+}
 
 
 def build(model_type: str) -> nn.Module:
@@ -189,9 +223,10 @@ def test_zeroed_mlp_output_projection_is_a_dead_branch_at_its_block(model_type: 
             p.zero_()
     report = profile(model)
     dead = [
-        f for f in report.findings
+        f
+        for f in report.findings
         if f.check == CheckId.DEAD_BRANCH and f.severity is not Severity.INFO
-    ]  # fmt: skip
+    ]
     assert len(dead) == 1, summary(report)
     assert "block 2" in dead[0].message
     assert all(_in_block(model_type, 2, name) for name in dead[0].layers), dead[0].layers
@@ -227,9 +262,15 @@ def test_issue13_qwen2_d128_embedding_channel_x100_is_an_outlier_channel() -> No
     channel 17 × 100: stream max ≈ 5 against a median channel ≈ 0.05, under the old
     absolute floor |x| ≥ 6 ("No findings")."""
     cfg = transformers.AutoConfig.for_model(
-        "qwen2", hidden_size=128, intermediate_size=256, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=256, num_hidden_layers=6, max_position_embeddings=64,
-    )  # fmt: skip
+        "qwen2",
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        num_hidden_layers=6,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
@@ -421,8 +462,9 @@ def test_plain_blocks_are_proven_without_branches_and_still_judged_for_depth() -
     assert {p.placement for p in report.layout} == {"plain"}
     assert "blocks.0.0" in report.layout[0].note and not report.branches
     assert (report.findings[0].check, report.findings[0].severity) == (
-        CheckId.COLLAPSE, Severity.WARN,
-    )  # fmt: skip
+        CheckId.COLLAPSE,
+        Severity.WARN,
+    )
     assert report.findings[0].layers[-1] == "blocks.3"
 
 
@@ -508,9 +550,18 @@ def test_cli_on_a_saved_folder(
 ) -> None:
     report = tmp_path / "r.json"
     got, out = _cli(
-        "profile", str(folders[model_type]), "--batch", "2", "--seq-len", "16", "-q",
-        "--fail-on", "warn", "--json", str(report),
-    )  # fmt: skip
+        "profile",
+        str(folders[model_type]),
+        "--batch",
+        "2",
+        "--seq-len",
+        "16",
+        "-q",
+        "--fail-on",
+        "warn",
+        "--json",
+        str(report),
+    )
     assert got == code, out
     data = json.loads(report.read_text())
     assert [p["status"] for p in data["layout"]] == ["verified"] * LAYERS
@@ -584,45 +635,93 @@ def _meta() -> nn.Module:
 
 PENDING: dict[str, Callable[[], nn.Module]] = {
     "t5": _seq2seq(
-        "t5", d_model=64, d_ff=128, num_layers=LAYERS, num_decoder_layers=LAYERS, num_heads=4,
-        d_kv=16, vocab_size=256, decoder_start_token_id=0,
+        "t5",
+        d_model=64,
+        d_ff=128,
+        num_layers=LAYERS,
+        num_decoder_layers=LAYERS,
+        num_heads=4,
+        d_kv=16,
+        vocab_size=256,
+        decoder_start_token_id=0,
     ),
     "bart": _seq2seq(
-        "bart", d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_layers=LAYERS,
-        decoder_layers=LAYERS, encoder_attention_heads=4, decoder_attention_heads=4,
-        vocab_size=256, max_position_embeddings=64,
+        "bart",
+        d_model=64,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        encoder_layers=LAYERS,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        vocab_size=256,
+        max_position_embeddings=64,
     ),
     "whisper": _seq2seq(
-        "whisper", "AutoModelForSpeechSeq2Seq", d_model=64, encoder_ffn_dim=128,
-        decoder_ffn_dim=128, encoder_layers=LAYERS, decoder_layers=LAYERS,
-        encoder_attention_heads=4, decoder_attention_heads=4, vocab_size=256, num_mel_bins=16,
-        max_source_positions=32, max_target_positions=64, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, decoder_start_token_id=1,
+        "whisper",
+        "AutoModelForSpeechSeq2Seq",
+        d_model=64,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        encoder_layers=LAYERS,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        vocab_size=256,
+        num_mel_bins=16,
+        max_source_positions=32,
+        max_target_positions=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
     ),
     "vit": _auto(
-        "vit", "AutoModelForImageClassification", hidden_size=64, intermediate_size=128,
-        num_hidden_layers=LAYERS, num_attention_heads=4, image_size=32, patch_size=8,
+        "vit",
+        "AutoModelForImageClassification",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
     ),
     "wav2vec2": _auto(
-        "wav2vec2", "AutoModelForCTC", hidden_size=64, intermediate_size=128,
-        num_hidden_layers=LAYERS, num_attention_heads=4, vocab_size=32,
-        conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
-        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+        "wav2vec2",
+        "AutoModelForCTC",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        vocab_size=32,
+        conv_dim=(32, 32),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
     ),
     "torch.compile": _compiled,
     "meta-device": _meta,
-}  # fmt: skip
+}
 
 
 # encoder-decoders: (encoder list, decoder list, decoder block 1's cross-attention, its
 # output projection)
 SEQ2SEQ = {
     "t5": ("encoder.block", "decoder.block", "decoder.block.1.layer.1.EncDecAttention", "o"),
-    "bart": ("model.encoder.layers", "model.decoder.layers",
-             "model.decoder.layers.1.encoder_attn", "out_proj"),
-    "whisper": ("model.encoder.layers", "model.decoder.layers",
-                "model.decoder.layers.1.encoder_attn", "out_proj"),
-}  # fmt: skip
+    "bart": (
+        "model.encoder.layers",
+        "model.decoder.layers",
+        "model.decoder.layers.1.encoder_attn",
+        "out_proj",
+    ),
+    "whisper": (
+        "model.encoder.layers",
+        "model.decoder.layers",
+        "model.decoder.layers.1.encoder_attn",
+        "out_proj",
+    ),
+}
 
 
 @pytest.mark.parametrize("name", list(PENDING))
@@ -639,8 +738,9 @@ def _both_stacks_profiled(report: Report, name: str) -> None:
     cross-attention branch (3 writes: k grows by 3), the decoder as `stream`/`summary`."""
     enc, dec, _, _ = SEQ2SEQ[name]
     assert [(s.name, s.container, s.primary) for s in report.streams] == [
-        ("encoder", enc, False), ("decoder", dec, True)
-    ]  # fmt: skip
+        ("encoder", enc, False),
+        ("decoder", dec, True),
+    ]
     assert [p.name for p in report.layout] == [
         f"{c}.{i}" for c in (enc, dec) for i in range(LAYERS)
     ]

@@ -10,7 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from conftest import make_report
+from helpers import make_report
 
 from actscan.errors import UsageError
 from actscan.numfmt import num
@@ -230,8 +230,12 @@ def test_one_json_encoder():
     nan, inf = float("nan"), float("inf")
     data = {"a": (1.0, nan, -inf), "b": [{"c": inf}], "d": None, "e": "nan", "f": 3}
     assert output.json_safe(data) == {
-        "a": [1.0, "nan", "-inf"], "b": [{"c": "inf"}], "d": None, "e": "nan", "f": 3,
-    }  # fmt: skip
+        "a": [1.0, "nan", "-inf"],
+        "b": [{"c": "inf"}],
+        "d": None,
+        "e": "nan",
+        "f": 3,
+    }
     assert to_json_obj(data) == output.json_safe(data)  # the codec spells them the same
     assert json.loads(output.dumps({"x": nan}, indent=None)) == {"x": "nan"}
 
@@ -243,13 +247,21 @@ def test_summary_is_typed_and_its_json_unchanged():
     assert s.get("no-such-key") is None and "growth" in s
     data = json.loads(report.to_json())
     assert list(data["summary"]) == [
-        "growth_exponent", "gain_per_block", "growth", "var_intercept", "var_slope",
+        "growth_exponent",
+        "gain_per_block",
+        "growth",
+        "var_intercept",
+        "var_slope",
         "grad_ratio",
-    ]  # fmt: skip
+    ]
     assert data["summary"] == {
-        "growth_exponent": 0.52, "gain_per_block": 1.07, "growth": 120000.0,
-        "var_intercept": None, "var_slope": 0.0005, "grad_ratio": "nan",
-    }  # fmt: skip
+        "growth_exponent": 0.52,
+        "gain_per_block": 1.07,
+        "growth": 120000.0,
+        "var_intercept": None,
+        "var_slope": 0.0005,
+        "grad_ratio": "nan",
+    }
     back = Report.from_dict(data)
     assert isinstance(back.summary, Summary) and back.summary.grad_ratio is not None
     assert math.isnan(back.summary.grad_ratio)  # "nan" is read back as the float

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 
 import pytest
-from conftest import make_report
+from helpers import make_report
 from test_coord import LATE, WIDTHS
 from test_coord import report as coord_report
 from typer.testing import CliRunner
@@ -54,9 +54,14 @@ def test_markdown_heads_one_row_per_layer_and_tokens() -> None:
     tv = TopValue(value=-1.5e4, token=0, channel=5, sequence=0, token_id=7, text="<s>")
     stream = (base.stream[0], replace(point, top_values=(tv,), median_abs=0.5), *base.stream[2:])
     massive = Finding(
-        check="massive-activations", severity=Severity.WARN, layers=(point.name,), value=3e4,
-        threshold=1e3, message="a massive value", hint="look",
-    )  # fmt: skip
+        check="massive-activations",
+        severity=Severity.WARN,
+        layers=(point.name,),
+        value=3e4,
+        threshold=1e3,
+        message="a massive value",
+        hint="look",
+    )
     report = replace(base, attention=attention, stream=stream, findings=(massive,))
     text = to_markdown(report)
     assert "#### Attention heads" in text
@@ -77,11 +82,15 @@ def test_markdown_heads_one_row_per_layer_and_tokens() -> None:
 def test_markdown_steps_show_the_stream_and_the_attention_layers() -> None:
     steps = tuple(
         StepRecord(
-            t=t, loss=4.0 - t, lr=1e-3, stream=((0, 1.0), (2, 1.0 + t)),
-            attn_max=2.0 * (t + 1), attn_layers=(("h.0.attn", 1.0), ("h.1.attn", 2.0 * (t + 1))),
+            t=t,
+            loss=4.0 - t,
+            lr=1e-3,
+            stream=((0, 1.0), (2, 1.0 + t)),
+            attn_max=2.0 * (t + 1),
+            attn_layers=(("h.0.attn", 1.0), ("h.1.attn", 2.0 * (t + 1))),
         )
         for t in range(3)
-    )  # fmt: skip
+    )
     dyn = Dynamics(optimizer=OptimizerInfo("adamw", 1e-3), steps=steps)
     text = to_markdown(replace(make_report(), dynamics=dyn))
     assert _rows(text, "| k | t=0 | t=1 | t=2 | Δ probe t=2 |") == [
@@ -138,11 +147,34 @@ def test_sweep_cli_writes_the_coordinate_check(tmp_path, fmt: str) -> None:
     """The real SP sweep of tests/test_coord.py: its coord-check warning is in the file."""
     out = tmp_path / f"sweep.{fmt}"
     args = [
-        "sweep", "gpt-12-preln", "--set", "n_layers=2", "--set", "vocab_size=128",
-        "--set", "seq_len=16", "--set", "mup_base_width=32", "--width", "32,64,128",
-        "--steps", "2", "--lr", "1e-2", "--batch", "2", "--seq-len", "16", "-q",
-        "--format", fmt, "-o", str(out), "--fail-on", "warn",
-    ]  # fmt: skip
+        "sweep",
+        "gpt-12-preln",
+        "--set",
+        "n_layers=2",
+        "--set",
+        "vocab_size=128",
+        "--set",
+        "seq_len=16",
+        "--set",
+        "mup_base_width=32",
+        "--width",
+        "32,64,128",
+        "--steps",
+        "2",
+        "--lr",
+        "1e-2",
+        "--batch",
+        "2",
+        "--seq-len",
+        "16",
+        "-q",
+        "--format",
+        fmt,
+        "-o",
+        str(out),
+        "--fail-on",
+        "warn",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 1, res.output
     text = out.read_text()

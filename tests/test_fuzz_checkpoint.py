@@ -60,6 +60,7 @@ def mutate(raw: bytes, m: tuple[str, int, bytes, int]) -> bytes:
     return raw[:pos]
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60,
     deadline=None,
@@ -74,9 +75,19 @@ def test_mutated_checkpoint_never_crashes(valid: tuple[bytes, int, Path], data: 
     path.write_bytes(bad)
     result = CliRunner().invoke(
         app,
-        ["profile", str(path), "--no-backward", "--quiet", "--batch", "2", "--seq-len", "8",
-         "--device", "cpu"],
-    )  # fmt: skip
+        [
+            "profile",
+            str(path),
+            "--no-backward",
+            "--quiet",
+            "--batch",
+            "2",
+            "--seq-len",
+            "8",
+            "--device",
+            "cpu",
+        ],
+    )
     assert result.exit_code in (0, 1, 2), (m, result.output)
     assert "Traceback" not in result.output, (m, result.output)
     if result.exit_code == 2:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import one_line_error as _error
+from helpers import one_line_error as _error
 from typer.testing import CliRunner
 
 from actscan.cli import app
@@ -30,11 +30,16 @@ BATCH, SEQ = 2, 16
 TINY = {
     "gpt2": {"n_layer": 3, "n_embd": 64, "n_head": 4, "vocab_size": 96, "n_positions": 32},
     "llama": {
-        "num_hidden_layers": 3, "hidden_size": 64, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 96,
-        "max_position_embeddings": 32, "tie_word_embeddings": False,
+        "num_hidden_layers": 3,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 96,
+        "max_position_embeddings": 32,
+        "tie_word_embeddings": False,
     },
-}  # fmt: skip
+}
 
 
 def _config(model_type: str, **extra: object):
@@ -123,6 +128,7 @@ def test_folder_stream_matches_hidden_states(saved: dict[str, Path], model_type:
     assert not math.isclose(report.stream[3].rms, ref[3], rel_tol=1e-3)
 
 
+@pytest.mark.slow
 def test_minilm_checkpoint(minilm: Path) -> None:
     resolved = resolve(str(minilm))
     info = resolved.info
@@ -154,28 +160,86 @@ def test_minilm_checkpoint(minilm: Path) -> None:
 @pytest.mark.parametrize(
     ("model_type", "kw", "attn", "mlp", "embed", "head", "final_norm", "act"),
     [
-        ("gpt2", TINY["gpt2"], "transformer.h.{}.attn", "transformer.h.{}.mlp",
-         "transformer.wte", "lm_head", "transformer.ln_f", "transformer.h.0.mlp.act"),
-        ("llama", TINY["llama"], "model.layers.{}.self_attn", "model.layers.{}.mlp",
-         "model.embed_tokens", "lm_head", "model.norm", "model.layers.0.mlp.act_fn"),
-        ("qwen2", {**TINY["llama"]}, "model.layers.{}.self_attn", "model.layers.{}.mlp",
-         "model.embed_tokens", "lm_head", "model.norm", "model.layers.0.mlp.act_fn"),
-        ("mistral", {**TINY["llama"]}, "model.layers.{}.self_attn", "model.layers.{}.mlp",
-         "model.embed_tokens", "lm_head", "model.norm", "model.layers.0.mlp.act_fn"),
-        ("gpt_neox", {k: v for k, v in TINY["llama"].items() if k != "num_key_value_heads"},
-         "gpt_neox.layers.{}.attention", "gpt_neox.layers.{}.mlp", "gpt_neox.embed_in",
-         "lm_head", "gpt_neox.final_layer_norm", "gpt_neox.layers.0.mlp.act"),
-        ("opt", {"num_hidden_layers": 3, "hidden_size": 64, "ffn_dim": 128,
-                 "num_attention_heads": 4, "vocab_size": 96, "max_position_embeddings": 32,
-                 "word_embed_proj_dim": 64},
-         "model.decoder.layers.{}.self_attn", "model.decoder.layers.{}.fc2",
-         "model.decoder.embed_tokens", "lm_head", "model.decoder.final_layer_norm",
-         "model.decoder.layers.0.activation_fn"),
-        ("phi", {k: v for k, v in TINY["llama"].items() if k != "num_key_value_heads"},
-         "model.layers.{}.self_attn", "model.layers.{}.mlp", "model.embed_tokens", "lm_head",
-         "model.final_layernorm", "model.layers.0.mlp.activation_fn"),
+        (
+            "gpt2",
+            TINY["gpt2"],
+            "transformer.h.{}.attn",
+            "transformer.h.{}.mlp",
+            "transformer.wte",
+            "lm_head",
+            "transformer.ln_f",
+            "transformer.h.0.mlp.act",
+        ),
+        (
+            "llama",
+            TINY["llama"],
+            "model.layers.{}.self_attn",
+            "model.layers.{}.mlp",
+            "model.embed_tokens",
+            "lm_head",
+            "model.norm",
+            "model.layers.0.mlp.act_fn",
+        ),
+        (
+            "qwen2",
+            {**TINY["llama"]},
+            "model.layers.{}.self_attn",
+            "model.layers.{}.mlp",
+            "model.embed_tokens",
+            "lm_head",
+            "model.norm",
+            "model.layers.0.mlp.act_fn",
+        ),
+        (
+            "mistral",
+            {**TINY["llama"]},
+            "model.layers.{}.self_attn",
+            "model.layers.{}.mlp",
+            "model.embed_tokens",
+            "lm_head",
+            "model.norm",
+            "model.layers.0.mlp.act_fn",
+        ),
+        (
+            "gpt_neox",
+            {k: v for k, v in TINY["llama"].items() if k != "num_key_value_heads"},
+            "gpt_neox.layers.{}.attention",
+            "gpt_neox.layers.{}.mlp",
+            "gpt_neox.embed_in",
+            "lm_head",
+            "gpt_neox.final_layer_norm",
+            "gpt_neox.layers.0.mlp.act",
+        ),
+        (
+            "opt",
+            {
+                "num_hidden_layers": 3,
+                "hidden_size": 64,
+                "ffn_dim": 128,
+                "num_attention_heads": 4,
+                "vocab_size": 96,
+                "max_position_embeddings": 32,
+                "word_embed_proj_dim": 64,
+            },
+            "model.decoder.layers.{}.self_attn",
+            "model.decoder.layers.{}.fc2",
+            "model.decoder.embed_tokens",
+            "lm_head",
+            "model.decoder.final_layer_norm",
+            "model.decoder.layers.0.activation_fn",
+        ),
+        (
+            "phi",
+            {k: v for k, v in TINY["llama"].items() if k != "num_key_value_heads"},
+            "model.layers.{}.self_attn",
+            "model.layers.{}.mlp",
+            "model.embed_tokens",
+            "lm_head",
+            "model.final_layernorm",
+            "model.layers.0.mlp.activation_fn",
+        ),
     ],
-)  # fmt: skip
+)
 def test_structure_of_families(
     tmp_path: Path, model_type, kw, attn, mlp, embed, head, final_norm, act
 ) -> None:
@@ -230,10 +294,22 @@ def test_config_at_init_with_set_and_init(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_cli_profiles_saved_folders(saved: dict[str, Path], tmp_path: Path) -> None:
     for model_type, folder in saved.items():
-        result = run("profile", folder, "--json", "-", "--quiet", "--seq-len", SEQ,
-                     "--batch", BATCH, "--fail-on", "never")  # fmt: skip
+        result = run(
+            "profile",
+            folder,
+            "--json",
+            "-",
+            "--quiet",
+            "--seq-len",
+            SEQ,
+            "--batch",
+            BATCH,
+            "--fail-on",
+            "never",
+        )
         assert result.exit_code == 0, result.output
         data = json.loads(result.stdout)
         assert data["model"]["family"] == model_type and data["model"]["n_blocks"] == 3
@@ -257,9 +333,23 @@ def test_cli_profiles_saved_folders(saved: dict[str, Path], tmp_path: Path) -> N
 def test_cli_config_alone(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(_config("llama").to_json_string())
-    result = run("profile", path, "--json", "-", "-q", "--seq-len", SEQ, "--batch", BATCH,
-                 "--fail-on", "never", "--set", "num_hidden_layers=2",
-                 "--init", "xavier")  # fmt: skip
+    result = run(
+        "profile",
+        path,
+        "--json",
+        "-",
+        "-q",
+        "--seq-len",
+        SEQ,
+        "--batch",
+        BATCH,
+        "--fail-on",
+        "never",
+        "--set",
+        "num_hidden_layers=2",
+        "--init",
+        "xavier",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["model"]["n_blocks"] == 2 and data["run"]["init"] == "xavier"
@@ -290,8 +380,15 @@ def _copy(src: Path, dst: Path) -> Path:
 def test_bad_configs(tmp_path: Path) -> None:
     remote = tmp_path / "remote" / "config.json"
     remote.parent.mkdir()
-    remote.write_text(json.dumps({"model_type": "my_llm", "architectures": ["MyLLM"],
-                                  "auto_map": {"AutoConfig": "my_llm.MyConfig"}}))  # fmt: skip
+    remote.write_text(
+        json.dumps(
+            {
+                "model_type": "my_llm",
+                "architectures": ["MyLLM"],
+                "auto_map": {"AutoConfig": "my_llm.MyConfig"},
+            }
+        )
+    )
     _error(run("profile", remote), "trust_remote_code", "never runs", "my_llm")
     unknown = tmp_path / "unknown.json"
     unknown.write_text(json.dumps({"model_type": "not_a_real_arch_xyz", "hidden_size": 8}))
@@ -348,8 +445,12 @@ def test_weights_that_do_not_fit(saved: dict[str, Path], tmp_path: Path) -> None
         t["extra.weight"] = torch.zeros(3)
 
     renamed = _rewrite(_copy(saved["llama"], tmp_path / "renamed"), rename)
-    _error(run("profile", renamed), "missing 1 ('model.layers.1.mlp.up_proj.weight')",
-           "unexpected 2", "'extra.weight'")  # fmt: skip
+    _error(
+        run("profile", renamed),
+        "missing 1 ('model.layers.1.mlp.up_proj.weight')",
+        "unexpected 2",
+        "'extra.weight'",
+    )
 
     # Untied Llama without lm_head: missing. Tied GPT-2 without lm_head: fine.
     headless = _rewrite(
@@ -387,8 +488,21 @@ def test_nonfinite_weights(saved: dict[str, Path], tmp_path: Path) -> None:
 
     bad = _rewrite(_copy(saved["llama"], tmp_path / "nan"), poison)
     _error(run("profile", bad), "'model.layers.0.mlp.down_proj.weight' 4", "--allow-nonfinite")
-    result = run("profile", bad, "--allow-nonfinite", "--json", "-", "-q", "--seq-len", SEQ,
-                 "--batch", BATCH, "--no-backward", "--fail-on", "never")  # fmt: skip
+    result = run(
+        "profile",
+        bad,
+        "--allow-nonfinite",
+        "--json",
+        "-",
+        "-q",
+        "--seq-len",
+        SEQ,
+        "--batch",
+        BATCH,
+        "--no-backward",
+        "--fail-on",
+        "never",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert any("non-finite" in n for n in data["notes"])
@@ -398,9 +512,14 @@ def test_nonfinite_weights(saved: dict[str, Path], tmp_path: Path) -> None:
 def test_task_head_checkpoint_into_base_model(tmp_path: Path) -> None:
     """A BertForMaskedLM folder: the encoder is profiled, `bert.` stripped, `cls.*` ignored."""
     cfg = transformers.AutoConfig.for_model(
-        "bert", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-        num_attention_heads=4, vocab_size=96, max_position_embeddings=32,
-    )  # fmt: skip
+        "bert",
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        vocab_size=96,
+        max_position_embeddings=32,
+    )
     torch.manual_seed(2)
     mlm = transformers.BertForMaskedLM(cfg)
     folder = _save(mlm, tmp_path / "mlm")

@@ -27,8 +27,15 @@ from actscan.targets.resolved import Resolved, TargetOptions
 
 transformers = pytest.importorskip("transformers")
 
-D = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-         num_key_value_heads=2, vocab_size=128, max_position_embeddings=32)  # fmt: skip
+D = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=32,
+)
 NO_KV = {k: v for k, v in D.items() if k != "num_key_value_heads"}
 FAMILIES: dict[str, dict[str, object]] = {
     "gpt2": dict(
@@ -132,8 +139,9 @@ def test_fused_experts_take_the_contracted_size(tmp_path: Path) -> None:
 
 
 def test_flat_002_at_fan_in_8192_fires_on_the_expert_down_projection(tmp_path: Path) -> None:
-    r = config_target(tmp_path, "mixtral", intermediate_size=8192, num_local_experts=2,
-                      num_hidden_layers=1)  # fmt: skip
+    r = config_target(
+        tmp_path, "mixtral", intermediate_size=8192, num_local_experts=2, num_hidden_layers=1
+    )
     found = loud_init(profile(r))
     assert len(found) == 1 and found[0].severity is Severity.WARN
     assert "experts.down_proj" in found[0].message and "√(1/8192)" in found[0].message
@@ -178,9 +186,13 @@ def test_contraction_sizes_are_measured_per_call() -> None:
     usage = measure_usage(Contractions(), (torch.randint(0, 10, (2, 4)),), {})
     fan = {name: usage.role(name) for name in ("w", "t", "e", "b", "conv.weight", "emb.weight")}
     assert {k: (u.op, u.fan_in) for k, u in fan.items() if u} == {
-        "w": ("matmul", 6), "t": ("matmul", 5), "e": ("matmul", 7), "b": ("matmul", 4),
-        "conv.weight": ("conv", 10), "emb.weight": ("embedding", None),
-    }  # fmt: skip
+        "w": ("matmul", 6),
+        "t": ("matmul", 5),
+        "e": ("matmul", 7),
+        "b": ("matmul", 4),
+        "conv.weight": ("conv", 10),
+        "emb.weight": ("embedding", None),
+    }
     assert usage.role("conv.bias").op == "bias" and usage.role("scale") is None  # type: ignore[union-attr]
 
 
@@ -198,11 +210,15 @@ def test_fused_torch_layers_count_as_weights() -> None:
     usage = measure_usage(Fused(), (torch.randn(5, 2, 16),), {})
     got = {n: (u.op, u.fan_in) for n, us in usage.uses.items() for u in us}
     assert got == {
-        "mha.in_proj_weight": ("matmul", 16), "mha.in_proj_bias": ("bias", None),
-        "mha.out_proj.weight": ("matmul", 16), "mha.out_proj.bias": ("bias", None),
-        "lstm.weight_ih_l0": ("matmul", 16), "lstm.weight_hh_l0": ("matmul", 8),
-        "lstm.bias_ih_l0": ("bias", None), "lstm.bias_hh_l0": ("bias", None),
-    }  # fmt: skip
+        "mha.in_proj_weight": ("matmul", 16),
+        "mha.in_proj_bias": ("bias", None),
+        "mha.out_proj.weight": ("matmul", 16),
+        "mha.out_proj.bias": ("bias", None),
+        "lstm.weight_ih_l0": ("matmul", 16),
+        "lstm.weight_hh_l0": ("matmul", 8),
+        "lstm.bias_ih_l0": ("bias", None),
+        "lstm.bias_hh_l0": ("bias", None),
+    }
 
 
 # --------------------------------------------------------------------------- norm gains

@@ -30,19 +30,34 @@ transformers.logging.set_verbosity_error()
 
 
 DEC = {
-    "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "num_hidden_layers": 2,
-    "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
-}  # fmt: skip
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 128,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 64,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 ENC = {
-    "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "vocab_size": 128,
-    "num_hidden_layers": 2, "max_position_embeddings": 64, "pad_token_id": 0,
-}  # fmt: skip
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "vocab_size": 128,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 64,
+    "pad_token_id": 0,
+}
 MATRIX: dict[str, tuple[dict[str, object], str, list[tuple[str, str, str | None]], str]] = {
     # family: (config, model class, [(role, branch, write or None)] per block, placement)
     "gpt2": (
         {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 128, "n_positions": 64},
-        "causal", [("attn", "attn", None), ("mlp", "mlp", None)], "additive",
+        "causal",
+        [("attn", "attn", None), ("mlp", "mlp", None)],
+        "additive",
     ),
     "llama": (DEC, "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive"),
     "qwen2": (DEC, "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive"),
@@ -50,47 +65,86 @@ MATRIX: dict[str, tuple[dict[str, object], str, list[tuple[str, str, str | None]
     "mistral": (DEC, "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive"),
     "phi3": (DEC, "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive"),
     "gemma2": (
-        DEC, "causal",
-        [("attn", "self_attn", "post_attention_layernorm"),
-         ("mlp", "mlp", "post_feedforward_layernorm")], "additive",
+        DEC,
+        "causal",
+        [
+            ("attn", "self_attn", "post_attention_layernorm"),
+            ("mlp", "mlp", "post_feedforward_layernorm"),
+        ],
+        "additive",
     ),
     "gemma3_text": (
-        DEC, "causal",
-        [("attn", "self_attn", "post_attention_layernorm"),
-         ("mlp", "mlp", "post_feedforward_layernorm")], "additive",
+        DEC,
+        "causal",
+        [
+            ("attn", "self_attn", "post_attention_layernorm"),
+            ("mlp", "mlp", "post_feedforward_layernorm"),
+        ],
+        "additive",
     ),
     "mixtral": (
         {**DEC, "num_local_experts": 4, "num_experts_per_tok": 2},
-        "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive",
+        "causal",
+        [("attn", "self_attn", None), ("mlp", "mlp", None)],
+        "additive",
     ),
     "qwen2_moe": (
-        {**DEC, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-         "shared_expert_intermediate_size": 48},
-        "causal", [("attn", "self_attn", None), ("mlp", "mlp", None)], "additive",
+        {
+            **DEC,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+        },
+        "causal",
+        [("attn", "self_attn", None), ("mlp", "mlp", None)],
+        "additive",
     ),
     "falcon": (  # parallel attention + MLP from one norm
         {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128},
-        "causal", [("attn", "self_attention", None), ("mlp", "mlp", None)], "additive",
+        "causal",
+        [("attn", "self_attention", None), ("mlp", "mlp", None)],
+        "additive",
     ),
     "opt": (  # fc1/fc2 directly in the layer, adds in (B·T, C)
-        {"num_hidden_layers": 2, "hidden_size": 64, "ffn_dim": 96, "num_attention_heads": 4,
-         "vocab_size": 128, "max_position_embeddings": 64, "word_embed_proj_dim": 64},
-        "causal", [("attn", "self_attn", None), ("mlp", "fc2", None)], "additive",
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "ffn_dim": 96,
+            "num_attention_heads": 4,
+            "vocab_size": 128,
+            "max_position_embeddings": 64,
+            "word_embed_proj_dim": 64,
+        },
+        "causal",
+        [("attn", "self_attn", None), ("mlp", "fc2", None)],
+        "additive",
     ),
     "mamba": (
-        {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 128, "state_size": 8,
-         "expand": 2},
-        "causal", [("mixer", "mixer", None)], "additive",
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "vocab_size": 128,
+            "state_size": 8,
+            "expand": 2,
+        },
+        "causal",
+        [("mixer", "mixer", None)],
+        "additive",
     ),
     "bert": (  # post-LN: the residual add and the norm live inside the branch wrappers
-        ENC, "masked",
-        [("attn", "attention.output.dense", None), ("mlp", "output.dense", None)], "post-norm",
+        ENC,
+        "masked",
+        [("attn", "attention.output.dense", None), ("mlp", "output.dense", None)],
+        "post-norm",
     ),
     "modernbert": (
         {**ENC, "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2},
-        "masked", [("attn", "attn", None), ("mlp", "mlp", None)], "additive",
+        "masked",
+        [("attn", "attn", None), ("mlp", "mlp", None)],
+        "additive",
     ),
-}  # fmt: skip
+}
 MOE = {"mixtral", "qwen2_moe"}
 
 
@@ -147,10 +201,13 @@ def test_every_block_of_every_family_proves_its_layout(model_type: str) -> None:
         assert p.residual <= p.tolerance <= 1e-4  # fp32: the equation holds to rounding
         assert p.placement == placement
         got = [
-            (br.role, br.name.removeprefix(b.name + "."),
-             br.write.removeprefix(b.name + ".") if br.write else None)
+            (
+                br.role,
+                br.name.removeprefix(b.name + "."),
+                br.write.removeprefix(b.name + ".") if br.write else None,
+            )
             for br in b.branches
-        ]  # fmt: skip
+        ]
         assert got == expected, model_type
         assert [br.moe for br in b.branches] == [
             model_type in MOE and role == "mlp" for role, _, _ in expected
@@ -252,8 +309,10 @@ def test_three_writes_and_cross_attention_role() -> None:
     layout = proven(model, lambda: model(x[:1]))
     for b in layout.blocks:
         assert [(br.role, br.name.rsplit(".", 1)[-1]) for br in b.branches] == [
-            ("attn", "self_attn"), ("cross_attn", "cross_attn"), ("mlp", "mlp"),
-        ]  # fmt: skip
+            ("attn", "self_attn"),
+            ("cross_attn", "cross_attn"),
+            ("mlp", "mlp"),
+        ]
         assert b.adds == 3 and b.proof is not None and b.proof.status == "verified"
     report = scan(model, x, lambda out: out.square().mean())
     assert [p.k for p in report.stream] == [0, 3, 6, 9, 12]
@@ -322,6 +381,7 @@ def _profile(model: nn.Module) -> Report:
     return scan(model, info=info, batch=2, seq_len=16)
 
 
+@pytest.mark.slow
 def test_gemma2_at_8_layers_has_no_false_dead_branch_and_a_planted_one_is_found() -> None:
     model = hf_model("gemma2", num_hidden_layers=8)
     report = _profile(model)
@@ -386,8 +446,9 @@ def test_report_records_the_proof_in_json() -> None:
     assert [d["status"] for d in data["layout"]] == ["verified", "verified"]
     first = data["layout"][0]
     assert first["writes"] == [
-        "model.layers.0.post_attention_layernorm", "model.layers.0.post_feedforward_layernorm",
-    ]  # fmt: skip
+        "model.layers.0.post_attention_layernorm",
+        "model.layers.0.post_feedforward_layernorm",
+    ]
     assert first["roles"] == ["attn", "mlp"] and first["stream"] == "main"
     assert data["branches"][0]["write"] == "model.layers.0.post_attention_layernorm"
     again = Report.from_dict(data)

@@ -167,10 +167,16 @@ def state(model: nn.Module) -> dict[str, Any]:
             else:
                 attrs[k] = repr(v)
         params = {
-            k: (id(p), p.data.data_ptr(), bits(p), p.requires_grad,
-                None if p.grad is None else (id(p.grad), bits(p.grad)))
-            for k, p in m._parameters.items() if p is not None
-        }  # fmt: skip
+            k: (
+                id(p),
+                p.data.data_ptr(),
+                bits(p),
+                p.requires_grad,
+                None if p.grad is None else (id(p.grad), bits(p.grad)),
+            )
+            for k, p in m._parameters.items()
+            if p is not None
+        }
         buffers = {k: (id(b), bits(b)) for k, b in m._buffers.items() if b is not None}
         out[name] = (type(m), attrs, params, buffers)
     return out
@@ -187,8 +193,15 @@ def features(i: int) -> torch.Tensor:
 
 
 def run(net: Net, steps: int, dtype: torch.dtype | None) -> None:
-    scan(net, features, lambda out: out.float().square().mean(), steps=steps, dtype=dtype,
-         lr=1e-2, batches=2)  # fmt: skip
+    scan(
+        net,
+        features,
+        lambda out: out.float().square().mean(),
+        steps=steps,
+        dtype=dtype,
+        lr=1e-2,
+        batches=2,
+    )
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

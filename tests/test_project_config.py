@@ -255,8 +255,14 @@ def test_settings_precedence_cli_over_file_over_default(tmp_path):
         "thresholds = { outlier-ratio = 9, growth_warn = 5 }\n"
         'ignore = [{ check = "collapse", reason = "known" }]\n',
     )
-    cli = {"fail_on": None, "dtype": "fp16", "batch": None, "seq_len": None, "seed": 7,
-           "thresholds": {"outlier_ratio": "3"}}  # fmt: skip
+    cli = {
+        "fail_on": None,
+        "dtype": "fp16",
+        "batch": None,
+        "seq_len": None,
+        "seed": 7,
+        "thresholds": {"outlier_ratio": "3"},
+    }
     s = Settings.resolve(cli, load_project_config(path))
     src = str(path)
     assert (s.fail_on, s.source("fail_on")) == ("warn", src)  # CLI gave None: the file
@@ -273,9 +279,24 @@ def test_settings_precedence_cli_over_file_over_default(tmp_path):
     assert s.ignores == (Ignore(check="collapse", reason="known"),)
     assert s.source("ignore") == src and s.project == path
     today = [
-        "fail_on", "dtype", "amp", "batch", "seq_len", "batches", "seed", "device", "modules",
-        "dropout", "steps", "optimizer", "lr", "eps", "weight_decay", "warmup", "attention",
-    ]  # fmt: skip
+        "fail_on",
+        "dtype",
+        "amp",
+        "batch",
+        "seq_len",
+        "batches",
+        "seed",
+        "device",
+        "modules",
+        "dropout",
+        "steps",
+        "optimizer",
+        "lr",
+        "eps",
+        "weight_decay",
+        "warmup",
+        "attention",
+    ]
     assert [k for k in s.run_values() if k in today] == today  # a new setting may join them
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.batch = 2  # type: ignore[misc]

@@ -143,8 +143,10 @@ def tiny_gpt(**kw: Any) -> nn.Module:
 
 
 def lm_loss(logits: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.zeros(
-        logits.shape[0] * logits.shape[1], dtype=torch.long))  # fmt: skip
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        torch.zeros(logits.shape[0] * logits.shape[1], dtype=torch.long),
+    )
 
 
 @pytest.mark.parametrize("kw", [{}, {"activation": "relu", "mlp_bias_init": -0.05}])
@@ -355,6 +357,7 @@ def _held_bytes(obj: Any) -> int:
     return 0
 
 
+@pytest.mark.slow
 def test_memory_is_flat_in_the_number_of_batches() -> None:
     model = tiny_gpt()
     params = list(model.parameters())
@@ -431,6 +434,7 @@ def test_channel_summary_matches_the_python_statistics(monkeypatch: Any) -> None
     assert channel_outliers(raw["0"].channel_max, DEFAULT)[3] == 16  # relu(x − 9): all dead
 
 
+@pytest.mark.slow
 def test_small_outputs_on_one_thread_leave_the_thread_count_alone() -> None:
     """Outputs up to _SERIAL values are reduced with torch's thread count set to 1 and put
     back after each hook, also when the hook raises."""

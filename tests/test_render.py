@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import check_golden, make_report
+from helpers import check_golden, make_report
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -77,8 +77,14 @@ def test_quiet_prints_only_findings() -> None:
 
 def test_number_and_sparkline_formatting() -> None:
     assert [num(x) for x in (None, 0.0, 1.23456, 0.0123456, 123456.0, 120000, float("nan"))] == [
-        "—", "0", "1.23", "0.0123", "1.23e+05", "1.20e+05", "nan",
-    ]  # fmt: skip
+        "—",
+        "0",
+        "1.23",
+        "0.0123",
+        "1.23e+05",
+        "1.20e+05",
+        "nan",
+    ]
     assert spark([1, 2, 3, 4]) == "▁▃▆█"
     assert spark([1e-6, 1.0])[0] == "▁" and spark([0.0, 1.0])[0] == "·"
 
@@ -99,8 +105,19 @@ def test_profile_config_json_contract(tmp_path: Path) -> None:
     assert [p["k"] for p in data["stream"]] == [0, 2, 4, 6]
     layer = next(r for r in data["layers"] if r["name"] == "blocks.1.mlp")
     assert layer["role"] == "mlp" and layer["block"] == 1 and layer["calls"] == 1
-    for key in ("mean", "std", "rms", "max_abs", "zero_frac", "nonfinite", "channel_max_ratio",
-                "outlier_channels", "grad_rms", "grad_norm", "param_grad_norm"):  # fmt: skip
+    for key in (
+        "mean",
+        "std",
+        "rms",
+        "max_abs",
+        "zero_frac",
+        "nonfinite",
+        "channel_max_ratio",
+        "outlier_channels",
+        "grad_rms",
+        "grad_norm",
+        "param_grad_norm",
+    ):
         assert key in layer
     assert "growth_exponent" in data["summary"] and "gain_per_block" in data["summary"]
     assert "Residual stream" in res.output
@@ -111,9 +128,26 @@ def test_profile_options_reach_the_run(tmp_path: Path) -> None:
     cfg.write_text("".join(f"{k} = {v}\n" for k, v in SMALL.items()))
     res = runner.invoke(
         app,
-        ["profile", str(cfg), "--json", "-", "--dtype", "bf16", "--batches", "2", "--seed", "3",
-         "--set", "n_layers=2", "--init", "fan-in", "--modules", r"^blocks\.\d+$", "--quiet"],
-    )  # fmt: skip
+        [
+            "profile",
+            str(cfg),
+            "--json",
+            "-",
+            "--dtype",
+            "bf16",
+            "--batches",
+            "2",
+            "--seed",
+            "3",
+            "--set",
+            "n_layers=2",
+            "--init",
+            "fan-in",
+            "--modules",
+            r"^blocks\.\d+$",
+            "--quiet",
+        ],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["run"]["dtype"] == "bf16" and data["run"]["batches"] == 2

@@ -192,30 +192,50 @@ MALFORMED: list[tuple[str, bytes, tuple[str, ...]]] = [
     ("empty", b"", ("truncated", "0 bytes")),
     ("1-byte", b"\x10", ("truncated", "1 bytes")),
     ("7-bytes", b"\x10" * 7, ("truncated", "7 bytes")),
-    ("length-past-file", pack(VALID, VALID_DATA, 5000),
-     ("header length 5000 bytes is larger than the file",)),
-    ("length-over-100mb", pack(VALID, VALID_DATA, MAX_HEADER_LEN + 1),
-     ("100000001", "exceeds the 100000000-byte limit")),
+    (
+        "length-past-file",
+        pack(VALID, VALID_DATA, 5000),
+        ("header length 5000 bytes is larger than the file",),
+    ),
+    (
+        "length-over-100mb",
+        pack(VALID, VALID_DATA, MAX_HEADER_LEN + 1),
+        ("100000001", "exceeds the 100000000-byte limit"),
+    ),
     ("not-utf8", pack(b'{"a\xff": 1}'), ("header is not valid UTF-8",)),
     ("cut-json", pack(b'{"a": '), (NOT_JSON,)),
     ("single-quotes", pack(b"{'a': 1}"), (NOT_JSON,)),
     ("trailing-garbage", pack(b'{"a": {}} trailing'), (NOT_JSON,)),
     ("nan", pack(b'{"x": NaN}'), (NOT_JSON,)),
     ("nul", pack(b'{"a": 1}\x00'), (NOT_JSON,)),
-    ("deeply-nested", pack(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
-     (NOT_JSON, "recursion limit")),
+    (
+        "deeply-nested",
+        pack(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        (NOT_JSON, "recursion limit"),
+    ),
     ("array", pack(b"[1, 2]"), (NOT_JSON, "expected a JSON object")),
     ("string", pack(b'"str"'), (NOT_JSON, "expected a JSON object")),
     ("number", pack(b"12"), (NOT_JSON, "expected a JSON object")),
-    ("metadata-array", pack({"__metadata__": [1], "a": entry("F32", [1], 0, 4)}, b"\0" * 4),
-     (NOT_JSON, "expected a map")),
-    ("metadata-string", pack({"__metadata__": "x", "a": entry("F32", [1], 0, 4)}, b"\0" * 4),
-     (NOT_JSON, "expected a map")),
-    ("metadata-int-value", pack({"__metadata__": {"k": 1}, "a": entry("F32", [1], 0, 4)},
-                                b"\0" * 4), (NOT_JSON, "expected a string")),
-    ("metadata-object-value", pack({"__metadata__": {"k": {"n": "v"}},
-                                    "a": entry("F32", [1], 0, 4)}, b"\0" * 4),
-     (NOT_JSON, "expected a string")),
+    (
+        "metadata-array",
+        pack({"__metadata__": [1], "a": entry("F32", [1], 0, 4)}, b"\0" * 4),
+        (NOT_JSON, "expected a map"),
+    ),
+    (
+        "metadata-string",
+        pack({"__metadata__": "x", "a": entry("F32", [1], 0, 4)}, b"\0" * 4),
+        (NOT_JSON, "expected a map"),
+    ),
+    (
+        "metadata-int-value",
+        pack({"__metadata__": {"k": 1}, "a": entry("F32", [1], 0, 4)}, b"\0" * 4),
+        (NOT_JSON, "expected a string"),
+    ),
+    (
+        "metadata-object-value",
+        pack({"__metadata__": {"k": {"n": "v"}}, "a": entry("F32", [1], 0, 4)}, b"\0" * 4),
+        (NOT_JSON, "expected a string"),
+    ),
     ("entry-array", _one([1, 2]), (NOT_JSON,)),
     ("entry-string", _one("F32"), (NOT_JSON, "expected a tensor entry")),
     ("entry-number", _one(3), (NOT_JSON, "expected a tensor entry")),
@@ -223,8 +243,11 @@ MALFORMED: list[tuple[str, bytes, tuple[str, ...]]] = [
     ("no-dtype", _one({"shape": [1], "data_offsets": [0, 4]}), ("missing field 'dtype'",)),
     ("no-shape", _one({"dtype": "F32", "data_offsets": [0, 4]}), ("missing field 'shape'",)),
     ("no-offsets", _one({"dtype": "F32", "shape": [1]}), ("missing field 'data_offsets'",)),
-    ("dtype-C64", _one(entry("C64", [1], 0, 8), 8),
-     ("tensor 'h.0.w' has unsupported dtype 'C64'", "supported: F64, F32")),
+    (
+        "dtype-C64",
+        _one(entry("C64", [1], 0, 8), 8),
+        ("tensor 'h.0.w' has unsupported dtype 'C64'", "supported: F64, F32"),
+    ),
     ("dtype-U32", _one(entry("U32", [1], 0, 4)), ("tensor 'h.0.w' has unsupported dtype 'U32'",)),
     ("dtype-U16", _one(entry("U16", [2], 0, 4)), ("unsupported dtype 'U16'",)),
     ("dtype-F33", _one(entry("F33", [1], 0, 4)), ("unknown dtype 'F33'",)),
@@ -237,9 +260,11 @@ MALFORMED: list[tuple[str, bytes, tuple[str, ...]]] = [
     ("shape-null", _one(entry("F32", [None], 0, 8), 8), (NOT_JSON, "integer ≥ 0")),
     ("shape-not-list", _one(entry("F32", "4", 0, 8), 8), (NOT_JSON, "expected a sequence")),
     ("shape-object", _one(entry("F32", {"0": 4}, 0, 8), 8), (NOT_JSON,)),  # type: ignore[arg-type]
-    ("shape-negative-zero",
-     pack(b'{"h.0.w": {"dtype": "F32", "shape": [-0], "data_offsets": [0, 0]}}'),
-     (NOT_JSON, "integer ≥ 0")),
+    (
+        "shape-negative-zero",
+        pack(b'{"h.0.w": {"dtype": "F32", "shape": [-0], "data_offsets": [0, 0]}}'),
+        (NOT_JSON, "integer ≥ 0"),
+    ),
     ("offsets-one", _offsets([0]), (NOT_JSON, "size 2")),
     ("offsets-three", _offsets([0, 4, 8]), (NOT_JSON, "2 elements")),
     ("offsets-decreasing", _offsets([4, 0]), ("tensor 'h.0.w'", NOT_CONTIGUOUS)),
@@ -249,31 +274,52 @@ MALFORMED: list[tuple[str, bytes, tuple[str, ...]]] = [
     ("offsets-bool", _offsets([True, 4]), (NOT_JSON, "integer ≥ 0")),
     ("offsets-str", _offsets("0-4"), (NOT_JSON, "size 2")),
     ("offsets-null", _offsets(None), (NOT_JSON, "size 2")),
-    ("offsets-past-data", _one(entry("F32", [4, 4], 0, 64), 60),
-     (NOT_COVERED, "60-byte data section", "truncated")),
-    ("overlap", pack({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 4, 12)}, b"\0" * 12),
-     ("tensor 'b'", NOT_CONTIGUOUS)),
-    ("empty-inside-another", pack({"a": entry("F32", [2], 0, 8), "e": entry("F32", [0], 4, 4)},
-                                  b"\0" * 8), ("tensor 'e'", NOT_CONTIGUOUS)),
-    ("gap", pack({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 12, 20)}, b"\0" * 20),
-     ("tensor 'b'", NOT_CONTIGUOUS)),
+    (
+        "offsets-past-data",
+        _one(entry("F32", [4, 4], 0, 64), 60),
+        (NOT_COVERED, "60-byte data section", "truncated"),
+    ),
+    (
+        "overlap",
+        pack({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 4, 12)}, b"\0" * 12),
+        ("tensor 'b'", NOT_CONTIGUOUS),
+    ),
+    (
+        "empty-inside-another",
+        pack({"a": entry("F32", [2], 0, 8), "e": entry("F32", [0], 4, 4)}, b"\0" * 8),
+        ("tensor 'e'", NOT_CONTIGUOUS),
+    ),
+    (
+        "gap",
+        pack({"a": entry("F32", [2], 0, 8), "b": entry("F32", [2], 12, 20)}, b"\0" * 20),
+        ("tensor 'b'", NOT_CONTIGUOUS),
+    ),
     ("gap-at-start", _one(entry("F32", [2], 4, 12), 12), ("tensor 'h.0.w'", NOT_CONTIGUOUS)),
     ("unused-tail", pack(VALID, VALID_DATA + b"\0" * 3), (NOT_COVERED, "unused bytes at the end")),
     ("no-tensors-but-data", pack({"__metadata__": {}}, b"\0" * 5), (NOT_COVERED, "5-byte")),
-    ("shape-vs-bytes", _one(entry("F32", [4, 4], 0, 60), 60),
-     ("a tensor's shape × dtype size differs from its byte range",)),
-    ("lone-surrogate",
-     pack(b'{"a\\ud800": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}', b"\0"),
-     (NOT_JSON,)),
-    ("newline-in-name", pack({"a": entry("F32", [1], 0, 4), "bad\nname": entry("F32", [1], 8, 12)},
-                             b"\0" * 12), ("tensor 'bad\\nname'", NOT_CONTIGUOUS)),
+    (
+        "shape-vs-bytes",
+        _one(entry("F32", [4, 4], 0, 60), 60),
+        ("a tensor's shape × dtype size differs from its byte range",),
+    ),
+    (
+        "lone-surrogate",
+        pack(b'{"a\\ud800": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}', b"\0"),
+        (NOT_JSON,),
+    ),
+    (
+        "newline-in-name",
+        pack({"a": entry("F32", [1], 0, 4), "bad\nname": entry("F32", [1], 8, 12)}, b"\0" * 12),
+        ("tensor 'bad\\nname'", NOT_CONTIGUOUS),
+    ),
     ("zip-pickle", b"PK\x03\x04" + b"\0" * 60, ("refusing to load pickle checkpoint",)),
     ("pickle-4", pickle.dumps({"w": [1.0]}, protocol=4), ("refusing to load pickle checkpoint",)),
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize(("blob", "fragments"), [c[1:] for c in MALFORMED],
-                         ids=[c[0] for c in MALFORMED])  # fmt: skip
+@pytest.mark.parametrize(
+    ("blob", "fragments"), [c[1:] for c in MALFORMED], ids=[c[0] for c in MALFORMED]
+)
 def test_malformed_file_is_one_line_and_exit_2(
     tmp_path: Path, blob: bytes, fragments: tuple[str, ...]
 ) -> None:
@@ -711,6 +757,7 @@ def _alarm(signum: int, frame: Any) -> None:
     raise TimeoutError("read_header/load_tensors hung")
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(_mutation, min_size=1, max_size=4))
 def test_mutated_files_succeed_or_raise_bad_input(

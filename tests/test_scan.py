@@ -79,8 +79,13 @@ def test_statistics_match_fp64_recomputation() -> None:
     model = tiny(activation="relu")
     ids = random_tokens(128, 4, 16, seed=0, index=0)
     ref = reference(model, ids)
-    report = scan(model, inputs=ids, loss_fn=lambda out: nn.functional.cross_entropy(
-        out[:, :-1].flatten(0, 1), ids[:, 1:].flatten()))  # fmt: skip
+    report = scan(
+        model,
+        inputs=ids,
+        loss_fn=lambda out: nn.functional.cross_entropy(
+            out[:, :-1].flatten(0, 1), ids[:, 1:].flatten()
+        ),
+    )
     checked = 0
     for rec in report.layers:
         r = ref[rec.name]
@@ -105,8 +110,13 @@ def test_statistics_match_fp64_recomputation() -> None:
 def test_param_grad_norm_matches_autograd() -> None:
     model = tiny()
     ids = random_tokens(128, 2, 16, seed=1, index=0)
-    report = scan(model, inputs=ids, loss_fn=lambda out: nn.functional.cross_entropy(
-        out[:, :-1].flatten(0, 1), ids[:, 1:].flatten()))  # fmt: skip
+    report = scan(
+        model,
+        inputs=ids,
+        loss_fn=lambda out: nn.functional.cross_entropy(
+            out[:, :-1].flatten(0, 1), ids[:, 1:].flatten()
+        ),
+    )
     model.eval()
     logits = model(ids)
     loss = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
@@ -234,6 +244,7 @@ def _stream(report):
     return [(p.k, p.rms) for p in report.stream]
 
 
+@pytest.mark.slow
 def test_stream_grows_like_sqrt_k_without_branch_scaling_and_stays_flat_with_it() -> None:
     cfg = dict(n_layers=48, d_model=64, n_heads=2, vocab_size=128, seq_len=16)
     naive = scan(build_model(ArchConfig(**cfg, branch_scale="none")), batch=2, seq_len=16)

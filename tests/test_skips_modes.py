@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ctx, flat_stream, only, outlier_rec, rec, stream
+from helpers import ctx, flat_stream, only, outlier_rec, rec, stream
 from rich.console import Console
 from torch import nn
 
@@ -235,9 +235,13 @@ def test_cli_dropout_flag_reaches_the_run(tmp_path: Path) -> None:
 
 def small_gpt() -> nn.Module:
     cfg = dict(
-        n_layers=4, d_model=64, vocab_size=256, init="fan-in", branch_scale="depth",
+        n_layers=4,
+        d_model=64,
+        vocab_size=256,
+        init="fan-in",
+        branch_scale="depth",
         tie_embeddings=False,
-    )  # fmt: skip
+    )
     return build_model(build_config(cfg), seed=0)
 
 
@@ -250,6 +254,7 @@ def scaled_ce(scale: float) -> Any:
     return loss
 
 
+@pytest.mark.slow
 def test_underflow_fires_on_a_tiny_loss_in_fp16_and_not_on_a_healthy_one() -> None:
     model = small_gpt()
     bad = scan(model, loss_fn=scaled_ce(1e-6), dtype="fp16", batch=2, seq_len=32)
@@ -328,9 +333,13 @@ def test_a_bf16_checkpoint_run_in_fp32_says_so(tmp_path: Path) -> None:
 def test_outlier_message_does_not_merge_widths_or_count_aliases() -> None:
     narrow = [outlier_rec(f"blocks.{i}.out", 30.0 + i, (33,), order=2 + 2 * i) for i in range(3)]
     wide_fields = dict(
-        channel_max_ratio=40.0, outlier_channels=(856,), channel_median_max=3.0, max_abs=120.0,
-        n_channels=1536, order=1,
-    )  # fmt: skip
+        channel_max_ratio=40.0,
+        outlier_channels=(856,),
+        channel_median_max=3.0,
+        max_abs=120.0,
+        n_channels=1536,
+        order=1,
+    )
     wide = rec("blocks.0.mlp.act", **wide_fields)
     alias = rec("blocks.0.mlp.drop", **wide_fields)  # the same tensor, reported twice
     c = ctx(points=flat_stream(4), layers=[wide, alias, *narrow])

@@ -68,8 +68,9 @@ def test_two_block_lists_are_two_streams_named_from_their_paths() -> None:
     torch.manual_seed(0)
     model = Seq2Seq()
     assert [(n, c) for n, c, _ in find_streams(model)] == [
-        ("encoder", "encoder.layers"), ("decoder", "decoder.layers")
-    ]  # fmt: skip
+        ("encoder", "encoder.layers"),
+        ("decoder", "decoder.layers"),
+    ]
     layout = detect_layout(model)
     assert [b.index for b in layout.blocks] == list(range(8))
     assert layout.block_label(5) == "decoder block 1"
@@ -142,6 +143,16 @@ def test_single_stream_reports_are_unchanged() -> None:
     data = json.loads(scan(model, batch=2, seq_len=8).to_json())
     assert data["streams"] == []
     assert [p["k"] for p in data["stream"]] == [0, 2, 4, 6, 8]
-    assert set(data["stream"][0]) == {"k", "block", "name", "rms", "grad_rms", "mean", "std",
-                                      "max_abs", "top_values", "median_abs"}  # fmt: skip
+    assert set(data["stream"][0]) == {
+        "k",
+        "block",
+        "name",
+        "rms",
+        "grad_rms",
+        "mean",
+        "std",
+        "max_abs",
+        "top_values",
+        "median_abs",
+    }
     assert {p["stream"] for p in data["layout"]} == {"main"}

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import planted_checks
+from helpers import planted_checks
 from typer.testing import CliRunner
 
 from actscan.api import Wiring
@@ -55,20 +55,32 @@ def test_builtin_width_keeps_heads_dividing_and_scales_an_explicit_mlp_width() -
 
 
 def test_hf_keys_gpt2_and_llama_styles() -> None:
-    gpt2 = BaseConfig("hf", {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_inner": None},
-                      "n_layer", "n_embd", "n_head", "n_inner")  # fmt: skip
+    gpt2 = BaseConfig(
+        "hf",
+        {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_inner": None},
+        "n_layer",
+        "n_embd",
+        "n_head",
+        "n_inner",
+    )
     assert size_overrides(gpt2, 6, 256) == {"n_layer": "6", "n_embd": "256", "n_head": "4"}
     llama = {
-        "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
-        "num_key_value_heads": 2, "intermediate_size": 688, "head_dim": 32,
-    }  # fmt: skip
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "intermediate_size": 688,
+        "head_dim": 32,
+    }
     base = BaseConfig(
         "hf", llama, "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size"
     )
     assert size_overrides(base, None, 512) == {
-        "hidden_size": "512", "intermediate_size": "1376", "num_key_value_heads": "2",
+        "hidden_size": "512",
+        "intermediate_size": "1376",
+        "num_key_value_heads": "2",
         "head_dim": "64",
-    }  # fmt: skip
+    }
     assert size_overrides(base, None, 12)["num_attention_heads"] == "4"
     assert size_overrides(base, None, 12)["head_dim"] == "3"
     no_width = BaseConfig("hf", {"n_layer": 2}, "n_layer", None, None, None)
@@ -81,8 +93,11 @@ def test_hf_config_file_is_read_without_building(tmp_path: Path) -> None:
     cfg.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4}))
     base = base_config(str(cfg), {"n_head": "2"})
     assert (base.kind, base.depth_key, base.width_key, base.heads_key) == (
-        "hf", "n_layer", "n_embd", "n_head",
-    )  # fmt: skip
+        "hf",
+        "n_layer",
+        "n_embd",
+        "n_head",
+    )
     assert base.values["n_head"] == "2"
     with pytest.raises(UsageError, match=r"config\.json"):
         base_config(str(tmp_path), {})
@@ -94,8 +109,11 @@ def test_plan_is_side_major_and_grids_both_axes() -> None:
     base = base_config("gpt-12-preln", {})
     pts = plan([("a", base, {}), ("b", base, {"branch_scale": "none"})], (2, 4), (32, 64))
     assert [(p.side, p.depth, p.width) for p in pts[:4]] == [
-        ("a", 2, 32), ("a", 2, 64), ("a", 4, 32), ("a", 4, 64),
-    ]  # fmt: skip
+        ("a", 2, 32),
+        ("a", 2, 64),
+        ("a", 4, 32),
+        ("a", 4, 64),
+    ]
     assert dict(pts[4].overrides) == {"branch_scale": "none", "n_layers": "2", "d_model": "32"}
     with pytest.raises(UsageError, match="--depth and/or --width"):
         plan([("a", base, {})], (), ())
@@ -104,8 +122,17 @@ def test_plan_is_side_major_and_grids_both_axes() -> None:
 # -- the command ------------------------------------------------------------------------------
 SWEEP_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["schema_version", "kind", "tool", "target", "labels", "axes", "keys", "rows",
-                 "trends"],
+    "required": [
+        "schema_version",
+        "kind",
+        "tool",
+        "target",
+        "labels",
+        "axes",
+        "keys",
+        "rows",
+        "trends",
+    ],
     "properties": {
         "schema_version": {"const": 1},
         "kind": {"const": "sweep"},
@@ -116,9 +143,21 @@ SWEEP_SCHEMA: dict[str, Any] = {
             "minItems": 1,
             "items": {
                 "type": "object",
-                "required": ["side", "depth", "width", "overrides", "final_rms", "growth",
-                             "growth_exponent", "gain_per_block", "grad_ratio", "findings",
-                             "worst_check", "worst_severity", "report"],
+                "required": [
+                    "side",
+                    "depth",
+                    "width",
+                    "overrides",
+                    "final_rms",
+                    "growth",
+                    "growth_exponent",
+                    "gain_per_block",
+                    "grad_ratio",
+                    "findings",
+                    "worst_check",
+                    "worst_severity",
+                    "report",
+                ],
                 "properties": {
                     "side": {"enum": ["a", "b"]},
                     "findings": {"type": "object", "required": ["info", "warn", "error"]},
@@ -127,22 +166,39 @@ SWEEP_SCHEMA: dict[str, Any] = {
         },
         "trends": {
             "type": "array",
-            "items": {"required": ["side", "growth_first", "growth_last", "growth_spread",
-                                   "final_rms_spread"]},
+            "items": {
+                "required": [
+                    "side",
+                    "growth_first",
+                    "growth_last",
+                    "growth_spread",
+                    "final_rms_spread",
+                ]
+            },
         },
     },
-}  # fmt: skip
+}
 
 
+@pytest.mark.slow
 def test_depth_sweep_naive_grows_with_depth_scaled_does_not(isolated: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     from actscan.report.schema import validate_report
 
     out = isolated / "sweep.json"
     res = cli(
-        "sweep", "gpt-48-naive", "--depth", "6,12,24", "--set", "d_model=64",
-        "--vs-set", "branch_scale=depth", "--json", str(out), *RUN,
-    )  # fmt: skip
+        "sweep",
+        "gpt-48-naive",
+        "--depth",
+        "6,12,24",
+        "--set",
+        "d_model=64",
+        "--vs-set",
+        "branch_scale=depth",
+        "--json",
+        str(out),
+        *RUN,
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     jsonschema.validate(data, SWEEP_SCHEMA)
@@ -166,9 +222,18 @@ def test_width_sweep_builds_each_width(isolated: Path) -> None:
     pytest.importorskip("matplotlib")
     png = isolated / "w.png"
     res = cli(
-        "sweep", "gpt-12-preln", "--width", "32,64", "--depth", "2", "--json", "-",
-        "--plot", str(png), *RUN,
-    )  # fmt: skip
+        "sweep",
+        "gpt-12-preln",
+        "--width",
+        "32,64",
+        "--depth",
+        "2",
+        "--json",
+        "-",
+        "--plot",
+        str(png),
+        *RUN,
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert [(r["depth"], r["width"]) for r in data["rows"]] == [(2, 32), (2, 64)]
@@ -177,6 +242,7 @@ def test_width_sweep_builds_each_width(isolated: Path) -> None:
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.slow
 def test_gate_trips_on_any_row(isolated: Path) -> None:
     """A planted error on the deepest model only: the sweep exits 1 at --fail-on error."""
 
@@ -224,8 +290,10 @@ def test_depth_moves_both_stacks_of_an_encoder_decoder(tmp_path: Path) -> None:
     num_decoder_layers: a depth sweep sets both, so both streams change together."""
     bart = {"model_type": "bart", "encoder_layers": 2, "decoder_layers": 2, "d_model": 64}
     t5 = {"model_type": "t5", "num_layers": 2, "num_decoder_layers": 2, "d_model": 64}
-    for values, keys in ((bart, {"encoder_layers", "decoder_layers"}),
-                         (t5, {"num_layers", "num_decoder_layers"})):  # fmt: skip
+    for values, keys in (
+        (bart, {"encoder_layers", "decoder_layers"}),
+        (t5, {"num_layers", "num_decoder_layers"}),
+    ):
         path = tmp_path / f"{values['model_type']}.json"
         path.write_text(json.dumps(values))
         assert size_overrides(base_config(str(path), {}), 6, None) == dict.fromkeys(keys, "6")

@@ -100,8 +100,9 @@ def test_checkpoint_with_config_option(tmp_path, tiny_model, direct) -> None:
     assert "architecture" in fail(str(path))  # no metadata, no config: says what to do
     cfg = tmp_path / "arch.yaml"
     cfg.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in TINY.to_dict().items()))
-    report = profile(str(path), "--config", str(cfg), "--no-backward", "--device", "cpu",
-                     tmp=tmp_path)  # fmt: skip
+    report = profile(
+        str(path), "--config", str(cfg), "--no-backward", "--device", "cpu", tmp=tmp_path
+    )
     assert stream_rms(report) == pytest.approx(direct, rel=1e-6)
 
 
@@ -134,14 +135,19 @@ def write_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, bod
 
 
 def test_callable_with_input_shape(tmp_path, monkeypatch) -> None:
-    mod = write_module(tmp_path, monkeypatch, "fac_mlp", """
+    mod = write_module(
+        tmp_path,
+        monkeypatch,
+        "fac_mlp",
+        """
         import torch
         from torch import nn
 
         def build():
             torch.manual_seed(0)
             return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
-    """)  # fmt: skip
+    """,
+    )
     report = profile(f"{mod}:build", "--input-shape", "5,16", tmp=tmp_path)
     assert report["model"]["family"] == "custom"
     assert report["run"]["batch"] == 5
@@ -160,7 +166,11 @@ def test_callable_with_input_shape(tmp_path, monkeypatch) -> None:
 
 
 def test_callable_returning_model_and_inputs(tmp_path, monkeypatch) -> None:
-    mod = write_module(tmp_path, monkeypatch, "fac_pair", """
+    mod = write_module(
+        tmp_path,
+        monkeypatch,
+        "fac_pair",
+        """
         import torch
         from torch import nn
 
@@ -177,7 +187,8 @@ def test_callable_returning_model_and_inputs(tmp_path, monkeypatch) -> None:
 
         def with_kwargs():
             return Scaled(), {"x": torch.ones(2, 8), "scale": 0.0}
-    """)  # fmt: skip
+    """,
+    )
     report = profile(f"{mod}:with_tensor", tmp=tmp_path)
     assert report["run"]["batch"] == 3
     assert layer(report, "lin")["rms"] > 0
@@ -190,7 +201,11 @@ def test_callable_returning_model_and_inputs(tmp_path, monkeypatch) -> None:
 
 
 def test_callable_with_embedding_gets_token_ids(tmp_path, monkeypatch) -> None:
-    mod = write_module(tmp_path, monkeypatch, "fac_emb", """
+    mod = write_module(
+        tmp_path,
+        monkeypatch,
+        "fac_emb",
+        """
         from torch import nn
 
         class TinyLM(nn.Module):
@@ -209,7 +224,8 @@ def test_callable_with_embedding_gets_token_ids(tmp_path, monkeypatch) -> None:
 
         def encoder():
             return TinyLM(7)
-    """)  # fmt: skip
+    """,
+    )
     report = profile(f"{mod}:lm", tmp=tmp_path)
     assert report["model"]["task"] == "causal-lm"  # output last dim == vocab: logits
     assert report["model"]["vocab_size"] == 50
@@ -221,14 +237,19 @@ def test_callable_with_embedding_gets_token_ids(tmp_path, monkeypatch) -> None:
 
 
 def test_callable_returning_builtin_model(tmp_path, monkeypatch) -> None:
-    mod = write_module(tmp_path, monkeypatch, "fac_builtin", """
+    mod = write_module(
+        tmp_path,
+        monkeypatch,
+        "fac_builtin",
+        """
         from actscan.models.arch import ArchConfig
         from actscan.models.gpt import build_model
 
         def gpt():
             return build_model(ArchConfig(n_layers=2, d_model=32, n_heads=4, vocab_size=64,
                                           seq_len=16))
-    """)  # fmt: skip
+    """,
+    )
     report = profile(f"{mod}:gpt", "--no-backward", tmp=tmp_path)
     assert report["model"]["family"] == "actscan-gpt"
     assert report["run"]["seq_len"] == 16  # the model's own limit
@@ -267,8 +288,17 @@ def test_input_text_with_hf_tokenizer(tmp_path) -> None:
     text = tmp_path / "prompt.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 4)
     folder = SAMPLES / "tiny-gpt2-hf"
-    report = profile(str(folder), "--input", str(text), "--seq-len", "16", "--batch", "3",
-                     "--no-backward", tmp=tmp_path)  # fmt: skip
+    report = profile(
+        str(folder),
+        "--input",
+        str(text),
+        "--seq-len",
+        "16",
+        "--batch",
+        "3",
+        "--no-backward",
+        tmp=tmp_path,
+    )
     assert (report["run"]["batch"], report["run"]["seq_len"]) == (3, 16)
     # The byte-level tokenizer maps each byte to its own id: check against the raw bytes.
     from transformers import AutoTokenizer
@@ -301,8 +331,13 @@ def test_sample_outlier_channel(tmp_path) -> None:
     assert emb["outlier_channels"] == [17]
     assert emb["max_abs"] >= 6
     assert 17 in layer(report, "blocks.0")["outlier_channels"]  # carried by the stream
-    assert layer(profile(sample("healthy.safetensors"), "--no-backward", *SMALL_RUN, tmp=tmp_path),
-                 "tok_emb")["outlier_channels"] == []  # fmt: skip
+    assert (
+        layer(
+            profile(sample("healthy.safetensors"), "--no-backward", *SMALL_RUN, tmp=tmp_path),
+            "tok_emb",
+        )["outlier_channels"]
+        == []
+    )
 
 
 def test_sample_dead_branch(tmp_path) -> None:
@@ -315,6 +350,7 @@ def test_sample_dead_branch(tmp_path) -> None:
     assert branch["rms"] == 0.0 and branch["ratio"] == 0.0
 
 
+@pytest.mark.slow
 def test_sample_gpt_48_naive(tmp_path) -> None:
     report = profile(sample("gpt-48-naive.safetensors"), "--no-backward", *SMALL_RUN, tmp=tmp_path)
     assert report["model"]["n_blocks"] == 48

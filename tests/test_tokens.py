@@ -29,10 +29,18 @@ transformers.logging.set_verbosity_error()
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "sample_models"
 DEC = {
-    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "num_hidden_layers": 4,
-    "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
-}  # fmt: skip
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 256,
+    "num_hidden_layers": 4,
+    "max_position_embeddings": 64,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 
 
 def massive_llama() -> tuple[nn.Module, dict[str, torch.Tensor]]:
@@ -172,6 +180,7 @@ def test_outlier_channel_across_tokens_is_not_massive() -> None:
     assert CheckId.OUTLIER_CHANNELS in checks and CheckId.MASSIVE_ACTIVATIONS not in checks
 
 
+@pytest.mark.slow
 def test_minilm_checkpoint_reports_its_outlier_channel_and_no_massive_value() -> None:
     """The real all-MiniLM-L6-v2 (trained, post-LN, random ids): its stream's largest value
     is ≤ 60× the median |x| (far from massive); channel 267 of its hidden states is a real
@@ -199,9 +208,14 @@ def test_top_values_round_trip_and_validate(massive: Report) -> None:
     point = data["stream"][0]
     assert point["median_abs"] > 0 and len(point["top_values"]) == TOP_K
     assert point["top_values"][0] == {
-        "value": 1e4, "token": 0, "channel": 5, "sequence": point["top_values"][0]["sequence"],
-        "batch": 0, "token_id": 0, "text": None,
-    }  # fmt: skip
+        "value": 1e4,
+        "token": 0,
+        "channel": 5,
+        "sequence": point["top_values"][0]["sequence"],
+        "batch": 0,
+        "token_id": 0,
+        "text": None,
+    }
     back = Report.from_dict(json.loads(massive.to_json()))
     assert back.stream == massive.stream
     assert back.to_dict() == data
@@ -225,8 +239,10 @@ def test_text_input_names_the_token_text(tmp_path: Path) -> None:
     text = tmp_path / "t.txt"
     text.write_text("Hello world. The quick brown fox jumps over the lazy dog.\n")
     out = tmp_path / "r.json"
-    res = CliRunner().invoke(app, ["profile", str(SAMPLES / "tiny-gpt2-hf"), "--input",
-                                   str(text), "--json", str(out), "-q"])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        ["profile", str(SAMPLES / "tiny-gpt2-hf"), "--input", str(text), "--json", str(out), "-q"],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     sent = text.read_text()
@@ -239,11 +255,23 @@ def test_text_input_names_the_token_text(tmp_path: Path) -> None:
 
 
 def _profile(*args: str) -> tuple[int, str]:
-    res = CliRunner().invoke(app, ["profile", str(SAMPLES / "massive-activation.safetensors"),
-                                   "--batch", "2", "--seq-len", "16", "-q", *args])  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            str(SAMPLES / "massive-activation.safetensors"),
+            "--batch",
+            "2",
+            "--seq-len",
+            "16",
+            "-q",
+            *args,
+        ],
+    )
     return res.exit_code, res.output
 
 
+@pytest.mark.slow
 def test_profile_plot_writes_one_three_panel_figure(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "p.png"
@@ -253,6 +281,7 @@ def test_profile_plot_writes_one_three_panel_figure(tmp_path: Path) -> None:
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+@pytest.mark.slow
 def test_plot_panels_from_data(tmp_path: Path, massive: Report) -> None:
     pytest.importorskip("matplotlib")
     from dataclasses import replace

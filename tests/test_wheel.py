@@ -19,6 +19,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -77,6 +78,7 @@ def _package_files(src: Path) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_installed_wheel_finds_shipped_configs(tmp_path: Path) -> None:
     env = _clean_env()
     src = tmp_path / "src"

@@ -25,15 +25,33 @@ __all__ = ["DEPTH_KEYS", "depth_of", "resize_per_layer"]
 DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 # Index lists: a layer number per entry, not an entry per layer.
 _INDEX_LISTS = frozenset(
-    {"mlp_only_layers", "moe_layers", "subsample_layers", "rope_scaling_layers",
-     "window_block_indexes", "window_block_indices", "deepstack_visual_indexes",
-     "full_attn_idxs", "global_attn_indexes", "out_indices", "out_features"}
-)  # fmt: skip
+    {
+        "mlp_only_layers",
+        "moe_layers",
+        "subsample_layers",
+        "rope_scaling_layers",
+        "window_block_indexes",
+        "window_block_indices",
+        "deepstack_visual_indexes",
+        "full_attn_idxs",
+        "global_attn_indexes",
+        "out_indices",
+        "out_features",
+    }
+)
 # Per-layer lists whose name does not say "layer".
 _PER_LAYER = frozenset(
-    {"kv_sharing_modes", "indexer_types", "sliding_windows", "swiglu_limits",
-     "swiglu_limits_shared", "activation_sparsity_pattern", "moe_topk", "per_layer_config"}
-)  # fmt: skip
+    {
+        "kv_sharing_modes",
+        "indexer_types",
+        "sliding_windows",
+        "swiglu_limits",
+        "swiglu_limits_shared",
+        "activation_sparsity_pattern",
+        "moe_topk",
+        "per_layer_config",
+    }
+)
 
 
 def depth_of(config: Any) -> int | None:
@@ -99,7 +117,7 @@ def resize_per_layer(config: Any, depth_before: int | None, keep: set[str]) -> l
     depth = depth_of(config)
     if depth is None or depth_before is None or depth == depth_before or depth < 1:
         return []
-    values = {k: getattr(config, k, None) for k in config.to_dict()}
+    values: dict[str, Any] = {k: getattr(config, k, None) for k in config.to_dict()}
     keys = [k for k in _per_layer_keys(values, depth_before) if k not in keep]
     if not keys:
         return []

@@ -356,7 +356,7 @@ def load_pickle_weights_only(path: str | os.PathLike[str]) -> dict[str, torch.Te
     from torch.torch_version import TorchVersion
 
     p = Path(path)
-    if TorchVersion(str(torch.__version__)) < (2, 6):
+    if TorchVersion(str(torch.__version__)) < "2.6":
         raise BadInputError(
             f"refusing to load pickle checkpoint {_show(p)}: torch {torch.__version__} is older "
             "than 2.6, where weights_only=True is not safe (CVE-2025-32434); upgrade torch or "
