@@ -88,9 +88,10 @@ def find_streams(model: nn.Module) -> list[tuple[str, str, list[str]]]:
     if best not in outer or not isinstance(model.get_submodule(best[1]), nn.ModuleList):
         return [("main", best[1], best[2])]
     found = [
-        c for c in outer
+        c
+        for c in outer
         if c is best or (len(c[2]) >= 2 and isinstance(model.get_submodule(c[1]), nn.ModuleList))
-    ]  # fmt: skip
+    ]
     if len(found) < 2:
         return [("main", best[1], best[2])]
     found.sort(key=lambda c: -c[0][2])  # registration order

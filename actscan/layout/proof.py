@@ -341,8 +341,9 @@ class _Block:
         scales.update({k: coef.get(self.idx[k], 1.0) for k in pending})
         if h.fitted and stream_scale is None:
             stream_scale = coef.get(s)
-        return _Outcome(max(worst, res), h.writes, h.norms, scales if h.fitted else {},
-                        stream_scale)  # fmt: skip
+        return _Outcome(
+            max(worst, res), h.writes, h.norms, scales if h.fitted else {}, stream_scale
+        )
 
     def hypotheses(self) -> Iterator[_Hypothesis]:
         """Most specific first: the data-flow writes, then post-norm, fitted, subsets."""
@@ -515,23 +516,40 @@ class ProofResult:
     notes: tuple[str, ...] = ()
 
 
-def _unverified(b: BlockInfo, status: str, note: str, residual: float | None = None,
-                tol: float | None = None, stream: str = "main") -> BlockInfo:  # fmt: skip
+def _unverified(
+    b: BlockInfo,
+    status: str,
+    note: str,
+    residual: float | None = None,
+    tol: float | None = None,
+    stream: str = "main",
+) -> BlockInfo:
     proof = BlockProof(
-        block=b.index, name=b.name, status=status, residual=residual, tolerance=tol,
-        stream=stream, note=note,
-    )  # fmt: skip
+        block=b.index,
+        name=b.name,
+        status=status,
+        residual=residual,
+        tolerance=tol,
+        stream=stream,
+        note=note,
+    )
     return replace(b, proof=proof)
 
 
 def _plain(b: BlockInfo, chain: list[str], tol: float, stream: str) -> BlockInfo:
     """A block without a residual add: verified as plain, with no branches to judge."""
     proof = BlockProof(
-        block=b.index, name=b.name, status="verified", residual=None, tolerance=tol,
-        placement="plain", stream=stream,
+        block=b.index,
+        name=b.name,
+        status="verified",
+        residual=None,
+        tolerance=tol,
+        placement="plain",
+        stream=stream,
         note=f"no residual add: the output is computed by {' ← '.join(chain[:4])}"
-        + (" ← …" if len(chain) > 4 else "") + " from the block's input",
-    )  # fmt: skip
+        + (" ← …" if len(chain) > 4 else "")
+        + " from the block's input",
+    )
     return replace(b, attn=None, mlp=None, adds=1, branches=(), proof=proof)
 
 
@@ -624,10 +642,13 @@ def _prove_one(
     if found is None:
         res = first.residual if first is not None else None
         return _unverified(
-            b, "unverified",
+            b,
+            "unverified",
             "no set of the block's stream-shaped outputs adds up to its output",
-            res, tol, stream,
-        )  # fmt: skip
+            res,
+            tol,
+            stream,
+        )
     branches: list[BranchInfo] = []
     taken: set[str] = set()
     named: list[tuple[Key, str, str]] = []
@@ -640,17 +661,24 @@ def _prove_one(
         scale = found.scales.get(w)
         branches.append(
             BranchInfo(
-                role=role, name=name, write=None if write == name else write, moe=moe,
+                role=role,
+                name=name,
+                write=None if write == name else write,
+                moe=moe,
                 scale=None if scale is None or abs(scale - 1) <= 1e-3 else scale,
             )
-        )  # fmt: skip
+        )
         for m in blk.region(name, taken - {name}):
             for sub, mod in modules[m].named_modules(prefix=m):
                 if not (is_norm(mod) or is_act(mod)):
                     roles[sub] = role
     placement = "post-norm" if found.norms else "additive"
     proof = BlockProof(
-        block=b.index, name=b.name, status="verified", residual=found.residual, tolerance=tol,
+        block=b.index,
+        name=b.name,
+        status="verified",
+        residual=found.residual,
+        tolerance=tol,
         placement=placement,
         writes=tuple(br.write or br.name for br in branches),
         roles=tuple(br.role for br in branches),
@@ -661,13 +689,19 @@ def _prove_one(
             else None
         ),
         stream=stream,
-    )  # fmt: skip
-    first_of = {r: next((br.name for br in branches if br.role == r), None) for r in
-                (Role.ATTN.value, Role.MLP.value)}  # fmt: skip
+    )
+    first_of = {
+        r: next((br.name for br in branches if br.role == r), None)
+        for r in (Role.ATTN.value, Role.MLP.value)
+    }
     return replace(
-        b, attn=first_of[Role.ATTN.value], mlp=first_of[Role.MLP.value],
-        adds=max(len(branches), 1), branches=tuple(branches), proof=proof,
-    )  # fmt: skip
+        b,
+        attn=first_of[Role.ATTN.value],
+        mlp=first_of[Role.MLP.value],
+        adds=max(len(branches), 1),
+        branches=tuple(branches),
+        proof=proof,
+    )
 
 
 def _unfit(blk: _Block, found: _Outcome, tol: float) -> _Outcome:

@@ -143,8 +143,10 @@ class _Spy(TorchFunctionMode):
             self._mm(arg(1, "other"), arg(0, "self"))
         elif name in _ADDMM:
             self._add(arg(0, "input"), ParamUse("bias"))
-            self._mm(arg(1, "batch1" if name != "addmm" else "mat1"),
-                     arg(2, "batch2" if name != "addmm" else "mat2"))  # fmt: skip
+            self._mm(
+                arg(1, "batch1" if name != "addmm" else "mat1"),
+                arg(2, "batch2" if name != "addmm" else "mat2"),
+            )
         elif name in _GROUPED:
             self._mm(arg(0, "mat_a"), arg(1, "mat_b"))
         elif name in _EINSUM:
@@ -378,8 +380,9 @@ def _whole_params(mod: nn.Module) -> Iterator[dict[str, nn.Parameter]]:
         yield {}
         return
     saved = {k: p for k, p in mod._parameters.items() if isinstance(p, DTensor)}
-    whole = {k: nn.Parameter(p.full_tensor().detach(), requires_grad=False)
-             for k, p in saved.items()}  # fmt: skip
+    whole = {
+        k: nn.Parameter(p.full_tensor().detach(), requires_grad=False) for k, p in saved.items()
+    }
     try:
         mod._parameters.update(whole)
         yield whole

@@ -305,8 +305,9 @@ class AttentionProbes:
             self._stack.callback(AttentionInterface._global_mapping.pop, name, None)
             self._stack.callback(AttentionMaskInterface._global_mapping.pop, name, None)
         for c in targets:
-            self._stack.callback(setattr, c, "_attn_implementation_internal",
-                                 c._attn_implementation_internal)  # fmt: skip
+            self._stack.callback(
+                setattr, c, "_attn_implementation_internal", c._attn_implementation_internal
+            )
             c._attn_implementation_internal = PROBE_PREFIX + c._attn_implementation
 
     # -- the probe ------------------------------------------------------------------
@@ -348,8 +349,18 @@ class AttentionProbes:
                                 s = scores(query, key, kwargs)
                                 acc.fold_max(s.abs_().amax())
                                 return out
-                            self._measure(acc, module, impl, query, key, value,
-                                          attention_mask, kwargs, out, half)  # fmt: skip
+                            self._measure(
+                                acc,
+                                module,
+                                impl,
+                                query,
+                                key,
+                                value,
+                                attention_mask,
+                                kwargs,
+                                out,
+                                half,
+                            )
                     except Exception as err:  # the model's output stands; the layer is dropped
                         acc.error = f"{type(err).__name__}: {err}".splitlines()[0]
             elif self._active:
@@ -494,11 +505,13 @@ class AttentionProbes:
             std = math.sqrt(max(m2, 0.0) / n) if n > 0 else None
             heads.append(
                 HeadRecord(
-                    head=h, score_max=mx if n > 0 else None, score_std=std,
+                    head=h,
+                    score_max=mx if n > 0 else None,
+                    score_std=std,
                     entropy=ent / rows if rows > 0 else None,
                     sink=sink / sink_rows if sink_rows > 0 else None,
                 )
-            )  # fmt: skip
+            )
             keys_sum, rows_sum = keys, rows
         layout = self.layout
         block = layout.block_of.get(a.name) if layout is not None else None
@@ -507,10 +520,19 @@ class AttentionProbes:
             stream = next((b.stream for b in layout.blocks if b.index == block), None)
         kind = "cross" if layout is not None and layout.role(a.name) == "cross_attn" else "self"
         return AttentionRecord(
-            name=a.name, block=block, heads=tuple(heads), queries=a.queries, keys=a.keys,
-            mean_keys=keys_sum / rows_sum if rows_sum > 0 else None, kv_heads=a.kv_heads,
-            kind=kind, calls=a.calls, softcap=a.softcap, sliding_window=a.window, stream=stream,
-        )  # fmt: skip
+            name=a.name,
+            block=block,
+            heads=tuple(heads),
+            queries=a.queries,
+            keys=a.keys,
+            mean_keys=keys_sum / rows_sum if rows_sum > 0 else None,
+            kv_heads=a.kv_heads,
+            kind=kind,
+            calls=a.calls,
+            softcap=a.softcap,
+            sliding_window=a.window,
+            stream=stream,
+        )
 
     def _attention_like(self) -> bool:
         """Does the model hold attention modules (so silence would mislead)?"""
@@ -524,9 +546,10 @@ def _configs(model: nn.Module) -> list[Any]:
         return []
     seen: dict[int, Any] = {}
     stack = [
-        m.config for m in model.modules()
+        m.config
+        for m in model.modules()
         if hasattr(getattr(m, "config", None), "_attn_implementation_internal")
-    ]  # fmt: skip
+    ]
     while stack:
         cfg = stack.pop()
         if id(cfg) in seen:

@@ -306,8 +306,7 @@ class Recorder:
         if self.backward and t.requires_grad and torch.is_grad_enabled():
             hook = self._rep_grad_hook if rep else self._grad_hook
             self._grad_hooks.tensor(t, partial(hook, mods))
-        self._last = (weakref.ref(t), t._version, start, len(self._pend), hi, lo,
-                      per_channel, mods)  # fmt: skip
+        self._last = (weakref.ref(t), t._version, start, len(self._pend), hi, lo, per_channel, mods)
         self._update_channels(i, hi, lo, per_channel)
 
     def _token_view(self, i: int, t: torch.Tensor) -> None:
@@ -642,9 +641,20 @@ class Recorder:
             summaries.append(_channel_summary(both))
             kept += members
             widths += [width] * len(members)
-        head = torch.stack([self._n, self._mean, self._m2, self._zeros, self._nonfinite,
-                            amax, self._gsq, self._pgsq, self._uf.to(_ACC),
-                            self._guf.to(_ACC)]).flatten()  # fmt: skip
+        head = torch.stack(
+            [
+                self._n,
+                self._mean,
+                self._m2,
+                self._zeros,
+                self._nonfinite,
+                amax,
+                self._gsq,
+                self._pgsq,
+                self._uf.to(_ACC),
+                self._guf.to(_ACC),
+            ]
+        ).flatten()
         tok_parts, tok_layout = self._token_parts()
         flat = torch.cat([head, *summaries, *blocks, *tok_parts]).cpu().tolist()  # the one transfer
         n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq, uf, guf = (
@@ -656,9 +666,12 @@ class Recorder:
             k = len(members)
             dead, live, med, top = (flat[pos + j * k : pos + (j + 1) * k] for j in range(4))
             for r, i in enumerate(members):
-                summary[i] = {"channel_dead": int(dead[r]), "channel_live": int(live[r]),
-                              "channel_median": med[r],
-                              "channel_top": top[r] if live[r] else None}  # fmt: skip
+                summary[i] = {
+                    "channel_dead": int(dead[r]),
+                    "channel_live": int(live[r]),
+                    "channel_median": med[r],
+                    "channel_top": top[r] if live[r] else None,
+                }
             pos += 4 * k
         chan_lists: list[tuple[float, ...] | None] = [None] * m
         for i, width in zip(kept, widths, strict=True):
@@ -762,8 +775,14 @@ def _channel_summary(both: torch.Tensor) -> torch.Tensor:
     med = torch.where(count % 2 == 1, lo, (lo + hi) / 2)
     top = srt.gather(1, (count - 1).clamp(0, last)[:, None])[:, 0]
     none = count == 0
-    return torch.cat([(both == 0).sum(1).to(_ACC), count.to(_ACC),
-                      med.masked_fill(none, 0.0), top.masked_fill(none, 0.0)])  # fmt: skip
+    return torch.cat(
+        [
+            (both == 0).sum(1).to(_ACC),
+            count.to(_ACC),
+            med.masked_fill(none, 0.0),
+            top.masked_fill(none, 0.0),
+        ]
+    )
 
 
 def _ix(values: Sequence[int], dev: torch.device) -> torch.Tensor:
@@ -805,8 +824,11 @@ def moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
         parts.append(_welford(x) if x.numel() <= _SMALL else _fast_moments(x))
     host = torch.stack(parts).tolist() if parts else []
     # Σx² − n·mean² keeps ~1e-7 × (1 + mean²/var) relative: redo where mean² > 10·var
-    redo = [k for k, (x, (mean, var)) in enumerate(zip(xs, host, strict=True))
-            if x is not None and x.numel() > _SMALL and not var > 10 * mean * mean]  # fmt: skip
+    redo = [
+        k
+        for k, (x, (mean, var)) in enumerate(zip(xs, host, strict=True))
+        if x is not None and x.numel() > _SMALL and not var > 10 * mean * mean
+    ]
     if redo:
         again = torch.stack([_welford(xs[k]) for k in redo]).tolist()  # type: ignore[arg-type]
         for k, mv in zip(redo, again, strict=True):
