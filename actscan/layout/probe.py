@@ -27,7 +27,6 @@ from actscan.layout.detect import is_norm
 from actscan.layout.proof import (
     BlockWatch,
     ProofResult,
-    eval_mode,
     proof_failed,
     proof_result,
     read_blocks,
@@ -35,6 +34,7 @@ from actscan.layout.proof import (
 from actscan.layout.usage import Usage, first_batch_of_one, measure_usage, norm_gains, watch_usage
 from actscan.measure.hooks import HookSet
 from actscan.measure.inputs import Batch
+from actscan.measure.state import eval_mode
 from actscan.records import Layout
 
 __all__ = ["Probe", "probe_pass"]

@@ -21,7 +21,6 @@ proven in the same pass, each block under its own stream's name (`BlockInfo.stre
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import re
@@ -34,6 +33,7 @@ from torch import nn
 
 from actscan.layout.detect import is_act, is_norm
 from actscan.measure.hooks import HookSet
+from actscan.measure.state import eval_mode
 from actscan.records import BlockInfo, BlockProof, BranchInfo, Layout, Role
 
 # ‖x_in + Σ writes − x_out‖ / ‖x_out‖ allowed per dtype of the stream: a few roundings of
@@ -551,19 +551,6 @@ def _plain(b: BlockInfo, chain: list[str], tol: float, stream: str) -> BlockInfo
         + " from the block's input",
     )
     return replace(b, attn=None, mlp=None, adds=1, branches=(), proof=proof)
-
-
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Every module in eval mode, each one's own mode put back after: dropout would make
-    the writes fresh tensors, and the proof is about structure."""
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()
-        yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
 
 
 def prove_blocks(

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["CallerWeights", "caller_state", "kept_state"]
+__all__ = ["CallerWeights", "caller_state", "eval_mode", "kept_state"]
 
 _DROP_ATTR = re.compile(r"drop", re.I)  # attention_dropout, attn_pdrop, layerdrop, drop_path_rate…
 _MISSING = object()
@@ -190,3 +190,16 @@ def kept_state(
                 stack.enter_context(_no_dropout(model))
             _cast(model, device, dtype)
             yield kept
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Every module in eval mode for a small structural pass (the layout probe, reading a
+    factory's output, measuring usage for --init), each one's own mode put back after."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode

@@ -18,6 +18,7 @@ from torch import nn
 from actscan.errors import ConfigError
 from actscan.layout.detect import is_norm
 from actscan.layout.usage import Usage, measure_usage, probe_gain
+from actscan.measure.state import eval_mode
 from actscan.models.arch import INITS, ArchConfig
 from actscan.models.gpt import linear_std
 
@@ -47,15 +48,11 @@ def token_usage(model: nn.Module) -> Usage | None:
     if getattr(model, "main_input_name", "input_ids") != "input_ids" or not isinstance(vocab, int):
         return None
     ids = torch.randint(0, vocab, (1, 8), generator=torch.Generator().manual_seed(0))
-    modes = [(m, m.training) for m in model.modules()]
     try:
-        model.eval()
-        return measure_usage(model, (), {"input_ids": ids})
+        with eval_mode(model):
+            return measure_usage(model, (), {"input_ids": ids})
     except Exception:  # a model this pass cannot run: --init keeps to nn.Linear weights
         return None
-    finally:
-        for m, mode in modes:
-            m.training = mode
 
 
 def is_linear_bias(usage: Usage | None, model: nn.Module, bias: nn.Parameter) -> bool:

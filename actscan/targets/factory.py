@@ -154,6 +154,7 @@ def _token_inputs(target: str, model: Any, info: Any, opts: TargetOptions) -> Re
 
     from actscan.measure.inputs import token_source
     from actscan.measure.recorder import first_tensor
+    from actscan.measure.state import eval_mode
 
     sizes = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
     if not sizes:
@@ -167,11 +168,9 @@ def _token_inputs(target: str, model: Any, info: Any, opts: TargetOptions) -> Re
     batch = opts.batch or DEFAULT_BATCH
     source = token_source(vocab, batch, seq, opts.seed)
     # One tiny pass decides the loss: logits over the vocabulary, or anything else.
-    modes = [(m, m.training) for m in model.modules()]
     probe = source(0).args[0][:1]
     try:
-        model.eval()
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             out = first_tensor(model(probe.to(_device(model))))
     except Exception as err:
         raise BadInputError(
@@ -179,9 +178,6 @@ def _token_inputs(target: str, model: Any, info: Any, opts: TargetOptions) -> Re
             f"(vocab {vocab}, shape {list(probe.shape)}): {_one_line(err)}; "
             "pass --input-shape or return (model, example_inputs)"
         ) from None
-    finally:
-        for m, mode in modes:
-            m.training = mode
     is_lm = out is not None and out.dim() == 3 and out.shape[-1] == vocab
     info = replace(info, vocab_size=vocab, task="causal-lm" if is_lm else "custom")
     return Resolved(
