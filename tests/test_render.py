@@ -18,7 +18,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from actscan.cli import app
-from actscan.render.common import spark
+from actscan.render.sparks import spark
 from actscan.render.terminal import num, render_report
 from actscan.report.report import Report
 

@@ -22,8 +22,8 @@ from actscan.diagnose import evaluate
 from actscan.models.arch import build_config
 from actscan.models.gpt import build_model
 from actscan.records import CheckId, Severity
-from actscan.render.common import spark
 from actscan.render.formats import to_junit, to_markdown
+from actscan.render.sparks import spark
 from actscan.render.terminal import render_report
 from actscan.report.report import Report
 from actscan.report.schema import validate_report

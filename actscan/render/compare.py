@@ -14,7 +14,7 @@ from actscan.compare.pairs import Comparison, Divergence, FindingDiff
 from actscan.compare.sweep import Sweep
 from actscan.numfmt import NONE, as_float, num
 from actscan.records import Finding
-from actscan.render.common import spark
+from actscan.render.sparks import spark
 from actscan.render.steps import render_steps_comparison
 from actscan.render.terminal import SEVERITY_STYLE, findings_panel
 from actscan.report.report import Report

@@ -11,8 +11,8 @@ from rich.text import Text
 from actscan.compare.steps import StepsComparison
 from actscan.numfmt import NONE, num
 from actscan.records import BlockUpdates, Dynamics
-from actscan.render.common import spark
 from actscan.render.formats import shown_steps
+from actscan.render.sparks import spark
 
 
 def optimizer_line(dyn: Dynamics) -> Text:

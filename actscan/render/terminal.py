@@ -24,8 +24,8 @@ from actscan.records import (
     Summary,
     finding_order,
 )
-from actscan.render.common import is_flat, spark
 from actscan.render.formats import head_summary, massive_rows
+from actscan.render.sparks import is_flat, spark
 from actscan.render.steps import render_dynamics
 from actscan.report.report import Report
 
