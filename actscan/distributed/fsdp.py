@@ -15,7 +15,7 @@ so the loader follows FSDP2's own layout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -107,7 +107,7 @@ def fill_local(model: nn.Module, read: Callable[[str, int, int], torch.Tensor | 
 
 
 def sharded_grads(
-    loss: torch.Tensor, params: list[nn.Parameter], world_size: int
+    loss: torch.Tensor, params: Sequence[torch.Tensor], world_size: int
 ) -> list[torch.Tensor | None]:
     """Backward of this rank's share (1/N) of the global mean loss: FSDP's reduced
     gradients of `params` (DTensors, sharded like the parameters: what the sharded
