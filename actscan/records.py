@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeGuard
 
 # -- how a field is written in JSON, where its type alone does not say it ---------------
 JSON_META = "json"  # the dataclass field metadata key actscan.report.codec reads
@@ -614,7 +614,7 @@ def all_points(
     return tuple(p for s in streams for p in s.points) if streams else tuple(stream)
 
 
-def _finite(x: float | None) -> bool:
+def _finite(x: float | None) -> TypeGuard[float]:
     return x is not None and math.isfinite(x)
 
 
@@ -667,20 +667,21 @@ class GrowthFit:
 
 
 def growth_fit(stream: Sequence[StreamPoint]) -> GrowthFit:
-    pts = [p for p in stream if _finite(p.rms)]
+    # (k, block, rms) of the points with a finite RMS
+    pts = [(p.k, p.block, p.rms) for p in stream if _finite(p.rms)]
     if len(pts) < 2:
         return GrowthFit(n_points=len(pts))
-    var = _linfit([p.k for p in pts], [p.rms**2 for p in pts])  # type: ignore[operator]
-    pos = [p for p in pts if p.k >= 1 and p.rms and p.rms > 0]
-    p_fit = _linfit([math.log(p.k) for p in pos], [math.log(p.rms) for p in pos])  # type: ignore[arg-type]
-    blocks = [p for p in pos if p.block is not None]
-    g_fit = _linfit([p.block for p in blocks], [math.log(p.rms) for p in blocks])  # type: ignore[misc, arg-type]
-    first, last = pts[0], pts[-1]
-    growth = last.rms / first.rms if first.rms else None  # type: ignore[operator]
-    grads = [p for p in stream if _finite(p.grad_rms)]
+    var = _linfit([k for k, _, _ in pts], [rms**2 for _, _, rms in pts])
+    pos = [(k, b, rms) for k, b, rms in pts if k >= 1 and rms and rms > 0]
+    p_fit = _linfit([math.log(k) for k, _, _ in pos], [math.log(rms) for _, _, rms in pos])
+    blocks = [(b, rms) for _, b, rms in pos if b is not None]
+    g_fit = _linfit([b for b, _ in blocks], [math.log(rms) for _, rms in blocks])
+    first, last = pts[0][2], pts[-1][2]
+    growth = last / first if first else None
+    grads = [p.grad_rms for p in stream if _finite(p.grad_rms)]
     grad_ratio = None
-    if len(grads) >= 2 and grads[-1].grad_rms:
-        grad_ratio = grads[0].grad_rms / grads[-1].grad_rms  # type: ignore[operator]
+    if len(grads) >= 2 and grads[-1]:
+        grad_ratio = grads[0] / grads[-1]
     return GrowthFit(
         var_a=var[0] if var else None,
         var_b=var[1] if var else None,

@@ -13,7 +13,7 @@ import typing
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from actscan.records import Finding
     from actscan.report.report import Report
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -110,6 +111,7 @@ def setting_options(command: str) -> Callable[[Callable[..., Any]], Callable[...
                 raise fail(str(err), err.exit_code, rank0=True) from None
             return fn(settings=settings, **kwargs)
 
+        # typer reads the signature; typeshed does not declare __signature__ on functions
         wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         return wrapper
@@ -226,11 +228,11 @@ def fail(message: str, code: int = EXIT_USAGE, *, rank0: bool = False) -> typer.
     return typer.Exit(code)
 
 
-def handle_errors(fn: F) -> F:
+def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """One clear line and a distinct exit code for every failure; traceback on request."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except typer.Exit:
@@ -255,7 +257,7 @@ def handle_errors(fn: F) -> F:
                 EXIT_INTERNAL,
             ) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def _model_error_line(err: BaseException) -> str | None:

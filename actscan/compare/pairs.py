@@ -271,7 +271,7 @@ def match_stream(a: Sequence[StreamPoint], b: Sequence[StreamPoint]) -> tuple[St
         out.append(
             StreamPair(
                 k=k,
-                block=(x or y).block,  # type: ignore[union-attr]
+                block=pa[k].block if k in pa else pb[k].block,
                 name_a=x.name if x else None,
                 name_b=y.name if y else None,
                 rms_a=x.rms if x else None,

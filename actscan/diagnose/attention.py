@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from actscan.diagnose.common import finding, finite, grade, listing, n, skip
+from actscan.diagnose.common import finding, finite, grade, known, listing, n, skip
 from actscan.records import AttentionRecord, CheckId, Finding, HeadRecord, Severity, Skip
 
 if TYPE_CHECKING:
@@ -84,10 +84,10 @@ def score_findings(ctx: CheckContext) -> list[Finding]:
                 "a lower q/k init or a logit soft-cap keeps the scores near unit scale.",
             )
         )
-    big = _hits(ctx, lambda r, h: finite(h.score_max) and h.score_max >= th.attn_score_max)  # type: ignore[operator]
+    big = _hits(ctx, lambda r, h: finite(h.score_max) and h.score_max >= th.attn_score_max)
     if big:
-        rec, head = max(big, key=lambda x: x[1].score_max)  # type: ignore[arg-type, return-value]
-        top = float(head.score_max)  # type: ignore[arg-type]
+        rec, head = max(big, key=lambda x: known(x[1].score_max))
+        top = float(known(head.score_max))
         over = top >= th.attn_score_max_error
         # at init: warn, error past τ; a checkpoint: info, warn past τ (one notch lower)
         sev = grade(top, th.attn_score_max, th.attn_score_max_error)[0]
@@ -134,8 +134,8 @@ def attn_entropy(ctx: CheckContext) -> list[Finding | Skip]:
         low = _hits(ctx, lambda r, h: (e := ent(h)) is not None and e < th.attn_entropy_low)
         if not low:
             return []
-        rec, head = min(low, key=lambda x: x[1].entropy)  # type: ignore[arg-type, return-value]
-        e = float(head.entropy)  # type: ignore[arg-type]
+        rec, head = min(low, key=lambda x: known(x[1].entropy))
+        e = float(known(head.entropy))
         sev, threshold = grade(e, th.attn_entropy_low, th.attn_entropy_collapse, above=False)
         return [
             finding(
@@ -162,11 +162,11 @@ def attn_entropy(ctx: CheckContext) -> list[Finding | Skip]:
         r.name
         for r in ctx.attention
         if r.heads
-        and all((e := ent(h)) is not None and e < th.attn_entropy_collapse for h in r.heads)
+        and all((x := ent(h)) is not None and x < th.attn_entropy_collapse for h in r.heads)
     ]
     total = sum(len(r.heads) for r in ctx.attention)
-    rec, head = min(collapsed, key=lambda x: x[1].entropy)  # type: ignore[arg-type, return-value]
-    e = float(head.entropy)  # type: ignore[arg-type]
+    rec, head = min(collapsed, key=lambda x: known(x[1].entropy))
+    e = float(known(head.entropy))
     message = (
         f"{len(collapsed)} of {total} attention heads are collapsed onto about one key "
         f"(normalised entropy < {n(th.attn_entropy_collapse)}): {heads_text(collapsed)}; "

@@ -98,11 +98,11 @@ def _branches(ctx: CheckContext) -> list[_Branch]:
         if written == 0:
             ratio = 0.0
         elif finite(written) and finite(rec.stream_rms) and rec.stream_rms:
-            ratio = written / rec.stream_rms  # type: ignore[operator]
+            ratio = written / rec.stream_rms
         g_stream = grad_at.get(rec.block)
         grad_ratio = None
         if ctx.run.backward and finite(rec.grad_rms) and finite(g_stream) and g_stream:
-            grad_ratio = rec.grad_rms / g_stream  # type: ignore[operator]
+            grad_ratio = rec.grad_rms / g_stream
         gp = tuple(params_of.get(gain.name, ())) if gain is not None else ()
         out.append(_Branch(rec, gain, gp, ratio, grad_ratio))
     return out

@@ -10,6 +10,7 @@ from actscan.diagnose.common import (
     finding,
     finite,
     grade,
+    known,
     listing,
     n,
     pct,
@@ -159,14 +160,14 @@ def outlier_channels(ctx: CheckContext) -> list[Finding | Skip]:
         return []
     hits.sort(key=lambda r: r.order)
     groups = _channel_groups(hits)
-    worst = max(hits, key=lambda r: r.channel_max_ratio)  # type: ignore[arg-type, return-value]
-    ratio = worst.channel_max_ratio
-    scale = worst.max_abs / 127  # type: ignore[operator]
+    worst = max(hits, key=lambda r: known(r.channel_max_ratio))
+    ratio = known(worst.channel_max_ratio)
+    scale = known(worst.max_abs) / 127
     median = worst.channel_median_max
-    levels = median / scale if positive(median) else None  # type: ignore[operator]
+    levels = median / scale if positive(median) else None
     # At init no random scheme makes such channels: past the error ratio it is a bug. In a
     # trained model they are an emergent feature and a quantization hazard: warn.
-    extreme = ratio >= th.outlier_ratio_error  # type: ignore[operator]
+    extreme = ratio >= th.outlier_ratio_error
     severity, threshold = warn_or_error(
         extreme and ctx.info.at_init, th.outlier_ratio, th.outlier_ratio_error
     )

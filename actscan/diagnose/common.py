@@ -7,7 +7,7 @@ import math
 import re
 import statistics
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from actscan.numfmt import num as n  # noqa: F401  (re-exported for the checks)
 from actscan.records import (
@@ -36,12 +36,19 @@ def pct(x: float) -> str:
     return f"{100 * x:.0f}%" if x >= 0.01 else f"{100 * x:.2g}%"
 
 
-def finite(x: float | None) -> bool:
+def finite(x: float | None) -> TypeGuard[float]:
     return x is not None and math.isfinite(x)
 
 
-def positive(x: float | None) -> bool:
-    return finite(x) and x > 0  # type: ignore[operator]
+def positive(x: float | None) -> TypeGuard[float]:
+    return finite(x) and x > 0
+
+
+def known(x: float | None) -> float:
+    """A field the caller has already filtered to a number (`finite`, `positive`, `is not
+    None`), typed as one: the filter lives in a comprehension mypy cannot see into."""
+    assert x is not None
+    return x
 
 
 def block_points(stream: Sequence[StreamPoint]) -> list[StreamPoint]:

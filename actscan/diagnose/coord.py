@@ -23,12 +23,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from actscan.diagnose.thresholds import Thresholds
-from actscan.records import CheckId, Dynamics, Finding, Severity, StreamPoint, json_as
+from actscan.records import CheckId, Dynamics, Finding, ModelInfo, Severity, StreamPoint, json_as
 
 
 class StepsRun(Protocol):
-    """What the check reads of one row's scan (a Report has it): its stream points and
-    its steps. A protocol, so this pure module needs no report."""
+    """What the check reads of one row's scan (a Report has it): its model, its stream
+    points and its steps. A protocol, so this pure module needs no report."""
+
+    @property
+    def model(self) -> ModelInfo: ...
 
     @property
     def stream(self) -> Sequence[StreamPoint]: ...

@@ -17,6 +17,7 @@ from actscan.diagnose.common import (
     finding,
     finite,
     grade,
+    known,
     n,
     positive,
     residual_budget,
@@ -90,7 +91,7 @@ def total_gain(ctx: CheckContext, pts: Sequence[StreamPoint]) -> float | None:
     if not positive(g) or not pts:
         return None
     try:
-        return g ** len(pts)  # type: ignore[operator]
+        return g ** len(pts)
     except OverflowError:
         return math.inf
 
@@ -106,8 +107,8 @@ def sustained(pts: Sequence[StreamPoint], fraction: float) -> bool:
     if len(pts) < 3:
         return False
     mid = len(pts) // 2
-    first = math.log(pts[mid].rms / pts[0].rms) / mid  # type: ignore[operator]
-    second = math.log(pts[-1].rms / pts[mid].rms) / (len(pts) - 1 - mid)  # type: ignore[operator]
+    first = math.log(known(pts[mid].rms) / known(pts[0].rms)) / mid
+    second = math.log(known(pts[-1].rms) / known(pts[mid].rms)) / (len(pts) - 1 - mid)
     return first > 0 and second >= fraction * first
 
 
@@ -120,7 +121,7 @@ def _is_exponential(ctx: CheckContext, pts: Sequence[StreamPoint]) -> bool:
 def _first_crossing(pts: Sequence[StreamPoint], ref: float, factor: float) -> StreamPoint | None:
     """First block whose RMS is ≥ factor·ref (factor > 1) or ≤ factor·ref (factor < 1)."""
     for p in pts:
-        r = p.rms / ref  # type: ignore[operator]
+        r = known(p.rms) / ref
         if (factor >= 1 and r >= factor) or (factor < 1 and r <= factor):
             return p
     return None
@@ -139,11 +140,11 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
     if _is_exponential(ctx, pts):
         return []
     first, last = pts[0], pts[-1]
-    drift = last.rms / first.rms  # type: ignore[operator]
-    if p < th.sqrt_exponent or drift < th.growth_warn:  # type: ignore[operator]
+    drift = known(last.rms) / known(first.rms)
+    if p < th.sqrt_exponent or drift < th.growth_warn:
         return []
     severity, threshold = grade(drift, th.growth_warn, th.growth_error)
-    cross = _first_crossing(pts, first.rms, th.growth_warn) or last  # type: ignore[arg-type]
+    cross = _first_crossing(pts, known(first.rms), th.growth_warn) or last
     k = last.k
     over_embedding = (
         f"; ×{n(ctx.fit.growth)} over the embedding" if positive(ctx.fit.growth) else ""
@@ -181,9 +182,9 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
         )
     top = last.max_abs
     fp16_run = ctx.run.dtype == "fp16" or ctx.run.amp == "fp16"
-    if positive(top) and (fp16_run or top * drift >= FP16_MAX):  # type: ignore[operator]
+    if positive(top) and (fp16_run or top * drift >= FP16_MAX):
         hint += (
-            f" In fp16 the top of the stream (max|x| {n(top)}) keeps ×{n(FP16_MAX / top)} "  # type: ignore[operator]
+            f" In fp16 the top of the stream (max|x| {n(top)}) keeps ×{n(FP16_MAX / top)} "
             f"headroom below 65504."
         )
     return [
@@ -213,12 +214,12 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
         )
         return [skip(CheckId.EXP_GROWTH, why), skip(CheckId.COLLAPSE, why)]
     first, last = pts[0], pts[-1]
-    actual = last.rms / first.rms  # type: ignore[operator]
+    actual = known(last.rms) / known(first.rms)
     gamma = ctx.fit.gain
     L = len(pts)
     if total >= th.exp_gain_warn and sustained(pts, th.exp_sustain):
         severity, threshold = grade(total, th.exp_gain_warn, th.exp_gain_error)
-        cross = _first_crossing(pts, first.rms, th.exp_gain_warn) or last  # type: ignore[arg-type]
+        cross = _first_crossing(pts, known(first.rms), th.exp_gain_warn) or last
         message = (
             f"Each block multiplies the stream's RMS by γ = {n(gamma)} (geometric fit over "
             f"{L} blocks), γ^L = {n(total)}: RMS {n(first.rms)} at {_b(ctx, first)} → "
@@ -246,7 +247,7 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
         severity, threshold = grade(
             shrink, 1 / th.exp_gain_warn, 1 / th.exp_gain_error, above=False
         )
-        cross = _first_crossing(pts, first.rms, 1 / th.exp_gain_warn) or last  # type: ignore[arg-type]
+        cross = _first_crossing(pts, known(first.rms), 1 / th.exp_gain_warn) or last
         message = (
             f"The stream's RMS shrinks by γ = {n(gamma)} per block (γ^L = {n(total)} over {L} "
             f"blocks): {n(first.rms)} at {_b(ctx, first)} → {n(last.rms)} at "
@@ -291,7 +292,7 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
             ctx, len(blocks), th.grad_min_blocks, "blocks with a measured stream gradient"
         )
         return [skip(CheckId.VANISHING_GRAD, why), skip(CheckId.EXPLODING_GRAD, why)]
-    r = [p.grad_rms * p.rms for p in pts]  # type: ignore[operator]
+    r = [known(p.grad_rms) * known(p.rms) for p in pts]
     top = r[-1]
     ratio = r[0] / top
     first, last = pts[0], pts[-1]

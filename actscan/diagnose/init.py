@@ -14,6 +14,7 @@ from actscan.diagnose.common import (
     branch_projections,
     finding,
     grade,
+    known,
     listing,
     n,
     residual_budget,
@@ -44,12 +45,12 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
     if not ctx.info.at_init:
         return [skip(CheckId.INIT_SCALE, NOT_AT_INIT)]
     th = ctx.thresholds
-    out: list[Finding] = []
+    out: list[Finding | Skip] = []
     weights = [p for p in ctx.params if p.kind == "weight" and p.fan_in and p.std > 0]
     out_proj = {o.name for _, o, _ in branch_projections(ctx)}
 
     def ratio(p: ParamRecord) -> float:
-        return p.std * math.sqrt(p.fan_in)  # type: ignore[arg-type]  # std / √(1/fan_in)
+        return p.std * math.sqrt(known(p.fan_in))  # std / √(1/fan_in)
 
     big = [p for p in weights if ratio(p) >= th.init_scale_high]
     if big:
@@ -57,6 +58,7 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
         worst_key = max(groups, key=lambda k: max(ratio(p) for p in groups[k]))
         w = max(groups[worst_key], key=ratio)
         r = ratio(w)
+        fan = known(w.fan_in)
         severity, threshold = grade(r, th.init_scale_high, th.init_scale_error)
         others = [k for k in groups if k != worst_key]
         more = f"; also {listing(others, 3)}" if others else ""
@@ -65,7 +67,7 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
         message = (
             f"{worst_key} ({count} matri{'ces' if count > 1 else 'x'}) "
             f"has std {n(w.std)} = {n(r)}× the fan-in rule √(1/{w.fan_in}) = "
-            f"{n(1 / math.sqrt(w.fan_in))} (He √(2/fan_in) = {n(math.sqrt(2 / w.fan_in))}): "  # type: ignore[operator]
+            f"{n(1 / math.sqrt(fan))} (He √(2/fan_in) = {n(math.sqrt(2 / fan))}): "
             f"each such layer multiplies its input variance by {n(r * r)} at init{more}."
         )
         hint = (
@@ -180,7 +182,7 @@ def _gains_and_biases(ctx: CheckContext) -> list[Finding]:
         w = weight_of.get(p.module)
         # against the pre-activation std it shifts; norm biases: the unit scale of the norm
         has_w = w is not None and w.std > 0
-        sigma = size / (w.std * math.sqrt(w.fan_in)) if has_w else size  # type: ignore[union-attr, arg-type]
+        sigma = size / (w.std * math.sqrt(known(w.fan_in))) if w is not None and has_w else size
         if sigma >= th.init_bias_sigma:
             shifted.append((p, sigma))
     if shifted:

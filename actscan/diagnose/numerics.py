@@ -15,6 +15,7 @@ from actscan.diagnose.common import (
     finding,
     finite,
     grade,
+    known,
     listing,
     n,
     positive,
@@ -32,12 +33,12 @@ def _fp16(ctx: CheckContext) -> bool:
     return ctx.run.dtype == "fp16" or ctx.run.amp == "fp16"
 
 
-def overflow(ctx: CheckContext) -> list[Finding]:
+def overflow(ctx: CheckContext) -> list[Finding | Skip]:
     """Non-finite weights, outputs or gradients (error), values near the dtype's ceiling
     (warn), beyond fp16's (info, in wider runs) and logits that exp() overflows (info)."""
     fp16 = _fp16(ctx)
     dtype = "fp16" if fp16 else ctx.run.dtype
-    out = _nonfinite_params(ctx) + _nonfinite_outputs(ctx, dtype, fp16)
+    out: list[Finding | Skip] = [*_nonfinite_params(ctx), *_nonfinite_outputs(ctx, dtype, fp16)]
     if any(r.nonfinite > 0 for r in ctx.layers):
         return out  # no ceiling to judge once values are inf
     out += _near_ceiling(ctx, dtype, fp16)
@@ -130,9 +131,10 @@ def _near_ceiling(ctx: CheckContext, dtype: str, fp16: bool) -> list[Finding]:
     th = ctx.thresholds
     out: list[Finding] = []
     ceiling = DTYPE_MAX.get(dtype, DTYPE_MAX["fp32"])
-    near = [r for r in ctx.layers if positive(r.max_abs) and r.max_abs >= ceiling / th.headroom]  # type: ignore[operator]
+    near = [r for r in ctx.layers if positive(r.max_abs) and r.max_abs >= ceiling / th.headroom]
     if near:
-        worst = max(near, key=lambda r: r.max_abs)  # type: ignore[arg-type, return-value]
+        worst = max(near, key=lambda r: known(r.max_abs))
+        headroom = ceiling / known(worst.max_abs)
         near.sort(key=lambda r: r.order)
         out.append(
             finding(
@@ -142,7 +144,7 @@ def _near_ceiling(ctx: CheckContext, dtype: str, fp16: bool) -> list[Finding]:
                 worst.max_abs,
                 ceiling / th.headroom,
                 f"max|x| = {n(worst.max_abs)} at {worst.name} is within ×{n(th.headroom)} of "
-                f"{dtype}'s largest value {n(ceiling)} (headroom ×{n(ceiling / worst.max_abs)}); "  # type: ignore[operator]
+                f"{dtype}'s largest value {n(ceiling)} (headroom ×{n(headroom)}); "
                 f"{len(near)} module{'s' if len(near) > 1 else ''} are this close "
                 f"(first: {near[0].name}).",
                 "A little more growth (depth, training) overflows to Inf: run in bf16, or "
@@ -151,11 +153,11 @@ def _near_ceiling(ctx: CheckContext, dtype: str, fp16: bool) -> list[Finding]:
         )
     elif not fp16:
         over16 = sorted(
-            (r for r in ctx.layers if positive(r.max_abs) and r.max_abs > FP16_MAX),  # type: ignore[operator]
+            (r for r in ctx.layers if positive(r.max_abs) and r.max_abs > FP16_MAX),
             key=lambda r: r.order,
         )
         if over16:
-            worst = max(over16, key=lambda r: r.max_abs)  # type: ignore[arg-type, return-value]
+            worst = max(over16, key=lambda r: known(r.max_abs))
             out.append(
                 finding(
                     CheckId.OVERFLOW,
@@ -179,10 +181,10 @@ def _hot_logits(ctx: CheckContext) -> list[Finding]:
         for r in ctx.layers
         if (r.role == "head" or r.type == ATTN_LOGITS)
         and positive(r.max_abs)
-        and r.max_abs > FP16_EXP_LIMIT  # type: ignore[operator]
+        and r.max_abs > FP16_EXP_LIMIT
     ]
     if hot:
-        worst = max(hot, key=lambda r: r.max_abs)  # type: ignore[arg-type, return-value]
+        worst = max(hot, key=lambda r: known(r.max_abs))
         out.append(
             finding(
                 CheckId.OVERFLOW,
@@ -228,7 +230,7 @@ def logit_scale(ctx: CheckContext) -> list[Finding | Skip]:
         if size < 2:
             continue
         f = _freeze(size)
-        factor = head.std / f  # type: ignore[operator]
+        factor = known(head.std) / f
         if factor < th.logit_freeze:
             continue
         # A trained model may have chosen sharp logits: information, not a defect.
@@ -237,7 +239,7 @@ def logit_scale(ctx: CheckContext) -> list[Finding | Skip]:
             if ctx.info.at_init
             else (Severity.INFO, th.logit_freeze)
         )
-        log_z = _log_z(head.mean or 0.0, head.std, size)  # type: ignore[arg-type]
+        log_z = _log_z(head.mean or 0.0, known(head.std), size)
         state = "at init " if ctx.info.at_init else ""
         upper = (head.max_abs or 0.0) + math.log(size)
         message = (
@@ -281,7 +283,7 @@ def _unscaled_attention(ctx: CheckContext) -> list[Finding]:
     scale = str(ctx.info.arch.get("attn_scale", ""))
     head_dim = ctx.info.arch.get("head_dim")
     if scale == "none":
-        worst = max(scores, key=lambda r: r.std, default=None)  # type: ignore[arg-type, return-value]
+        worst = max(scores, key=lambda r: known(r.std), default=None)
         measured = f" (std up to {n(worst.std)} now, at {worst.name})" if worst else ""
         grow = f"√d_k = {n(math.sqrt(head_dim))}× " if isinstance(head_dim, int) else ""
         value = float(head_dim) if isinstance(head_dim, int) else None
@@ -310,19 +312,19 @@ def _recorded_scores(ctx: CheckContext) -> list[Finding]:
     if keys < 2 or not scores:
         return []
     f = _freeze(keys)
-    hot = [r for r in scores if r.std / f >= th.logit_freeze]  # type: ignore[operator]
+    hot = [r for r in scores if known(r.std) / f >= th.logit_freeze]
     if not hot:
         return []
-    worst = max(hot, key=lambda r: r.std)  # type: ignore[arg-type, return-value]
+    worst = max(hot, key=lambda r: known(r.std))
     return [
         finding(
             CheckId.LOGIT_SCALE,
             Severity.WARN,
             [r.name for r in hot],
-            worst.std / f,  # type: ignore[operator]
+            known(worst.std) / f,
             th.logit_freeze,
             f"Attention scores have std up to {n(worst.std)} at {worst.name} over T = {keys} keys "
-            f"({n(worst.std / f)}× √(2 ln T) = {n(f)}; {len(hot)} layer"  # type: ignore[operator]
+            f"({n(known(worst.std) / f)}× √(2 ln T) = {n(f)}; {len(hot)} layer"
             f"{'s' if len(hot) > 1 else ''}: {listing([r.name for r in hot], 3)}): each softmax "
             f"is near one-hot and passes almost no gradient.",
             "Check the attention scale (1/√d_k) and the q/k projections' init; QK-norm or a "

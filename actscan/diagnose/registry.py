@@ -52,7 +52,10 @@ def evaluate(ctx: CheckContext) -> tuple[tuple[Finding, ...], tuple[Skip, ...]]:
     skips: list[Skip] = []
     for check in CHECKS.values():
         for item in check(ctx):
-            (skips if isinstance(item, Skip) else findings).append(item)  # type: ignore[arg-type]
+            if isinstance(item, Skip):
+                skips.append(item)
+            else:
+                findings.append(item)
     findings.sort(key=finding_order)
     rank = {c.value: i for i, c in enumerate(CHECK_ORDER)}
     skips = list({s.check: s for s in sorted(skips, key=lambda s: rank.get(s.check, 99))}.values())

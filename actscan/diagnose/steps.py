@@ -96,7 +96,7 @@ class DynStats:
 
 def _median(xs: Sequence[float | None]) -> float | None:
     vals = [x for x in xs if finite(x)]
-    return stats.median(vals) if vals else None  # type: ignore[type-var]
+    return stats.median(vals) if vals else None
 
 
 def _update_stats(updates: Sequence[UpdateRecord]) -> tuple[dict, dict, dict, tuple[str, ...]]:
@@ -128,7 +128,7 @@ def _curve(d: Dynamics, t: int) -> tuple[tuple[int, str, float], ...]:
         for c in d.steps[t].change
         if c.kind == "stream" and c.k is not None and c.k > 0 and finite(c.rel)
     )
-    return tuple(pts)  # type: ignore[arg-type]
+    return tuple(pts)
 
 
 def sustain(curve: Sequence[tuple[int, str, float]]) -> float | None:
@@ -157,23 +157,23 @@ def statistics(d: Dynamics) -> DynStats:
     change = _curve(d, 1)
     last = _curve(d, len(d.steps) - 1)
     attn = tuple(s.attn_max for s in d.steps if finite(s.attn_max))
-    attn_growth = attn[-1] / attn[0] if len(attn) >= 2 and attn[0] > 0 else None  # type: ignore[operator]
+    attn_growth = attn[-1] / attn[0] if len(attn) >= 2 and attn[0] > 0 else None
     per_layer: dict[str, list[float]] = {}
     for st in d.steps:
         for name, v in st.attn_layers:
             if finite(v):
-                per_layer.setdefault(name, []).append(v)  # type: ignore[arg-type]
+                per_layer.setdefault(name, []).append(v)
     attn_layers = {name: (vs[0], vs[-1]) for name, vs in per_layer.items() if len(vs) >= 2}
     log_z = tuple(s.logits.log_z_mean for s in d.steps if s.logits and finite(s.logits.log_z_mean))
-    drift = max(abs(z - log_z[0]) for z in log_z) if len(log_z) >= 2 else None  # type: ignore[operator]
+    drift = max(abs(z - log_z[0]) for z in log_z) if len(log_z) >= 2 else None
     g_eps: dict[str, float] = {}
     if adam and positive(opt.eps):
         first = [u.grad_rms[0] for u in d.updates if u.grad_rms and positive(u.grad_rms[0])]
-        floor = STRUCTURAL_ZERO * stats.median(first) if first else 0.0  # type: ignore[type-var]
+        floor = STRUCTURAL_ZERO * stats.median(first) if first else 0.0
         for u in d.updates:
             gs = [g for g in u.grad_rms if finite(g)]
-            if gs and finite(u.grad_rms[0]) and u.grad_rms[0] > floor:  # type: ignore[operator]
-                g_eps[u.param] = min(gs) / opt.eps  # type: ignore[operator,type-var]
+            if gs and finite(u.grad_rms[0]) and u.grad_rms[0] > floor:
+                g_eps[u.param] = min(gs) / opt.eps
     return DynStats(
         steps=len(d.steps) - 1,
         lr=opt.lr,
@@ -186,11 +186,11 @@ def statistics(d: Dynamics) -> DynStats:
         sustain=sustain(change),
         change_first=change[-1][2] if change else None,
         change_last=last[-1][2] if last else None,
-        attn=attn,  # type: ignore[arg-type]
+        attn=attn,
         attn_growth=attn_growth,
         attn_layers=attn_layers,
         log_z=log_z,
-        log_z_drift=drift,  # type: ignore[arg-type]
+        log_z_drift=drift,
         loss=tuple(s.loss for s in d.steps),
         grad_over_eps=g_eps,
         eps=opt.eps,
@@ -222,6 +222,12 @@ def _no_steps(ctx: CheckContext, check: CheckId) -> list[Finding | Skip] | None:
     return None
 
 
+def _stats(ctx: CheckContext) -> DynStats:
+    """statistics() of a run that `_no_steps` let through, so one that took steps."""
+    assert ctx.dynamics is not None
+    return statistics(ctx.dynamics)
+
+
 def _where(params: Sequence[str], block: Mapping[str, int | None]) -> str:
     blocks = sorted({b for p in params if (b := block.get(p)) is not None})
     if not blocks:
@@ -238,7 +244,7 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
     if (out := _no_steps(ctx, CheckId.UPDATE_SIZE)) is not None:
         return out
     th = ctx.thresholds
-    s = statistics(ctx.dynamics)  # type: ignore[arg-type]
+    s = _stats(ctx)
     if not s.update and not s.frozen:
         return [skip(CheckId.UPDATE_SIZE, "no parameter update ratios were recorded")]
     res: list[Finding | Skip] = []
@@ -331,7 +337,7 @@ def amplification(ctx: CheckContext) -> list[Finding | Skip]:
     if (out := _no_steps(ctx, CheckId.AMPLIFICATION)) is not None:
         return out
     th = ctx.thresholds
-    s = statistics(ctx.dynamics)  # type: ignore[arg-type]
+    s = _stats(ctx)
     if len(s.change) < th.amplification_min_blocks or s.sustain is None:
         return [
             skip(
@@ -374,7 +380,7 @@ def attn_logit_growth(ctx: CheckContext) -> list[Finding | Skip]:
     if (out := _no_steps(ctx, CheckId.ATTN_LOGIT_GROWTH)) is not None:
         return out
     th = ctx.thresholds
-    s = statistics(ctx.dynamics)  # type: ignore[arg-type]
+    s = _stats(ctx)
     if len(s.attn) < 2:
         return [skip(CheckId.ATTN_LOGIT_GROWTH, "no attention scores were recorded")]
     last = s.attn[-1]
@@ -473,7 +479,7 @@ def logit_drift(ctx: CheckContext) -> list[Finding | Skip]:
     if (out := _no_steps(ctx, CheckId.LOGIT_DRIFT)) is not None:
         return out
     th = ctx.thresholds
-    s = statistics(ctx.dynamics)  # type: ignore[arg-type]
+    s = _stats(ctx)
     if len(s.log_z) < 2 or s.log_z_drift is None:
         return [skip(CheckId.LOGIT_DRIFT, "no output logits were recorded")]
     if s.log_z_drift < th.log_z_drift:
@@ -506,7 +512,7 @@ def _collapsed(d: Dynamics | None, param: str) -> bool:
     """Did the tensor's gradient start ≥ 1000× above its smallest value over the steps?"""
     u = next((u for u in (d.updates if d else ()) if u.param == param), None)
     gs = [g for g in (u.grad_rms if u else ()) if finite(g)]
-    return bool(gs) and positive(gs[0]) and gs[0] >= 1000 * min(gs)  # type: ignore[operator,type-var]
+    return bool(gs) and positive(gs[0]) and gs[0] >= 1000 * min(gs)
 
 
 def adam_epsilon(ctx: CheckContext) -> list[Finding | Skip]:

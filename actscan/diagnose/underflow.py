@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from actscan.diagnose.common import NO_BACKWARD, feeding, finding, grade, listing, n, pct, skip
+from actscan.diagnose.common import (
+    NO_BACKWARD,
+    feeding,
+    finding,
+    grade,
+    known,
+    listing,
+    n,
+    pct,
+    skip,
+)
 from actscan.records import CheckId, Finding, LayerRecord, Skip
 
 if TYPE_CHECKING:
@@ -46,18 +56,18 @@ def underflow(ctx: CheckContext) -> list[Finding | Skip]:
     if not recs:
         return [skip(CheckId.UNDERFLOW, "no output gradient was recorded")]
     hits = sorted(
-        (r for r in recs if r.grad_underflow_frac >= th.underflow_warn),  # type: ignore[operator]
+        (r for r in recs if known(r.grad_underflow_frac) >= th.underflow_warn),
         key=lambda r: r.order,
     )
     if not hits:
         return []
-    worst = max(hits, key=lambda r: r.grad_underflow_frac)  # type: ignore[arg-type, return-value]
-    frac: float = worst.grad_underflow_frac  # type: ignore[assignment]
+    worst = max(hits, key=lambda r: known(r.grad_underflow_frac))
+    frac: float = known(worst.grad_underflow_frac)
     severity, threshold = grade(frac, th.underflow_warn, th.underflow_error)
     acts = [r for r in ctx.layers if r.underflow_frac is not None and not r.nonfinite]
-    top_act = max(acts, key=lambda r: r.underflow_frac, default=None)  # type: ignore[arg-type, return-value]
+    top_act = max(acts, key=lambda r: known(r.underflow_frac), default=None)
     act_part = (
-        f"; activations: at most {pct(top_act.underflow_frac)} at {top_act.name}"  # type: ignore[arg-type]
+        f"; activations: at most {pct(top_act.underflow_frac)} at {top_act.name}"
         if top_act is not None and top_act.underflow_frac
         else ""
     )
@@ -68,7 +78,7 @@ def underflow(ctx: CheckContext) -> list[Finding | Skip]:
         f"smallest normal {n(FP16_TINY)} (subnormal or flushed to 0); {len(hits)} "
         f"module{'s' if many else ''} lose{'' if many else 's'} ≥ {pct(th.underflow_warn)} "
         f"of {'their' if many else 'its'} gradient this way "
-        f"({listing([f'{r.name} {pct(r.grad_underflow_frac)}' for r in hits], 4)})"  # type: ignore[arg-type]
+        f"({listing([f'{r.name} {pct(known(r.grad_underflow_frac))}' for r in hits], 4)})"
         f"{act_part}."
     )
     hint = (

@@ -248,10 +248,11 @@ class _ParamsOnMeta:
                 assert p is not None
                 mod._parameters[name] = nn.Parameter(p.to("meta"), requires_grad=p.requires_grad)
 
+        # a deliberate patch of torch's method for the construction, which mypy forbids
         nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
 
     def __exit__(self, *exc: object) -> None:
-        nn.Module.register_parameter = self._orig  # type: ignore[method-assign]
+        nn.Module.register_parameter = self._orig  # type: ignore[method-assign]  # undo it
 
 
 def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:

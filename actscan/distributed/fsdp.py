@@ -15,13 +15,16 @@ so the loader follows FSDP2's own layout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from actscan.errors import UsageError
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 
 def check_supported(run_dtype: torch.dtype | None, *, model_dtype: torch.dtype) -> None:
@@ -43,7 +46,7 @@ def local_rows(p: Any) -> tuple[int, int]:
     return int(offset[0]), int(offset[0]) + int(shape[0])
 
 
-def shard_model(model: nn.Module, blocks: Iterable[str], device: torch.device) -> list[nn.Module]:
+def shard_model(model: nn.Module, blocks: Iterable[str], device: torch.device) -> list[FSDPModule]:
     """fully_shard every block, then the root; ranks hold shards only (still on meta).
 
     Gradients are summed, not averaged, across ranks: each rank's loss is already its
@@ -52,15 +55,15 @@ def shard_model(model: nn.Module, blocks: Iterable[str], device: torch.device) -
     from torch.distributed.fsdp import fully_shard
 
     mods = dict(model.named_modules())
-    wrapped: list[nn.Module] = []
+    wrapped: list[FSDPModule] = []
     for name in blocks:
         mod = mods[name]
         if any(True for _ in mod.parameters()):
             wrapped.append(fully_shard(mod))
     wrapped.append(fully_shard(model))
     for m in wrapped:
-        m.set_gradient_divide_factor(1.0)  # type: ignore[operator]
-        m.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  (gloo: no PREMUL_SUM)
+        m.set_gradient_divide_factor(1.0)
+        m.set_force_sum_reduction_for_comms(True)  # gloo: no PREMUL_SUM
     return wrapped
 
 
@@ -104,7 +107,7 @@ def fill_local(model: nn.Module, read: Callable[[str, int, int], torch.Tensor | 
 
 
 def sharded_grads(
-    loss: torch.Tensor, params: list[nn.Parameter], world_size: int
+    loss: torch.Tensor, params: Sequence[torch.Tensor], world_size: int
 ) -> list[torch.Tensor | None]:
     """Backward of this rank's share (1/N) of the global mean loss: FSDP's reduced
     gradients of `params` (DTensors, sharded like the parameters: what the sharded

@@ -49,7 +49,7 @@ class ShardedPass(LocalPass):
         return batch_size(recorded)
 
     def grads(self, loss: torch.Tensor, params: Sequence[torch.Tensor]) -> tuple[Grads, Grads]:
-        grads = sharded_grads(loss, list(params), self.world_size)  # type: ignore[arg-type]
+        grads = sharded_grads(loss, list(params), self.world_size)
         return [local_grad(g) for g in grads], grads
 
     def moments(self, tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:

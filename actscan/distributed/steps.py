@@ -85,7 +85,7 @@ class ShardedRanks(LocalRanks):
     ) -> list[torch.Tensor | None]:
         from actscan.distributed.fsdp import sharded_grads
 
-        return sharded_grads(loss, list(params), self.world_size)  # type: ignore[arg-type]
+        return sharded_grads(loss, list(params), self.world_size)
 
     def reduce(self, sums: torch.Tensor, maxima: torch.Tensor) -> None:
         import torch.distributed as dist

@@ -26,7 +26,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch import nn
@@ -274,6 +274,10 @@ class _Block:
             and n.out_key in self.idx
         ]
 
+    @overload
+    def a(self, k: Key) -> Key: ...
+    @overload
+    def a(self, k: Key | None) -> Key | None: ...
     def a(self, k: Key | None) -> Key | None:
         """The alias group a tensor key belongs to (itself when it has none)."""
         return None if k is None else self.alias.get(k, k)
@@ -369,6 +373,7 @@ class _Block:
         cands = self.candidates[:MAX_SEARCH]
         if not cands:
             return None
+        assert self.tr.x_out is not None  # a _Block is built once x_out is stored
         n = len(self.idx)
         combos = [c for r in (1, 2, 3) for c in itertools.combinations(range(len(cands)), r)]
         cm = torch.zeros(len(combos), n, dtype=self.g.dtype)
@@ -436,7 +441,7 @@ class _Block:
             )
             if nxt is None:
                 break
-            key = self.a(nxt)  # type: ignore[assignment]
+            key = self.a(nxt)
             seen.add(key)
             rep = self._rep(key)
         w = self._rep(write)
@@ -606,7 +611,7 @@ def _prove_one(
 ) -> BlockInfo:
     if not torch.isfinite(gram).all():
         return _unverified(b, "unverified", "non-finite values in the block", stream=stream)
-    tol = TOLERANCE.get(tr.dtype, 1e-4)  # type: ignore[arg-type]
+    tol = 1e-4 if tr.dtype is None else TOLERANCE.get(tr.dtype, 1e-4)
     if gram.dtype != torch.float64 or tr.dtype == torch.float64:
         tol = max(tol, 1e-3 if gram.dtype != torch.float64 else tol)
     blk = _Block(tr, gram, modules)

@@ -20,7 +20,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -380,8 +380,11 @@ def _whole_params(mod: nn.Module) -> Iterator[dict[str, nn.Parameter]]:
         yield {}
         return
     saved = {k: p for k, p in mod._parameters.items() if isinstance(p, DTensor)}
+    # An FSDP2 parameter is a Parameter and a DTensor at once: torch's stubs make that
+    # intersection impossible (isinstance narrows to nothing), so name the DTensor side.
     whole = {
-        k: nn.Parameter(p.full_tensor().detach(), requires_grad=False) for k, p in saved.items()
+        k: nn.Parameter(cast(DTensor, p).full_tensor().detach(), requires_grad=False)
+        for k, p in saved.items()
     }
     try:
         mod._parameters.update(whole)

@@ -545,7 +545,7 @@ def _configs(model: nn.Module) -> list[Any]:
     if "transformers" not in sys.modules:
         return []
     seen: dict[int, Any] = {}
-    stack = [
+    stack: list[Any] = [
         m.config
         for m in model.modules()
         if hasattr(getattr(m, "config", None), "_attn_implementation_internal")

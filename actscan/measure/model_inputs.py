@@ -97,7 +97,7 @@ def _samples_for_frames(config: Any, frames: int) -> int:
 def _main_shape(model: nn.Module, name: str, batch: int, seq_len: int | None) -> tuple[int, ...]:
     """The shape of the main input for `name`, read off the config; UsageError if it
     cannot be (the user then passes --input-shape)."""
-    config = model.config
+    config: Any = model.config  # a transformers config: its fields vary by family
     kind = type(model).__name__
     if name == "pixel_values":
         size = _pair(getattr(config, "image_size", None))
@@ -126,7 +126,7 @@ def _tokens(vocab: int, batch: int, seq: int, seed: int, index: int) -> torch.Te
 
 
 def _check_positions(model: nn.Module, seq: int, names: Sequence[str], what: str) -> None:
-    config = model.config
+    config: Any = model.config  # a transformers config: its fields vary by family
     for key in names:
         limit = getattr(config, key, None)
         if isinstance(limit, int) and 0 < limit < seq:
@@ -140,7 +140,7 @@ def _decoder_batch(
     model: nn.Module, batch: int, seq: int, seed: int, index: int
 ) -> dict[str, torch.Tensor]:
     """Random labels and the decoder ids they give (shifted right behind the start token)."""
-    config = model.config
+    config: Any = model.config  # a transformers config: its fields vary by family
     vocab = _int(config, "vocab_size")
     start = getattr(config, "decoder_start_token_id", None)
     if start is None:
@@ -178,7 +178,7 @@ def hf_input_source(
     name = _main_input(model)
     if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
         return None
-    config = model.config
+    config: Any = model.config  # a transformers config: its fields vary by family
     if name == "input_ids":
         if input_shape is not None:
             raise UsageError(

@@ -99,7 +99,9 @@ def _hf_init(model: nn.Module) -> bool:
     init = getattr(model, "initialize_weights", None)
     if not callable(init) or not hasattr(model, "_init_weights"):
         return False
-    for obj in [*model.modules(), *model.parameters(), *model.buffers()]:
+    # transformers' own flag, set on modules and tensors alike
+    flagged: list[Any] = [*model.modules(), *model.parameters(), *model.buffers()]
+    for obj in flagged:
         if getattr(obj, "_is_hf_initialized", False):
             obj._is_hf_initialized = False
     init()

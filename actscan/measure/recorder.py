@@ -552,8 +552,8 @@ class Recorder:
     # -- per batch -------------------------------------------------------------------
     def add_param_grads(self, grads: dict[nn.Parameter, torch.Tensor | None]) -> None:
         """Squared norms of the recorded modules' own parameter gradients, this batch."""
-        pairs = [(grads.get(p), i) for p, i in self._param_owner]
-        pairs = [(g, i) for g, i in pairs if g is not None]
+        owned = [(grads.get(p), i) for p, i in self._param_owner]
+        pairs = [(g, i) for g, i in owned if g is not None]
         if not pairs:
             return
         norms = torch._foreach_norm(
@@ -632,11 +632,12 @@ class Recorder:
         blocks, summaries, kept, widths = [], [], [], []
         amax = self._amax.clone()
         for (width, _), members in groups.items():
-            hi = torch.stack([self._chan[i][0] for i in members])  # type: ignore[index]
-            lo = torch.stack([self._chan[i][1] for i in members])  # type: ignore[index]
+            accs = [a for i in members if (a := self._chan[i]) is not None]  # all of them
+            hi = torch.stack([a[0] for a in accs])
+            lo = torch.stack([a[1] for a in accs])
             both = torch.maximum(hi, lo.neg()).to(dev, _ACC)
-            at = _ix(members, dev)
-            amax[at] = torch.maximum(amax[at], both.amax(1))
+            rows = _ix(members, dev)
+            amax[rows] = torch.maximum(amax[rows], both.amax(1))
             blocks.append(both.flatten())
             summaries.append(_channel_summary(both))
             kept += members
@@ -825,13 +826,13 @@ def moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
     host = torch.stack(parts).tolist() if parts else []
     # Σx² − n·mean² keeps ~1e-7 × (1 + mean²/var) relative: redo where mean² > 10·var
     redo = [
-        k
+        (k, x)
         for k, (x, (mean, var)) in enumerate(zip(xs, host, strict=True))
         if x is not None and x.numel() > _SMALL and not var > 10 * mean * mean
     ]
     if redo:
-        again = torch.stack([_welford(xs[k]) for k in redo]).tolist()  # type: ignore[arg-type]
-        for k, mv in zip(redo, again, strict=True):
+        again = torch.stack([_welford(x) for _, x in redo]).tolist()
+        for (k, _), mv in zip(redo, again, strict=True):
             host[k] = mv
     out = []
     for t, (mean, var) in zip(tensors, host, strict=True):

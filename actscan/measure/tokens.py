@@ -99,7 +99,5 @@ def channel_maxima(
 ) -> tuple[tuple[str, tuple[float, ...]], ...]:
     """(stream point, its per-channel max-abs) where recorded: the plot's heat map."""
     return tuple(
-        (p.name, raw[p.name].channel_max)  # type: ignore[misc]
-        for p in points
-        if p.name in raw and raw[p.name].channel_max
+        (p.name, chan) for p in points if p.name in raw and (chan := raw[p.name].channel_max)
     )

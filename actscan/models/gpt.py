@@ -291,8 +291,8 @@ def init_weights(model: ActscanGPT, cfg: ArchConfig, seed: int | None = 0) -> No
                 nn.init.zeros_(mod.bias)
         elif isinstance(mod, nn.LayerNorm | RMSNorm):
             nn.init.ones_(mod.weight)
-            if getattr(mod, "bias", None) is not None:
-                nn.init.zeros_(mod.bias)
+            if (bias := getattr(mod, "bias", None)) is not None:
+                nn.init.zeros_(bias)
         elif isinstance(mod, BranchGain):
             mod.gain.fill_(mod.init_value)
     for block in model.blocks:

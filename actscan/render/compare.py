@@ -283,12 +283,13 @@ def sweep_table(sw: Sweep) -> Table:
     for i, r in enumerate(sw.rows):
         counts = dict(r.counts)
         found = " ".join(f"{n}{s[0]}" for s, n in counts.items() if n) or "0"
+        sev = r.report.worst()
         worst = (
-            Text(r.worst_check, style=SEVERITY_STYLE.get(r.report.worst(), ""))
+            Text(r.worst_check, style=SEVERITY_STYLE.get(sev, "") if sev is not None else "")
             if r.worst_check
             else Text(NONE)
         )
-        cells = [
+        cells: list[Text | str] = [
             r.size,
             num(r.final_rms),
             f"×{num(r.growth)}",
@@ -299,7 +300,7 @@ def sweep_table(sw: Sweep) -> Table:
             worst,
             spark(_thin([p.rms for p in r.report.stream]), lo, hi),
         ]
-        style = (A_STYLE if r.side == "a" else B_STYLE) if two else None
+        style = A_STYLE if r.side == "a" else B_STYLE  # read only when two
         if two and i and sw.rows[i - 1].side != r.side:
             t.add_section()
         t.add_row(*([Text(r.side.upper(), style=style)] if two else []), *cells)
@@ -407,7 +408,9 @@ def coord_table(sw: Sweep) -> Table:
                     continue
                 text = _slope(c.abs_slope) + (f"  {_slope(c.delta_slope)}" if step else "")
                 cells.append(Text(text, style="bold red" if c.beyond else ""))
-            lead = [Text(side.upper(), style=A_STYLE if side == "a" else B_STYLE)] if two else []
+            lead: list[Text | str] = (
+                [Text(side.upper(), style=A_STYLE if side == "a" else B_STYLE)] if two else []
+            )
             lead += [str(depth)] if depths else []
             t.add_row(*lead, group, *cells)
     return t

@@ -263,14 +263,14 @@ def _dynamics_markdown(dyn: Dynamics) -> list[str]:
         )
     steps = shown_steps(dyn.steps)
     if steps and steps[0].stream:
-        last = dyn.steps[-1]
-        rel = {c.k: c.rel for c in last.change if c.kind == "stream"}
+        final = dyn.steps[-1]
+        rel = {c.k: c.rel for c in final.change if c.kind == "stream"}
         out += [
             "",
             "Residual stream over the steps (RMS of each step's batch; Δ probe: "
             "‖x_t − x_0‖/‖x_0‖ on the probe batch):",
             "",
-            "| k | " + " | ".join(f"t={s.t}" for s in steps) + f" | Δ probe t={last.t} |",
+            "| k | " + " | ".join(f"t={s.t}" for s in steps) + f" | Δ probe t={final.t} |",
             "| ---: |" + " ---: |" * (len(steps) + 1),
         ]
         rows = [dict(s.stream) for s in steps]
@@ -296,11 +296,11 @@ def _dynamics_markdown(dyn: Dynamics) -> list[str]:
             "| block | role | median ‖ΔW‖/‖W‖ | max | median grad RMS |",
             "| ---: | --- | ---: | ---: | ---: |",
         ]
-        for b in dyn.blocks:
-            block = NONE if b.block is None else str(b.block)
+        for u in dyn.blocks:
+            block = NONE if u.block is None else str(u.block)
             out.append(
-                f"| {block} | {_cell(b.role)} | {num(b.ratio_median)} | {num(b.ratio_max)} "
-                f"| {num(b.grad_rms_median)} |"
+                f"| {block} | {_cell(u.role)} | {num(u.ratio_median)} | {num(u.ratio_max)} "
+                f"| {num(u.grad_rms_median)} |"
             )
     return out
 

@@ -198,7 +198,7 @@ def render_steps_comparison(sc: StepsComparison) -> list[Table | Text]:
         )
         for col in ("k", "A", "B"):
             amp.add_column(col, justify="right")
-        for k, x, y in sc.amplification:
-            amp.add_row(str(k), num(x), num(y))
+        for k, rel_a, rel_b in sc.amplification:
+            amp.add_row(str(k), num(rel_a), num(rel_b))
         out.append(amp)
     return out

@@ -71,12 +71,8 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
         except FileNotFoundError:
             mode = _new_file_mode()
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        with (
-            os.fdopen(fd, "wb")
-            if isinstance(data, bytes)
-            else os.fdopen(fd, "w", encoding="utf-8", newline="")
-        ) as fh:
-            fh.write(data)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data if isinstance(data, bytes) else data.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
             if hasattr(os, "fchmod"):  # mkstemp makes 0600; an output is a normal file

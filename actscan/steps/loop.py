@@ -115,7 +115,7 @@ def optimizer_info(spec: StepSpec, model: nn.Module) -> OptimizerInfo:
     return OptimizerInfo(
         name=spec.optimizer,
         lr=float(spec.lr),
-        betas=None if sgd else tuple(spec.betas),
+        betas=None if sgd else spec.betas,
         eps=None if sgd else float(spec.eps),
         weight_decay=float(spec.weight_decay),
         warmup=spec.warmup,
@@ -147,7 +147,7 @@ def build_optimizer(spec: StepSpec, groups: list[dict[str, Any]]) -> torch.optim
     return cls(
         groups,
         lr=spec.lr,
-        betas=tuple(spec.betas),
+        betas=spec.betas,
         eps=spec.eps,
         weight_decay=spec.weight_decay,
     )

@@ -38,6 +38,7 @@ from actscan.targets.weights import check_finite, mismatch_error
 if TYPE_CHECKING:
     import torch
     from torch import nn
+    from transformers import PreTrainedModel
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -183,7 +184,7 @@ def wants_causal_lm(config: Any) -> bool:
 # --------------------------------------------------------------------------- build
 
 
-def model_class(config: Any) -> type:
+def model_class(config: Any) -> type[PreTrainedModel]:
     """The concrete class the Auto mapping picks (causal LM or base model) for `config`."""
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING
 
@@ -271,7 +272,9 @@ def _with_weights(
     try:
         with quiet(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(opts.seed)  # anything transformers initializes is seeded
-            model, loaded = cls.from_pretrained(
+            # (model, loading info) with output_loading_info; transformers annotates the
+            # model alone
+            result: Any = cls.from_pretrained(
                 None,
                 config=config,
                 state_dict=dict(tensors),
@@ -287,6 +290,7 @@ def _with_weights(
         raise BadInputError(
             f"bad checkpoint {where}: transformers could not load it: {st.first_line(err)}"
         ) from None
+    model, loaded = result
     unexpected = sorted(k for k in loaded["unexpected_keys"] if not _IGNORABLE_UNEXPECTED.search(k))
     prefix = f"{model.base_model_prefix}."
     head: list[str] = []
