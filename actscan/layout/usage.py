@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -374,11 +375,11 @@ def _probe(mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...]) -> torc
 def _whole_params(mod: nn.Module) -> Iterator[dict[str, nn.Parameter]]:
     """A sharded (FSDP, DTensor) module's own parameters gathered whole for a probe (a
     norm's gain: d values), the shards put back after. Plain modules: nothing changes."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch without torch.distributed
-        yield {}
+    if "torch.distributed.tensor" not in sys.modules:  # no DTensor exists: skip the import
+        yield {}  # (loading torch.distributed.tensor costs ~1–2 s a run)
         return
+    from torch.distributed.tensor import DTensor
+
     saved = {k: p for k, p in mod._parameters.items() if isinstance(p, DTensor)}
     # An FSDP2 parameter is a Parameter and a DTensor at once: torch's stubs make that
     # intersection impossible (isinstance narrows to nothing), so name the DTensor side.
