@@ -150,9 +150,7 @@ FORBIDDEN: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
 DIAGNOSE_MAY_IMPORT = ("actscan.diagnose", "actscan.records", "actscan.numfmt", "actscan.errors")
 
 # Today's exceptions, to be removed (never added to): (importer, imported).
-KNOWN: set[tuple[str, str]] = {
-    ("actscan.measure.attention", "actscan.distributed.merge"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def violations() -> list[str]:

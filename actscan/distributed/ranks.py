@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from actscan.distributed.fsdp import check_supported, local_grad, reshard_all, sharded_grads
-from actscan.distributed.merge import merge_recorder, sharded_moments
+from actscan.distributed.merge import merge_recorder, merge_state, sharded_moments
 from actscan.distributed.runtime import DistRun, shard_source
 from actscan.distributed.steps import ShardedRanks, check_sharded
 from actscan.measure.inputs import InputSource
@@ -35,6 +35,7 @@ class ShardedPass(LocalPass):
         self.backend = run.backend
         self.is_main = run.is_main
         self.merge = merge_recorder
+        self.merge_state = merge_state
 
     def check(self, model: nn.Module, spec: PassSpec, steps: int, source: InputSource) -> None:
         check_supported(spec.dtype, model_dtype=spec.model_dtype)

@@ -37,7 +37,8 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -50,6 +51,8 @@ from actscan.models.gpt import Attention, AttentionLogits
 from actscan.records import AttentionRecord, HeadRecord, Layout
 
 PROBE_PREFIX = "actscan_probe_"
+# A distributed run's in-place merge of accumulators across ranks: (state, spec, device).
+MergeState = Callable[[Any, dict[str, str], torch.device], None]
 PROBED = ("eager", "sdpa")
 # Self-check tolerance (relative): fp32 recomputation agrees to ~1e-6; half-precision
 # models round their probabilities/outputs at 2^-8 relative.
@@ -458,16 +461,17 @@ class AttentionProbes:
         "keys": "sum",
     }
 
-    def records(self, merge: bool = False) -> tuple[AttentionRecord, ...]:
+    def records(self, merge: MergeState | None = None) -> tuple[AttentionRecord, ...]:
         """The merged records (one host transfer for all layers), and notes for what was
         not probed or did not check out. `merge`: a distributed run's rank first merges
-        its accumulators with every other rank's (every rank probed the same layers)."""
+        its accumulators with every other rank's through it (every rank probed the same
+        layers; actscan.distributed.merge.merge_state)."""
         accs = sorted(self.accs.values(), key=lambda a: a.order)
         failed = [a for a in accs if a.error is not None or not a.t]
         good = [a for a in accs if a not in failed]
         out: list[AttentionRecord] = []
-        if good and merge:
-            _merge_ranks(good, self.MERGE)
+        if good and merge is not None:
+            _merge_ranks(good, self.MERGE, merge)
         if good:
             keys = ("n", "mean", "m2", "max", "ent", "rows", "sink", "sink_rows", "keys")
             rows = [torch.stack([a.t[k].reshape(-1).expand(a.heads) for k in keys]) for a in good]
@@ -574,14 +578,11 @@ def attention_probes(
         yield probes
 
 
-def _merge_ranks(accs: list[_Acc], spec: dict[str, str]) -> None:
+def _merge_ranks(accs: list[_Acc], spec: dict[str, str], merge_state: MergeState) -> None:
     """Merge the layers' accumulators across ranks in place: one collective per kind."""
-    from types import SimpleNamespace
-
-    from actscan.distributed.merge import merge_state
 
     for a in accs:  # expanded views cannot be written into
         a.t = {k: v.contiguous().clone() for k, v in a.t.items()}
     keys = {k for attrs in spec for k in attrs.split(",")}
-    state = SimpleNamespace(**{k: [a.t[k] for a in accs] for k in keys})
+    state = types.SimpleNamespace(**{k: [a.t[k] for a in accs] for k in keys})
     merge_state(state, spec, accs[0].t["n"].device)

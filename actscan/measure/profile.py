@@ -109,8 +109,10 @@ class LocalPass:
     world_size: int = 1
     backend: str | None = None
     is_main: bool = True
-    sharded: bool = False  # attention records merge across ranks
+    sharded: bool = False
     merge: Callable[[Recorder], None] | None = None  # the recorder's cross-rank merge
+    # the attention probes' cross-rank merge: (state, spec, device), in place
+    merge_state: Callable[[Any, dict[str, str], torch.device], None] | None = None
 
     def check(self, model: nn.Module, spec: PassSpec, steps: int, source: InputSource) -> None:
         """Refuse, before anything runs, what this process cannot run."""
@@ -257,7 +259,7 @@ def record_pass(
         raw = rec.result(spec.batches)
         for r in extra:
             raw.update(r.result(spec.batches))
-    attention = probes.records(merge=ranks.sharded) if probes is not None else ()
+    attention = probes.records(merge=ranks.merge_state) if probes is not None else ()
     if probes is not None:
         notes.extend(probes.notes)
     if progress:
