@@ -524,6 +524,13 @@ class StepRecord:
     attn_layers: tuple[tuple[str, float | None], ...] = field(
         default=(), metadata=json_as(keys=("name", "max"))
     )
+    # (stage, name) of every non-finite value step t met, in the order the step meets
+    # them: "activation" (a probed output, forward order), "attention" (a layer's scores),
+    # "loss", "gradient" (the update's, per parameter), "update" (W_{t+1}, per parameter);
+    # empty when all were finite. NaN figures elsewhere are null: this says why.
+    nonfinite: tuple[tuple[str, str], ...] = field(
+        default=(), metadata=json_as(keys=("stage", "name"))
+    )
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from actscan.diagnose.common import (
     positive,
     skip,
 )
+from actscan.diagnose.steps import divergence_findings
 from actscan.records import CheckId, Finding, Severity, Skip
 
 if TYPE_CHECKING:
@@ -34,11 +35,13 @@ def _fp16(ctx: CheckContext) -> bool:
 
 
 def overflow(ctx: CheckContext) -> list[Finding | Skip]:
-    """Non-finite weights, outputs or gradients (error), values near the dtype's ceiling
+    """Non-finite weights, outputs or gradients (error), steps that went non-finite
+    (error: the first step, module and parameter), values near the dtype's ceiling
     (warn), beyond fp16's (info, in wider runs) and logits that exp() overflows (info)."""
     fp16 = _fp16(ctx)
     dtype = "fp16" if fp16 else ctx.run.dtype
     out: list[Finding | Skip] = [*_nonfinite_params(ctx), *_nonfinite_outputs(ctx, dtype, fp16)]
+    out += divergence_findings(ctx)  # the steps went non-finite
     if any(r.nonfinite > 0 for r in ctx.layers):
         return out  # no ceiling to judge once values are inf
     out += _near_ceiling(ctx, dtype, fp16)

@@ -3,8 +3,10 @@ through depth, attention-score growth, log-Z drift and Adam's epsilon (theory an
 calibration behind every threshold: docs/checks.md and docs/calibration-dynamics.md).
 
 Each check reads `CheckContext.dynamics` only, and skips with a reason when the run took
-no optimizer steps. `statistics()` computes every number the checks judge, once, so the
-calibration benchmark records exactly what the checks see.
+no optimizer steps, or when it has nothing finite to judge because the run diverged
+(`divergence()`, which the `overflow` check reports as an error: `divergence_findings`).
+`statistics()` computes every number the checks judge, once, so the calibration benchmark
+records exactly what the checks see.
 """
 
 from __future__ import annotations
@@ -215,6 +217,150 @@ def numbers(d: Dynamics) -> dict[str, float | None]:
     }
 
 
+# ---- divergence: the first non-finite value of the steps (reported by `overflow`) ----------
+
+PARAM_STAGES = ("gradient", "update")
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where the steps first met an inf/nan (`StepRecord.nonfinite`)."""
+
+    t: int  # the first step that met one
+    stage: str  # what held it first at t: activation, attention, loss, gradient, update
+    name: str  # the first module or parameter of that stage
+    sites: int  # the non-finite (stage, name) entries at t
+    # (step, name) of the first non-finite activation; (step, stage, name, count) of the
+    # first parameter whose gradient or update was non-finite; the first non-finite loss
+    module: tuple[int, str] | None
+    param: tuple[int, str, str, int] | None
+    loss: int | None
+
+
+def divergence(d: Dynamics | None) -> Divergence | None:
+    """The first step, module and parameter where the steps went non-finite (None: every
+    figure they measured was finite)."""
+    steps = [s for s in (d.steps if d else ()) if s.nonfinite]
+    if not steps:
+        return None
+    first = steps[0]
+    stage, name = first.nonfinite[0]
+    module = next(
+        ((s.t, nm) for s in steps for st, nm in s.nonfinite if st in ("activation", "attention")),
+        None,
+    )
+    param = None
+    for s in steps:
+        for want in PARAM_STAGES:
+            hit = [nm for st, nm in s.nonfinite if st == want]
+            if hit:
+                param = (s.t, want, hit[0], len(hit))
+                break
+        if param:
+            break
+    loss = next((s.t for s in steps for st, _ in s.nonfinite if st == "loss"), None)
+    return Divergence(first.t, stage, name, len(first.nonfinite), module, param, loss)
+
+
+def diverged_reason(d: Dynamics | None, what: str) -> str | None:
+    """'the run diverged at step t: <what>' when it did (the true reason a check has
+    nothing finite to judge), else None."""
+    div = divergence(d)
+    return f"the run diverged at step {div.t}: {what}" if div else None
+
+
+_STAGE_WORDS = {
+    "activation": "output",
+    "attention": "attention scores",
+    "loss": "loss",
+    "gradient": "gradient",
+    "update": "update (the weights it wrote)",
+}
+
+
+def divergence_findings(ctx: CheckContext) -> list[Finding]:
+    """An error when the steps went non-finite: the first step, module and parameter, and
+    the remedy that fits where it started and the run's precision."""
+    d = ctx.dynamics
+    div = divergence(d)
+    if d is None or div is None:
+        return []
+    fp16 = ctx.run.dtype == "fp16" or ctx.run.amp == "fp16"
+    first = (
+        "the loss"
+        if div.stage == "loss"
+        else f"the {_STAGE_WORDS[div.stage]} of {div.name}"
+        if div.stage != "update"
+        else f"the update after step {div.t}, in {div.name}"
+    )
+    when = "before any update" if div.t == 0 and div.stage not in PARAM_STAGES else ""
+    parts = [
+        f"Training diverged at step {div.t}{f' ({when})' if when else ''}: the first "
+        f"non-finite value is {first}"
+        + (f" ({div.sites} non-finite tensors at that step)" if div.sites > 1 else "")
+        + "."
+    ]
+    if div.param is not None:
+        t, stage, name, count = div.param
+        of = f"{count} parameter tensor{'s' if count > 1 else ''}"
+        if stage == "update":
+            parts.append(
+                f"The update after step {t} wrote inf/nan into {of} (first: {name}) from "
+                "finite gradients."
+            )
+        else:
+            parts.append(f"The gradient after step {t} is inf/nan in {of} (first: {name}).")
+    if div.module is not None:
+        t, name = div.module
+        parts.append(f"The first module with a non-finite output is {name}, at step {t}.")
+    if div.loss is not None:
+        parts.append(f"The loss is non-finite from step {div.loss}.")
+    parts.append(
+        "Every figure after that is inf/nan, so the step checks judge only the steps before it."
+    )
+    layers = [x for x in (div.module and div.module[1], div.param and div.param[2]) if x]
+    return [
+        finding(
+            CheckId.OVERFLOW,
+            Severity.ERROR,
+            layers or [div.name],
+            float(div.sites),
+            0.0,
+            " ".join(parts),
+            _divergence_hint(ctx, div, fp16),
+        )
+    ]
+
+
+def _divergence_hint(ctx: CheckContext, div: Divergence, fp16: bool) -> str:
+    """The remedy that fits where the run went non-finite, and its precision."""
+    d = ctx.dynamics
+    assert d is not None
+    opt = d.optimizer
+    lower = f"lower --lr (≈ {n(opt.lr / 10)}) or add --warmup"
+    clip = "clip gradients (torch.nn.utils.clip_grad_norm_, max norm 1)"
+    from_finite = div.param is not None and div.param[1] == "update" and div.param[0] == div.t
+    if from_finite and ctx.run.dtype == "fp16" and opt.name in ADAM:
+        return (
+            f"The weights and Adam's state are fp16: eps = {n(opt.eps)} is below fp16's "
+            "smallest value (6e-8) and g² underflows to 0, so g/(√v + eps) divides by zero. "
+            "Keep fp32 weights and run fp16 under autocast (--dtype fp32 --amp fp16, with "
+            "GradScaler's back-off), or train in bf16 (--amp bf16 or --dtype bf16)."
+        )
+    if fp16:
+        return (
+            "fp16 tops out at 65504: scale the loss with back-off (torch.amp.GradScaler "
+            "halves the scale and skips a step whose gradients are inf/nan) or run bf16 "
+            f"(--amp bf16, fp32's range); {lower}, and {clip}."
+        )
+    if div.t == 0 and div.stage not in PARAM_STAGES:
+        return (
+            "The model is non-finite before any update: see the profile's overflow finding "
+            "(the weights or inputs feeding that module)."
+        )
+    return f"The steps are too large for this model: {lower}, and {clip}."
+
+
 def _no_steps(ctx: CheckContext, check: CheckId) -> list[Finding | Skip] | None:
     d = ctx.dynamics
     if d is None or len(d.steps) < 2:
@@ -246,7 +392,13 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
     s = _stats(ctx)
     if not s.update and not s.frozen:
-        return [skip(CheckId.UPDATE_SIZE, "no parameter update ratios were recorded")]
+        return [
+            skip(
+                CheckId.UPDATE_SIZE,
+                diverged_reason(ctx.dynamics, "no update ratio of a matrix is finite")
+                or "no parameter update ratios were recorded",
+            )
+        ]
     res: list[Finding | Skip] = []
     if s.frozen:
         res.append(
@@ -339,13 +491,16 @@ def amplification(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
     s = _stats(ctx)
     if len(s.change) < th.amplification_min_blocks or s.sustain is None:
-        return [
-            skip(
-                CheckId.AMPLIFICATION,
-                f"needs the probe's change at {int(th.amplification_min_blocks)} block "
-                f"outputs, found {len(s.change)}",
-            )
-        ]
+        need = (
+            f"needs the probe's change at {int(th.amplification_min_blocks)} block outputs, "
+            f"found {len(s.change)}"
+        )
+        what = (
+            f"after the first update the probe's change is finite at {len(s.change)} block "
+            f"outputs, and the check needs {int(th.amplification_min_blocks)}"
+        )
+        div = diverged_reason(ctx.dynamics, what)
+        return [skip(CheckId.AMPLIFICATION, div or need)]
     if s.sustain < th.amplification_sustain or (s.change_first or 0) > th.amplification_linear:
         return []
     first, last = s.change[0], s.change[-1]
@@ -382,7 +537,9 @@ def attn_logit_growth(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
     s = _stats(ctx)
     if len(s.attn) < 2:
-        return [skip(CheckId.ATTN_LOGIT_GROWTH, "no attention scores were recorded")]
+        what = f"the attention scores are finite at {len(s.attn)} step{'s' * (len(s.attn) != 1)}"
+        div = diverged_reason(ctx.dynamics, what) if s.attn or _any_attn(ctx.dynamics) else None
+        return [skip(CheckId.ATTN_LOGIT_GROWTH, div or "no attention scores were recorded")]
     last = s.attn[-1]
     growth = s.attn_growth
     if last >= th.attn_logit_cap:
@@ -472,6 +629,15 @@ def _attn_blocks(ctx: CheckContext) -> dict[str, int | None]:
     return blocks
 
 
+def _any_attn(d: Dynamics | None) -> bool:
+    """Were attention scores recorded at all (finite or not)?"""
+    return (
+        any(s.attn_layers or any(st == "attention" for st, _ in s.nonfinite) for s in d.steps)
+        if d
+        else False
+    )
+
+
 # ---- logit-drift ----------------------------------------------------------------------------
 
 
@@ -481,7 +647,10 @@ def logit_drift(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
     s = _stats(ctx)
     if len(s.log_z) < 2 or s.log_z_drift is None:
-        return [skip(CheckId.LOGIT_DRIFT, "no output logits were recorded")]
+        what = f"log Z of the output logits is finite at {len(s.log_z)} step"
+        what += "s" * (len(s.log_z) != 1)
+        div = diverged_reason(ctx.dynamics, what) if s.log_z or _any_logits(ctx) else None
+        return [skip(CheckId.LOGIT_DRIFT, div or "no output logits were recorded")]
     if s.log_z_drift < th.log_z_drift:
         return []
     worst = max(range(len(s.log_z)), key=lambda t: abs(s.log_z[t] - s.log_z[0]))
@@ -505,6 +674,16 @@ def logit_drift(ctx: CheckContext) -> list[Finding | Skip]:
     ]
 
 
+def _any_logits(ctx: CheckContext) -> bool:
+    """Were output logits recorded at some step, or is the head's output non-finite?"""
+    d = ctx.dynamics
+    head = ctx.layout.head if ctx.layout else None
+    return bool(d) and any(
+        s.logits is not None or (head is not None and ("activation", head) in s.nonfinite)
+        for s in (d.steps if d else ())
+    )
+
+
 # ---- adam-epsilon ---------------------------------------------------------------------------
 
 
@@ -525,7 +704,8 @@ def adam_epsilon(ctx: CheckContext) -> list[Finding | Skip]:
         return [skip(CheckId.ADAM_EPSILON, f"not an Adam-family optimizer ({d.optimizer.name})")]
     s = statistics(d)
     if not s.grad_over_eps:
-        return [skip(CheckId.ADAM_EPSILON, "no gradient RMS per parameter was recorded")]
+        div = diverged_reason(d, "no parameter's gradient RMS is finite")
+        return [skip(CheckId.ADAM_EPSILON, div or "no gradient RMS per parameter was recorded")]
     low, share = s.eps_low(th.adam_eps_ratio)
     if not low:
         return []

@@ -46,6 +46,8 @@ class StepFigures:
     attn_max: torch.Tensor | None = field(default=None, metadata=_MAX)
     # t ≥ 1, the step's batch, per stream point (points, 2): Σx², count (NaN: no output)
     stream: torch.Tensor | None = field(default=None, metadata=_SUM)
+    # t ≥ 1, per stream point of the step's batch: its non-finite values (0 when none)
+    stream_bad: torch.Tensor | None = field(default=None, metadata=_SUM)
     # (1,): this process's share of the mean loss
     loss: torch.Tensor | None = field(default=None, metadata=_SUM)
     # per norm gain g: ‖g − 1‖² (None: the model has no gains)
@@ -55,6 +57,10 @@ class StepFigures:
     grad_sq: torch.Tensor | None = field(default=None, metadata=_SUM)
     w_sq: torch.Tensor | None = field(default=None, metadata=_SUM)
     dw_sq: torch.Tensor | None = field(default=None, metadata=_SUM)
+    # t < N, per trainable parameter: > 0 where the update's gradient, or the weights the
+    # update wrote (W_{t+1}), hold an inf/nan
+    grad_bad: torch.Tensor | None = field(default=None, metadata=_SUM)
+    update_bad: torch.Tensor | None = field(default=None, metadata=_SUM)
 
     def uncount(self) -> None:
         """Every figure taken so far becomes its reduction's identity: these rows are a

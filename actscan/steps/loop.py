@@ -208,14 +208,15 @@ def probe_points(layout: Layout) -> list[Point]:
 
 class _Taps:
     """Forward (pre-)hooks that hand the first float tensor of each named output to
-    `sink(index, tensor)` while `on`; the first call per pass only (shared modules)."""
+    `sink(index, tensor)` while `on`; the first call per pass only (shared modules).
+    `seen` keeps the pass's indices in the order their outputs came: forward order."""
 
     def __init__(
         self, model: nn.Module, names: Sequence[str], sink: Callable[[int, torch.Tensor], None]
     ) -> None:
         self.model, self.names, self.sink = model, list(names), sink
         self.on = False
-        self.seen: set[int] = set()
+        self.seen: dict[int, None] = {}
         self._hooks = HookSet()
 
     def __enter__(self) -> _Taps:
@@ -237,11 +238,11 @@ class _Taps:
         self._hooks.remove()
 
     def start(self) -> None:
-        self.on, self.seen = True, set()
+        self.on, self.seen = True, {}
 
     def _take(self, i: int, t: torch.Tensor | None) -> None:
         if self.on and t is not None and i not in self.seen and t.numel():
-            self.seen.add(i)
+            self.seen[i] = None
             self.sink(i, t.detach())
 
     def _pre(self, i: int) -> Callable[..., None]:
@@ -282,6 +283,7 @@ class StepsRaw:
     gain_drift: list[list[float | None]] = field(default_factory=list)
     ratio: list[list[float | None]] = field(default_factory=list)  # per update, per param
     grad_rms: list[list[float | None]] = field(default_factory=list)
+    nonfinite: list[list[tuple[str, str]]] = field(default_factory=list)  # per t: (stage, name)
     probe: str | None = None
 
 
@@ -442,22 +444,36 @@ class _ProbeSums:
 
 
 class _StreamSums:
-    """Per stream point of a step's batch (t ≥ 1): Σx² and the count, `StepFigures.stream`."""
+    """Per stream point of a step's batch (t ≥ 1): Σx² and the count, `StepFigures.stream`,
+    and its non-finite values, `StepFigures.stream_bad` (Σx² in fp32 can overflow where
+    every value is finite, so it cannot say that itself)."""
 
     def __init__(self, n_points: int, nan: torch.Tensor) -> None:
         self.n_points = n_points
         self.sums: dict[int, torch.Tensor] = {}
+        self.bad: dict[int, torch.Tensor] = {}
         self.missing = torch.stack([nan, nan])
+        self.zero = torch.zeros_like(nan)
+
+    def start(self) -> None:
+        self.sums.clear()
+        self.bad.clear()
 
     def sink(self, i: int, x: torch.Tensor) -> None:
         n = torch.full((), float(x.numel()), dtype=torch.float64, device=x.device)
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         self.sums[i] = torch.stack([_vnorm(x, dtype=acc).double().square(), n])
+        self.bad[i] = torch.isfinite(x).logical_not().sum(dtype=torch.float64)
 
     def rows(self, dev: torch.device) -> torch.Tensor:
         """(points, 2): a NaN row for each point the forward did not reach."""
         rows = [self.sums.get(i, self.missing).to(dev) for i in range(self.n_points)]
         return torch.stack(rows) if rows else self.missing.new_empty(0, 2)
+
+    def bad_rows(self, dev: torch.device) -> torch.Tensor:
+        """(points,): the non-finite values per point (0 where the forward did not reach)."""
+        bad = [self.bad.get(i, self.zero).to(dev) for i in range(self.n_points)]
+        return torch.stack(bad) if bad else self.zero.new_empty(0)
 
 
 class _Loop:
@@ -527,6 +543,8 @@ class _Loop:
         self.gain_numels = [w.numel() for _, w in self.gain_mods]
         self.probe = _ProbeSums(len(points), self.nan)
         self.stream = _StreamSums(len(stream_idx), self.nan)
+        self.stream_idx = stream_idx
+        self.order = list(range(len(points)))  # the probe's points in forward order (t = 0)
         self.probe_taps = _Taps(model, [p.name for p in points], self.probe.sink)
         self.stream_taps = _Taps(model, [points[i].name for i in stream_idx], self.stream.sink)
         # W_t (local part), for ‖W_{t+1} − W_t‖: in one process the caller's kept copy
@@ -565,6 +583,9 @@ class _Loop:
         with self.score_probes, torch.no_grad(), self.autocast():
             out = call_model(self.model, self.probe_batch)
         self.probe_taps.on = False
+        if t == 0:
+            fired = list(self.probe_taps.seen)
+            self.order = fired + [i for i in self.order if i not in self.probe_taps.seen]
         self.ranks.settle(self.model)
         figures.change = self.probe.rows(self.dev)
         lsum, lmax = _logit_sums(out, self.vocab_size, self.log_v, self.nan)
@@ -592,7 +613,7 @@ class _Loop:
     ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         """Step t's batch: its stream sums, its loss and (before the last t) gradients."""
         b = self.prepare(self.ranks.split(self.source(t))[0])
-        self.stream.sums.clear()
+        self.stream.start()
         self.stream_taps.start()
         with torch.set_grad_enabled(t < self.n_steps), self.autocast():
             out = call_model(self.model, b)
@@ -600,6 +621,7 @@ class _Loop:
         self.stream_taps.on = False
         del out
         figures.stream = self.stream.rows(self.dev)
+        figures.stream_bad = self.stream.bad_rows(self.dev)
         grads: list[torch.Tensor | None] = []
         if t < self.n_steps:
             scale = self.loss_scale
@@ -614,7 +636,7 @@ class _Loop:
         scale = self.loss_scale
         if scale != 1.0:
             grads[:] = [g / scale if g is not None else None for g in grads]
-        figures.grad_sq = _grad_sq(grads, self.ranks, self.param_w, self.nan)
+        figures.grad_sq, figures.grad_bad = _grad_sq(grads, self.ranks, self.param_w, self.nan)
         for p, g in zip(self.params, grads, strict=True):
             p.grad = g
         factor = warmup_factor(t, self.spec.warmup)
@@ -632,10 +654,12 @@ class _Loop:
             else:  # the caller's copy is read only: the difference is ours
                 self.prev, self.own = list(torch._foreach_sub(self.prev, self.local_params)), True
             delta = torch._foreach_norm(self.prev)
+            delta_max = torch._foreach_norm(self.prev, math.inf)
             if t + 1 < self.n_steps:  # W_{t+1} for the next update
                 torch._foreach_copy_(self.prev, self.local_params)
         figures.w_sq = torch.stack(before).double().square() * self.param_wt
         figures.dw_sq = torch.stack(delta).double().square() * self.param_wt
+        figures.update_bad = _nonfinite(delta, delta_max) * self.param_wt
 
     def read(self, t: int, h: StepFigures) -> None:
         """Step t's reduced figures, on the host → its norms, means and ratios."""
@@ -661,6 +685,36 @@ class _Loop:
             # undefined (None) for a weight that was exactly zero (a zero-init gain)
             moved = zip(host_values(h.w_sq), host_values(h.dw_sq), strict=True)
             raw.ratio.append([_num(_root(d) / _root(b)) if b > 0 else None for b, d in moved])
+        raw.nonfinite.append(self.nonfinite(t, h, flags=host_values(h.attn_nan), loss=loss))
+
+    def nonfinite(
+        self, t: int, h: StepFigures, flags: list[Any], loss: float
+    ) -> list[tuple[str, str]]:
+        """Step t's non-finite values as (stage, name), in the order the step met them:
+        the probe's outputs (forward order), the batch's stream, attention scores, the
+        loss, the update's gradients and the weights it wrote (parameter order)."""
+        points, out = self.raw.points, []
+        change = host_values(h.change)
+        for i in self.order:  # Σ|x_t| in fp64 is finite exactly where every x_t is
+            _, _, ab, _, n = change[i]
+            if n == n and not math.isfinite(ab):
+                out.append(("activation", points[i].name))
+        listed = {name for _, name in out}
+        for j, bad in enumerate(host_values(h.stream_bad)):
+            name = points[self.stream_idx[j]].name
+            if bad > 0 and name not in listed:
+                out.append(("activation", name))
+        maxima = host_values(h.attn_max)
+        for name, flag, v in zip(self.raw.attn_names, flags, maxima, strict=True):
+            if flag or v == math.inf:
+                out.append(("attention", name))
+        if not math.isfinite(loss):
+            out.append(("loss", "loss"))
+        params = [name for name, _ in self.raw.params]
+        for stage, bad in (("gradient", h.grad_bad), ("update", h.update_bad)):
+            if bad is not None:  # t < N: an update followed
+                out += [(stage, p) for p, b in zip(params, host_values(bad), strict=True) if b > 0]
+        return out
 
 
 def _logit_stats(sums: Sequence[float], maxima: Sequence[float], log_v: float) -> LogitStats | None:
@@ -692,17 +746,32 @@ def _grad_sq(
     ranks: LocalRanks,
     weight: Sequence[float],
     nan: torch.Tensor,
-) -> torch.Tensor:
-    """Σg² of this process's part of each gradient (NaN where a parameter got none)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Σg² of this process's part of each gradient (NaN where a parameter got none), and
+    1 where that part holds an inf/nan (0 where there is none)."""
     have = [(k, ranks.local(g)) for k, g in enumerate(grads) if g is not None]
     out = nan.expand(len(grads)).clone()
+    bad = torch.zeros_like(out)
     if have:
-        norms = torch._foreach_norm([g for _, g in have])
+        gs = [g for _, g in have]
+        norms = torch._foreach_norm(gs)
         vals = torch.stack(
             [n.double().square() * weight[k] for n, (k, _) in zip(norms, have, strict=True)]
         )
-        out[torch.tensor([k for k, _ in have], device=out.device)] = vals.to(out.device)
-    return out
+        at = torch.tensor([k for k, _ in have], device=out.device)
+        out[at] = vals.to(out.device)
+        w = torch.tensor([weight[k] for k, _ in have], dtype=out.dtype, device=out.device)
+        bad[at] = (_nonfinite(norms, torch._foreach_norm(gs, math.inf)) * w).to(out.device)
+    return out, bad
+
+
+def _nonfinite(l2: Sequence[torch.Tensor], top: Sequence[torch.Tensor]) -> torch.Tensor:
+    """1 per tensor that holds an inf/nan, from its 2-norm and its max-norm (fp64): a NaN
+    makes the 2-norm NaN; an inf makes the max-norm inf, which finite values never do
+    (their 2-norm can overflow in half precision, so it alone cannot tell)."""
+    nan = torch.isnan(torch.stack(list(l2)))
+    inf = torch.isinf(torch.stack(list(top)))
+    return (nan | inf).double()
 
 
 def output_logits(output: Any) -> torch.Tensor | None:
@@ -788,6 +857,7 @@ def dynamics_record(
                 attn_max=raw.attn_max[t],
                 gain_drift=drift,
                 attn_layers=tuple(zip(raw.attn_names, raw.attn_layers[t], strict=True)),
+                nonfinite=tuple(raw.nonfinite[t]),
             )
         )
     by_name: Mapping[str, ParamRecord] = {p.name: p for p in params}
