@@ -318,7 +318,7 @@ def test_plot_to_a_missing_folder_is_one_line_and_exit_2(tmp_path: Path) -> None
     assert code == 2
     assert output.strip().splitlines() == [
         f"actscan: error: cannot write {tmp_path / 'nope' / 'p.png'}: "
-        f"{tmp_path / 'nope'} does not exist"
+        f"folder {tmp_path / 'nope'} does not exist"
     ]
     code, output = _profile("--plot", str(tmp_path))  # a folder
     assert code == 2 and "it is a folder" in output

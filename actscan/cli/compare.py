@@ -77,7 +77,7 @@ def compare(
     )
     for s in (a_side, b_side):
         check_precision(s)
-    c.check_outputs(fmt, output, json_out)
+    c.check_outputs(fmt, output, json_out, plot)  # fail now, not after a long scan
     same_weights = (b_side.target, b_side.config, b_side.init, b_side.sets) == (
         a_side.target,
         a_side.config,

@@ -340,9 +340,14 @@ class ProgressSink:
 
 
 # -- outputs ----------------------------------------------------------------------------
-def check_outputs(fmt: FormatOpt, output: str | None, json_path: str | None) -> None:
-    """Refuse output combinations that would mix two documents in one stream or file,
-    before any work is done (stdout must stay parseable)."""
+def check_outputs(
+    fmt: FormatOpt, output: str | None, json_path: str | None, plot: str | None = None
+) -> None:
+    """Every output path of a command, checked before any work is done: combinations that
+    would mix two documents in one stream or file (stdout must stay parseable), and each
+    path that is not a regular file actscan may write (`check_writable`, `check_plot`)."""
+    from actscan.report.output import check_writable
+
     if fmt is not FormatOpt.table and json_path == "-" and output in (None, "-"):
         raise UsageError(
             f"--json - and --format {fmt.value} both write to stdout: give one of them a file "
@@ -355,8 +360,12 @@ def check_outputs(fmt: FormatOpt, output: str | None, json_path: str | None) -> 
     ):
         raise UsageError(f"--json and -o name the same file: {output}")
     for path in (json_path, output):  # fail now, not after a long scan
-        if path not in (None, "-") and not Path(path).absolute().parent.is_dir():
-            raise UsageError(f"cannot write {path}: folder {Path(path).parent} does not exist")
+        if path is not None:
+            check_writable(path)
+    if plot is not None:
+        from actscan.render.plot import check_plot
+
+        check_plot(plot)
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:

@@ -139,11 +139,7 @@ def _profile(
     main = not launched() or os.environ.get("RANK", "0") == "0"
     if settings.dtype not in (None, "fp32") and settings.amp is not None:
         raise c.fail("--dtype and --amp together: autocast runs fp32 weights (drop --dtype)")
-    c.check_outputs(fmt, output, json_out)
-    if plot is not None:  # fail now, not after a long scan
-        from actscan.render.plot import check_plot
-
-        check_plot(plot)
+    c.check_outputs(fmt, output, json_out, plot)  # fail now, not after a long scan
     from actscan.api import scan_target
 
     with c.ProgressSink(enabled=not quiet and main) as progress:

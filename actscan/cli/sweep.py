@@ -83,11 +83,7 @@ def sweep(
         )
     for s in sides:
         check_precision(s)
-    c.check_outputs(fmt, output, json_out)
-    if plot is not None:  # fail now, not after the sweep: no matplotlib, a bad type or folder
-        from actscan.render.plot import check_plot
-
-        check_plot(plot)
+    c.check_outputs(fmt, output, json_out, plot)  # fail now, not after a long scan
     bases = [
         (s.tag, base_config(target, parse_set(list(s.sets))), parse_set(list(s.sets)))
         for s in sides

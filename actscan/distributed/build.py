@@ -45,7 +45,7 @@ from actscan.targets.hf import (
     hf_inputs,
     model_class,
 )
-from actscan.targets.hf_env import quiet
+from actscan.targets.hf_env import no_prompt, quiet
 from actscan.targets.info import builtin_info
 from actscan.targets.resolved import Resolved, TargetOptions
 
@@ -273,7 +273,7 @@ def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
     files = _weight_files(path)
     cls: Any = model_class(config)  # a transformers model class (`_from_config`)
     try:
-        with quiet(), no_init_weights(), _ParamsOnMeta():
+        with quiet(), no_prompt(), no_init_weights(), _ParamsOnMeta():
             model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
         model.tie_weights()
     except Exception as err:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import io
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actscan.errors import ActscanError, UsageError
-from actscan.report.output import write_atomic
+from actscan.report.output import check_writable, write_atomic
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -77,7 +76,7 @@ def _stream_axes(ax: Any, series: Sequence[Series], title: str, legend: bool = T
 
 def check_plot(path: str | Path) -> str:
     """Fail before any work when PATH cannot be drawn: matplotlib missing, an image type
-    it does not write, a folder that does not exist. Returns the format."""
+    it does not write, or a path `check_writable` refuses. Returns the format."""
     try:
         import matplotlib.backends.backend_agg
         import matplotlib.figure  # noqa: F401
@@ -87,14 +86,7 @@ def check_plot(path: str | Path) -> str:
     fmt = out.suffix.lower().lstrip(".") or "png"
     if fmt not in ("png", "svg", "pdf"):
         raise UsageError(f"--plot: unsupported image type '.{fmt}' (use .png, .svg or .pdf)")
-    parent = out.absolute().parent
-    if not parent.is_dir():
-        what = "is not a folder" if parent.exists() else "does not exist"
-        raise UsageError(f"cannot write {path}: {out.parent} {what}")
-    if out.is_dir():
-        raise UsageError(f"cannot write {path}: it is a folder")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"cannot write {path}: folder {out.parent} is not writable")
+    check_writable(path)
     return fmt
 
 

@@ -11,7 +11,8 @@ transformers' public loader, `from_pretrained(None, config=..., state_dict=...)`
 key renames, base-model prefixes, tied weights and merged (MoE) tensors; its loading info
 becomes one error line instead of a log table the user may miss.
 
-Safety: offline only, `trust_remote_code` is never set (a model_type transformers does not
+Safety: offline only, `trust_remote_code=False` on every loader and no stdin to answer
+a prompt (hf_env; a model_type transformers does not
 implement natively is refused; `auto_map` beside a native model_type gets the native code,
 with a note). Attention is `eager` so attention probabilities exist and runs are
 deterministic; weights are fp32 (`--dtype` casts for the run).
@@ -30,7 +31,7 @@ from actscan.errors import BadInputError, ConfigError, UsageError
 from actscan.models.arch import read_config_file
 from actscan.records import ModelInfo
 from actscan.targets import safetensors_io as st
-from actscan.targets.hf_env import offline, quiet
+from actscan.targets.hf_env import NO_REMOTE_CODE, no_prompt, offline, quiet
 from actscan.targets.hf_layers import depth_of, resize_per_layer
 from actscan.targets.resolved import Resolved, TargetOptions
 from actscan.targets.weights import check_finite, mismatch_error
@@ -93,7 +94,7 @@ def hf_config(
             "with package.module:callable instead"
         )
     try:
-        with quiet():
+        with quiet(), no_prompt():
             config = CONFIG_MAPPING[model_type].from_dict(dict(data))
     except Exception as err:  # transformers validates fields with many error types
         raise ConfigError(f"{where}: invalid {model_type} config: {st.first_line(err)}") from None
@@ -225,9 +226,11 @@ def build_hf_model(config: Any, where: str, *, seed: int = 0) -> nn.Module:
 
     auto = _seq2seq(config)[1] or (AutoModelForCausalLM if wants_causal_lm(config) else AutoModel)
     try:
-        with quiet(), torch.random.fork_rng(devices=[]):
+        with quiet(), no_prompt(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return auto.from_config(config, attn_implementation="eager", dtype=torch.float32)
+            return auto.from_config(
+                config, attn_implementation="eager", dtype=torch.float32, **NO_REMOTE_CODE
+            )
     except Exception as err:  # a config transformers cannot build (bad sizes, …)
         raise ConfigError(
             f"{where}: transformers cannot build a '{config.model_type}' model from this "
@@ -270,7 +273,7 @@ def _with_weights(
         kwargs["add_pooling_layer"] = False
         notes = (*notes, "the checkpoint has no pooler: profiling the encoder without one")
     try:
-        with quiet(), torch.random.fork_rng(devices=[]):
+        with quiet(), no_prompt(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(opts.seed)  # anything transformers initializes is seeded
             # (model, loading info) with output_loading_info; transformers annotates the
             # model alone
@@ -280,7 +283,7 @@ def _with_weights(
                 state_dict=dict(tensors),
                 **kwargs,
                 local_files_only=True,
-                trust_remote_code=False,
+                **NO_REMOTE_CODE,
                 attn_implementation="eager",
                 dtype=torch.float32,
                 output_loading_info=True,

@@ -1,16 +1,33 @@
-"""How actscan talks to transformers: offline always, and without its config advice.
+"""How actscan talks to transformers: offline always, never a model folder's own code,
+never a question on stdin, and without its config advice.
 
-Shared by the Hugging Face resolver (hf.py), the per-layer config lists (hf_layers.py) and
-the sharded build; a module of its own so those need not import each other for it.
+Shared by the Hugging Face resolver (hf.py), the per-layer config lists (hf_layers.py),
+the `--input` tokenizer (inputs_file.py) and the sharded build; a module of its own so
+those need not import each other for it.
+
+Custom code: a folder's `auto_map` (config.json, tokenizer_config.json, ...) names Python
+files of its own. transformers runs them when `trust_remote_code` is true and, when it is
+left unset, asks "Do you wish to run the custom code? [y/N]" on stdin, where a piped `y`
+is enough. So every loader is called with `trust_remote_code=False`, and `no_prompt()`
+gives transformers an empty stdin besides, so nothing it could ask can be answered.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
-__all__ = ["offline", "quiet"]
+from actscan.errors import BadInputError
+
+__all__ = ["NO_REMOTE_CODE", "load_tokenizer", "no_prompt", "offline", "quiet"]
+
+# Keywords of every transformers loader actscan calls (from_pretrained, from_config).
+NO_REMOTE_CODE: dict[str, Any] = {"trust_remote_code": False}
 
 
 def offline() -> None:
@@ -38,3 +55,35 @@ def quiet() -> Iterator[None]:
         hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def no_prompt() -> Iterator[None]:
+    """stdin is empty while transformers loads: a question it asks reads end of file (an
+    error, not consent), whatever the user typed or piped."""
+    saved = sys.stdin
+    sys.stdin = io.StringIO("")
+    try:
+        yield
+    finally:
+        sys.stdin = saved
+
+
+def load_tokenizer(folder: Path) -> Any:
+    """The tokenizer in `folder`: local files only, transformers' own classes only (an
+    `auto_map` tokenizer gets transformers' class for its files, or fails)."""
+    offline()
+    from transformers import AutoTokenizer
+
+    try:
+        with no_prompt():
+            return AutoTokenizer.from_pretrained(
+                str(folder), local_files_only=True, **NO_REMOTE_CODE
+            )
+    except ValueError as err:  # transformers' refusal of custom code it was not allowed
+        if "trust_remote_code" not in str(err):
+            raise
+        raise BadInputError(
+            f"the tokenizer in {folder} is custom code (auto_map) with no transformers class "
+            "for its files, and actscan never runs a folder's code"
+        ) from None

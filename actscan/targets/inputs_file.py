@@ -2,7 +2,8 @@
 
 * `.json`: a list of equal-length token-id lists (batch × seq), used as is for every batch.
 * `.txt`: text, tokenized with the model's own tokenizer — only for Hugging Face targets
-  whose folder holds one (loaded with `local_files_only=True`, never downloaded). The token
+  whose folder holds one (loaded with `local_files_only=True`, never downloaded, never
+  its own code). The token
   stream is cut into `--batch` rows of `--seq-len` tokens (default 64, capped by the model's
   maximum positions); a text shorter than that gives one shorter row.
 
@@ -20,6 +21,7 @@ import torch
 
 from actscan.errors import BadInputError
 from actscan.measure.inputs import Batch, InputSource, file_tokens
+from actscan.targets.hf_env import load_tokenizer
 from actscan.targets.resolved import Resolved, TargetOptions
 
 if TYPE_CHECKING:
@@ -109,9 +111,7 @@ def token_decoder(path: Path, resolved: Resolved) -> Callable[[int], str] | None
     if folder is None:
         return None
     try:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tok = load_tokenizer(folder)
     except Exception:  # the text was tokenized already: ids without text are still right
         return None
     return lambda i: str(tok.decode([i]))
@@ -132,10 +132,10 @@ def _tokenize_text(path: Path, resolved: Resolved, opts: TargetOptions) -> torch
     if not text.strip():
         raise BadInputError(f"--input {path}: the file is empty")
     try:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tok = load_tokenizer(folder)
         ids: list[int] = list(tok(text, verbose=False)["input_ids"])
+    except BadInputError as err:
+        raise BadInputError(f"--input {path}: {err}") from None
     except Exception as err:
         first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
         raise BadInputError(f"--input {path}: the tokenizer in {folder} failed: {first}") from None
