@@ -157,6 +157,8 @@ def test_no_folder_code_runs_with_a_yes_on_stdin(
         assert res.returncode in (0, 1), res.stderr
         assert "custom code is never run" in res.stdout + res.stderr
 
+    if tokenizer_class != "CanaryTokenizer":
+        return  # the model and config loaders read the same planted config.json either way
     for target in (folder, folder / "config.json"):
         res = _actscan(tmp_path, str(target))
         _assert_no_code_ran(res, canary)
