@@ -157,12 +157,26 @@ def test_no_folder_code_runs_with_a_yes_on_stdin(
         assert res.returncode in (0, 1), res.stderr
         assert "custom code is never run" in res.stdout + res.stderr
 
-    if tokenizer_class != "CanaryTokenizer":
-        return  # the model and config loaders read the same planted config.json either way
+
+@pytest.mark.slow
+def test_no_folder_code_runs_when_building_the_model(
+    llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder and its config.json alone, built in process (no tokenizer is read, so
+    no prompt could wait on stdin): the model and config loaders import nothing planted."""
+    from transformers import dynamic_module_utils
+
+    from actscan.api import TargetSpec, scan_target
+    from actscan.settings import Settings
+
+    folder, canary = _folder(llama, tmp_path, "CanaryTokenizer")
+    # were code imported, it would be copied here, not into the user's cache
+    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
+    settings = Settings(batch=1, seq_len=8, backward=False, device="cpu")
     for target in (folder, folder / "config.json"):
-        res = _actscan(tmp_path, str(target))
-        _assert_no_code_ran(res, canary)
-        assert res.returncode in (0, 1), res.stderr
+        report = scan_target(TargetSpec(str(target)), settings).report
+        assert not canary.exists()
+        assert report.layers  # it ran
 
 
 def test_every_loader_is_called_without_remote_code(monkeypatch: pytest.MonkeyPatch) -> None:
