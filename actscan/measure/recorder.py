@@ -823,7 +823,7 @@ def moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
         x = t if t.dtype in _WORK else t.float()
         xs.append(x)
         parts.append(_welford(x) if x.numel() <= _SMALL else _fast_moments(x))
-    host = torch.stack(parts).tolist() if parts else []
+    host = _to_host(parts)
     # Σx² − n·mean² keeps ~1e-7 × (1 + mean²/var) relative: redo where mean² > 10·var
     redo = [
         (k, x)
@@ -831,7 +831,7 @@ def moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
         if x is not None and x.numel() > _SMALL and not var > 10 * mean * mean
     ]
     if redo:
-        again = torch.stack([_welford(x) for _, x in redo]).tolist()
+        again = _to_host([_welford(x) for _, x in redo])
         for (k, _), mv in zip(redo, again, strict=True):
             host[k] = mv
     out = []
@@ -846,9 +846,22 @@ def moments(tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:
     return out
 
 
+def _to_host(parts: Sequence[torch.Tensor]) -> list[list[float]]:
+    """Each (mean, var) pair on the host: one stack and one transfer per device, not one
+    per tensor (on a GPU each transfer is a sync)."""
+    out: list[list[float]] = [[] for _ in parts]
+    by_device: dict[torch.device, list[int]] = {}
+    for i, p in enumerate(parts):
+        by_device.setdefault(p.device, []).append(i)
+    for idx in by_device.values():
+        for i, pair in zip(idx, torch.stack([parts[i] for i in idx]).cpu().tolist(), strict=True):
+            out[i] = pair
+    return out
+
+
 def _welford(x: torch.Tensor) -> torch.Tensor:
     var, mean = torch.var_mean(x, correction=0)
-    return torch.stack([mean, var]).to("cpu", _ACC)
+    return torch.stack([mean, var]).to(_ACC)
 
 
 def _fast_moments(x: torch.Tensor) -> torch.Tensor:
@@ -857,7 +870,7 @@ def _fast_moments(x: torch.Tensor) -> torch.Tensor:
         x = x.view(-1, _WIDE_ROW)
     mean = x.sum().to(_ACC) / x.numel()
     q = _vnorm(_vnorm(x, dim=-1), dtype=_ACC)
-    return torch.stack([mean, q * q / x.numel() - mean * mean]).cpu()
+    return torch.stack([mean, q * q / x.numel() - mean * mean])
 
 
 def iter_named(model: nn.Module, pattern: str | None) -> Iterator[tuple[str, nn.Module]]:
