@@ -474,3 +474,12 @@ def planted_checks(checks: Callable[..., Iterable[Finding]]) -> CheckRunner:
         return tuple(checks(ctx)), ()
 
     return run
+
+
+# The real standard-parametrization width sweep the coordinate-check tests share: three
+# widths, two steps at lr 1e-2, small enough for the suite (the coord check warns on it).
+SP_WIDTH_SWEEP = (
+    *("sweep", "gpt-12-preln", "--width", "32,64,128", "--steps", "2", "--lr", "1e-2"),
+    *("--set", "n_layers=2", "--set", "vocab_size=128", "--set", "seq_len=16"),
+    *("--set", "mup_base_width=32", "--batch", "2", "--seq-len", "16"),
+)

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import SP_WIDTH_SWEEP
 
 from actscan.compare.sweep import Sweep, SweepPoint, run_sweep
 from actscan.diagnose.coord import (
@@ -258,26 +259,7 @@ def _sweep(isolated, *extra: str):
     from actscan.cli import app
 
     args = [
-        "sweep",
-        "gpt-12-preln",
-        "--set",
-        "n_layers=2",
-        "--set",
-        "vocab_size=128",
-        "--set",
-        "seq_len=16",
-        "--set",
-        "mup_base_width=32",
-        "--width",
-        "32,64,128",
-        "--steps",
-        "2",
-        "--lr",
-        "1e-2",
-        "--batch",
-        "2",
-        "--seq-len",
-        "16",
+        *SP_WIDTH_SWEEP,
         "--json",
         "-",
         *extra,

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 
 import pytest
-from helpers import make_report
+from helpers import SP_WIDTH_SWEEP, make_report
 from test_coord import LATE, WIDTHS
 from test_coord import report as coord_report
 from typer.testing import CliRunner
@@ -147,26 +147,7 @@ def test_sweep_cli_writes_the_coordinate_check(tmp_path, fmt: str) -> None:
     """The real SP sweep of tests/test_coord.py: its coord-check warning is in the file."""
     out = tmp_path / f"sweep.{fmt}"
     args = [
-        "sweep",
-        "gpt-12-preln",
-        "--set",
-        "n_layers=2",
-        "--set",
-        "vocab_size=128",
-        "--set",
-        "seq_len=16",
-        "--set",
-        "mup_base_width=32",
-        "--width",
-        "32,64,128",
-        "--steps",
-        "2",
-        "--lr",
-        "1e-2",
-        "--batch",
-        "2",
-        "--seq-len",
-        "16",
+        *SP_WIDTH_SWEEP,
         "-q",
         "--format",
         fmt,
