@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -465,7 +466,7 @@ def resolve_folder(path: Path, opts: TargetOptions) -> Resolved:
     except OSError as err:
         raise BadInputError(f"{path}: cannot list the folder: {err.strerror or err}") from None
     others = [f for f in files if f.endswith(".safetensors")]
-    if not config_path.is_file():
+    if not os.path.lexists(config_path):  # a FIFO or a broken link is read_config_file's
         hint = "; for a bare checkpoint pass the file with --config: actscan profile "
         raise BadInputError(
             f"{path}: not a Hugging Face model folder: no {CONFIG_NAME} (expected {CONFIG_NAME}"
