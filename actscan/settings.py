@@ -610,6 +610,15 @@ class Settings:
     seed: int = setting(
         0, check=Integer(0), flag="--seed", panel="Inputs", help="Seed for inputs and init."
     )
+    # read before the model is built (targets/footprint.py); scan() gets a model built
+    force: bool = setting(
+        False,
+        check=boolean,
+        flag="--force",
+        panel="Target",
+        applies=COMMANDS,
+        help="Build the model even when its estimated memory exceeds what the machine has.",
+    )
     # scan(device=None) runs where the model's weights are; the commands default to auto
     device: str | None = setting(
         "auto",

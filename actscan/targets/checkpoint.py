@@ -93,7 +93,7 @@ def resolve_safetensors(path: Path, opts: TargetOptions) -> Resolved:
 
     tensors = load_tensors(path)
     note = check_finite(tensors, str(path), allow=opts.allow_nonfinite)
-    resolved = build_builtin(cfg, str(path), opts.seed, at_init=False)
+    resolved = build_builtin(cfg, str(path), opts.seed, at_init=False, plan=opts.plan)
     load_weights(resolved.model, tensors, str(path))
     dtypes = sorted({e.dtype for e in header.tensors.values()})
     info = replace(
