@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from actscan.errors import BadInputError
 from actscan.targets.footprint import Shape, elements, safe_int
 from actscan.targets.hf_layers import DEPTH_KEYS, depth_of, resize_per_layer
+from actscan.targets.weights import mismatch_error
 
 if TYPE_CHECKING:
     from torch import nn
@@ -144,6 +145,7 @@ def check_weights(plan: MetaPlan, weights: Mapping[str, Sequence[int]], where: s
     if plan.depth is None or not plan.shapes:
         return
     names = {_strip(n, plan.prefix): tuple(s) for n, s in weights.items()}
+    spelled = {_strip(n, plan.prefix): n for n in weights}  # as the file names them
     for stack, pos in sorted(plan.stacks.items()):
         head = stack.split(".") if stack else []
         found = {
@@ -157,14 +159,15 @@ def check_weights(plan: MetaPlan, weights: Mapping[str, Sequence[int]], where: s
             missing = min(set(range(max(found) + 2)) - found)
             where_in = ".".join(p for p in (plan.prefix, stack, str(missing)) if p)
             raise BadInputError(
-                f"{where}: the config says {plan.depth_key}={plan.depth} but the weights "
-                f"hold layers up to {max(found)} only (no tensors under '{where_in}.'): "
-                "this config.json does not describe these weights"
+                f"bad checkpoint {where}: the config says {plan.depth_key}={plan.depth} but "
+                f"the weights hold layers up to {max(found)} only (no tensors under "
+                f"'{where_in}.') — wrong config.json?"
             )
-    for name, shape in sorted(names.items()):
-        implied = plan.shapes.get(name)
-        if implied is not None and implied != shape:
-            raise BadInputError(
-                f"{where}: tensor '{name}' is {list(shape)} in the weights but the config "
-                f"implies {list(implied)}: this config.json does not describe these weights"
-            )
+    misshaped = [
+        (spelled[name], list(shape), list(implied))
+        for name, shape in sorted(names.items())
+        if (implied := plan.shapes.get(name)) is not None and implied != shape
+    ]
+    error = mismatch_error(where, [], [], misshaped)  # the loader's own wording, earlier
+    if error is not None:
+        raise error
