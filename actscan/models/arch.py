@@ -185,6 +185,10 @@ def build_config(data: dict[str, Any], where: str = "config") -> ArchConfig:
     return cfg
 
 
+_FP32_VALUES = ("init_std", "embed_std", "layerscale_init", "mlp_bias_init", "norm_eps")
+_FP32_MAX = 3.4028234663852886e38
+
+
 def validate(cfg: ArchConfig, where: str = "config") -> None:
     if cfg.family != FAMILY:
         raise ConfigError(f"{where}: family must be '{FAMILY}', got '{cfg.family}'")
@@ -214,6 +218,12 @@ def validate(cfg: ArchConfig, where: str = "config") -> None:
         )
     if cfg.init_std <= 0 or not math.isfinite(cfg.init_std):
         raise ConfigError(f"{where}: init_std must be a positive number, got {cfg.init_std}")
+    for key in _FP32_VALUES:  # they become fp32 weights: past fp32's range is inf there
+        value = getattr(cfg, key)
+        if value is not None and not (math.isfinite(value) and abs(value) <= _FP32_MAX):
+            raise ConfigError(f"{where}: {key} must be a finite fp32 number, got {value}")
+    if cfg.embed_std is not None and cfg.embed_std < 0:
+        raise ConfigError(f"{where}: embed_std must be ≥ 0, got {cfg.embed_std}")
 
 
 # A YAML alias repeats a whole subtree; nested aliases repeat it exponentially (the

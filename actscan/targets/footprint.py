@@ -217,11 +217,22 @@ def _rlimit_room() -> int | None:
     return max(soft - mapped, 0)
 
 
+def _sci(n: int) -> str:
+    """A count of any size in 3 digits (a config's ints have no upper bound)."""
+    if n.bit_length() < 1000:
+        return f"{n:.3g}"
+    return f"1e+{int(n.bit_length() * math.log10(2))}"  # past float: the magnitude alone
+
+
 def _gib(n: int) -> str:
+    if n.bit_length() >= 1000:
+        return f"{_sci(n // GiB)} GiB"
     g = n / GiB
     if g >= 1e5:
         return f"{g:.2e} GiB"
-    return f"{g:.3g} GiB" if g >= 0.01 else f"{n / (1 << 20):.3g} MiB"
+    if g >= 0.01:
+        return f"{g:.3g} GiB"
+    return f"{n / (1 << 20):.3g} MiB" if n >= 1 << 20 else f"{n / 1024:.3g} KiB"
 
 
 def check_fits(shape: Shape, plan: RunPlan, where: str) -> Estimate:
@@ -238,7 +249,7 @@ def check_fits(shape: Shape, plan: RunPlan, where: str) -> Estimate:
             continue
         shown = ", ".join(f"{what} {_gib(v)}" for what, v in est.parts if v)
         dtype = plan.dtype or "fp32"
-        params = f"{shape.numel:.3g}" if shape.numel >= 1e6 else str(shape.numel)
+        params = _sci(shape.numel) if shape.numel >= 10**6 else str(shape.numel)
         raise BadInputError(
             f"{where}: this model needs about {_gib(need)} on {device} ({params} parameters "
             f"in {dtype}, batch {plan.batch}: {shown}) but {device} has {_gib(free)} "
