@@ -116,7 +116,7 @@ def refused(result: dict[str, Any], *needles: str) -> str:
 
 @pytest.mark.slow
 def test_yaml_alias_bomb_is_refused_while_composed(results) -> None:
-    refused(results["alias-bomb"], "bomb.yaml", "aliases expand past 100000 nodes")
+    refused(results["alias-bomb"], "bomb.yaml", "more than 100000 nodes once its aliases")
 
 
 @pytest.mark.slow
@@ -218,7 +218,7 @@ def test_only_regular_files_are_opened(tmp_path: Path) -> None:
 def test_yaml_aliases_are_counted_and_nesting_is_bounded(tmp_path: Path) -> None:
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(BOMB)
-    with pytest.raises(ConfigError, match="aliases expand past 100000 nodes"):
+    with pytest.raises(ConfigError, match="more than 100000 nodes once its aliases are expanded"):
         read_config_file(bomb)
     fine = tmp_path / "anchors.yaml"
     fine.write_text("d_model: &w 16\nmup_base_width: *w\nblock: &b {a: 1}\nother: *b\n")

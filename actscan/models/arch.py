@@ -273,8 +273,8 @@ def _load_yaml(text: str, where: str) -> Any:
             self.nodes += n
             if self.nodes > MAX_YAML_NODES:
                 raise ConfigError(
-                    f"{where}: YAML aliases expand past {MAX_YAML_NODES} nodes (an alias "
-                    "bomb?): refused"
+                    f"{where}: YAML of more than {MAX_YAML_NODES} nodes once its aliases "
+                    "are expanded (an alias bomb?): refused"
                 )
 
     loader = BoundedLoader(text)
