@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from actscan.diagnose import evaluate
 from actscan.models.arch import parse_set
 from actscan.settings import Settings, apply_ignores
+from actscan.targets.footprint import RunPlan
 from actscan.targets.resolve import resolve
 from actscan.targets.resolved import TargetOptions
 
@@ -94,6 +95,16 @@ def build_target(spec: TargetSpec, settings: Settings) -> tuple[Resolved, InputS
         batch=settings.batch,
         seq_len=settings.seq_len,
         at_init=spec.at_init,
+        plan=RunPlan(
+            dtype=str(getattr(settings.dtype, "value", settings.dtype) or "fp32"),
+            batch=settings.batch,
+            seq_len=settings.seq_len,
+            backward=settings.backward,
+            steps=settings.steps,
+            optimizer=settings.optimizer,
+            device=settings.device,
+            force=settings.force,
+        ),
     )
     from actscan.distributed.runtime import current
 

@@ -43,6 +43,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from actscan.errors import ActscanError, ConfigError, UsageError
+from actscan.files import CONFIG_CAP, read_text_bounded
 from actscan.records import CheckId, DType, FailOn, Finding
 
 if TYPE_CHECKING:
@@ -401,15 +402,14 @@ def _from_table(path: Path, where: str, table: Mapping[str, Any]) -> ProjectConf
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    """A project file: a regular file under the config cap (actscan/files.py), TOML."""
+    text = read_text_bounded(path, cap=CONFIG_CAP, what="project file", error=ConfigError)
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as err:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid TOML: nested too deeply") from None
+    except (tomllib.TOMLDecodeError, ValueError) as err:  # ValueError: ints past 4300 digits
         raise ConfigError(f"{path}: invalid TOML: {err}") from None
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text: {err}") from None
 
 
 def _tool_table(path: Path, data: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -445,16 +445,17 @@ def load_project_config(path: str | Path) -> ProjectConfig:
 
 
 def _pyproject_has_table(path: Path) -> bool:
+    # A pyproject.toml that is not meant for us must not break actscan (one we cannot
+    # read at all is skipped); a broken one that mentions us is reported by
+    # load_project_config.
     try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        # A broken pyproject.toml that is not meant for us must not break actscan;
-        # one that mentions us is reported by load_project_config.
-        try:
-            return "actscan" in path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return False
+        text = read_text_bounded(path, cap=CONFIG_CAP, what="project file", error=ConfigError)
+    except ConfigError:
+        return False
+    try:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError):
+        return "actscan" in text
     return _tool_table(path, data) is not None
 
 
@@ -608,6 +609,15 @@ class Settings:
     )
     seed: int = setting(
         0, check=Integer(0), flag="--seed", panel="Inputs", help="Seed for inputs and init."
+    )
+    # read before the model is built (targets/footprint.py); scan() gets a model built
+    force: bool = setting(
+        False,
+        check=boolean,
+        flag="--force",
+        panel="Target",
+        applies=COMMANDS,
+        help="Build the model even when its estimated memory exceeds what the machine has.",
     )
     # scan(device=None) runs where the model's weights are; the commands default to auto
     device: str | None = setting(

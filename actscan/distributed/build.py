@@ -17,7 +17,6 @@ process.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -224,10 +223,7 @@ def _weight_files(path: Path) -> dict[str, Path]:
         with safe_open(str(single), framework="pt") as f:
             return dict.fromkeys(f.keys(), single)
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise BadInputError(f"bad checkpoint index {index}: {err}") from None
+        weight_map = st.read_index(index)  # bounded and checked, as a single process reads it
         files = {name: path / fname for name, fname in weight_map.items()}
         for f in set(files.values()):
             st.read_header(f)

@@ -6,7 +6,6 @@ Random token ids are seeded per batch so both sides of a comparison see the same
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import torch
 
 from actscan.errors import BadInputError, UsageError
+from actscan.files import INPUT_CAP, loads_json, read_bounded
 from actscan.measure.recorder import first_tensor
 
 
@@ -101,25 +101,25 @@ def user_source(inputs: Any) -> InputSource:
 
 
 def file_tokens(path: Path, vocab_size: int | None) -> torch.Tensor:
-    """`--input FILE.json`: a list of equal-length token-id lists (batch × seq)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInputError(f"input file not found: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BadInputError(f"{path}: not a JSON list of token-id lists ({err})") from None
+    """`--input FILE.json`: a list of equal-length token-id lists (batch × seq), read
+    bounded (a regular file under INPUT_CAP, actscan/files.py); every id is checked in
+    Python before a tensor is made, so an id past int64 is a refusal, not an overflow."""
+    label = f"--input {path}"
+    data = loads_json(read_bounded(path, cap=INPUT_CAP, label=label, what="--input file"), label)
     if (
         not isinstance(data, list)
         or not data
         or not all(isinstance(r, list) and r and all(type(t) is int for t in r) for r in data)
     ):
-        raise BadInputError(f"{path}: expected a non-empty list of non-empty lists of ints")
+        raise BadInputError(f"{label}: expected a non-empty list of non-empty lists of ints")
     if len({len(r) for r in data}) != 1:
-        raise BadInputError(f"{path}: token-id lists must all have the same length")
-    ids = torch.tensor(data, dtype=torch.long)
-    if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
-        raise BadInputError(f"{path}: token ids must lie in [0, {vocab_size})")
-    return ids
+        raise BadInputError(f"{label}: token-id lists must all have the same length")
+    top = vocab_size if vocab_size is not None else 2**63
+    bad = next((t for r in data for t in r if not 0 <= t < top), None)
+    if bad is not None:
+        shown = str(bad) if len(str(bad)) <= 24 else f"{str(bad)[:20]}… ({len(str(bad))} digits)"
+        raise BadInputError(f"{label}: token id {shown} is outside [0, {vocab_size or top})")
+    return torch.tensor(data, dtype=torch.long)
 
 
 # -- losses -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from actscan.errors import ConfigError
+from actscan.files import CONFIG_CAP, read_text_bounded
 
 FAMILY = "actscan-gpt"
 
@@ -184,6 +185,10 @@ def build_config(data: dict[str, Any], where: str = "config") -> ArchConfig:
     return cfg
 
 
+_FP32_VALUES = ("init_std", "embed_std", "layerscale_init", "mlp_bias_init", "norm_eps")
+_FP32_MAX = 3.4028234663852886e38
+
+
 def validate(cfg: ArchConfig, where: str = "config") -> None:
     if cfg.family != FAMILY:
         raise ConfigError(f"{where}: family must be '{FAMILY}', got '{cfg.family}'")
@@ -213,36 +218,97 @@ def validate(cfg: ArchConfig, where: str = "config") -> None:
         )
     if cfg.init_std <= 0 or not math.isfinite(cfg.init_std):
         raise ConfigError(f"{where}: init_std must be a positive number, got {cfg.init_std}")
+    for key in _FP32_VALUES:  # they become fp32 weights: past fp32's range is inf there
+        value = getattr(cfg, key)
+        if value is not None and not (math.isfinite(value) and abs(value) <= _FP32_MAX):
+            raise ConfigError(f"{where}: {key} must be a finite fp32 number, got {value}")
+    if cfg.embed_std is not None and cfg.embed_std < 0:
+        raise ConfigError(f"{where}: embed_std must be ≥ 0, got {cfg.embed_std}")
+
+
+# A YAML alias repeats a whole subtree; nested aliases repeat it exponentially (the
+# "billion laughs"). No config needs more than a few hundred nodes once expanded.
+MAX_YAML_NODES = 100_000
 
 
 def parse_text(text: str, suffix: str, where: str) -> Any:
-    """Parse YAML/TOML/JSON text; any syntax error becomes one ConfigError line."""
+    """Parse YAML/TOML/JSON text; any syntax error becomes one ConfigError line, and so do
+    nesting past the parser's recursion limit and YAML aliases expanding past
+    MAX_YAML_NODES nodes."""
+    fmt = suffix.lstrip(".").upper()
     try:
         if suffix == ".toml":
             return tomllib.loads(text)
         if suffix == ".json":
             return json.loads(text)
-        import yaml
-
-        return yaml.safe_load(text)
+        return _load_yaml(text, where)
+    except ConfigError:
+        raise
+    except RecursionError:
+        raise ConfigError(f"{where}: malformed {fmt}: nested too deeply") from None
     except Exception as err:  # the parsers raise many types; all mean "malformed"
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"{where}: malformed {suffix.lstrip('.').upper()}: {reason}") from None
+        raise ConfigError(f"{where}: malformed {fmt}: {reason}") from None
+
+
+def _load_yaml(text: str, where: str) -> Any:
+    """yaml.safe_load with aliases counted: the nodes an alias stands for add to the
+    document's size, and a document that expands past MAX_YAML_NODES is refused while it
+    is being composed, before anything is built from it."""
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        nodes = 0
+        sizes: dict[int, int]
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                target = self.anchors.get(self.peek_event().anchor)
+                self._count(_expanded(target, self.sizes) if target is not None else 1)
+            else:
+                self._count(1)
+            return super().compose_node(parent, index)
+
+        def _count(self, n: int) -> None:
+            self.nodes += n
+            if self.nodes > MAX_YAML_NODES:
+                raise ConfigError(
+                    f"{where}: YAML of more than {MAX_YAML_NODES} nodes once its aliases "
+                    "are expanded (an alias bomb?): refused"
+                )
+
+    loader = BoundedLoader(text)
+    loader.sizes = {}
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _expanded(node: Any, sizes: dict[int, int]) -> int:
+    """How many nodes `node` stands for with every alias in it expanded (memoised: an
+    aliased subtree is one object, measured once)."""
+    key = id(node)
+    if key not in sizes:
+        value = node.value
+        if isinstance(value, list):
+            pairs = bool(value) and isinstance(value[0], tuple)  # a mapping: (key, value)
+            items = [x for pair in value for x in pair] if pairs else value
+            sizes[key] = 1 + sum(_expanded(x, sizes) for x in items)
+        else:
+            sizes[key] = 1
+    return sizes[key]
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    """Read any supported config file into a dict (actscan or Hugging Face)."""
+    """Read any supported config file into a dict (actscan or Hugging Face): a regular
+    file of at most CONFIG_CAP bytes (actscan/files.py), parsed with the bounds above."""
     suffix = path.suffix.lower()
     if suffix == ".yml":
         suffix = ".yaml"
     if suffix not in {".yaml", ".toml", ".json"}:
         raise ConfigError(f"{path}: unsupported config type '{path.suffix}' (.yaml, .toml, .json)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file") from None
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    text = read_text_bounded(path, cap=CONFIG_CAP, what="config file", error=ConfigError)
     data = parse_text(text, suffix, str(path))
     if data is None:
         raise ConfigError(f"{path}: empty config")

@@ -17,6 +17,7 @@ built and filled. The built model is fp32 whatever the file's dtype (`--dtype` c
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -92,7 +93,7 @@ def resolve_safetensors(path: Path, opts: TargetOptions) -> Resolved:
 
     tensors = load_tensors(path)
     note = check_finite(tensors, str(path), allow=opts.allow_nonfinite)
-    resolved = build_builtin(cfg, str(path), opts.seed, at_init=False)
+    resolved = build_builtin(cfg, str(path), opts.seed, at_init=False, plan=opts.plan)
     load_weights(resolved.model, tensors, str(path))
     dtypes = sorted({e.dtype for e in header.tensors.values()})
     info = replace(
@@ -110,11 +111,11 @@ def _architecture(
         cfg_path = opts.config
         if not cfg_path.exists() and str(cfg_path) in shipped_configs():
             cfg_path = shipped_configs()[str(cfg_path)]
-        if not cfg_path.is_file():
+        if not os.path.lexists(cfg_path):  # anything there is read_config_file's to judge
             raise ConfigError(f"--config {cfg_path}: no such config file")
         return _classify(read_config_file(cfg_path), str(cfg_path))
     beside = path.parent / "config.json"
-    if beside.is_file():
+    if os.path.lexists(beside):
         return _classify(read_config_file(beside), str(beside))
     meta = header.metadata
     if CONFIG_KEY in meta:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,6 +32,8 @@ from actscan.errors import BadInputError, ConfigError, UsageError
 from actscan.models.arch import read_config_file
 from actscan.records import ModelInfo
 from actscan.targets import safetensors_io as st
+from actscan.targets.footprint import RunPlan, check_fits
+from actscan.targets.hf_check import check_weights, meta_plan
 from actscan.targets.hf_env import NO_REMOTE_CODE, no_prompt, offline, quiet
 from actscan.targets.hf_layers import depth_of, resize_per_layer
 from actscan.targets.resolved import Resolved, TargetOptions
@@ -218,19 +221,40 @@ def _seq2seq(config: Any) -> tuple[Any, Any]:
     return None, None
 
 
-def build_hf_model(config: Any, where: str, *, seed: int = 0) -> nn.Module:
-    """The Auto-class model for `config` at transformers' own initialization (run under
-    `seed`; the global RNG is restored), in fp32 with eager attention, tied per its config."""
+def _from_config(config: Any) -> nn.Module:
+    """The Auto class's model for `config` (causal LM, seq2seq LM or base model), fp32 with
+    eager attention, tied per its config; on whatever device is current (meta: hf_check)."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
     auto = _seq2seq(config)[1] or (AutoModelForCausalLM if wants_causal_lm(config) else AutoModel)
+    with quiet(), no_prompt():
+        return auto.from_config(
+            config, attn_implementation="eager", dtype=torch.float32, **NO_REMOTE_CODE
+        )
+
+
+def preflight(
+    config: Any, where: str, plan: RunPlan, weights: Mapping[str, Any] | None = None
+) -> None:
+    """Before anything is built: the config against the weights' names and shapes
+    (`weights`: name → tensor or header entry) and its memory against the machine
+    (hf_check.py, footprint.py); one line when either cannot be."""
+    meta = meta_plan(config, _from_config)
+    if weights is not None:
+        check_weights(meta, {n: tuple(t.shape) for n, t in weights.items()}, where)
+    check_fits(meta.shape, plan, where)
+
+
+def build_hf_model(config: Any, where: str, *, seed: int = 0) -> nn.Module:
+    """The Auto-class model for `config` at transformers' own initialization (run under
+    `seed`; the global RNG is restored), in fp32 with eager attention, tied per its config."""
+    import torch
+
     try:
-        with quiet(), no_prompt(), torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return auto.from_config(
-                config, attn_implementation="eager", dtype=torch.float32, **NO_REMOTE_CODE
-            )
+            return _from_config(config)
     except Exception as err:  # a config transformers cannot build (bad sizes, …)
         raise ConfigError(
             f"{where}: transformers cannot build a '{config.model_type}' model from this "
@@ -264,6 +288,7 @@ def _with_weights(
 
     cls = model_class(config)
     where = f"{source} (as {cls.__name__} from {config_path.name})"
+    preflight(config, where, opts.plan, tensors)  # memory-mapped: shapes, no data read
     kwargs: dict[str, Any] = {}
     if "add_pooling_layer" in inspect.signature(cls.__init__).parameters and not any(
         re.search(r"(^|\.)pooler\.", n) for n in tensors
@@ -428,6 +453,7 @@ def resolve_hf_config(path: Path, data: dict[str, Any], opts: TargetOptions) -> 
     """A Hugging Face config alone: the model at transformers' initialization (or --init)."""
     where = str(path)
     config = hf_config(data, where, opts.overrides)
+    preflight(config, where, opts.plan)
     model = build_hf_model(config, where, seed=opts.seed)
     if opts.init is not None:
         std = _first_attr(config, "initializer_range", "init_std")
@@ -465,7 +491,7 @@ def resolve_folder(path: Path, opts: TargetOptions) -> Resolved:
     except OSError as err:
         raise BadInputError(f"{path}: cannot list the folder: {err.strerror or err}") from None
     others = [f for f in files if f.endswith(".safetensors")]
-    if not config_path.is_file():
+    if not os.path.lexists(config_path):  # a FIFO or a broken link is read_config_file's
         hint = "; for a bare checkpoint pass the file with --config: actscan profile "
         raise BadInputError(
             f"{path}: not a Hugging Face model folder: no {CONFIG_NAME} (expected {CONFIG_NAME}"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from actscan.errors import BadInputError
+from actscan.files import INPUT_CAP, mib, regular_file
 
 __all__ = ["NO_REMOTE_CODE", "load_tokenizer", "no_prompt", "offline", "quiet"]
 
@@ -75,6 +76,7 @@ def load_tokenizer(folder: Path) -> Any:
     offline()
     from transformers import AutoTokenizer
 
+    _guard_folder(folder)
     try:
         with no_prompt():
             return AutoTokenizer.from_pretrained(
@@ -87,3 +89,26 @@ def load_tokenizer(folder: Path) -> Any:
             f"the tokenizer in {folder} is custom code (auto_map) with no transformers class "
             "for its files, and actscan never runs a folder's code"
         ) from None
+
+
+# The tokenizer files transformers may open by name (vocabularies, merges, templates).
+_TEXT_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")
+
+
+def _guard_folder(folder: Path) -> None:
+    """transformers opens tokenizer files by names actscan does not choose, so every
+    entry of the folder is checked first, unopened (actscan/files.py): nothing but
+    regular files and folders, and no text file past INPUT_CAP."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:  # no folder to read: transformers says what is missing
+        return
+    for entry in entries:
+        if entry.is_dir():
+            continue
+        st = regular_file(entry, label=f"tokenizer file {entry}")
+        if entry.suffix.lower() in _TEXT_SUFFIXES and st.st_size > INPUT_CAP:
+            raise BadInputError(
+                f"tokenizer file {entry}: {st.st_size} bytes is more than the "
+                f"{mib(INPUT_CAP)} actscan lets a tokenizer read"
+            )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from actscan.errors import BadInputError
+from actscan.files import INPUT_CAP, read_text_bounded, regular_file
 from actscan.measure.inputs import Batch, InputSource, file_tokens
 from actscan.targets.hf_env import load_tokenizer
 from actscan.targets.resolved import Resolved, TargetOptions
@@ -45,9 +46,7 @@ def load_input_file(
     """An input source for `resolved.model` from a .json token file or a .txt text file."""
     opts = opts or TargetOptions()
     path = Path(path)
-    if not path.is_file():
-        what = "is a folder" if path.is_dir() else "not found"
-        raise BadInputError(f"--input {path}: {what} (expected a .json or .txt file)")
+    regular_file(path, label=f"--input {path}")  # a FIFO or a device is never opened
     suffix = path.suffix.lower()
     info = resolved.info
     if suffix == ".json":
@@ -125,10 +124,7 @@ def _tokenize_text(path: Path, resolved: Resolved, opts: TargetOptions) -> torch
             f"--input {path}: text needs the model's tokenizer, and {resolved.info.source} "
             "has none; give token ids as a .json list of lists instead"
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise BadInputError(f"--input {path}: cannot read it as UTF-8 text ({err})") from None
+    text = read_text_bounded(path, cap=INPUT_CAP, label=f"--input {path}", what="--input file")
     if not text.strip():
         raise BadInputError(f"--input {path}: the file is empty")
     try:

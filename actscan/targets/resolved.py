@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actscan.records import ModelInfo
+from actscan.targets.footprint import RunPlan
 
 if TYPE_CHECKING:
     from torch import nn
@@ -46,3 +47,5 @@ class TargetOptions:
     # --at-init/--trained: whether the weights are an initialization (init-scale checks);
     # None: the resolver's judgement (configs and module:callable yes, checkpoints no).
     at_init: bool | None = None
+    # what the run will do, for the memory estimate made before building (footprint.py)
+    plan: RunPlan = field(default_factory=RunPlan)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import re
 import secrets
@@ -25,15 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actscan.errors import BadInputError, UsageError
+from actscan.files import INDEX_CAP, loads_json, read_bounded
 
 if TYPE_CHECKING:
     import torch
 
 MAX_HEADER_LEN = 100_000_000
 """The library's cap on the JSON header (quoted in its "header too large" refusal)."""
-
-MAX_INDEX_LEN = 100_000_000
-"""A sharded index is a small JSON file; refuse to parse anything absurdly large."""
 
 PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle"})
 
@@ -251,23 +248,50 @@ def load_sharded(
     The index's "weight_map" maps tensor names to shard files in the same folder. No library
     cross-checks it: each shard must hold exactly the tensors the index assigns to it, since a
     tensor found elsewhere, or a stray tensor not in the index, means index and shards are out
-    of sync, and loading would silently pick one.
+    of sync, and loading would silently pick one (`sharded_entries` checks that).
     """
     index_path = Path(index_json_path)
-    weight_map = _read_index(index_path)
+    weight_map = _checked_shards(index_path)[0]
     folder = index_path.parent
+    wanted = set(weight_map) if names is None else set(names)
+    unknown = sorted(wanted - set(weight_map))
+    if unknown:
+        raise _bad(index_path, f"no tensor named {unknown[0]!r} in the index", "index")
+    by_shard: dict[str, list[str]] = {}
+    for tensor_name, shard in weight_map.items():
+        by_shard.setdefault(shard, []).append(tensor_name)
+    out: dict[str, torch.Tensor] = {}
+    for shard, listed in by_shard.items():
+        pick = [n for n in listed if n in wanted]
+        if pick:
+            out.update(load_tensors(folder / shard, pick, device))
+    return {name: out[name] for name in weight_map if name in out}
 
+
+def sharded_entries(index_json_path: str | os.PathLike[str]) -> dict[str, TensorEntry]:
+    """Every tensor's dtype and shape in a sharded checkpoint, read from the headers only
+    (index and shards cross-checked as `load_sharded` does): what a config is checked
+    against before anything is built."""
+    weight_map, headers = _checked_shards(Path(index_json_path))
+    return {name: headers[shard].tensors[name] for name, shard in weight_map.items()}
+
+
+def _checked_shards(index_path: Path) -> tuple[dict[str, str], dict[str, SafetensorsHeader]]:
+    """(weight map, each shard's header): each shard holds exactly what the index says."""
+    weight_map = read_index(index_path)
+    folder = index_path.parent
     bad = functools.partial(_bad, index_path, kind="index")
-
     by_shard: dict[str, list[str]] = {}
     for tensor_name, shard in weight_map.items():
         by_shard.setdefault(shard, []).append(tensor_name)
     for shard in by_shard:
         if not (folder / shard).exists():
             raise bad(f"shard {shard!r} listed in the index does not exist in {_show(folder)}")
+    headers: dict[str, SafetensorsHeader] = {}
     held: dict[str, set[str]] = {}
     for shard, listed in by_shard.items():
-        held[shard] = set(read_header(folder / shard).tensors)
+        headers[shard] = read_header(folder / shard)
+        held[shard] = set(headers[shard].tensors)
         for tensor_name in listed:
             if tensor_name not in held[shard]:
                 where = next((f"; it is in {s}" for s, h in held.items() if tensor_name in h), "")
@@ -280,28 +304,16 @@ def load_sharded(
             if mapped != shard:
                 said = f"puts it in shard {mapped}" if mapped is not None else "does not list it"
                 raise bad(f"shard {shard} contains tensor {tensor_name!r} but the index {said}")
-
-    wanted = set(weight_map) if names is None else set(names)
-    unknown = sorted(wanted - set(weight_map))
-    if unknown:
-        raise bad(f"no tensor named {unknown[0]!r} in the index")
-    out: dict[str, torch.Tensor] = {}
-    for shard, listed in by_shard.items():
-        pick = [n for n in listed if n in wanted]
-        if pick:
-            out.update(load_tensors(folder / shard, pick, device))
-    return {name: out[name] for name in weight_map if name in out}
+    return weight_map, headers
 
 
-def _read_index(index_path: Path) -> dict[str, str]:
+def read_index(index_path: Path) -> dict[str, str]:
+    """The weight map of a shard index (a regular file under INDEX_CAP, actscan/files.py),
+    checked: names map to relative shard paths inside the index's folder."""
     bad = functools.partial(_bad, index_path, kind="index")
-    size, _head = _regular_file(index_path, "index")
-    if size > MAX_INDEX_LEN:
-        raise bad(f"{size} bytes is too large for an index")
-    try:
-        obj = json.loads(index_path.read_bytes())
-    except (ValueError, RecursionError, OSError) as err:
-        raise bad(f"not valid JSON ({first_line(err)})") from None
+    label = f"bad index {_show(index_path)}"
+    raw = read_bounded(index_path, cap=INDEX_CAP, label=label, what="shard index")
+    obj = loads_json(raw, label)
     if not isinstance(obj, dict):
         raise bad(f"expected a JSON object, got {type(obj).__name__}")
     weight_map = obj.get("weight_map")
