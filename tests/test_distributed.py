@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -51,11 +52,13 @@ init: kaiming
 
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "ACTSCAN_DIST_TIMEOUT": "120", **extra})
+    env.update({"OMP_NUM_THREADS": "1", **extra})
     return env
 
 
-def _profile2(target: Path, out: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _profile2(
+    target: Path, out: Path, env: dict[str, str], *extra: str
+) -> subprocess.CompletedProcess[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -71,6 +74,7 @@ def _profile2(target: Path, out: Path, env: dict[str, str]) -> subprocess.Comple
         "--json",
         str(out),
         "-q",
+        *extra,
     ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=env)
 
@@ -197,14 +201,12 @@ def test_a_rank_that_raises_ends_the_job_with_exit_2(tmp_path: Path) -> None:
     (site / "sitecustomize.py").write_text(SITE)
     # The collective timeout is set beyond the job's hang guard: only the failing rank's
     # published error can end the job before the guard trips.
-    env = _env(
-        PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-        ACTSCAN_DIST_TIMEOUT=str(2 * JOB_TIMEOUT_S),
-    )
-    res = _profile2(cfg, tmp_path / "r.json", env)
+    env = _env(PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    res = _profile2(cfg, tmp_path / "r.json", env, "--dist-timeout", str(2 * JOB_TIMEOUT_S))
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert lines == [lines[0]] and lines[0].startswith("actscan: error: rank 1: "), res.stderr
+    first = f"actscan: error: rank 1 (host {socket.gethostname()}): "
+    assert lines == [lines[0]] and lines[0].startswith(first), res.stderr
     assert "rank 1 broke on purpose" in lines[0]
     assert not (tmp_path / "r.json").exists()
 

@@ -127,13 +127,18 @@ def write_note(
 
     `kind`: "own" (this rank's own error), "verdict" (this rank named the ranks that
     hung or vanished), "lost" (this rank lost a peer and leaves naming it to the
-    launcher), "follow" (another rank failed first: `root`). torch's format comes first
+    launcher), "follow" (another rank failed first: `root`), "done" (this rank finished
+    its command with `code` 0 or 1: a launcher that stops it now stops a finished rank).
+    torch's format comes first
     (torchrun's summary prints `message`); actscan's fields are beside it.
     """
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    shown = line if kind != "follow" else f"stopped after rank {root} failed (its line is above)"
+    shown = {
+        "follow": f"stopped after rank {root} failed (its line is above)",
+        "done": f"finished with exit {code}",
+    }.get(kind, line)
     data = {
         "message": {
             "message": shown,
@@ -168,8 +173,12 @@ def launcher_verdict(failures: Mapping[int, Any]) -> tuple[str | None, int]:
     at = host()
     notes = {r: _note(f) for r, f in failures.items()}
     for note in notes.values():
-        if note and note.get("printed"):
+        if note and note.get("printed") and note.get("kind") != "done":
             return None, int(note.get("code") or EXIT_ENV)
+    kinds = {r: (n or {}).get("kind") for r, n in notes.items()}
+    done = [int(n.get("code") or 0) for r, n in notes.items() if n and kinds[r] == "done"]
+    if done and all(kinds[r] == "done" or f.exitcode == 1 for r, f in failures.items()):
+        return None, max(done)  # every rank had finished; the agent stopped the last ones
     silent = {r: f for r, f in failures.items() if notes[r] is None}
     if (
         silent and all(f.exitcode in OWN_CODES for f in silent.values()) and not any(notes.values())

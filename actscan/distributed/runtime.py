@@ -23,6 +23,9 @@ bounded time, and that the one line the user reads names the rank that failed fi
 * a failing rank leaves a note in torchrun's error file (`faults.write_note`): torchrun's
   summary shows actscan's line, and `--nproc`'s launcher knows whether it was printed.
 
+A rank that ends well (exit 0, or 1 for findings) waits for the others before it leaves:
+launchers take exit 1 for a failure and would stop rank 0 while it writes the reports.
+
 Ranks other than 0 print nothing: their stdout and stderr are captured in memory. The
 one line the CLI prints for an error ("actscan: error: …") is held back on every rank
 (`_HoldErrors`) until the rank knows whether it failed first.
@@ -51,6 +54,7 @@ from actscan.measure.inputs import Batch, InputSource
 _ERROR_KEY = "actscan/error"  # "code|rank|line": the first failure (compare_set)
 _ACK_KEY = "actscan/ack"  # how many ranks saw it
 _PRINTED_KEY = "actscan/printed"  # rank 0 printed the line
+_DONE_KEY = "actscan/done"  # how many ranks ended their command well (0 or 1)
 _POLL_S = 0.1
 _GRACE_S = 5.0  # how long a failing rank waits for the others to acknowledge
 _FOLLOW_S = 0.5  # a rank that follows another's failure leaves this long after it
@@ -220,6 +224,9 @@ class Session:
     def finish(self, code: int, line: str | None = None) -> int:
         """End this rank's part with `code`; a failure (≥ 2) ends every rank with it.
         `line`: the failure's line when the CLI printed none (an exit from the model)."""
+        if code in (0, 1):
+            faults.write_note(self.run.rank, code, "", kind="done", printed=True)
+            self._await_all()
         with self.lock:
             if self.finishing:  # the watchdog is already taking the process down
                 time.sleep(_GRACE_S + _FOLLOW_S + 1.0)
@@ -234,6 +241,18 @@ class Session:
         mine = line is not None or code == 130  # a line that names the rank, or Ctrl-C's
         own = held if mine else faults.rank_line(self.run.rank, self.host, held)
         self._fail(code, own, kind="own")
+
+    def _await_all(self) -> None:
+        """Wait for every rank to be done (rank 0 writes the reports last): a launcher
+        takes a rank's exit 1 (findings) for a failure and would stop the ones still at
+        work. The watchdog still runs: a failure meanwhile ends this rank with it."""
+        with contextlib.suppress(Exception):
+            self.store.add(_DONE_KEY, 1)
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline:
+                if self.store.add(_DONE_KEY, 0) >= self.run.world_size:
+                    return
+                time.sleep(_POLL_S)
 
     # -- the failure protocol (module doc) ------------------------------------------------
     def _say(self, line: str) -> None:
