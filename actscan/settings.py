@@ -632,16 +632,6 @@ class Settings:
         panel="Inputs",
         help="Keep dropout on (the run is in train mode; dropout is off by default).",
     )
-    # distributed runs (actscan.distributed.runtime): how long a collective may wait
-    dist_timeout: float = setting(
-        120.0,
-        check=Number(positive=True),
-        flag="--dist-timeout",
-        panel="Target",
-        applies={PROFILE, CONFIG},
-        help="Distributed runs: seconds a rank waits for the others in a collective before "
-        "naming the ranks that did not respond.",
-    )
     # the first optimizer steps (actscan.steps.loop): 0 = the step-0 profile only
     steps: int = setting(
         0,
@@ -690,6 +680,16 @@ class Settings:
         flag="--no-attention",
         panel="Output",
         help="Switch the attention probes off (per-head scores, entropy, sink; the Heads table).",
+    )
+    # distributed runs (actscan.distributed.runtime): how long a collective may wait
+    dist_timeout: float = setting(
+        120.0,
+        check=Number(positive=True),
+        flag="--dist-timeout",
+        panel="Target",
+        applies={PROFILE, CONFIG},
+        help="Distributed runs: seconds a rank waits for the others in a collective before "
+        "naming the ranks that did not respond.",
     )
     backward: bool = setting(
         True,
