@@ -691,6 +691,16 @@ class Settings:
         panel="Output",
         help="Switch the attention probes off (per-head scores, entropy, sink; the Heads table).",
     )
+    # distributed runs (actscan.distributed.runtime): how long a collective may wait
+    dist_timeout: float = setting(
+        120.0,
+        check=Number(positive=True),
+        flag="--dist-timeout",
+        panel="Target",
+        applies={PROFILE, CONFIG},
+        help="Distributed runs: seconds a rank waits for the others in a collective before "
+        "naming the ranks that did not respond.",
+    )
     backward: bool = setting(
         True,
         check=boolean,

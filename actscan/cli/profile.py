@@ -117,7 +117,8 @@ def profile(
         raise c.fail(f"--nproc {nproc} under a launcher that started {world} processes", rank0=True)
     from actscan.distributed.runtime import run_ranked
 
-    raise typer.Exit(run_ranked(c.handle_errors(body), settings.device))
+    code = run_ranked(body, settings.device, settings.dist_timeout, errors=c.handle_errors)
+    raise typer.Exit(code)
 
 
 def _profile(

@@ -3,9 +3,13 @@
 `actscan profile TARGET --nproc N …` runs `torch.distributed.run --standalone
 --nproc-per-node N -m actscan profile TARGET …` (the command line without `--nproc`)
 in this process: the ranks inherit stdout and stderr, only rank 0 writes to them, and
-torchrun's own log lines are silenced, so a failure reads as the one line rank 0 prints.
-The exit code is the ranks' (they all exit with the same one). Importing this module
-does not import torch (`actscan --help` stays fast).
+torchrun's own log lines and summary are silenced. A failure reads as one line: the one
+the ranks printed (the first failing rank's error, or the ranks that hung), or, when a
+rank died without a word (a signal, an exit of its own), the line this launcher prints
+from what torchrun's agent observed: "rank 1 (host h) was killed by signal 9 (SIGKILL)",
+"… exited with code 7 without reporting an error" (`faults.launcher_verdict`; exit 2).
+Otherwise the exit code is the ranks' (they all exit with the same one). Importing this
+module does not import torch (`actscan --help` stays fast).
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ def without_nproc(argv: Sequence[str]) -> list[str]:
 
 def launch(nproc: int, argv: Sequence[str]) -> int:
     """Run `python -m actscan ARGV` (without --nproc) as `nproc` ranks; their exit code."""
+    from actscan.distributed import faults
+
     os.environ.setdefault("LOGLEVEL", "CRITICAL")  # torchrun's agent logs (read at import)
+    os.environ[faults.NPROC_ENV] = "1"  # the ranks leave naming a vanished rank to us
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -61,9 +68,10 @@ def launch(nproc: int, argv: Sequence[str]) -> int:
     try:
         run(args)
     except ChildFailedError as err:
-        codes = [f.exitcode for f in err.failures.values()]
-        code = codes[0] if codes else 2
-        return code if code in (1, 2, 3, 130) else 2
+        line, code = faults.launcher_verdict(err.failures)
+        if line:
+            print(line, file=sys.stderr)
+        return code
     except (KeyboardInterrupt, SignalException):  # Ctrl-C: the agent stopped every rank
         return 130
     except Exception as err:  # the launcher itself (rendezvous, ports…)

@@ -178,6 +178,16 @@ def model_error_line(err: BaseException) -> str | None:
     return line if isinstance(line, str) else None
 
 
+def class_name(model: nn.Module) -> str:
+    """The model's own class name. FSDP2's `fully_shard` swaps the module's class for a
+    subclass it makes on the fly (`FSDPActscanGPT` of `ActscanGPT`): the first class of
+    the MRO that is not torch.distributed's is the user's."""
+    for cls in type(model).__mro__:
+        if not cls.__module__.startswith("torch.distributed."):
+            return cls.__name__
+    return type(model).__name__
+
+
 def call_model(model: nn.Module, batch: Batch) -> Any:
     """`model(*args, **kwargs)`. An error the model raises keeps its type for Python
     callers (with a note saying on what inputs), and is marked as the user's, so the CLI
@@ -186,7 +196,7 @@ def call_model(model: nn.Module, batch: Batch) -> Any:
         return model(*batch.args, **batch.kwargs)
     except Exception as err:
         what = describe_batch(batch) or "its inputs"
-        line = f"{type(model).__name__} failed on {what}: {_first_line(err)}"
+        line = f"{class_name(model)} failed on {what}: {_first_line(err)}"
         with contextlib.suppress(AttributeError, TypeError):
             setattr(err, MODEL_ERROR_ATTR, line)
         err.add_note(f"actscan: raised by the model: {line}")

@@ -57,7 +57,7 @@ from actscan.measure.attention import AttentionProbes
 from actscan.measure.hooks import HookSet
 from actscan.measure.inputs import Batch, InputSource
 from actscan.measure.model_inputs import describe_batch
-from actscan.measure.prepare import call_model
+from actscan.measure.prepare import call_model, class_name
 from actscan.measure.recorder import first_tensor
 from actscan.measure.state import CallerWeights
 from actscan.measure.streams import input_name
@@ -134,7 +134,7 @@ def param_groups(model: nn.Module, lr: float) -> list[dict[str, Any]]:
         isinstance(g, dict) and "params" in g for g in groups
     ):
         raise UsageError(
-            f"{type(model).__name__}.actscan_param_groups(lr) must return a list of "
+            f"{class_name(model)}.actscan_param_groups(lr) must return a list of "
             'dicts with "params" (torch param groups)'
         )
     return [{**g, "params": list(g["params"])} for g in groups]
