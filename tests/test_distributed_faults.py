@@ -238,3 +238,22 @@ def test_messages_name_the_models_class_not_fsdps(tmp_path: Path) -> None:
         dist.destroy_process_group()
     line = model_error_line(caught.value)
     assert line is not None and line.startswith("ActscanGPT failed on 1×8 tokens"), line
+
+
+def test_an_absurd_nproc_is_refused_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--nproc 100000` once started 100000 interpreters: it must be refused before torchrun."""
+    import torch.distributed.run as trun
+    from typer.testing import CliRunner
+
+    from actscan.cli import app
+    from actscan.distributed import launch
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("torchrun was started")
+
+    monkeypatch.setattr(trun, "run", never)
+    result = CliRunner().invoke(app, ["profile", "gpt-12-preln", "--nproc", "100000"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("actscan: error: --nproc 100000:")
+    assert str(launch.max_ranks()) in lines[0]

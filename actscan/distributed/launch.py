@@ -19,6 +19,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from actscan.errors import UsageError
+
 
 def launched() -> bool:
     """Whether this process is a rank started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR)."""
@@ -42,9 +44,27 @@ def without_nproc(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def max_ranks() -> int:
+    """The most ranks one host can usefully run: 4 per CPU core (gloo shares the cores), or
+    one per visible GPU when there are more of those. Past it `--nproc` is a mistake (a typo
+    of 100000 would otherwise start 100000 interpreters)."""
+    gpus = 0
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) != "":
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return max(4 * (os.cpu_count() or 1), gpus)
+
+
 def launch(nproc: int, argv: Sequence[str]) -> int:
     """Run `python -m actscan ARGV` (without --nproc) as `nproc` ranks; their exit code."""
     from actscan.distributed import faults
+
+    if nproc > (limit := max_ranks()):
+        raise UsageError(
+            f"--nproc {nproc}: this host has {os.cpu_count() or 1} CPU cores; at most {limit} "
+            "ranks make sense here (more than one host: run torchrun on each)"
+        )
 
     os.environ.setdefault("LOGLEVEL", "CRITICAL")  # torchrun's agent logs (read at import)
     os.environ[faults.NPROC_ENV] = "1"  # the ranks leave naming a vanished rank to us
