@@ -139,8 +139,12 @@ def _check_positions(model: nn.Module, seq: int, names: Sequence[str], what: str
 def _decoder_batch(
     model: nn.Module, batch: int, seq: int, seed: int, index: int
 ) -> dict[str, torch.Tensor]:
-    """Random labels and the decoder ids they give (shifted right behind the start token)."""
+    """Random labels and the decoder ids they give (shifted right behind the start token);
+    a spectrogram decoder (SpeechT5's text-to-speech) gets random mel frames as labels,
+    a whole number of its reduction factor, and a speaker embedding."""
     config: Any = model.config  # a transformers config: its fields vary by family
+    if _takes(model, "decoder_input_values") and not _takes(model, "decoder_input_ids"):
+        return _spectrogram_batch(config, batch, seq, seed, index)
     vocab = _int(config, "vocab_size")
     start = getattr(config, "decoder_start_token_id", None)
     if start is None:
@@ -158,6 +162,30 @@ def _decoder_batch(
     labels = _tokens(vocab, batch, seq, seed + 1, index)
     decoder_ids = torch.cat([torch.full((batch, 1), start), labels[:, :-1]], dim=1)
     return {"decoder_input_ids": decoder_ids, "labels": labels}
+
+
+def _takes(model: nn.Module, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _spectrogram_batch(
+    config: Any, batch: int, seq: int, seed: int, index: int
+) -> dict[str, torch.Tensor]:
+    mels = _int(config, "num_mel_bins")
+    if mels is None:
+        raise UsageError("cannot build spectrogram labels: the config has no num_mel_bins")
+    factor = _int(config, "reduction_factor") or 1
+    frames = max(factor, seq // factor * factor)
+    gen = torch.Generator().manual_seed(seed * 100_003 + index + 1)
+    out = {"labels": torch.randn(batch, frames, mels, generator=gen)}
+    if dim := _int(config, "speaker_embedding_dim"):
+        out["speaker_embeddings"] = torch.randn(batch, dim, generator=gen)
+    return out
 
 
 def hf_input_source(
