@@ -129,3 +129,41 @@ def test_the_class_is_the_saved_architecture(cls: str, tmp_path: Path) -> None:
     result = run("profile", tmp_path, "--batch", "2", "--seq-len", "16", "--format", "json")
     assert result.exit_code in (0, 1), result.output
     assert json.loads(result.stdout)["model"]["arch"]["hf_class"] == cls
+
+
+# -- inputs from the model's own description -----------------------------------------------
+
+CNN: dict[str, Any] = {"hidden_sizes": [8, 16], "depths": [1, 1], "embedding_size": 8}
+
+
+def _config_json(folder: Path, model_type: str, **kw: Any) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.json"
+    path.write_text(transformers.AutoConfig.for_model(model_type, **kw).to_json_string())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("model_type", "kw"), [("resnet", CNN), ("regnet", {**CNN, "groups_width": 8})]
+)
+def test_a_cnn_gets_images_from_its_config(
+    model_type: str, kw: dict[str, Any], tmp_path: Path
+) -> None:
+    """ResNet/RegNet configs name channels but no image size: RGB at ImageNet's 224."""
+    path = _config_json(tmp_path, model_type, **kw)
+    result = run("profile", path, "--batch", "2", "--format", "json")
+    assert result.exit_code in (0, 1), result.output
+    assert json.loads(result.stdout)["run"]["inputs"] == "2 images 3×224×224"
+
+
+def test_a_negative_position_limit_is_no_limit(tmp_path: Path) -> None:
+    """XLNet's max_position_embeddings = -1 (relative positions, no table) once became a
+    sequence length of -1: exit 3."""
+    kw = {"d_model": 32, "n_layer": 2, "n_head": 2, "d_inner": 64, "vocab_size": 64}
+    path = _config_json(tmp_path, "xlnet", **kw)
+    assert transformers.AutoConfig.for_model("xlnet").max_position_embeddings == -1
+    result = run("profile", path, "--batch", "2", "--format", "json")
+    assert result.exit_code in (0, 1), result.output
+    data = json.loads(result.stdout)
+    assert data["run"]["seq_len"] == 64 and data["run"]["inputs"] == "2×64 tokens"
+    assert data["model"]["arch"]["max_positions"] is None

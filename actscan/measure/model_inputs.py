@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 DEFAULT_SEQ = 64
+DEFAULT_IMAGE = 224  # the side of an image when the config names none (CNN backbones)
 DEFAULT_FRAMES = 50  # about one second of 16 kHz audio for wav2vec2-like extractors
 
 
@@ -100,10 +101,11 @@ def _main_shape(model: nn.Module, name: str, batch: int, seq_len: int | None) ->
     config: Any = model.config  # a transformers config: its fields vary by family
     kind = type(model).__name__
     if name == "pixel_values":
-        size = _pair(getattr(config, "image_size", None))
-        channels = _int(config, "num_channels")
-        if size and channels:
-            return (batch, channels, *size)
+        # CNN backbones (ResNet, RegNet) name no image size: they take any, and were
+        # trained at ImageNet's 224 on RGB, the defaults of their image processors.
+        size = _pair(getattr(config, "image_size", None)) or (DEFAULT_IMAGE, DEFAULT_IMAGE)
+        channels = _int(config, "num_channels") or 3
+        return (batch, channels, *size)
     elif name == "input_values":
         return (batch, _samples_for_frames(config, seq_len or DEFAULT_FRAMES))
     elif name == "input_features":
@@ -317,7 +319,10 @@ def choose_inputs(
     elif (hf := hf_input_source(model, batch=batch, seq_len=seq_len, seed=seed)) is not None:
         source = hf
     elif info.vocab_size and info.task in ("causal-lm", "encoder"):
-        seq = seq_len or min(64, int(info.arch.get("max_positions") or 64))
+        limit = info.arch.get("max_positions")
+        if not (isinstance(limit, int) and limit > 0):  # -1 (XLNet) or absent: no limit
+            limit = DEFAULT_SEQ
+        seq = seq_len or min(DEFAULT_SEQ, limit)
         check_positions(model, seq)
         source = token_source(
             info.vocab_size,

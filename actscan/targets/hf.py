@@ -421,6 +421,16 @@ def _first_attr(config: Any, *names: str) -> Any:
     return None
 
 
+def _positive(config: Any, *names: str) -> int | None:
+    """The first of `names` that is a positive int: XLNet's max_position_embeddings = -1
+    means "no limit", not a length."""
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def hf_info(
     model: nn.Module,
     config: Any,
@@ -447,7 +457,7 @@ def hf_info(
     if head_dim is None and isinstance(d_model, int) and isinstance(n_heads, int) and n_heads:
         head_dim = d_model // n_heads
     arch: dict[str, Any] = {
-        "max_positions": _first_attr(
+        "max_positions": _positive(
             config, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length"
         ),
         "n_layers": n_layers,
