@@ -167,3 +167,44 @@ def test_a_negative_position_limit_is_no_limit(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert data["run"]["seq_len"] == 64 and data["run"]["inputs"] == "2×64 tokens"
     assert data["model"]["arch"]["max_positions"] is None
+
+
+# -- what a family does on purpose ---------------------------------------------------------
+
+
+def _convnext() -> torch.nn.Module:
+    cfg = transformers.AutoConfig.for_model(
+        "convnext", hidden_sizes=[16, 32], depths=[3, 3], num_stages=2, image_size=32
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModel.from_config(cfg)
+
+
+def test_layerscale_parameter_near_zero_is_info_with_its_value() -> None:
+    """ConvNeXt multiplies each branch by `layer_scale_parameter` = 1e-6 at init, a
+    parameter of the layer (no module of its own): the block starts as the identity."""
+    from actscan import scan
+    from actscan.records import CheckId, Severity
+
+    report = scan(_convnext(), batch=2)
+    dead = [f for f in report.findings if f.check == CheckId.DEAD_BRANCH]
+    assert [f.severity for f in dead] == [Severity.INFO], [f.message for f in dead]
+    assert "layer_scale_parameter = 1.00e-06" in dead[0].message
+    assert all(name.endswith(".layer_scale_parameter") for name in dead[0].layers)
+
+
+def test_a_zeroed_branch_behind_a_layerscale_is_still_dead() -> None:
+    from actscan import scan
+    from actscan.records import CheckId, Severity
+
+    model = _convnext()
+    with torch.no_grad():
+        for p in model.get_submodule("encoder.stages.0.layers.1.pwconv2").parameters():
+            p.zero_()
+    report = scan(model, batch=2)
+    loud = [
+        f
+        for f in report.findings
+        if f.check == CheckId.DEAD_BRANCH and f.severity is not Severity.INFO
+    ]
+    assert len(loud) == 1 and "block 1" in loud[0].message, [f.message for f in loud]
