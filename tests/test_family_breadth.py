@@ -208,3 +208,25 @@ def test_a_zeroed_branch_behind_a_layerscale_is_still_dead() -> None:
         if f.check == CheckId.DEAD_BRANCH and f.severity is not Severity.INFO
     ]
     assert len(loud) == 1 and "block 1" in loud[0].message, [f.message for f in loud]
+
+
+def test_attention_probabilities_are_not_judged_as_outlier_channels() -> None:
+    """GPT-Neo records the dropout on its attention probabilities: under a causal mask
+    their "channel 0" (the first key) is large in every row, a property of softmax over a
+    causal mask, not an activation channel. Judged by name or by rows that sum to one."""
+    from helpers import ctx, outlier_rec
+
+    from actscan.diagnose.channels import outlier_channels
+    from actscan.records import CheckId
+
+    width = 64
+    probs = {"mean": 1.0 / width, "max_abs": 1.0, "n_channels": width}
+    by_name = outlier_rec("h.0.attn.attention.attn_dropout", 50.0, (0,), type="Dropout")
+    by_value = outlier_rec("h.1.attn.softmax_out", 50.0, (0,), order=2)
+    by_value = type(by_value)(**{**by_value.__dict__, **probs})
+    mask = outlier_rec("h.0.attn.causal_mask", 50.0, (0,), order=3)
+    quiet = outlier_channels(ctx(layers=[by_name, by_value, mask]))
+    assert not [f for f in quiet if getattr(f, "check", None) == CheckId.OUTLIER_CHANNELS]
+    real = outlier_rec("h.0.mlp", 50.0, (17,), order=4)
+    loud = outlier_channels(ctx(layers=[by_name, by_value, mask, real]))
+    assert [f.layers for f in loud] == [("h.0.mlp",)]
