@@ -3,6 +3,7 @@ gains that are zero by design at init (ReZero α = 0, LayerScale ε)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,45 @@ class _Branch:
     gain_params: tuple[ParamRecord, ...]
     ratio: float | None  # what reaches the stream (after the gain) / stream RMS
     grad_ratio: float | None  # branch-output gradient / stream gradient at the block
+    scale: ParamRecord | None = None  # a per-channel gain parameter, not a module
+
+    @property
+    def gain_name(self) -> str | None:
+        return self.gain.name if self.gain is not None else self.scale.name if self.scale else None
+
+    @property
+    def own_ratio(self) -> float:
+        """What the branch writes before its gain, ÷ the stream."""
+        if self.gain is None and self.scale is not None and self.ratio is not None:
+            size = abs(self.scale.mean) + self.scale.std
+            return self.ratio / size if size else 0.0
+        return self.rec.ratio or 0.0
+
+
+# A parameter that scales a branch's output: ConvNeXt's layer_scale_parameter, CaiT's
+# gamma_1, DINOv2's lambda1, a ReZero alpha.
+_SCALE_PARAM = re.compile(r"(gain|alpha|gamma|lambda|rezero|layer_?scale|^ls\d*$|scale)", re.I)
+
+
+def _scale_param(rec: BranchRecord, block: list[ParamRecord]) -> ParamRecord | None:
+    """A learnable gain on this branch held as a parameter (no module of its own): named
+    like one, a vector or scalar owned by the branch, inside it, or by a module of the
+    block that encloses it (ConvNeXt's layer multiplies its branch by
+    `layer_scale_parameter` before the add), and not a norm's weight."""
+    found = [
+        p
+        for p in block
+        if len(p.shape) <= 1
+        and p.kind != "norm-gain"
+        and p.role != "norm"
+        and _SCALE_PARAM.search(p.name.rsplit(".", 1)[-1])
+        and (
+            p.module == rec.name
+            or p.module.startswith(rec.name + ".")
+            or rec.name.startswith(p.module + ".")
+        )
+    ]
+    return min(found, key=lambda p: abs(p.mean) + p.std) if found else None
 
 
 def _gain_for(
@@ -81,8 +121,11 @@ def _branches(ctx: CheckContext) -> list[_Branch]:
         p.block: p.grad_rms for p in all_points(ctx.stream, ctx.streams) if p.block is not None
     }
     params_of: dict[str, list[ParamRecord]] = {}
+    params_in: dict[int, list[ParamRecord]] = {}
     for p in ctx.params:
         params_of.setdefault(p.module, []).append(p)
+        if p.block is not None:
+            params_in.setdefault(p.block, []).append(p)
     out = []
     for rec in stream_branch_records(ctx.layout, ctx.layers, ctx.stream, ctx.streams):
         if rec.verified is False:
@@ -104,14 +147,31 @@ def _branches(ctx: CheckContext) -> list[_Branch]:
         if ctx.run.backward and finite(rec.grad_rms) and finite(g_stream) and g_stream:
             grad_ratio = rec.grad_rms / g_stream
         gp = tuple(params_of.get(gain.name, ())) if gain is not None else ()
-        out.append(_Branch(rec, gain, gp, ratio, grad_ratio))
+        scale = _scale_param(rec, params_in.get(rec.block, [])) if gain is None else None
+        out.append(_Branch(rec, gain, gp, ratio, grad_ratio, scale))
     return out
+
+
+def _tiny_scale(b: _Branch, ctx: CheckContext) -> str | None:
+    """A gain parameter whose every value is ~0 and explains the silence: the branch
+    without it writes a living share of the stream (ratio ÷ |gain| above the threshold)."""
+    p, th = b.scale, ctx.thresholds.dead_branch_ratio
+    if p is None or not ctx.info.at_init:
+        return None
+    size = abs(p.mean) + p.std
+    if size > th or b.ratio is None:
+        return None
+    if size == 0:
+        return "ReZero: α = 0"
+    if b.ratio / size <= th:
+        return None  # the branch is silent before its gain too
+    return f"LayerScale: {p.name.rsplit('.', 1)[-1]} = {n(p.mean)}"
 
 
 def _by_design(b: _Branch, ctx: CheckContext) -> str | None:
     """Why a silent branch is silent on purpose, or None."""
     if b.gain is None:
-        return None
+        return _tiny_scale(b, ctx)
     own_alive = b.rec.ratio is not None and b.rec.ratio > ctx.thresholds.dead_branch_ratio
     constant = bool(b.gain_params) and all(p.std == 0 for p in b.gain_params)
     scheme = str(ctx.info.arch.get("branch_scale", ""))
@@ -144,7 +204,7 @@ def dead_branch(ctx: CheckContext) -> list[Finding | Skip]:
     designed = [(b, why) for b in dead if (why := _by_design(b, ctx)) is not None]
     if designed:
         whys = sorted({why for _, why in designed})
-        gains = [b.gain.name for b, _ in designed if b.gain is not None]
+        gains = [name for b, _ in designed if (name := b.gain_name) is not None]
         worst = max((b.ratio for b, _ in designed if b.ratio is not None), default=None)
         out.append(
             finding(
@@ -156,7 +216,7 @@ def dead_branch(ctx: CheckContext) -> list[Finding | Skip]:
                 f"{len(designed)} of {len(branches)} residual branches are multiplied by a "
                 f"gain that is ~0 at init ({'; '.join(whys)}): every block starts as the "
                 f"identity by design, and the branches' own outputs are alive "
-                f"(÷stream up to {n(max(b.rec.ratio or 0 for b, _ in designed))}).",
+                f"(÷stream up to {n(max(b.own_ratio for b, _ in designed))}).",
                 "Nothing to fix at init: the gains learn to open. If they are still ~0 after "
                 "training, the gain parameters get too small a learning rate.",
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,24 @@ if TYPE_CHECKING:
 
 # Channels of these outputs are not features: vocabulary logits, attention keys.
 NOT_FEATURES = {"AttentionLogits"}
+# Tensors whose last axis is not a feature axis: attention probabilities (and the dropout
+# on them: GPT-Neo's `attn_dropout`, whose "channel 0" is the first key under a causal
+# mask), attention masks, position ids.
+_NOT_CHANNELS = re.compile(
+    r"(^|_)(attn|attention)_?(drop(out)?|probs?|weights|scores)$|mask|position_?ids", re.I
+)
+
+
+def not_channels(r: LayerRecord) -> bool:
+    """The tensor is not activation channels: named like attention probabilities, a mask
+    or position ids, or its rows are distributions (values in [0, 1], mean 1/width: every
+    row sums to one, as softmax outputs do)."""
+    if r.type in NOT_FEATURES or _NOT_CHANNELS.search(r.name.rsplit(".", 1)[-1]):
+        return True
+    width, mean, top = r.n_channels, r.mean, r.max_abs
+    if not (width and width > 1 and mean is not None and top is not None):
+        return False
+    return mean > 0 and top <= 1.0 + 1e-6 and abs(mean * width - 1.0) <= 1e-3
 
 
 def dead_units(ctx: CheckContext) -> list[Finding | Skip]:
@@ -150,7 +169,7 @@ def outlier_channels(ctx: CheckContext) -> list[Finding | Skip]:
         for r in ctx.layers
         if r.outlier_channels
         and r.role != "head"
-        and r.type not in NOT_FEATURES
+        and not not_channels(r)
         and not r.nonfinite
         and positive(r.channel_max_ratio)
         and positive(r.max_abs)

@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 DEFAULT_SEQ = 64
+DEFAULT_IMAGE = 224  # the side of an image when the config names none (CNN backbones)
 DEFAULT_FRAMES = 50  # about one second of 16 kHz audio for wav2vec2-like extractors
 
 
@@ -100,10 +101,11 @@ def _main_shape(model: nn.Module, name: str, batch: int, seq_len: int | None) ->
     config: Any = model.config  # a transformers config: its fields vary by family
     kind = type(model).__name__
     if name == "pixel_values":
-        size = _pair(getattr(config, "image_size", None))
-        channels = _int(config, "num_channels")
-        if size and channels:
-            return (batch, channels, *size)
+        # CNN backbones (ResNet, RegNet) name no image size: they take any, and were
+        # trained at ImageNet's 224 on RGB, the defaults of their image processors.
+        size = _pair(getattr(config, "image_size", None)) or (DEFAULT_IMAGE, DEFAULT_IMAGE)
+        channels = _int(config, "num_channels") or 3
+        return (batch, channels, *size)
     elif name == "input_values":
         return (batch, _samples_for_frames(config, seq_len or DEFAULT_FRAMES))
     elif name == "input_features":
@@ -139,8 +141,12 @@ def _check_positions(model: nn.Module, seq: int, names: Sequence[str], what: str
 def _decoder_batch(
     model: nn.Module, batch: int, seq: int, seed: int, index: int
 ) -> dict[str, torch.Tensor]:
-    """Random labels and the decoder ids they give (shifted right behind the start token)."""
+    """Random labels and the decoder ids they give (shifted right behind the start token);
+    a spectrogram decoder (SpeechT5's text-to-speech) gets random mel frames as labels,
+    a whole number of its reduction factor, and a speaker embedding."""
     config: Any = model.config  # a transformers config: its fields vary by family
+    if _takes(model, "decoder_input_values") and not _takes(model, "decoder_input_ids"):
+        return _spectrogram_batch(config, batch, seq, seed, index)
     vocab = _int(config, "vocab_size")
     start = getattr(config, "decoder_start_token_id", None)
     if start is None:
@@ -158,6 +164,30 @@ def _decoder_batch(
     labels = _tokens(vocab, batch, seq, seed + 1, index)
     decoder_ids = torch.cat([torch.full((batch, 1), start), labels[:, :-1]], dim=1)
     return {"decoder_input_ids": decoder_ids, "labels": labels}
+
+
+def _takes(model: nn.Module, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _spectrogram_batch(
+    config: Any, batch: int, seq: int, seed: int, index: int
+) -> dict[str, torch.Tensor]:
+    mels = _int(config, "num_mel_bins")
+    if mels is None:
+        raise UsageError("cannot build spectrogram labels: the config has no num_mel_bins")
+    factor = _int(config, "reduction_factor") or 1
+    frames = max(factor, seq // factor * factor)
+    gen = torch.Generator().manual_seed(seed * 100_003 + index + 1)
+    out = {"labels": torch.randn(batch, frames, mels, generator=gen)}
+    if dim := _int(config, "speaker_embedding_dim"):
+        out["speaker_embeddings"] = torch.randn(batch, dim, generator=gen)
+    return out
 
 
 def hf_input_source(
@@ -289,7 +319,10 @@ def choose_inputs(
     elif (hf := hf_input_source(model, batch=batch, seq_len=seq_len, seed=seed)) is not None:
         source = hf
     elif info.vocab_size and info.task in ("causal-lm", "encoder"):
-        seq = seq_len or min(64, int(info.arch.get("max_positions") or 64))
+        limit = info.arch.get("max_positions")
+        if not (isinstance(limit, int) and limit > 0):  # -1 (XLNet) or absent: no limit
+            limit = DEFAULT_SEQ
+        seq = seq_len or min(DEFAULT_SEQ, limit)
         check_positions(model, seq)
         source = token_source(
             info.vocab_size,

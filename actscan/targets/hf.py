@@ -96,9 +96,10 @@ def hf_config(
             f"(not native to transformers {transformers.__version__}); profile your module "
             "with package.module:callable instead"
         )
+    cls = CONFIG_MAPPING[model_type]
     try:
         with quiet(), no_prompt():
-            config = CONFIG_MAPPING[model_type].from_dict(dict(data))
+            config = cls.from_dict(_decode_as_transformers(cls, data))
     except Exception as err:  # transformers validates fields with many error types
         raise ConfigError(f"{where}: invalid {model_type} config: {st.first_line(err)}") from None
     if overrides:
@@ -110,6 +111,15 @@ def hf_config(
             "unquantized model"
         )
     return config
+
+
+def _decode_as_transformers(cls: Any, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The parsed config.json as transformers' own reader returns it: `save_pretrained`
+    writes infinities and NaN as `{"__float__": "Infinity"}` (Mamba-2's `time_step_limit`),
+    which its reader decodes after `json.loads`; the file itself was read bounded by
+    read_config_file, so only this decoding step is transformers'."""
+    decode = getattr(cls, "_decode_special_floats", None)
+    return dict(decode(dict(data))) if callable(decode) else dict(data)
 
 
 def config_notes(data: Mapping[str, Any], where: str) -> tuple[str, ...]:
@@ -188,10 +198,44 @@ def wants_causal_lm(config: Any) -> bool:
 # --------------------------------------------------------------------------- build
 
 
+def saved_architecture(config: Any) -> type[PreTrainedModel] | None:
+    """The class `architectures` names (written by save_pretrained), when it is one of
+    transformers' own classes for this config and a kind actscan runs whole: a language
+    model, an encoder-decoder, speech or base model. SpeechT5's folders are its
+    text-to-speech or its speech-to-text model, which share a config and differ in weights.
+    A task head (…ForMaskedLM, …ForSequenceClassification) is not taken: such a checkpoint
+    is profiled as its base model (`_with_weights`)."""
+    import transformers
+    from transformers.models.auto import modeling_auto as names
+
+    kinds = (
+        "MODEL_MAPPING_NAMES",
+        "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+        "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+        "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+        "MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES",
+        "MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES",
+    )
+    runnable: set[str] = set()
+    for kind in kinds:
+        for value in getattr(names, kind, {}).values():
+            runnable.update(value if isinstance(value, list | tuple) else (value,))
+    for name in getattr(config, "architectures", None) or ():
+        if not isinstance(name, str) or name not in runnable:
+            continue
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type) and getattr(cls, "config_class", None) is type(config):
+            return cls
+    return None
+
+
 def model_class(config: Any) -> type[PreTrainedModel]:
-    """The concrete class the Auto mapping picks (causal LM or base model) for `config`."""
+    """The class `architectures` names when actscan runs it whole (`saved_architecture`),
+    else the concrete class the Auto mapping picks (causal LM, seq2seq LM or base model)."""
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING
 
+    if (saved := saved_architecture(config)) is not None:
+        return saved
     mapping = MODEL_FOR_CAUSAL_LM_MAPPING if wants_causal_lm(config) else MODEL_MAPPING
     mapping = _seq2seq(config)[0] or mapping
     if type(config) not in mapping:
@@ -228,10 +272,23 @@ def _from_config(config: Any) -> nn.Module:
     from transformers import AutoModel, AutoModelForCausalLM
 
     auto = _seq2seq(config)[1] or (AutoModelForCausalLM if wants_causal_lm(config) else AutoModel)
+    saved = saved_architecture(config)
     with quiet(), no_prompt():
+        if saved is not None and saved is not model_class_of_auto(auto, config):
+            return saved._from_config(config, attn_implementation="eager", dtype=torch.float32)
         return auto.from_config(
             config, attn_implementation="eager", dtype=torch.float32, **NO_REMOTE_CODE
         )
+
+
+def model_class_of_auto(auto: Any, config: Any) -> Any:
+    """The class `auto.from_config(config)` would build, or None when it has none."""
+    mapping = getattr(auto, "_model_mapping", None)
+    try:
+        cls = mapping[type(config)] if mapping is not None else None
+    except KeyError:
+        return None
+    return cls[0] if isinstance(cls, tuple) else cls
 
 
 def preflight(
@@ -364,6 +421,16 @@ def _first_attr(config: Any, *names: str) -> Any:
     return None
 
 
+def _positive(config: Any, *names: str) -> int | None:
+    """The first of `names` that is a positive int: XLNet's max_position_embeddings = -1
+    means "no limit", not a length."""
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def hf_info(
     model: nn.Module,
     config: Any,
@@ -390,7 +457,7 @@ def hf_info(
     if head_dim is None and isinstance(d_model, int) and isinstance(n_heads, int) and n_heads:
         head_dim = d_model // n_heads
     arch: dict[str, Any] = {
-        "max_positions": _first_attr(
+        "max_positions": _positive(
             config, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length"
         ),
         "n_layers": n_layers,

@@ -101,9 +101,18 @@ def _show(path: str | os.PathLike[str]) -> str:
 
 
 def first_line(err: BaseException) -> str:
-    """One line from an exception (torch errors carry C++ stack frames after line one)."""
+    """One line from an exception (torch errors carry C++ stack frames after line one).
+    A first line that ends in a colon announces the next (transformers' validation errors:
+    "Validation error for field 'x':" then the reason), so the two are joined."""
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    if not lines:
+        return type(err).__name__
+    text = lines[0]
+    for more in lines[1:3]:
+        if not text.endswith(":"):
+            break
+        text = f"{text} {more}"
+    return f"{type(err).__name__}: {text}"
 
 
 def _bad(path: str | os.PathLike[str], message: str, kind: str = "checkpoint") -> BadInputError:

@@ -1,0 +1,232 @@
+"""Families a user points actscan at that once failed (issue 22): folders transformers
+itself saved, models whose inputs the config describes, and verdicts on what a family
+does on purpose. Tiny configs built in process (transformers' own init, no download)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from actscan.cli import app
+from actscan.targets import safetensors_io as st
+from actscan.targets.hf import hf_config
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+MAMBA2: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "vocab_size": 64,
+    "num_heads": 4,
+    "head_dim": 16,
+    "state_size": 8,
+    "expand": 2,
+    "n_groups": 1,
+}
+BAMBA: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "intermediate_size": 64,
+    "vocab_size": 64,
+    "mamba_n_heads": 4,
+    "mamba_d_head": 16,
+    "mamba_d_state": 8,
+    "attn_layer_indices": [1],
+}
+
+
+def run(*args: object) -> Any:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _saved(folder: Path, model_type: str, auto: str, **kw: Any) -> Path:
+    cfg = transformers.AutoConfig.for_model(model_type, **kw)
+    torch.manual_seed(0)
+    getattr(transformers, auto).from_config(cfg).save_pretrained(folder)
+    return folder
+
+
+# -- loading what transformers saved -------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model_type", "kw"), [("mamba2", MAMBA2), ("bamba", BAMBA)])
+def test_a_folder_transformers_saved_loads(
+    model_type: str, kw: dict[str, Any], tmp_path: Path
+) -> None:
+    """save_pretrained writes Mamba-2's time_step_limit (0, inf) as {"__float__":
+    "Infinity"}; transformers' reader decodes it, and so must ours."""
+    folder = _saved(tmp_path / model_type, model_type, "AutoModelForCausalLM", **kw)
+    assert "__float__" in (folder / "config.json").read_text()
+    result = run("profile", folder, "--batch", "2", "--seq-len", "8", "--format", "json")
+    assert result.exit_code in (0, 1), result.output
+    data = json.loads(result.stdout)
+    assert data["model"]["family"] == model_type
+    assert data["layout"] and all(p["status"] == "verified" for p in data["layout"])
+
+
+def test_special_floats_are_decoded_as_transformers_does() -> None:
+    data = json.loads(
+        json.dumps(
+            {**MAMBA2, "model_type": "mamba2", "time_step_limit": [0.0, {"__float__": "Infinity"}]}
+        )
+    )
+    config = hf_config(data, "config.json")
+    assert tuple(config.time_step_limit) == (0.0, float("inf"))
+
+
+def test_a_validation_error_is_not_cut_at_its_colon() -> None:
+    data = {**MAMBA2, "model_type": "mamba2", "num_heads": "four"}
+    with pytest.raises(Exception) as err:
+        hf_config(data, "config.json")
+    message = str(err.value)
+    assert "Validation error for field 'num_heads':" in message
+    assert "expected int" in message  # the reason, on the same line
+    assert "\n" not in message
+
+
+def test_first_line_joins_an_announcing_colon() -> None:
+    err = ValueError("Validation error for field 'x':\n    TypeError: bad value\nmore detail")
+    assert st.first_line(err) == "ValueError: Validation error for field 'x': TypeError: bad value"
+    assert st.first_line(RuntimeError("one\ntwo")) == "RuntimeError: one"
+
+
+SPEECHT5: dict[str, Any] = {
+    "hidden_size": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "vocab_size": 64,
+    "num_mel_bins": 16,
+    "speaker_embedding_dim": 8,
+    "speech_decoder_postnet_units": 16,
+    "speech_decoder_prenet_units": 16,
+    "conv_dim": [16, 16],
+    "conv_stride": [5, 2],
+    "conv_kernel": [10, 3],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls", ["SpeechT5ForTextToSpeech", "SpeechT5ForSpeechToText"])
+def test_the_class_is_the_saved_architecture(cls: str, tmp_path: Path) -> None:
+    """SpeechT5's two models share one config; the folder's `architectures` says which
+    weights it holds (the Auto mapping alone picks speech-to-text for both)."""
+    cfg = transformers.AutoConfig.for_model("speecht5", **SPEECHT5)
+    torch.manual_seed(0)
+    getattr(transformers, cls)(cfg).save_pretrained(tmp_path)
+    result = run("profile", tmp_path, "--batch", "2", "--seq-len", "16", "--format", "json")
+    assert result.exit_code in (0, 1), result.output
+    assert json.loads(result.stdout)["model"]["arch"]["hf_class"] == cls
+
+
+# -- inputs from the model's own description -----------------------------------------------
+
+CNN: dict[str, Any] = {"hidden_sizes": [8, 16], "depths": [1, 1], "embedding_size": 8}
+
+
+def _config_json(folder: Path, model_type: str, **kw: Any) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.json"
+    path.write_text(transformers.AutoConfig.for_model(model_type, **kw).to_json_string())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("model_type", "kw"), [("resnet", CNN), ("regnet", {**CNN, "groups_width": 8})]
+)
+def test_a_cnn_gets_images_from_its_config(
+    model_type: str, kw: dict[str, Any], tmp_path: Path
+) -> None:
+    """ResNet/RegNet configs name channels but no image size: RGB at ImageNet's 224."""
+    path = _config_json(tmp_path, model_type, **kw)
+    result = run("profile", path, "--batch", "2", "--format", "json")
+    assert result.exit_code in (0, 1), result.output
+    assert json.loads(result.stdout)["run"]["inputs"] == "2 images 3×224×224"
+
+
+def test_a_negative_position_limit_is_no_limit(tmp_path: Path) -> None:
+    """XLNet's max_position_embeddings = -1 (relative positions, no table) once became a
+    sequence length of -1: exit 3."""
+    kw = {"d_model": 32, "n_layer": 2, "n_head": 2, "d_inner": 64, "vocab_size": 64}
+    path = _config_json(tmp_path, "xlnet", **kw)
+    assert transformers.AutoConfig.for_model("xlnet").max_position_embeddings == -1
+    result = run("profile", path, "--batch", "2", "--format", "json")
+    assert result.exit_code in (0, 1), result.output
+    data = json.loads(result.stdout)
+    assert data["run"]["seq_len"] == 64 and data["run"]["inputs"] == "2×64 tokens"
+    assert data["model"]["arch"]["max_positions"] is None
+
+
+# -- what a family does on purpose ---------------------------------------------------------
+
+
+def _convnext() -> torch.nn.Module:
+    cfg = transformers.AutoConfig.for_model(
+        "convnext", hidden_sizes=[16, 32], depths=[3, 3], num_stages=2, image_size=32
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModel.from_config(cfg)
+
+
+def test_layerscale_parameter_near_zero_is_info_with_its_value() -> None:
+    """ConvNeXt multiplies each branch by `layer_scale_parameter` = 1e-6 at init, a
+    parameter of the layer (no module of its own): the block starts as the identity."""
+    from actscan import scan
+    from actscan.records import CheckId, Severity
+
+    report = scan(_convnext(), batch=2)
+    dead = [f for f in report.findings if f.check == CheckId.DEAD_BRANCH]
+    assert [f.severity for f in dead] == [Severity.INFO], [f.message for f in dead]
+    assert "layer_scale_parameter = 1.00e-06" in dead[0].message
+    assert all(name.endswith(".layer_scale_parameter") for name in dead[0].layers)
+
+
+def test_a_zeroed_branch_behind_a_layerscale_is_still_dead() -> None:
+    from actscan import scan
+    from actscan.records import CheckId, Severity
+
+    model = _convnext()
+    with torch.no_grad():
+        for p in model.get_submodule("encoder.stages.0.layers.1.pwconv2").parameters():
+            p.zero_()
+    report = scan(model, batch=2)
+    loud = [
+        f
+        for f in report.findings
+        if f.check == CheckId.DEAD_BRANCH and f.severity is not Severity.INFO
+    ]
+    assert len(loud) == 1 and "block 1" in loud[0].message, [f.message for f in loud]
+
+
+def test_attention_probabilities_are_not_judged_as_outlier_channels() -> None:
+    """GPT-Neo records the dropout on its attention probabilities: under a causal mask
+    their "channel 0" (the first key) is large in every row, a property of softmax over a
+    causal mask, not an activation channel. Judged by name or by rows that sum to one."""
+    from helpers import ctx, outlier_rec
+
+    from actscan.diagnose.channels import outlier_channels
+    from actscan.records import CheckId
+
+    width = 64
+    probs = {"mean": 1.0 / width, "max_abs": 1.0, "n_channels": width}
+    by_name = outlier_rec("h.0.attn.attention.attn_dropout", 50.0, (0,), type="Dropout")
+    by_value = outlier_rec("h.1.attn.softmax_out", 50.0, (0,), order=2)
+    by_value = type(by_value)(**{**by_value.__dict__, **probs})
+    mask = outlier_rec("h.0.attn.causal_mask", 50.0, (0,), order=3)
+    quiet = outlier_channels(ctx(layers=[by_name, by_value, mask]))
+    assert not [f for f in quiet if getattr(f, "check", None) == CheckId.OUTLIER_CHANNELS]
+    real = outlier_rec("h.0.mlp", 50.0, (17,), order=4)
+    loud = outlier_channels(ctx(layers=[by_name, by_value, mask, real]))
+    assert [f.layers for f in loud] == [("h.0.mlp",)]
