@@ -7,7 +7,6 @@ A module of its own so that the command modules import it and the package's
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import typer
@@ -27,18 +26,13 @@ class OneLineErrors(TyperGroup):
     of the wrong type, a missing argument) is one `actscan: error:` line and exit 2, as
     every other mistake is; help, exits and the rest run as click runs them."""
 
-    def main(
-        self,
-        args: Sequence[str] | None = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        **extra: Any,
-    ) -> Any:
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, False, **extra)
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        standalone = kwargs.get("standalone_mode", True)
+        kwargs["standalone_mode"] = False  # click's errors come here, not to its printer
+        if not standalone:
+            return super().main(*args, **kwargs)
         try:
-            code = super().main(args, prog_name, complete_var, False, **extra)
+            code = super().main(*args, **kwargs)
         except UsageError as err:
             if type(err).__name__ == "NoArgsIsHelpError":  # the help, asked for by no arguments
                 err.show()  # type: ignore[attr-defined]
