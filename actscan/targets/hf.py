@@ -96,6 +96,7 @@ def hf_config(
             f"(not native to transformers {transformers.__version__}); profile your module "
             "with package.module:callable instead"
         )
+    check_domains(data, where)  # before transformers divides by a zero head count
     try:
         with quiet(), no_prompt():
             config = CONFIG_MAPPING[model_type].from_dict(dict(data))
@@ -103,7 +104,7 @@ def hf_config(
         raise ConfigError(f"{where}: invalid {model_type} config: {st.first_line(err)}") from None
     if overrides:
         _apply_overrides(config, overrides, model_type)
-    check_domains(config.to_dict(), where)
+    check_domains(config.to_dict(), where)  # --set values too
     if quant := getattr(config, "quantization_config", None):
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else type(quant).__name__
         raise BadInputError(
