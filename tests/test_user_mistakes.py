@@ -138,6 +138,11 @@ CASES: list[Case] = [
     ("batch-not-an-int", lambda r: [*tiny(r), "--batch", "abc"], ("--batch", "integer")),
     ("unknown-option", lambda r: [*tiny(r), "--stpes", "3"], ("--stpes",)),
     ("missing-target", lambda r: ["profile"], ("target",)),
+    (  # was ignored in silence: the config target's own architecture ran
+        "config-for-a-config-target",
+        lambda r: [*tiny(r), "--config", str(r / "tiny.yaml")],
+        ("--config", "bare .safetensors"),
+    ),
 ]
 # The other cases, refused already by the bounded reads of --input files and the
 # --nproc limit (actscan/files.py, distributed/launch.py): here too, so that this one
