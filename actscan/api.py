@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from actscan.diagnose import evaluate
+from actscan.errors import BUILD_ADVICE, RUN_ADVICE, resource_limits
 from actscan.models.arch import parse_set
 from actscan.settings import Settings, apply_ignores
 from actscan.targets.footprint import RunPlan
@@ -146,22 +147,24 @@ def scan_target(
     settings = Settings() if settings is None else settings
     if progress is not None:
         progress.stage(f"building {spec.target}")
-    resolved, inputs = build_target(spec, settings)
+    with resource_limits(f"building {spec.target}", BUILD_ADVICE):
+        resolved, inputs = build_target(spec, settings)
     decode = None
     if spec.input_file is not None:
         from actscan.targets.inputs_file import token_decoder
 
         decode = token_decoder(spec.input_file, resolved)
     run = replace(settings, backward=settings.backward and backward, init=spec.init, ignores=())
-    report = scan_model(
-        resolved.model,
-        run,
-        inputs=inputs,
-        info=resolved.info,
-        progress=progress,
-        decode_token=decode,
-        checks=checks or evaluate,
-    )
+    with resource_limits(f"running {spec.target}", RUN_ADVICE):
+        report = scan_model(
+            resolved.model,
+            run,
+            inputs=inputs,
+            info=resolved.info,
+            progress=progress,
+            decode_token=decode,
+            checks=checks or evaluate,
+        )
     if resolved.notes:
         report = replace(report, notes=tuple(dict.fromkeys(resolved.notes + report.notes)))
     kept, ignored = apply_ignores(report.findings, settings.ignores)

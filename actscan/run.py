@@ -43,6 +43,7 @@ from actscan.measure.profile import (
     record_pass,
     run_info,
 )
+from actscan.measure.recorder import check_modules
 from actscan.measure.results import Measured, build_records
 from actscan.measure.state import kept_state
 from actscan.records import BlockProof, Finding, Layout, ModelInfo, ParamRecord, Skip
@@ -236,6 +237,7 @@ def pass_spec(model: nn.Module, s: Settings, info: ModelInfo) -> PassSpec:
     """How the recorded pass runs, from the settings (device None: the model's own); a
     checkpoint stored in another dtype than the run's says so."""
     dtype = TORCH_DTYPES[s.dtype] if isinstance(s.dtype, str) else s.dtype
+    check_modules(model, s.modules)
     spec = PassSpec.of(
         model,
         resolve_device(s.device, model),

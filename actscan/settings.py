@@ -117,13 +117,20 @@ class RunDType(OneOf):
 
 @dataclass(frozen=True)
 class Integer:
+    """An integer in [minimum, maximum]: the maximum is where the number cannot work (a
+    size torch cannot hold, a seed its generators refuse), with `why` saying so."""
+
     minimum: int
+    maximum: int
+    why: str
 
     def __call__(self, v: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"must be an integer, got {v!r}")
         if v < self.minimum:
             raise ValueError(f"must be at least {self.minimum}, got {v}")
+        if v > self.maximum:
+            raise ValueError(f"must be at most {self.maximum} ({self.why}), got {v}")
         return v
 
     @property
@@ -133,7 +140,12 @@ class Integer:
 
 @dataclass(frozen=True)
 class Number:
+    """A finite number, > 0 (`positive`) or ≥ 0, and at most `maximum` (where it can no
+    longer work, `why` says how)."""
+
     positive: bool = False  # > 0; else ≥ 0
+    maximum: float = math.inf
+    why: str = ""
 
     def __call__(self, v: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
@@ -142,11 +154,20 @@ class Number:
             raise ValueError(f"must be > 0, got {v!r}")
         if v < 0:
             raise ValueError(f"must be ≥ 0, got {v!r}")
+        if v > self.maximum:
+            raise ValueError(f"must be at most {self.maximum:g} ({self.why}), got {v!r}")
         return float(v)
 
     @property
     def metavar(self) -> str:
         return "<float > 0>" if self.positive else "<float ≥ 0>"
+
+
+# Upper bounds where a number cannot work. Sizes: a batch × sequence of int32 sides keeps
+# every tensor's element count in int64. Seeds: scaled by ~1e5 into torch's 64-bit seeds.
+SIZE_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1
+SIZE = "beyond the size of any tensor"
 
 
 def boolean(v: Any) -> Any:
@@ -595,20 +616,32 @@ class Settings:
         help="Autocast in this dtype with fp32 weights.",
     )
     batch: int = setting(
-        4, check=Integer(1), flag="--batch", panel="Inputs", help="Sequences per batch."
+        4,
+        check=Integer(1, SIZE_MAX, SIZE),
+        flag="--batch",
+        panel="Inputs",
+        help="Sequences per batch.",
     )
     seq_len: int | None = setting(
-        None, check=Integer(1), flag="--seq-len", panel="Inputs", help="Tokens per sequence."
+        None,
+        check=Integer(1, SIZE_MAX, SIZE),
+        flag="--seq-len",
+        panel="Inputs",
+        help="Tokens per sequence.",
     )
     batches: int = setting(
         1,
-        check=Integer(1),
+        check=Integer(1, 1_000_000, "each batch is a full forward and backward pass"),
         flag="--batches",
         panel="Inputs",
         help="Merge statistics over N batches.",
     )
     seed: int = setting(
-        0, check=Integer(0), flag="--seed", panel="Inputs", help="Seed for inputs and init."
+        0,
+        check=Integer(0, SEED_MAX, "a 32-bit seed"),
+        flag="--seed",
+        panel="Inputs",
+        help="Seed for inputs and init.",
     )
     # read before the model is built (targets/footprint.py); scan() gets a model built
     force: bool = setting(
@@ -645,7 +678,7 @@ class Settings:
     # the first optimizer steps (actscan.steps.loop): 0 = the step-0 profile only
     steps: int = setting(
         0,
-        check=Integer(0),
+        check=Integer(0, 100_000, "the first steps of training, each kept in the report"),
         flag="--steps",
         panel="Steps",
         help="Take N optimizer steps and measure each (0: step 0 only).",
@@ -659,7 +692,7 @@ class Settings:
     )
     lr: float = setting(
         1e-3,
-        check=Number(positive=True),
+        check=Number(positive=True, maximum=1e3, why="no model trains at that rate"),
         flag="--lr",
         panel="Steps",
         help="The learning rate you will train with.",
@@ -668,18 +701,22 @@ class Settings:
         (0.9, 0.95), check=betas_pair, applies={SCAN}, help="Adam's β1, β2 for the steps."
     )
     eps: float = setting(
-        1e-8, check=Number(), flag="--eps", panel="Steps", help="Adam's epsilon for --steps."
+        1e-8,
+        check=Number(positive=True, maximum=1.0, why="above 1 it swamps any gradient's scale"),
+        flag="--eps",
+        panel="Steps",
+        help="Adam's epsilon for --steps.",
     )
     weight_decay: float = setting(
         0.0,
-        check=Number(),
+        check=Number(maximum=1e3, why="no model trains under that decay"),
         flag="--weight-decay",
         panel="Steps",
         help="Weight decay for --steps.",
     )
     warmup: int = setting(
         0,
-        check=Integer(0),
+        check=Integer(0, 100_000, "the most --steps allows"),
         flag="--warmup",
         panel="Steps",
         help="Linear learning-rate warmup steps.",
@@ -780,6 +817,12 @@ class Settings:
             raise UsageError(
                 f"{where('warmup')} {self.warmup} is longer than steps {self.steps}: the steps "
                 "would never reach the learning rate"
+            )
+        if self.optimizer in ("adamw", "sgd") and self.lr * self.weight_decay >= 1:
+            raise UsageError(
+                f"{where('weight_decay')} {self.weight_decay:g} × {where('lr')} {self.lr:g} "
+                f"is ≥ 1: {self.optimizer} multiplies every weight by 1 − lr·weight-decay "
+                "each step, which would zero or flip it"
             )
         if self.steps and not self.backward:
             raise UsageError(f"{where('steps')} needs the backward pass: drop {where('backward')}")

@@ -20,7 +20,15 @@ from rich.console import Console
 from rich.markup import escape
 from typer.models import ArgumentInfo, ParameterInfo
 
-from actscan.errors import ActscanError, UsageError
+from actscan.errors import (
+    MEMORY,
+    RUN_ADVICE,
+    ActscanError,
+    UsageError,
+    os_error_text,
+    resource_cause,
+    resource_kind,
+)
 from actscan.settings import PANELS, ROWS, SETTINGS, Setting, Settings
 
 if TYPE_CHECKING:
@@ -243,11 +251,11 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
             raise fail(str(err), err.exit_code) from None
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
-        except MemoryError:
-            raise fail("out of memory: try a smaller --batch/--seq-len or --dtype bf16") from None
-        except Exception as err:  # a bug, or a model that raised during forward
+        except Exception as err:  # a bug, a resource limit, or the model's own error
             if debug():
                 traceback.print_exc()
+            if (line := limit_line(err)) is not None:
+                raise fail(line, EXIT_USAGE) from None  # the machine's limits, not actscan
             if (line := _model_error_line(err)) is not None:
                 raise fail(line, EXIT_USAGE) from None  # the user's model, not actscan
             msg = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -258,6 +266,18 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
             ) from None
 
     return wrapper
+
+
+def limit_line(err: BaseException) -> str | None:
+    """The one line for what the machine or the file system refused, wherever it was hit:
+    a resource limit (memory, a size torch cannot hold) or an OSError on a path (a name
+    too long, no permission, a symlink loop, a full disk). None for anything else."""
+    if resource_kind(err) is not None:
+        return f"{resource_cause(err)}: {RUN_ADVICE[resource_kind(err) or MEMORY]}"
+    if isinstance(err, OSError) and err.errno is not None:
+        where = f"{os.fsdecode(err.filename)}: " if err.filename is not None else ""
+        return f"{where}{os_error_text(err)}"
+    return None
 
 
 def _model_error_line(err: BaseException) -> str | None:

@@ -106,12 +106,18 @@ def side_b(
     return Side(
         tag="b",
         target=target or a.target,
-        config=config or a.config,
+        # A's --config goes with A's bare checkpoint: a B that carries its own architecture
+        # (a config, a folder, module:callable) is built from that, not refused for it
+        config=config or (a.config if target is None or _bare(target) else None),
         init=init or a.init,
         sets=a.sets + tuple(sets or ()),
         dtype=b_dtype,
         amp=b_amp,
     )
+
+
+def _bare(target: str) -> bool:
+    return target.lower().endswith(".safetensors")
 
 
 def check_precision(side: Side) -> None:

@@ -12,7 +12,7 @@ steps need no second pass.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -259,6 +259,7 @@ def record_pass(
         raw = rec.result(spec.batches)
         for r in extra:
             raw.update(r.result(spec.batches))
+    notes.extend(repeat_notes(model, raw, spec.batches, layout))
     attention = probes.records(merge=ranks.merge_state) if probes is not None else ()
     if probes is not None:
         notes.extend(probes.notes)
@@ -278,6 +279,56 @@ def record_pass(
         backward=backward,
         step0=step0,
     )
+
+
+def repeated(raw: Mapping[str, RawStats], batches: int) -> dict[str, int]:
+    """Modules that ran more than once per forward → how many times, outermost first: a
+    shared block's children, which repeat with it, are left to the block's name."""
+    counts = {n: r.calls // batches for n, r in raw.items() if r.calls > batches}
+    out: dict[str, int] = {}
+    for name in sorted(counts, key=lambda n: (n.count("."), n)):
+        parts = name.split(".")
+        ancestors = {".".join(parts[:i]) for i in range(1, len(parts))}
+        if not any(out.get(a) == counts[name] for a in ancestors):
+            out[name] = counts[name]
+    return out
+
+
+def repeat_notes(
+    model: nn.Module, raw: Mapping[str, RawStats], batches: int, layout: Layout
+) -> list[str]:
+    """What a module run several times per forward (weight sharing, a universal
+    transformer's looped block, one embedding for encoder and decoder) does to the
+    statistics: its hooks see every call, so its row merges all of them; a block's
+    applications are one stream point, not one each. Said, so no depth goes unseen."""
+    mods = dict(model.named_modules())
+    blocks = {b.name for b in layout.blocks}
+    found = [(n, k) for n, k in repeated(raw, batches).items() if n in mods]
+    notes = []
+    looped = [(n, k) for n, k in found if n in blocks]
+    if looped:
+        shown = ", ".join(f"{n} ({type(mods[n]).__name__}) ×{k}" for n, k in looped[:4])
+        more = f" and {len(looped) - 4} more" if len(looped) > 4 else ""
+        depth = len(blocks) + sum(k - 1 for _, k in looped)
+        notes.append(
+            f"blocks run more than once per forward (shared weights): {shown}{more}; the "
+            "stream shows one point per block, merging all its applications, so it has "
+            f"{len(blocks)} points for {depth} applied blocks"
+        )
+    # beyond blocks, modules with weights (a dropout or an activation used twice shares none)
+    others = [
+        f"{n} ({type(mods[n]).__name__}) ×{k}"
+        for n, k in found
+        if n not in blocks and next(mods[n].parameters(), None) is not None
+    ]
+    if others:
+        more = f" and {len(others) - 4} more" if len(others) > 4 else ""
+        notes.append(
+            "modules with weights run more than once per forward (shared weights), each "
+            "row merging its calls: "
+            f"{', '.join(others[:4])}{more}"
+        )
+    return notes
 
 
 def run_info(profiled: Profiled, *, seed: int, init: str | None, dropout: bool) -> RunInfo:

@@ -56,6 +56,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from actscan.errors import UsageError
 from actscan.measure.hooks import HookSet
 from actscan.measure.moments import merge_moments
 
@@ -883,3 +884,13 @@ def iter_named(model: nn.Module, pattern: str | None) -> Iterator[tuple[str, nn.
             continue
         if rx is None or rx.search(name):
             yield name, mod
+
+
+def check_modules(model: nn.Module, pattern: str | None) -> None:
+    """A `--modules` regex that matches no module would record nothing and skip every
+    check in silence: UsageError naming the pattern and a few of the model's names."""
+    if pattern is None or next(iter_named(model, pattern), None) is not None:
+        return
+    names = [name for name, _ in model.named_modules() if name]
+    some = f" (its modules are named like {', '.join(names[:4])})" if names else ""
+    raise UsageError(f"--modules {pattern!r} matches no module of the model{some}")

@@ -224,6 +224,8 @@ def validate(cfg: ArchConfig, where: str = "config") -> None:
             raise ConfigError(f"{where}: {key} must be a finite fp32 number, got {value}")
     if cfg.embed_std is not None and cfg.embed_std < 0:
         raise ConfigError(f"{where}: embed_std must be ≥ 0, got {cfg.embed_std}")
+    if cfg.norm_eps <= 0:  # it keeps a norm's zero variance from dividing by zero
+        raise ConfigError(f"{where}: norm_eps must be a positive number, got {cfg.norm_eps}")
 
 
 # A YAML alias repeats a whole subtree; nested aliases repeat it exponentially (the

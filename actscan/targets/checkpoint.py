@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actscan.errors import BadInputError, ConfigError, UsageError
+from actscan.errors import BadInputError, ConfigError, UsageError, path_problem
 from actscan.models.arch import ArchConfig, is_actscan_config, read_config_file, saved_config
 from actscan.targets.builtin import arch_from_mapping, build_builtin
 from actscan.targets.classify import shipped_configs
@@ -109,6 +109,8 @@ def _architecture(
     """("actscan" | "hf", config mapping, where it came from) — see the module docstring."""
     if opts.config is not None:
         cfg_path = opts.config
+        if (problem := path_problem(cfg_path)) is not None:
+            raise ConfigError(f"--config {cfg_path}: {problem}")
         if not cfg_path.exists() and str(cfg_path) in shipped_configs():
             cfg_path = shipped_configs()[str(cfg_path)]
         if not os.path.lexists(cfg_path):  # anything there is read_config_file's to judge

@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from actscan.errors import BadInputError
+from actscan.errors import BadInputError, path_problem
 from actscan.models.arch import is_actscan_config, read_config_file
 
 __all__ = ["CONFIGS_DIR", "CONFIG_SUFFIXES", "Kind", "TargetKind", "classify", "shipped_configs"]
@@ -93,10 +93,14 @@ def classify(target: str) -> TargetKind:
     A config file is read (a bad one is its ConfigError line); nothing else is opened.
     """
     path = Path(target)
-    if ":" in target and not path.exists() and not _looks_like_windows_path(target):
+    problem = path_problem(path)
+    exists = problem is None and path.exists()
+    if ":" in target and not exists and not _looks_like_windows_path(target):
         return TargetKind(Kind.CALLABLE, target)
+    if problem is not None:  # there, or named, but not usable: say why, not "no such file"
+        raise BadInputError(f"{target}: {problem}")
     shipped = False
-    if not path.exists():
+    if not exists:
         names = shipped_configs()
         if target not in names:
             hint = f" (shipped configs: {', '.join(names)})" if names else ""

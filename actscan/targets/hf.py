@@ -97,6 +97,7 @@ def hf_config(
             "with package.module:callable instead"
         )
     cls = CONFIG_MAPPING[model_type]
+    check_domains(data, where)  # before transformers divides by a zero head count
     try:
         with quiet(), no_prompt():
             config = cls.from_dict(_decode_as_transformers(cls, data))
@@ -104,6 +105,7 @@ def hf_config(
         raise ConfigError(f"{where}: invalid {model_type} config: {st.first_line(err)}") from None
     if overrides:
         _apply_overrides(config, overrides, model_type)
+    check_domains(config.to_dict(), where)  # --set values too
     if quant := getattr(config, "quantization_config", None):
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else type(quant).__name__
         raise BadInputError(
@@ -120,6 +122,83 @@ def _decode_as_transformers(cls: Any, data: Mapping[str, Any]) -> dict[str, Any]
     read_config_file, so only this decoding step is transformers'."""
     decode = getattr(cls, "_decode_special_floats", None)
     return dict(decode(dict(data))) if callable(decode) else dict(data)
+
+
+# The common fields of transformers configs and their domains, checked before anything is
+# built: transformers accepts most of them as given, and a zero or negative one fails later
+# inside torch (a negative dimension, a division by zero) or builds a model that is no model.
+_SIZES = frozenset(
+    [
+        "hidden_size",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "intermediate_size",
+        "vocab_size",
+        "num_key_value_heads",
+        "head_dim",
+        "n_embd",
+        "n_head",
+        "n_layer",
+        "n_inner",
+        "n_positions",
+        "n_ctx",
+        "d_model",
+        "d_ff",
+        "d_kv",
+        "num_heads",
+        "num_layers",
+        "num_decoder_layers",
+        "ffn_dim",
+        "encoder_layers",
+        "decoder_layers",
+        "encoder_attention_heads",
+        "decoder_attention_heads",
+        "encoder_ffn_dim",
+        "decoder_ffn_dim",
+        "word_embed_proj_dim",
+    ]
+)
+_EPSILONS = frozenset(
+    ["layer_norm_eps", "rms_norm_eps", "layer_norm_epsilon", "norm_eps", "rope_theta"]
+)
+_PROBABILITIES = frozenset(
+    [
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "attn_pdrop",
+        "resid_pdrop",
+        "embd_pdrop",
+        "summary_first_dropout",
+        "dropout",
+        "attention_dropout",
+        "activation_dropout",
+        "hidden_dropout",
+        "dropout_rate",
+        "classifier_dropout",
+    ]
+)
+
+
+def check_domains(fields: Mapping[str, Any], where: str) -> None:
+    """Every common field of a transformers config (and of its sub-configs) inside its
+    domain: sizes ≥ 1, epsilons and rope_theta > 0, dropout rates in [0, 1], all finite;
+    else ConfigError naming the field. Fields left None keep their model's default."""
+    for key, v in fields.items():
+        if isinstance(v, Mapping) and (key.endswith("_config") or key in ("encoder", "decoder")):
+            check_domains(v, f"{where} {key}")
+            continue
+        if v is None or isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        if key in _SIZES and not (math.isfinite(v) and v >= 1 and v == int(v)):
+            raise ConfigError(f"{where}: {key} must be a positive integer, got {v}")
+        if key == "max_position_embeddings" and not (v == -1 or (math.isfinite(v) and v >= 1)):
+            raise ConfigError(
+                f"{where}: {key} must be a positive integer (or -1: no limit), got {v}"
+            )
+        if key in _EPSILONS and not (math.isfinite(v) and v > 0):
+            raise ConfigError(f"{where}: {key} must be a positive number, got {v}")
+        if key in _PROBABILITIES and not 0 <= v <= 1:
+            raise ConfigError(f"{where}: {key} must be a probability in [0, 1], got {v}")
 
 
 def config_notes(data: Mapping[str, Any], where: str) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from actscan.errors import BadInputError
+from actscan.errors import BadInputError, UsageError
 from actscan.targets.builtin import resolve_builtin_config
 from actscan.targets.checkpoint import resolve_safetensors
 from actscan.targets.classify import Kind, classify
@@ -32,6 +32,11 @@ def resolve(target: str, opts: TargetOptions | None = None) -> Resolved:
 
 def _resolve(target: str, opts: TargetOptions) -> Resolved:
     what = classify(target)
+    if opts.config is not None and what.kind not in (Kind.SAFETENSORS, Kind.FOLDER):
+        raise UsageError(  # the folder says so itself, naming its config.json
+            f"--config is for a bare .safetensors file; {target} ({what.kind.value}) "
+            "carries its own architecture"
+        )
     if what.kind is Kind.CALLABLE:
         return resolve_factory(target, opts)
     path = what.path
