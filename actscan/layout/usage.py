@@ -47,6 +47,11 @@ _FUSED = {
     "_transformer_encoder_layer_fwd", "bilinear", "lstm", "gru", "rnn_tanh", "rnn_relu",
     "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
 }  # fmt: skip
+# Every name the spy reads: any other call passes straight through (most calls of a
+# forward, and every call of the hooks sharing the pass: views, reductions, copies).
+_WATCHED = frozenset().union(
+    _LINEAR, _MATMUL, _RMATMUL, _ADDMM, _EINSUM, _GROUPED, _CONV, _CONV_T, _EMBED, _FUSED
+)
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ class _Spy(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name and self.owner:
+        if name in _WATCHED and self.owner:
             with contextlib.suppress(Exception):  # never let bookkeeping break the pass
                 self._note(name, list(args), kwargs)
         return func(*args, **kwargs)
@@ -257,11 +262,16 @@ def first_batch_of_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[t
     return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
 
 
-def _norm_shapes(model: nn.Module, into: dict[str, tuple[int, ...]], hooks: HookSet) -> None:
+def _norm_shapes(
+    model: nn.Module, into: dict[str, tuple[int, ...]], hooks: HookSet, batch: int
+) -> None:
     def pre(name: str) -> Callable[..., None]:
         def hook(_mod: nn.Module, inputs: tuple[Any, ...]) -> None:
             if name not in into and inputs and isinstance(inputs[0], torch.Tensor):
-                into[name] = tuple(inputs[0].shape)
+                shape = tuple(inputs[0].shape)
+                if batch > 1 and shape and shape[0] % batch == 0:
+                    shape = (shape[0] // batch, *shape[1:])  # one sample's
+                into[name] = shape
 
         return hook
 
@@ -271,17 +281,21 @@ def _norm_shapes(model: nn.Module, into: dict[str, tuple[int, ...]], hooks: Hook
 
 
 @contextlib.contextmanager
-def watch_usage(model: nn.Module, hooks: HookSet) -> Iterator[Callable[[], Usage]]:
+def watch_usage(
+    model: nn.Module, hooks: HookSet, batch: int = 1
+) -> Iterator[Callable[[], Usage]]:
     """Watch the forward passes run inside: yields a function that reads the `Usage`.
 
     Its hooks go into `hooks` (the caller removes them); the `TorchFunctionMode` that sees
     every call is active inside the `with` only. Random generators and no_grad are the
-    caller's; the model's mode too.
+    caller's; the model's mode too. `batch`: the pass's batch size; each norm's input
+    shape is kept as one sample's (the leading size ÷ `batch`, where it divides), the
+    shape its gain is probed at.
     """
     owner = _owners(model)
     shapes: dict[str, tuple[int, ...]] = {}
     spy = _Spy(owner)
-    _norm_shapes(model, shapes, hooks)
+    _norm_shapes(model, shapes, hooks, batch)
     if _sharded(model):
         _live_owners(model, owner, hooks)
     with spy:
