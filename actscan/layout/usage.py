@@ -281,9 +281,7 @@ def _norm_shapes(
 
 
 @contextlib.contextmanager
-def watch_usage(
-    model: nn.Module, hooks: HookSet, batch: int = 1
-) -> Iterator[Callable[[], Usage]]:
+def watch_usage(model: nn.Module, hooks: HookSet, batch: int = 1) -> Iterator[Callable[[], Usage]]:
     """Watch the forward passes run inside: yields a function that reads the `Usage`.
 
     Its hooks go into `hooks` (the caller removes them); the `TorchFunctionMode` that sees
@@ -338,8 +336,16 @@ def _candidate_shapes(weight: torch.Tensor) -> list[tuple[int, ...]]:
     return shapes
 
 
+# Probe inputs by (shape, normalised dims, dtype, device): every norm of a model probed at
+# one shape reads the same seeded x, drawn and normalised once.
+ProbeCache = dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]]
+
+
 def probe_gain(
-    mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...] | None = None
+    mod: nn.Module,
+    weight: torch.Tensor,
+    shape: tuple[int, ...] | None = None,
+    cache: ProbeCache | None = None,
 ) -> torch.Tensor | None:
     """Per-channel effective gain of a norm (shape of `weight`), or None if it cannot tell.
 
@@ -348,15 +354,18 @@ def probe_gain(
     BatchNorm/GroupNorm/InstanceNorm), so the norm maps it to itself times the gain. The
     odd part (f(x) − f(−x))/2 removes any bias; the gain per channel is its least-squares
     slope on x. Run under no_grad with a fixed generator; the module is left as it was.
+    `cache`: probe inputs kept across calls (the same x for every norm of one shape).
     """
     for s in [shape] if shape is not None else _candidate_shapes(weight):
-        g = _probe(mod, weight, s)
+        g = _probe(mod, weight, s, {} if cache is None else cache)
         if g is not None:
             return g
     return None
 
 
-def _probe(mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
+def _probe(
+    mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...], cache: ProbeCache
+) -> torch.Tensor | None:
     nd = weight.dim()
     if len(shape) > nd and tuple(shape[-nd:]) == tuple(weight.shape):
         norm_dims = tuple(range(len(shape) - nd, len(shape)))
@@ -365,15 +374,18 @@ def _probe(mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...]) -> torc
         norm_dims = reduce_dims = (0, *range(2, len(shape)))
     else:
         return None
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(shape, generator=gen, dtype=torch.float64)
-    x = x - x.mean(norm_dims, keepdim=True)
-    x = x / x.pow(2).mean(norm_dims, keepdim=True).sqrt().clamp_min(1e-12)
     dtype = weight.dtype if weight.is_floating_point() else torch.float32
-    xt = x.to(device=weight.device, dtype=dtype)
+    key = (tuple(shape), norm_dims, dtype, weight.device)
+    if key not in cache:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(shape, generator=gen, dtype=torch.float64)
+        x = x - x.mean(norm_dims, keepdim=True)
+        x = x / x.pow(2).mean(norm_dims, keepdim=True).sqrt().clamp_min(1e-12)
+        cache[key] = (x, x.to(device=weight.device, dtype=dtype))
+    x, xt = cache[key]
     try:
         with torch.no_grad():
-            pos, neg = _first(mod(xt)), _first(mod(-xt))
+            pos, neg = _first(mod(xt.clone())), _first(mod(-xt))  # the cached x stays
     except Exception:  # a norm that wants more than one tensor (conditional norms, …)
         return None
     if pos is None or neg is None or tuple(pos.shape) != tuple(shape):
@@ -421,15 +433,16 @@ def norm_gains(
 ) -> dict[str, tuple[float, float]]:
     """Norm module name → (mean, std) over channels of its effective gain, where measurable."""
     out: dict[str, tuple[float, float]] = {}
+    cache: ProbeCache = {}
     for name, mod in model.named_modules():
         weight = getattr(mod, "weight", None)
         if not (is_norm(mod) and isinstance(weight, nn.Parameter)):
             continue
         with _whole_params(mod) as whole:
             weight = whole.get("weight", weight)
-            g = probe_gain(mod, weight, (shapes or {}).get(name))
+            g = probe_gain(mod, weight, (shapes or {}).get(name), cache)
             if g is None and shapes and name in shapes:
-                g = probe_gain(mod, weight)
+                g = probe_gain(mod, weight, cache=cache)
         if g is not None:
             out[name] = (float(g.mean()), float(g.std(unbiased=False)))
     return out

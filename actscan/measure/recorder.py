@@ -405,11 +405,14 @@ class Recorder:
             m = ch.numel()
             if ch.dtype != work:  # upcast into the scratch before anything is squared
                 ch = self._buffer(key, 0, m).view(ch.shape).copy_(ch)
-            maps = self._buffer(key, 1, 2 * m).view(2, *ch.shape)
-            torch.add(one, ch, alpha=0, out=maps[0])  # 1 where finite, else NaN (0·inf)
-            torch.eq(ch, 0, out=maps[1])  # 1.0 where ±0, else 0.0
-            counts = torch.nansum(maps.view(2, m), dim=1)  # exact: integers < 2**24
             s = ch.sum(dtype=_ACC) if m <= _SMALL else ch.sum()  # fp64 where it is free
+            if ch.device.type == "cpu":
+                counts = self._cpu_counts(ch, s, key)
+            else:
+                maps = self._buffer(key, 1, 2 * m).view(2, *ch.shape)
+                torch.add(one, ch, alpha=0, out=maps[0])  # 1 where finite, else NaN (0·inf)
+                torch.eq(ch, 0, out=maps[1])  # 1.0 where ±0, else 0.0
+                counts = torch.nansum(maps.view(2, m), dim=1)  # exact: integers < 2**24
             self._pend.append((i, m, s, _vnorm(ch, dim=-1), counts))
             if not per_channel:
                 h, low = ch.amax(), ch.amin()
@@ -428,6 +431,20 @@ class Recorder:
                 torch.minimum(lo, low, out=lo)
         assert hi is not None and lo is not None
         return hi, lo, per_channel
+
+    def _cpu_counts(
+        self, ch: torch.Tensor, s: torch.Tensor, key: tuple[torch.dtype, torch.device]
+    ) -> torch.Tensor:
+        """[finite, zero] counts of a CPU chunk: its sum Σx is finite exactly when every
+        value is (a NaN or ±inf makes it NaN or ±inf), and reading it costs no device
+        sync on a CPU: the finite map and its sum are skipped unless Σx is not finite
+        (then counted exactly; an overflowing sum of finite values counts them too)."""
+        m = ch.numel()
+        zmap = torch.eq(ch, 0, out=self._buffer(key, 1, m).view(ch.shape))  # 1.0 where ±0
+        zeros = zmap.sum()  # exact: integers < 2**24
+        if math.isfinite(float(s)):
+            return torch.stack((torch.full_like(zeros, m), zeros))
+        return torch.stack((torch.isfinite(ch).sum().to(zeros.dtype), zeros))
 
     def _update_channels(
         self, i: int, hi: torch.Tensor, lo: torch.Tensor, per_channel: bool
