@@ -338,7 +338,7 @@ def _candidate_shapes(weight: torch.Tensor) -> list[tuple[int, ...]]:
 
 # Probe inputs by (shape, normalised dims, dtype, device): every norm of a model probed at
 # one shape reads the same seeded x, drawn and normalised once.
-ProbeCache = dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]]
+ProbeCache = dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def probe_gain(
@@ -381,8 +381,8 @@ def _probe(
         x = torch.randn(shape, generator=gen, dtype=torch.float64)
         x = x - x.mean(norm_dims, keepdim=True)
         x = x / x.pow(2).mean(norm_dims, keepdim=True).sqrt().clamp_min(1e-12)
-        cache[key] = (x, x.to(device=weight.device, dtype=dtype))
-    x, xt = cache[key]
+        cache[key] = (x, x.to(device=weight.device, dtype=dtype), (x * x).sum(reduce_dims))
+    x, xt, xx = cache[key]
     try:
         with torch.no_grad():
             pos, neg = _first(mod(xt.clone())), _first(mod(-xt))  # the cached x stays
@@ -391,7 +391,7 @@ def _probe(
     if pos is None or neg is None or tuple(pos.shape) != tuple(shape):
         return None
     odd = (pos.double() - neg.double()).cpu() / 2
-    gain = (odd * x).sum(reduce_dims) / (x * x).sum(reduce_dims)
+    gain = (odd * x).sum(reduce_dims) / xx
     if not torch.isfinite(gain).all():
         return None
     return gain.reshape(weight.shape)
