@@ -2,9 +2,10 @@
 
 `structure.detect_layout` guesses branches from module names. Names lie: Gemma adds the
 output of `post_feedforward_layernorm`, not of `mlp`; ReZero adds `α·attn`; a Mamba block
-has a mixer, not attention. So one small forward pass (batch 1 of the run's inputs, no
-gradients) records, inside every block, each module's output that has the stream's shape
-and which module consumed which tensor (by tensor identity). From that data flow:
+has a mixer, not attention. So one forward pass (the recorded pass's first batch, the
+hooks riding on it: actscan.layout.probe) records, inside every block, each module's
+output that has the stream's shape (a strided sample of `PROOF_ROWS` of its rows) and
+which module consumed which tensor (by tensor identity). From that data flow:
 
 - writes: the stream-shaped outputs that no module inside the block consumes (what the
   block adds, whatever the module is: the branch itself, a post-branch norm, a gain);

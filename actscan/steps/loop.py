@@ -31,8 +31,16 @@ Memory: O(steps × modules) scalars, the probe's stream/branch/head outputs at t
 copy of the caller's weights (`measure.state.caller_state`: restored bit for bit, also when a
 step raises) and, from the first update on, one of the previous step's (for the update
 ratios; before it, in one process, the caller's copy serves as W_0 where the run did not
-cast the weights). Per update the ratios cost four fused (`torch._foreach_*`) passes over
-the weights: ‖W_t‖, W_t − W_{t+1}, its norm, and the copy of W_{t+1} (not after the last).
+cast the weights). Per update the ratios cost one pass over the weights, chunk by chunk
+so that each chunk of W_t and W_{t+1} is read from memory once (`_update_sums`): ‖W_t‖,
+‖W_t − W_{t+1}‖ and the copy of W_{t+1} (not after the last) read it from cache.
+
+What each figure costs per step (12 × 768, batch 4 × 64; docs/performance.md): the
+probe's forward (a quarter of the batch, no gradient: ≈ 8 % of a plain step), the update
+pass (≈ one read of the weights and of W_t's copy, one write), the gradients' norms
+(one read of the gradients; their max-norm only where a norm is not finite, on a CPU),
+the logits' log-sum-exp (two passes over the probe's logits), the stream taps (one norm
+per stream point) and one host transfer.
 
 Per-group learning rates: a model with a method `actscan_param_groups(lr) -> list[dict]`
 (torch param-group dicts, each with its "params" and optionally its own "lr") trains with
