@@ -12,9 +12,7 @@ instrumented step costs little more than reading each activation a few times:
     is 1 where x is finite and NaN where it is not; one nansum of both is exact (every
     partial sum is an integer < 2**24): zeros, and non-finite = n − finite, with no
     branch and no host sync. (Welford `var_mean`, `aminmax(dim)`, `isfinite().sum()`,
-    `count_nonzero` and a division map are 2-100× slower on CPU.) On a CPU, where a
-    host read costs no sync, the finite map is skipped: Σx is finite exactly when
-    every value is, and only a chunk whose Σx is not counts its finite values.
+    `count_nonzero` and a division map are 2-100× slower on CPU.)
 - Outputs above `_WHOLE` elements are processed in row chunks of about `_CHUNK`, so the
   scratch, the only extra memory, stays small (and in cache): nothing the size of an
   activation is allocated, except a contiguous copy of a non-contiguous output.
@@ -407,14 +405,11 @@ class Recorder:
             m = ch.numel()
             if ch.dtype != work:  # upcast into the scratch before anything is squared
                 ch = self._buffer(key, 0, m).view(ch.shape).copy_(ch)
+            maps = self._buffer(key, 1, 2 * m).view(2, *ch.shape)
+            torch.add(one, ch, alpha=0, out=maps[0])  # 1 where finite, else NaN (0·inf)
+            torch.eq(ch, 0, out=maps[1])  # 1.0 where ±0, else 0.0
+            counts = torch.nansum(maps.view(2, m), dim=1)  # exact: integers < 2**24
             s = ch.sum(dtype=_ACC) if m <= _SMALL else ch.sum()  # fp64 where it is free
-            if ch.device.type == "cpu":
-                counts = self._cpu_counts(ch, s, key)
-            else:
-                maps = self._buffer(key, 1, 2 * m).view(2, *ch.shape)
-                torch.add(one, ch, alpha=0, out=maps[0])  # 1 where finite, else NaN (0·inf)
-                torch.eq(ch, 0, out=maps[1])  # 1.0 where ±0, else 0.0
-                counts = torch.nansum(maps.view(2, m), dim=1)  # exact: integers < 2**24
             self._pend.append((i, m, s, _vnorm(ch, dim=-1), counts))
             if not per_channel:
                 h, low = ch.amax(), ch.amin()
@@ -433,20 +428,6 @@ class Recorder:
                 torch.minimum(lo, low, out=lo)
         assert hi is not None and lo is not None
         return hi, lo, per_channel
-
-    def _cpu_counts(
-        self, ch: torch.Tensor, s: torch.Tensor, key: tuple[torch.dtype, torch.device]
-    ) -> torch.Tensor:
-        """[finite, zero] counts of a CPU chunk: its sum Σx is finite exactly when every
-        value is (a NaN or ±inf makes it NaN or ±inf), and reading it costs no device
-        sync on a CPU: the finite map and its sum are skipped unless Σx is not finite
-        (then counted exactly; an overflowing sum of finite values counts them too)."""
-        m = ch.numel()
-        zmap = torch.eq(ch, 0, out=self._buffer(key, 1, m).view(ch.shape))  # 1.0 where ±0
-        zeros = zmap.sum()  # exact: integers < 2**24
-        if math.isfinite(float(s)):
-            return torch.stack((torch.full_like(zeros, m), zeros))
-        return torch.stack((torch.isfinite(ch).sum().to(zeros.dtype), zeros))
 
     def _update_channels(
         self, i: int, hi: torch.Tensor, lo: torch.Tensor, per_channel: bool
