@@ -24,8 +24,8 @@ from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.distributed.ranks import ShardedPass
 from actscan.distributed.runtime import current as dist_current
 from actscan.layout.detect import detect_layout
-from actscan.layout.probe import probe_pass
-from actscan.measure.model_inputs import choose_inputs
+from actscan.layout.probe import PassProbe, Probe, probe_pass
+from actscan.measure.model_inputs import ChosenInputs, choose_inputs
 from actscan.measure.params import param_records
 from actscan.measure.prepare import (
     TORCH_DTYPES,
@@ -90,10 +90,7 @@ def scan_model(
     )
     ranks.check(model, spec, s.steps, chosen.source)
     with kept_state(model, spec.device, spec.dtype, dropout=s.dropout, weights=s.steps > 0) as kept:
-        first = first_batch(chosen, spec)
-        probe = probe_pass(model, layout, first, at_init=info.at_init, autocast=spec.autocast)
-        ranks.settle(model)
-        profiled = record_pass(model, probe.proof.layout, chosen, spec, ranks, progress)
+        profiled, probe = profile_pass(model, layout, chosen, spec, ranks, s, info, progress)
         raw_steps = take_steps(model, steps, profiled, kept, info.vocab_size, progress)
     params = param_records(model, probe.proof.layout, probe, measure=ranks.moments)
     measured = build_records(model, profiled, s.threshold_set(), decode_token)
@@ -253,6 +250,30 @@ def pass_spec(model: nn.Module, s: Settings, info: ModelInfo) -> PassSpec:
     )
     stored = stored_dtype_note(info.arch, spec.dtype_name)
     return replace(spec, notes=(*spec.notes, stored)) if stored else spec
+
+
+def profile_pass(
+    model: nn.Module,
+    layout: Layout,
+    chosen: ChosenInputs,
+    spec: PassSpec,
+    ranks: LocalPass,
+    s: Settings,
+    info: ModelInfo,
+    progress: Progress | None,
+) -> tuple[Profiled, Probe]:
+    """The recorded pass, with the layout proof and the at-init usage riding on its first
+    forward: one forward per batch. With dropout on, or as a rank of a distributed run,
+    they take a forward of their own first (actscan.layout.probe says why)."""
+    if s.dropout or ranks.sharded:
+        first = first_batch(chosen, spec)
+        probe = probe_pass(model, layout, first, at_init=info.at_init, autocast=spec.autocast)
+        ranks.settle(model)
+        return record_pass(model, probe.proof.layout, chosen, spec, ranks, progress), probe
+    batch = max(chosen.batch_size(), 1)
+    rider = PassProbe(model, layout, at_init=info.at_init, batch=batch)
+    profiled = record_pass(model, layout, chosen, spec, ranks, progress, ride=rider)
+    return profiled, rider.probe()
 
 
 def pass_ranks() -> LocalPass:

@@ -538,3 +538,53 @@ def test_a_failing_probe_pass_notes_the_proof_and_falls_back_for_usage() -> None
     assert probe.usage is not None
     assert probe.usage.role("blocks.0.0.weight").fan_in == 8  # type: ignore[union-attr]
     assert _hook_count(model) == 0
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_proof_and_usage_ride_on_the_recorded_pass(family: str) -> None:
+    """A scan runs one forward per recorded batch, no probe pass of its own: the proof
+    and the at-init usage read the recorded batch inside the hooks the pass has, and find
+    what the separate probe pass finds (same proofs, fan-ins and norm gains)."""
+    from actscan.layout.probe import probe_pass
+    from actscan.measure.inputs import Batch
+
+    model = hf_model(family).train()
+    x = torch.cat([ids(), ids()])  # batch 2, seq 12
+    layout = detect_layout(model)
+    alone = probe_pass(model, layout, Batch((), {"input_ids": x}), at_init=True)
+    calls: list[int] = []
+    handle = model.register_forward_pre_hook(lambda _m, a, k: calls.append(1), with_kwargs=True)
+    try:
+        info = dataclasses.replace(infer_info(model), at_init=True)
+        report = scan(model, {"input_ids": x}, info=info)
+    finally:
+        handle.remove()
+    assert len(calls) == 1  # the recorded batch only
+    assert [(p.status, p.writes, p.roles, p.placement) for p in report.layout] == [
+        (p.status, p.writes, p.roles, p.placement) for p in alone.proof.proofs
+    ]
+    assert all(p.status == "verified" for p in report.layout)
+    assert alone.usage is not None and alone.gains is not None
+    by_name = {p.name: p for p in report.params}
+    for name, uses in alone.usage.uses.items():
+        use = alone.usage.role(name)
+        assert use is not None and uses
+        if use.op in ("matmul", "conv"):
+            assert (by_name[name].kind, by_name[name].fan_in) == ("weight", use.fan_in)
+    for name, (mean, _std) in alone.gains.items():
+        assert by_name[f"{name}.weight"].gain == pytest.approx(mean, rel=1e-6)
+    assert _hook_count(model) == 0
+
+
+def test_with_dropout_on_the_proof_takes_its_own_eval_mode_pass() -> None:
+    """dropout=True: a train-mode forward makes fresh tensors of the writes, so the proof
+    runs its own (eval-mode, batch-1) forward before the recorded batch, and verifies."""
+    model = hf_model("gpt2").train()
+    calls: list[int] = []
+    handle = model.register_forward_pre_hook(lambda _m, a, k: calls.append(1), with_kwargs=True)
+    try:
+        report = scan(model, {"input_ids": torch.cat([ids(), ids()])}, dropout=True)
+    finally:
+        handle.remove()
+    assert len(calls) == 2
+    assert [p.status for p in report.layout] == ["verified", "verified"]

@@ -1,21 +1,28 @@
-"""The probe pass: one small forward, before the recorded batches, that serves two readers.
+"""The layout proof and the at-init usage: what they read of one forward, and which one.
 
-* The layout proof (`proof.BlockWatch`): every block's stream in, writes and stream out.
+* The layout proof (`proof.BlockWatch`): every block's stream in, writes and stream out
+  (a strided sample of their rows: `proof.PROOF_ROWS`).
 * At init only, the usage watch (`usage.watch_usage`): how each parameter enters the
   contraction calls (its real fan-in) and each norm's input shape, then each norm's
   effective gain from a probe of the module alone.
 
-Both want the same thing of the pass: the first sample of batch 0, no gradients, eval mode
-(dropout would make fresh tensors of the writes, and fan-in is structure, not mode), the
-run's autocast. So they share one forward instead of running one each. When that forward
-raises, the proof says so in a note and the usage falls back to its own pass
-(`usage.measure_usage`, which retries with the full batch when a cut one fails).
+Both ride on the recorded pass's first forward (`PassProbe`, the default): its hooks are
+already there, and no forward of its own is paid for (a separate forward of even a few
+tokens reads every weight once: ~4 % of a 124M-parameter forward+backward on a CPU). Their
+hooks only read, so the recorded pass computes what it computes without them.
+
+`probe_pass` is the separate forward, for the runs the recorded pass cannot carry them
+in: dropout on (a train-mode forward makes fresh tensors of the writes, which the data
+flow cannot follow) and a rank of a distributed run (every rank proves the same sample).
+It runs the first sample of batch 0, no gradients, eval mode, the run's autocast. When
+that forward raises, the proof says so in a note and the usage falls back to its own
+pass (`usage.measure_usage`, which retries with the full batch when a cut one fails).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +44,7 @@ from actscan.measure.inputs import Batch
 from actscan.measure.state import eval_mode
 from actscan.records import Layout
 
-__all__ = ["Probe", "probe_pass"]
+__all__ = ["PassProbe", "Probe", "probe_pass"]
 
 Gains = dict[str, tuple[float, float]]
 
@@ -96,6 +103,50 @@ def probe_pass(
     return Probe(proof, usage, gains, (*proof.notes, *usage_notes))
 
 
+class PassProbe:
+    """The proof and (at init) the usage riding on the recorded pass: `watch()` around its
+    first batch's forward (the batch of `batch` samples the recorder measures), then
+    `layout()` reads the proof (one host transfer) and `probe()` has what was found."""
+
+    def __init__(self, model: nn.Module, layout: Layout, *, at_init: bool, batch: int) -> None:
+        self.model, self.detected, self.at_init, self.batch = model, layout, at_init, batch
+        self._watch: BlockWatch | None = None
+        self._read: Callable[[], Usage] | None = None
+        self._probe: Probe | None = None
+
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[None]:
+        """The proof's hooks and the usage watch, for the forward inside (removed after)."""
+        with HookSet() as hooks:
+            if self.detected.blocks:
+                self._watch = BlockWatch(self.model, self.detected.blocks).install(hooks)
+            if not self.at_init:
+                yield
+                return
+            with watch_usage(self.model, hooks, self.batch) as reader:
+                yield
+            self._read = reader
+
+    def layout(self) -> Layout:
+        """The proven layout, after the pass."""
+        return self.probe().proof.layout
+
+    def probe(self) -> Probe:
+        """What the pass showed (read once)."""
+        if self._probe is None:
+            if self._watch is None and self.detected.blocks:  # the watch never ran
+                failed: Exception | None = RuntimeError("the recorded pass did not run")
+            else:
+                failed = None
+            proof = _proof(self.model, self.detected, self._watch, failed)
+            if not self.at_init:
+                self._probe = Probe(proof, notes=proof.notes)
+            else:
+                usage, gains, notes = _at_init(self.model, None, self._read)
+                self._probe = Probe(proof, usage, gains, (*proof.notes, *notes))
+        return self._probe
+
+
 def _proof(
     model: nn.Module, layout: Layout, watch: BlockWatch | None, failed: Exception | None
 ) -> ProofResult:
@@ -112,13 +163,15 @@ def _proof(
 
 
 def _at_init(
-    model: nn.Module, batch: Batch, read_usage: Callable[[], Usage] | None
+    model: nn.Module, batch: Batch | None, read_usage: Callable[[], Usage] | None
 ) -> tuple[Usage | None, Gains | None, tuple[str, ...]]:
     """The usage (from the shared pass, else its own), the norms' gains, and notes."""
     if read_usage is not None:
         usage = read_usage()
     else:  # the shared pass raised: the usage pass on its own, in the run's mode
         try:
+            if batch is None:
+                raise RuntimeError("the recorded pass did not run")
             usage = measure_usage(model, batch.args, batch.kwargs)
         except Exception as err:  # the recorded pass reports the model's own error
             line = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)

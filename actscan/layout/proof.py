@@ -2,9 +2,10 @@
 
 `structure.detect_layout` guesses branches from module names. Names lie: Gemma adds the
 output of `post_feedforward_layernorm`, not of `mlp`; ReZero adds `α·attn`; a Mamba block
-has a mixer, not attention. So one small forward pass (batch 1 of the run's inputs, no
-gradients) records, inside every block, each module's output that has the stream's shape
-and which module consumed which tensor (by tensor identity). From that data flow:
+has a mixer, not attention. So one forward pass (the recorded pass's first batch, the
+hooks riding on it: actscan.layout.probe) records, inside every block, each module's
+output that has the stream's shape (a strided sample of `PROOF_ROWS` of its rows) and
+which module consumed which tensor (by tensor identity). From that data flow:
 
 - writes: the stream-shaped outputs that no module inside the block consumes (what the
   block adds, whatever the module is: the branch itself, a post-branch norm, a gain);
@@ -45,6 +46,9 @@ TOLERANCE = {
     torch.bfloat16: 3e-2,
 }
 MAX_SEARCH = 24  # candidate groups searched in subsets (beyond: unverified)
+# Rows (tokens) of each recorded vector the proof keeps: the equation holds row by row, so
+# a strided sample of the rows proves what all of them do, at a fixed cost per block.
+PROOF_ROWS = 64
 ZERO_COEF = 1e-3  # a fitted write coefficient this small: the candidate is no write
 
 Key = tuple[Any, ...]
@@ -117,31 +121,54 @@ class BlockWatch:
     """Hooks on the blocks and everything inside them, for one forward pass; `install`
     puts them into the caller's `HookSet`, which removes them."""
 
-    def __init__(self, model: nn.Module, blocks: Sequence[BlockInfo]) -> None:
+    def __init__(
+        self, model: nn.Module, blocks: Sequence[BlockInfo], rows: int | None = PROOF_ROWS
+    ) -> None:
         self.modules = dict(model.named_modules())
         self.blocks = blocks
+        self.rows = rows  # rows kept per vector (None: all of them)
         self.traces: dict[int, _Trace] = {}
         self.stack: list[_Trace] = []
         self.order = 0
         # float64 Grams keep residuals down to ~1e-8; MPS has no float64
         self.acc = torch.float64
+        # The first error of a hook: the hooks go inert and the proof says so (a hook on
+        # the recorded pass must never break it).
+        self.failed: Exception | None = None
 
     def install(self, hooks: HookSet) -> BlockWatch:
         for b in self.blocks:
             block = self.modules[b.name]
-            hooks.forward_pre(block, self._enter(b.index), with_kwargs=True)
+            hooks.forward_pre(block, self._guard(self._enter(b.index)), with_kwargs=True)
             for name, mod in block.named_modules(prefix=b.name):
                 if name != b.name:
-                    hooks.forward(mod, self._inner(name), with_kwargs=True)
-            hooks.forward(block, self._leave(b.index), with_kwargs=True)
+                    hooks.forward(mod, self._guard(self._inner(name)), with_kwargs=True)
+            hooks.forward(block, self._guard(self._leave(b.index)), with_kwargs=True)
         return self
+
+    def _guard(self, hook: Callable[..., None]) -> Callable[..., None]:
+        def guarded(*args: Any) -> None:
+            if self.failed is None:
+                try:
+                    hook(*args)
+                except Exception as err:  # the pass goes on; the proof reports it
+                    self.failed = err
+
+        return guarded
 
     def _store(self, tr: _Trace, t: torch.Tensor) -> Key:
         k = _key(t)
         tr.keep.append(t)
         if _like(t, tr.shape) and k not in tr.values:
-            tr.values[k] = t.detach().clone()  # later in-place ops must not change it
+            tr.values[k] = self._sample(t)  # a copy: later in-place ops must not change it
         return k
+
+    def _sample(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy of every step-th row of t as (rows, C): every stream-shaped tensor has
+        the same rows, so the same positions are kept of each."""
+        x = t.detach().reshape(-1, t.shape[-1])
+        step = 1 if self.rows is None else max(1, -(-x.shape[0] // self.rows))
+        return x[::step].clone()
 
     def _enter(self, index: int) -> Any:
         def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -579,6 +606,8 @@ def read_blocks(
     model: nn.Module, watch: BlockWatch, *, stream: str | None = None
 ) -> tuple[list[BlockInfo], dict[str, str]]:
     """The proofs of the blocks `watch` saw in its forward pass (see `prove_blocks`)."""
+    if watch.failed is not None:
+        raise watch.failed
     blocks = watch.blocks
     modules = dict(model.named_modules())
     traces = [watch.traces.get(b.index) for b in blocks]

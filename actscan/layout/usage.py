@@ -47,6 +47,11 @@ _FUSED = {
     "_transformer_encoder_layer_fwd", "bilinear", "lstm", "gru", "rnn_tanh", "rnn_relu",
     "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
 }  # fmt: skip
+# Every name the spy reads: any other call passes straight through (most calls of a
+# forward, and every call of the hooks sharing the pass: views, reductions, copies).
+_WATCHED = frozenset().union(
+    _LINEAR, _MATMUL, _RMATMUL, _ADDMM, _EINSUM, _GROUPED, _CONV, _CONV_T, _EMBED, _FUSED
+)
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ class _Spy(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name and self.owner:
+        if name in _WATCHED and self.owner:
             with contextlib.suppress(Exception):  # never let bookkeeping break the pass
                 self._note(name, list(args), kwargs)
         return func(*args, **kwargs)
@@ -257,11 +262,16 @@ def first_batch_of_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[t
     return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
 
 
-def _norm_shapes(model: nn.Module, into: dict[str, tuple[int, ...]], hooks: HookSet) -> None:
+def _norm_shapes(
+    model: nn.Module, into: dict[str, tuple[int, ...]], hooks: HookSet, batch: int
+) -> None:
     def pre(name: str) -> Callable[..., None]:
         def hook(_mod: nn.Module, inputs: tuple[Any, ...]) -> None:
             if name not in into and inputs and isinstance(inputs[0], torch.Tensor):
-                into[name] = tuple(inputs[0].shape)
+                shape = tuple(inputs[0].shape)
+                if batch > 1 and shape and shape[0] % batch == 0:
+                    shape = (shape[0] // batch, *shape[1:])  # one sample's
+                into[name] = shape
 
         return hook
 
@@ -271,17 +281,19 @@ def _norm_shapes(model: nn.Module, into: dict[str, tuple[int, ...]], hooks: Hook
 
 
 @contextlib.contextmanager
-def watch_usage(model: nn.Module, hooks: HookSet) -> Iterator[Callable[[], Usage]]:
+def watch_usage(model: nn.Module, hooks: HookSet, batch: int = 1) -> Iterator[Callable[[], Usage]]:
     """Watch the forward passes run inside: yields a function that reads the `Usage`.
 
     Its hooks go into `hooks` (the caller removes them); the `TorchFunctionMode` that sees
     every call is active inside the `with` only. Random generators and no_grad are the
-    caller's; the model's mode too.
+    caller's; the model's mode too. `batch`: the pass's batch size; each norm's input
+    shape is kept as one sample's (the leading size ÷ `batch`, where it divides), the
+    shape its gain is probed at.
     """
     owner = _owners(model)
     shapes: dict[str, tuple[int, ...]] = {}
     spy = _Spy(owner)
-    _norm_shapes(model, shapes, hooks)
+    _norm_shapes(model, shapes, hooks, batch)
     if _sharded(model):
         _live_owners(model, owner, hooks)
     with spy:
@@ -324,8 +336,16 @@ def _candidate_shapes(weight: torch.Tensor) -> list[tuple[int, ...]]:
     return shapes
 
 
+# Probe inputs by (shape, normalised dims, dtype, device): every norm of a model probed at
+# one shape reads the same seeded x, drawn and normalised once.
+ProbeCache = dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
 def probe_gain(
-    mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...] | None = None
+    mod: nn.Module,
+    weight: torch.Tensor,
+    shape: tuple[int, ...] | None = None,
+    cache: ProbeCache | None = None,
 ) -> torch.Tensor | None:
     """Per-channel effective gain of a norm (shape of `weight`), or None if it cannot tell.
 
@@ -334,15 +354,18 @@ def probe_gain(
     BatchNorm/GroupNorm/InstanceNorm), so the norm maps it to itself times the gain. The
     odd part (f(x) − f(−x))/2 removes any bias; the gain per channel is its least-squares
     slope on x. Run under no_grad with a fixed generator; the module is left as it was.
+    `cache`: probe inputs kept across calls (the same x for every norm of one shape).
     """
     for s in [shape] if shape is not None else _candidate_shapes(weight):
-        g = _probe(mod, weight, s)
+        g = _probe(mod, weight, s, {} if cache is None else cache)
         if g is not None:
             return g
     return None
 
 
-def _probe(mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
+def _probe(
+    mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...], cache: ProbeCache
+) -> torch.Tensor | None:
     nd = weight.dim()
     if len(shape) > nd and tuple(shape[-nd:]) == tuple(weight.shape):
         norm_dims = tuple(range(len(shape) - nd, len(shape)))
@@ -351,21 +374,24 @@ def _probe(mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...]) -> torc
         norm_dims = reduce_dims = (0, *range(2, len(shape)))
     else:
         return None
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(shape, generator=gen, dtype=torch.float64)
-    x = x - x.mean(norm_dims, keepdim=True)
-    x = x / x.pow(2).mean(norm_dims, keepdim=True).sqrt().clamp_min(1e-12)
     dtype = weight.dtype if weight.is_floating_point() else torch.float32
-    xt = x.to(device=weight.device, dtype=dtype)
+    key = (tuple(shape), norm_dims, dtype, weight.device)
+    if key not in cache:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(shape, generator=gen, dtype=torch.float64)
+        x = x - x.mean(norm_dims, keepdim=True)
+        x = x / x.pow(2).mean(norm_dims, keepdim=True).sqrt().clamp_min(1e-12)
+        cache[key] = (x, x.to(device=weight.device, dtype=dtype), (x * x).sum(reduce_dims))
+    x, xt, xx = cache[key]
     try:
         with torch.no_grad():
-            pos, neg = _first(mod(xt)), _first(mod(-xt))
+            pos, neg = _first(mod(xt.clone())), _first(mod(-xt))  # the cached x stays
     except Exception:  # a norm that wants more than one tensor (conditional norms, …)
         return None
     if pos is None or neg is None or tuple(pos.shape) != tuple(shape):
         return None
     odd = (pos.double() - neg.double()).cpu() / 2
-    gain = (odd * x).sum(reduce_dims) / (x * x).sum(reduce_dims)
+    gain = (odd * x).sum(reduce_dims) / xx
     if not torch.isfinite(gain).all():
         return None
     return gain.reshape(weight.shape)
@@ -407,15 +433,16 @@ def norm_gains(
 ) -> dict[str, tuple[float, float]]:
     """Norm module name → (mean, std) over channels of its effective gain, where measurable."""
     out: dict[str, tuple[float, float]] = {}
+    cache: ProbeCache = {}
     for name, mod in model.named_modules():
         weight = getattr(mod, "weight", None)
         if not (is_norm(mod) and isinstance(weight, nn.Parameter)):
             continue
         with _whole_params(mod) as whole:
             weight = whole.get("weight", weight)
-            g = probe_gain(mod, weight, (shapes or {}).get(name))
+            g = probe_gain(mod, weight, (shapes or {}).get(name), cache)
             if g is None and shapes and name in shapes:
-                g = probe_gain(mod, weight)
+                g = probe_gain(mod, weight, cache=cache)
         if g is not None:
             out[name] = (float(g.mean()), float(g.std(unbiased=False)))
     return out

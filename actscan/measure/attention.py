@@ -412,9 +412,10 @@ class AttentionProbes:
         else:
             attn_out = out[0] if isinstance(out, tuple) else out
             ref = attn_out.detach().float().transpose(1, 2)  # (B, H, Tq, D)
-            mine = grouped_apply(p, value)
-            diff = torch.where(rows[..., None], (mine - ref).abs(), 0.0).amax()
-            err = diff / ref.abs().amax().clamp_min(1e-30)
+            mine = grouped_apply(p, value)  # a fresh tensor: its passes run in place
+            diff = mine.sub_(ref).abs_().masked_fill_(~rows[..., None], 0.0).amax()
+            scale = torch.maximum(ref.amax(), ref.amin().neg())  # max |ref|, no |ref| copy
+            err = diff / scale.clamp_min(1e-30)
         acc.t["err"] = torch.maximum(acc.t["err"], err.to(torch.float64))
 
     def _fold(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -144,6 +144,19 @@ class LocalPass:
         return None
 
 
+class Rider(Protocol):
+    """What rides on the recorded pass's first forward instead of a forward of its own
+    (actscan.layout.probe.PassProbe: the layout proof and the at-init usage)."""
+
+    def watch(self) -> contextlib.AbstractContextManager[Any]:
+        """Around batch 0's forward (not its loss or backward)."""
+        ...
+
+    def layout(self) -> Layout:
+        """The layout after the pass: the one the records are built on."""
+        ...
+
+
 @dataclass(frozen=True)
 class Profiled:
     """The pass as it ran (its layout, inputs, spec and ranks) and what it measured: raw
@@ -220,10 +233,12 @@ def record_pass(
     spec: PassSpec,
     ranks: LocalPass,
     progress: Progress | None = None,
+    ride: Rider | None = None,
 ) -> Profiled:
     """Run the recorded batches (this process's rows of each) and read the sums back once.
 
-    A model whose loss needs no parameter's gradient skips the backward pass, with a note.
+    `ride` watches batch 0's forward; its layout is the one the pass's records carry. A
+    model whose loss needs no parameter's gradient skips the backward pass, with a note.
     """
     recorded = ranks.rows_of(chosen.source)
     grad_params = [p for p in model.parameters() if p.requires_grad]
@@ -237,8 +252,10 @@ def record_pass(
             if progress:
                 progress("run", i, spec.batches)
             b = spec.cast(recorded(i))
+            riding = ride.watch() if ride is not None and i == 0 else contextlib.nullcontext()
             with torch.set_grad_enabled(backward), spec.autocast():
-                out = call_model(model, b)
+                with riding:
+                    out = call_model(model, b)
                 loss = chosen.loss_of(out, b) if backward else None
             if backward and loss is not None:
                 if not loss.requires_grad or not grad_params:
@@ -259,6 +276,10 @@ def record_pass(
         raw = rec.result(spec.batches)
         for r in extra:
             raw.update(r.result(spec.batches))
+    if ride is not None:
+        layout = ride.layout()  # before the attention records, which name roles
+        if probes is not None:
+            probes.layout = layout
     notes.extend(repeat_notes(model, raw, spec.batches, layout))
     attention = probes.records(merge=ranks.merge_state) if probes is not None else ()
     if probes is not None:

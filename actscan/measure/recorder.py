@@ -869,7 +869,7 @@ def _fast_moments(x: torch.Tensor) -> torch.Tensor:
     x = x.reshape(1, -1) if x.dim() < 2 else x
     if x.shape[-1] > _MAX_CHANNELS and x.is_contiguous() and x.numel() % _WIDE_ROW == 0:
         x = x.view(-1, _WIDE_ROW)
-    mean = x.sum().to(_ACC) / x.numel()
+    mean = x.sum(-1).sum(dtype=_ACC) / x.numel()  # row sums: faster than one long sum on CPU
     q = _vnorm(_vnorm(x, dim=-1), dtype=_ACC)
     return torch.stack([mean, q * q / x.numel() - mean * mean])
 

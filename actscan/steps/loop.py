@@ -31,8 +31,16 @@ Memory: O(steps × modules) scalars, the probe's stream/branch/head outputs at t
 copy of the caller's weights (`measure.state.caller_state`: restored bit for bit, also when a
 step raises) and, from the first update on, one of the previous step's (for the update
 ratios; before it, in one process, the caller's copy serves as W_0 where the run did not
-cast the weights). Per update the ratios cost four fused (`torch._foreach_*`) passes over
-the weights: ‖W_t‖, W_t − W_{t+1}, its norm, and the copy of W_{t+1} (not after the last).
+cast the weights). Per update the ratios cost one pass over the weights, chunk by chunk
+so that each chunk of W_t and W_{t+1} is read from memory once (`_update_sums`): ‖W_t‖,
+‖W_t − W_{t+1}‖ and the copy of W_{t+1} (not after the last) read it from cache.
+
+What each figure costs per step (12 × 768, batch 4 × 64; docs/performance.md): the
+probe's forward (a quarter of the batch, no gradient: ≈ 8 % of a plain step), the update
+pass (≈ one read of the weights and of W_t's copy, one write), the gradients' norms
+(one read of the gradients; their max-norm only where a norm is not finite, on a CPU),
+the logits' log-sum-exp (two passes over the probe's logits), the stream taps (one norm
+per stream point) and one host transfer.
 
 Per-group learning rates: a model with a method `actscan_param_groups(lr) -> list[dict]`
 (torch param-group dicts, each with its "params" and optionally its own "lr") trains with
@@ -644,22 +652,19 @@ class _Loop:
             group["lr"] = base * factor
         self.raw.lrs.append(self.spec.lr * factor)
         with torch.no_grad():
-            before = torch._foreach_norm(self.prev)
             self.optimizer.step()
             for p in self.params:
                 p.grad = None
             grads.clear()
-            if self.own:  # prev ← W_t − W_{t+1} in place
-                torch._foreach_sub_(self.prev, self.local_params)
-            else:  # the caller's copy is read only: the difference is ours
-                self.prev, self.own = list(torch._foreach_sub(self.prev, self.local_params)), True
-            delta = torch._foreach_norm(self.prev)
-            delta_max = torch._foreach_norm(self.prev, math.inf)
-            if t + 1 < self.n_steps:  # W_{t+1} for the next update
-                torch._foreach_copy_(self.prev, self.local_params)
-        figures.w_sq = torch.stack(before).double().square() * self.param_wt
-        figures.dw_sq = torch.stack(delta).double().square() * self.param_wt
-        figures.update_bad = _nonfinite(delta, delta_max) * self.param_wt
+            src = self.prev  # W_t: the caller's kept copy (read only) or ours
+            if not self.own:
+                self.prev, self.own = [torch.empty_like(p) for p in self.local_params], True
+            w_sq, dw_sq, bad = _update_sums(
+                src, self.local_params, self.prev, copy=t + 1 < self.n_steps
+            )
+        figures.w_sq = w_sq * self.param_wt
+        figures.dw_sq = dw_sq * self.param_wt
+        figures.update_bad = bad * self.param_wt
 
     def read(self, t: int, h: StepFigures) -> None:
         """Step t's reduced figures, on the host → its norms, means and ratios."""
@@ -761,8 +766,75 @@ def _grad_sq(
         at = torch.tensor([k for k, _ in have], device=out.device)
         out[at] = vals.to(out.device)
         w = torch.tensor([weight[k] for k, _ in have], dtype=out.dtype, device=out.device)
+        if gs[0].device.type == "cpu" and math.isfinite(float(vals.sum())):
+            return out, bad  # every norm finite: no inf/nan (read at no cost on a CPU)
         bad[at] = (_nonfinite(norms, torch._foreach_norm(gs, math.inf)) * w).to(out.device)
     return out, bad
+
+
+# Values per chunk of the fused update pass: W_t's and W_{t+1}'s chunk (4 MiB each in fp32)
+# and their difference stay in cache while every figure of that chunk reads them.
+_CHUNK = 1 << 20
+
+
+def _update_sums(
+    before: Sequence[torch.Tensor],
+    after: Sequence[torch.Tensor],
+    into: Sequence[torch.Tensor],
+    *,
+    copy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One pass over the weights for an update's figures: per tensor (fp64) ‖W_t‖²,
+    ‖W_t − W_{t+1}‖², and 1 where the difference holds an inf/nan; with `copy`, W_{t+1}
+    is copied into `into` (which may be `before`) for the next update.
+
+    Chunk by chunk, so that W_t's and W_{t+1}'s chunk are read from memory once: the
+    norms, the difference and the copy then find them in cache (four fused `_foreach_*`
+    passes read the whole weights four times). Each chunk's 2-norm is taken in fp32 at
+    least, squared and summed in fp64."""
+    w_sq, dw_sq, bad = [], [], []
+    scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+    for w0, w1, dst in zip(before, after, into, strict=True):
+        a, b, out = w0.reshape(-1), w1.reshape(-1), dst.view(-1)
+        key = (b.dtype, b.device)
+        buf = scratch.get(key)
+        if buf is None or buf.numel() < min(b.numel(), _CHUNK):
+            buf = scratch[key] = torch.empty(min(b.numel(), _CHUNK), dtype=b.dtype, device=b.device)
+        acc = None if b.dtype in (torch.float32, torch.float64) else torch.float32
+        cpu = b.device.type == "cpu"
+        ws, ds, ms = [], [], []
+        for lo in range(0, b.numel(), _CHUNK):
+            x, y = a[lo : lo + _CHUNK], b[lo : lo + _CHUNK]
+            d = torch.sub(x, y, out=buf[: y.numel()])
+            ws.append(_vnorm(x, dtype=acc))
+            ds.append(_vnorm(d, dtype=acc))
+            if not cpu:  # from cache: a host read of the norms would sync
+                ms.append(_vnorm(d, math.inf))
+            if copy:
+                out[lo : lo + _CHUNK].copy_(y)
+        zero = torch.zeros((), dtype=torch.float64, device=b.device)
+        w_sq.append(torch.stack(ws).double().square().sum() if ws else zero)
+        d2 = torch.stack(ds).double().square().sum() if ds else zero
+        dw_sq.append(d2)
+        top = torch.stack(ms).double().amax() if ms else None
+        bad.append(_bad_update(d2, top, a, b))
+    dev = after[0].device if after else None
+    stack = lambda xs: torch.stack(xs) if xs else torch.zeros(0, dtype=torch.float64, device=dev)  # noqa: E731
+    return stack(w_sq), stack(dw_sq), stack(bad)
+
+
+def _bad_update(
+    d2: torch.Tensor, top: torch.Tensor | None, w0: torch.Tensor, w1: torch.Tensor
+) -> torch.Tensor:
+    """1.0 where W_t − W_{t+1} holds an inf/nan, from its Σ of squares `d2` and its
+    max-norm `top`. A finite `d2` means every value is finite; on a CPU (`top` None) that
+    is read at no cost, and only a non-finite one takes the difference again for its
+    max-norm (an inf, or finite values whose squares overflow: told apart there)."""
+    if top is None:
+        if math.isfinite(float(d2)):
+            return torch.zeros((), dtype=torch.float64)
+        top = _vnorm((w0 - w1).reshape(-1), math.inf).double()
+    return _nonfinite([d2], [top])[0]
 
 
 def _nonfinite(l2: Sequence[torch.Tensor], top: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -798,7 +870,7 @@ def _logit_sums(
     # (~1e-7 of it) would otherwise be a visible part of its small spread over positions
     m = lf.amax(dim=-1, keepdim=True)
     lz = (lf - m).exp().sum(dim=-1, dtype=torch.float64).log() + m.squeeze(-1).double() - log_v
-    mx = lf.amax().double()
+    mx = m.amax().double()  # the largest row max: no second pass over the logits
     flag = torch.isnan(mx).double()
     n = torch.tensor(float(lz.numel()), dtype=torch.float64, device=lz.device)
     return torch.stack([n, lz.sum(), lz.square().sum(), flag]), _nan_low(mx)
