@@ -812,23 +812,31 @@ def main() -> None:
         n = 5 if args.quick else reps
         print(f"attention probes on vs off: {n} interleaved pairs ...", flush=True)
         res["attention"] = bench_attention(args.device, n, args.attn_batch)
+    finish(res, rows(res), args.out, args.device, t0)
+
+
+def finish(
+    res: dict[str, Any], table: list[Any], out: Path, device: str, t0: float, prefix: str = ""
+) -> Path:
+    """Keep the results as JSON under `out` and print the machine line and the table (one
+    ending for every benchmark here, so their files and tables read alike)."""
     res["load_after"] = os.getloadavg()
     res["seconds"] = time.perf_counter() - t0
-    table = rows(res)
     res["table"] = [
         dict(zip(("measure", "value", "target", "verdict"), r, strict=True)) for r in table
     ]
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{prefix}{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(res, indent=1, default=str) + "\n")
     m = res["machine"]
     print(
         f"\n{m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} "
-        f"threads) · {args.device} · load {res['load_before'][0]:.1f} → "
+        f"threads) · {device} · load {res['load_before'][0]:.1f} → "
         f"{res['load_after'][0]:.1f} · {res['seconds']:.0f} s"
     )
     print_table(table)
     print(f"\nwritten {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    return path
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ def build(name: str, device: str) -> Any:
         from transformers import GPT2Config, GPT2LMHeadModel
 
         cfg = GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-        model = GPT2LMHeadModel(cfg)
+        model: torch.nn.Module = GPT2LMHeadModel(cfg)
     else:
         from actscan.models.arch import build_config, read_config_file
         from actscan.models.gpt import build_model
@@ -227,13 +227,15 @@ def stage_clock(into: dict[str, list[float]]) -> Iterator[None]:
         if key not in ("checks", "probe_read"):
             clock(run, key, key)
     clock(PassProbe, "probe", "probe_read")
-    saved_default = run.scan_model.__kwdefaults__["checks"]
+    defaults = run.scan_model.__kwdefaults__
+    assert defaults is not None  # scan_model's keyword-only parameters have defaults
+    saved_default = defaults["checks"]
     clock(run, "evaluate", "checks")  # bound as scan_model's default: set it there too
-    run.scan_model.__kwdefaults__["checks"] = run.evaluate
+    defaults["checks"] = run.evaluate
     try:
         yield
     finally:
-        run.scan_model.__kwdefaults__["checks"] = saved_default
+        defaults["checks"] = saved_default
         for owner, attr, f in reversed(saved):
             setattr(owner, attr, f)
 
@@ -501,23 +503,7 @@ def main() -> None:
         res["steps"] = overhead.bench_steps(
             args.device, n, args.steps_n, args.step_batch, args.step_seq
         )
-    res["load_after"] = os.getloadavg()
-    res["seconds"] = time.perf_counter() - t0
-    table = rows(res)
-    res["table"] = [
-        dict(zip(("measure", "value", "target", "verdict"), r, strict=True)) for r in table
-    ]
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"scan-cost-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(res, indent=1, default=str) + "\n")
-    m = res["machine"]
-    print(
-        f"\n{m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} threads)"
-        f" · {args.device} · load {res['load_before'][0]:.1f} → {res['load_after'][0]:.1f}"
-        f" · {res['seconds']:.0f} s"
-    )
-    overhead.print_table(table)
-    print(f"\nwritten {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    overhead.finish(res, rows(res), args.out, args.device, t0, prefix="scan-cost-")
 
 
 if __name__ == "__main__":
