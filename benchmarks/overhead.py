@@ -215,12 +215,14 @@ def child(argv: list[str]) -> None:
         raise SystemExit(f"unknown child {kind!r}")
 
 
-def run_child(args: list[str], threads: int | None) -> dict[str, Any]:
+def run_child(args: list[str], threads: int | None, script: str = __file__) -> dict[str, Any]:
+    """Run `script --child ARGS` in a fresh process (its own peak RSS, its own threads) and
+    return the JSON of its last line."""
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     out = subprocess.run(
-        [sys.executable, __file__, "--child", *args],
+        [sys.executable, script, "--child", *args],
         capture_output=True,
         text=True,
         env=env,

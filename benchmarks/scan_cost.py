@@ -37,7 +37,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -334,18 +333,7 @@ def child(argv: list[str]) -> None:
 
 
 def run_child(args: list[str], threads: int | None) -> dict[str, Any]:
-    env = dict(os.environ)
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return overhead.run_child(args, threads, script=__file__)
 
 
 def bench_rss(
