@@ -336,3 +336,31 @@ class Grouped(nn.Module):
 def test_grouped_mm_experts_contract_over_their_input() -> None:
     usage = measure_usage(Grouped(), (torch.randn(6, 16),), {})
     assert usage.role("w") is not None and usage.role("w").fan_in == 16  # type: ignore[union-attr]
+
+
+class Reuses(nn.Module):
+    """Lets go of its norm's weight after use, as FSDP frees an unsharded parameter after a
+    module's forward, then contracts a fresh activation that sits at the freed address (a
+    buffer the test owns, so the reuse is certain rather than up to the allocator)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.lin = nn.LayerNorm(64), nn.Linear(64, 64)
+        self.memory = bytearray(64 * 4)
+        with torch.no_grad():
+            self.norm.weight.data = torch.frombuffer(self.memory, dtype=torch.float32)
+            self.norm.weight.fill_(1.0)
+        self.address = self.norm.weight.data_ptr()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(x)
+        self.norm.weight.data = torch.ones(64)  # the parameter now lives elsewhere
+        act = torch.frombuffer(self.memory, dtype=torch.float32)  # another tensor, same bytes
+        assert act.data_ptr() == self.address
+        return y + torch.matmul(act.view(1, 64), self.lin.weight.T)
+
+
+def test_a_freed_parameters_address_reused_by_an_activation_is_not_that_parameter() -> None:
+    usage = measure_usage(Reuses(), (torch.randn(1, 64),), {})
+    assert usage.role("norm.weight") is None  # the activation is not the norm's gain
+    assert usage.role("lin.weight").op == "matmul"  # type: ignore[union-attr]

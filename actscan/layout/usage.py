@@ -81,12 +81,20 @@ class Usage:
 
 
 def _storage_key(t: Any) -> int | None:
+    """The identity of the tensor's storage (its StorageImpl), not its address: memory FSDP
+    frees after a module's forward is reused by activations at the same address."""
     if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
         return None
     try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # tensors without storage (fake, functional)
+        return int(t.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError, AttributeError):  # no storage (fake, functional)
         return None
+
+
+# storage identity → (parameter name, the parameter): a hit counts only while that
+# parameter still holds that storage, so a freed StorageImpl's reused address cannot be
+# mistaken for a parameter (a norm's gain read as a matmul weight under FSDP).
+Owners = dict[int, tuple[str, torch.Tensor]]
 
 
 def _prod(xs: Sequence[int]) -> int:
@@ -96,7 +104,7 @@ def _prod(xs: Sequence[int]) -> int:
 class _Spy(TorchFunctionMode):
     """Notes which parameters enter contraction calls, and with what contracted size."""
 
-    def __init__(self, owner: dict[int, str]) -> None:
+    def __init__(self, owner: Owners) -> None:
         super().__init__()
         self.owner = owner
         self.uses: dict[str, list[ParamUse]] = {}
@@ -113,7 +121,10 @@ class _Spy(TorchFunctionMode):
 
     def _param(self, t: Any) -> str | None:
         key = _storage_key(t)
-        return self.owner.get(key) if key is not None else None
+        hit = self.owner.get(key) if key is not None else None
+        if hit is None or _storage_key(hit[1]) != key:
+            return None
+        return hit[0]
 
     def _add(self, t: Any, use: ParamUse) -> None:
         pname = self._param(t)
@@ -208,28 +219,26 @@ class _Spy(TorchFunctionMode):
                 self._add(t, ParamUse("matmul", int(fan_in), int(fan_out)))
 
 
-def _owners(model: nn.Module) -> dict[int, str]:
-    owner: dict[int, str] = {}
+def _owners(model: nn.Module) -> Owners:
+    owner: Owners = {}
     for pname, p in model.named_parameters():  # tied parameters: the first name
         key = _storage_key(p)
         if key is not None and key not in owner:
-            owner[key] = pname
+            owner[key] = (pname, p)
     return owner
 
 
-def _live_owners(model: nn.Module, owner: dict[int, str], hooks: HookSet) -> None:
+def _live_owners(model: nn.Module, owner: Owners, hooks: HookSet) -> None:
     """Add the parameters each module holds when it is called: FSDP swaps in unsharded
     parameters (other storages than the sharded ones `_owners` saw) for its forward."""
-    held: dict[int, int] = {}  # storage key → id of the parameter it was seen as
 
     def pre(mname: str) -> Callable[..., None]:
         def hook(mod: nn.Module, _inputs: Any) -> None:
             for pname, p in mod.named_parameters(recurse=False):
                 key = _storage_key(p)
-                if key is None or held.get(key) == id(p):
+                if key is None or (key in owner and owner[key][1] is p):
                     continue  # the same parameter (tied): its first name stays
-                owner[key] = f"{mname}.{pname}" if mname else pname  # FSDP reuses memory
-                held[key] = id(p)
+                owner[key] = (f"{mname}.{pname}" if mname else pname, p)
 
         return hook
 
