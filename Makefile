@@ -17,6 +17,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e '.[dev,plot]'
+	$(BIN)/python -m pip install -q --no-deps 'mup>=1.0'  # its torchvision would replace torch
 	touch $@
 
 demo: $(BIN)/.installed
