@@ -310,6 +310,9 @@ def needs_args(width):
 def no_embedding():
     return nn.Linear(4, 4)
 
+def too_big():  # 2^43 floats: the allocator refuses at once (no memory is touched)
+    return nn.Linear(2**22, 2**21)
+
 not_callable = 3
 """
 
@@ -326,6 +329,7 @@ not_callable = 3
         ("facs_bad:needs_args", "TypeError"),
         ("facs_bad:no_embedding", "--input-shape"),
         ("facs_bad:not_callable", "not a callable"),
+        ("facs_bad:too_big", "calling it hit out of memory (tried to allocate 35.2 TB): make"),
         ("facs_syntax:build", "SyntaxError"),
         ("facs_importerr:build", "No module named 'missing_dependency_xyz'"),
         ("facs bad:build", "package.module:callable"),

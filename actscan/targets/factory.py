@@ -40,7 +40,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from actscan.errors import BadInputError, UsageError
+from actscan.errors import BadInputError, ResourceError, UsageError, resource_cause, resource_kind
 from actscan.targets.info import infer_info
 from actscan.targets.resolved import Resolved, TargetOptions
 
@@ -98,6 +98,11 @@ def resolve_factory(target: str, opts: TargetOptions) -> Resolved:
     except BaseException as err:
         if isinstance(err, KeyboardInterrupt):
             raise
+        if resource_kind(err) is not None:  # the factory asked for more than the machine has
+            raise ResourceError(
+                f"'{target}': calling it hit {resource_cause(err)}: make the factory build "
+                "a smaller model, or run on a machine with more memory"
+            ) from None
         raise BadInputError(f"'{target}': calling it raised {_one_line(err)}") from None
     example: Any = None
     if isinstance(result, tuple):
