@@ -1,6 +1,7 @@
 # Two commands on a fresh machine: `make demo` (set up + profile a shipped sample)
 # and `make test` (set up + run the suite). The venv is created once and reused.
-# Inner loop: `make test-fast` (the suite without tests marked `slow`); `make lint` runs
+# Inner loop: `make test-fast` (the suite without tests marked `slow`); both spread the
+# tests over every core (pytest-xdist `-n auto`); `make lint` runs
 # ruff, ruff format --check and mypy; `make typecheck` runs mypy alone.
 PYTHON ?= python3
 VENV ?= .venv
@@ -25,11 +26,11 @@ demo: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(BIN)/ruff check actscan tests benchmarks
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto
 
 test-fast: $(BIN)/.installed
 	$(BIN)/ruff check actscan tests benchmarks
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n auto -m "not slow"
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check actscan tests benchmarks
