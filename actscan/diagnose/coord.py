@@ -18,6 +18,7 @@ printing.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -236,6 +237,31 @@ def coord_slopes(
     return widths, tuple(slopes), tuple(curves)
 
 
+def narrow_drive(
+    rows: Sequence[tuple[str, int | None, int, StepsRun]],
+) -> dict[tuple[str, int | None], tuple[int, float]]:
+    """Per side (and depth): its narrowest width with steps, and how hard the steps drove
+    it: the median over its weight matrices of each one's median update ratio
+    ‖W_t − W_{t−1}‖/‖W_{t−1}‖ (UpdateRecord.ratio). A side whose narrowest row recorded
+    no weight updates is left out."""
+    narrow: dict[tuple[str, int | None], tuple[int, StepsRun]] = {}
+    for side, depth, width, report in rows:
+        key = (side, depth)
+        if report.dynamics is not None and (key not in narrow or width < narrow[key][0]):
+            narrow[key] = (width, report)
+    out: dict[tuple[str, int | None], tuple[int, float]] = {}
+    for key, (width, report) in narrow.items():
+        assert report.dynamics is not None
+        per = []
+        for u in report.dynamics.updates:
+            ratios = [r for r in u.ratio if isinstance(r, float) and math.isfinite(r)]
+            if u.kind == "weight" and ratios:
+                per.append(statistics.median(ratios))
+        if per:
+            out[key] = (width, statistics.median(per))
+    return out
+
+
 # -- judging ----------------------------------------------------------------------------------
 def allowed(kind: str, th: Thresholds) -> tuple[float, float]:
     """The slope interval that counts as flat: [−coord-shrink, coord-slope]; logits may
@@ -279,8 +305,18 @@ def coord_findings(
     *,
     labels: Mapping[str, str] | None = None,
     widths: Sequence[int] = (),
+    drive: Mapping[tuple[str, int | None], tuple[int, float]] | None = None,
+    lr: float | None = None,
 ) -> tuple[Finding, ...]:
     """One finding per side (and depth) and direction.
+
+    A shrink is info, not warn, when `drive` (narrow_drive) says the side's narrowest
+    width moved its weight matrices by a median of at least `update-ratio-warn` of their
+    norm per step: there the narrow model saturates first and every group line bends
+    down, and Microsoft's `mup` package's own μP of the same architecture shrinks to
+    −0.80 (docs/checks.md#coord-check, "μP against the reference"), so the slope cannot
+    tell a parametrization error from an overdriven narrow model. Growth is judged
+    either way (overdriving the narrow end only flattens a slope).
 
     Judged per module group, as the coordinate-check plot is read: a group whose line
     (geometric mean of its modules' mean |x_t|, or mean |x_t − x_0|) has a slope beyond
@@ -334,6 +370,7 @@ def coord_findings(
             mlist = "; ".join(f"{n[1].name} {_fmt_slope(n[1], n[2], n[3])}" for n in top)
             worst = max(worst_group.values(), key=lambda g: g[0])
             band = f"slope ≤ {th.coord_slope:g}" if up else f"slope ≥ −{th.coord_shrink:g}"
+            severity = Severity.WARN
             if up:
                 message = (
                     f"{who}{len(groups)} module group(s) grow with {span} beyond the flat band "
@@ -359,10 +396,28 @@ def coord_findings(
                     "and embeddings keep lr η under Adam), and that the learning rate is sane "
                     "at the smallest width (update-size)."
                 )
+                narrow_w, ratio = (drive or {}).get((side, depth), (None, 0.0))
+                if ratio >= th.update_ratio_warn:
+                    severity = Severity.INFO
+                    message += (
+                        f" Weak evidence: the narrowest width ({narrow_w}) moves its weight "
+                        f"matrices by a median {ratio:.2f} of their norm per step (≥ "
+                        f"update-ratio-warn {th.update_ratio_warn:g}), where the narrow model "
+                        "saturates first and the reference μP (the mup package) shrinks as far."
+                    )
+                    # Adam's step is ≈ lr per coordinate: the ratio scales with lr
+                    lower = f", e.g. --lr {lr * th.update_ratio_warn / ratio / 2:.1g}" if lr else ""
+                    hint = (
+                        "To judge the parametrization, rerun the sweep at a learning rate the "
+                        f"narrowest width takes (its median update ratio below "
+                        f"{th.update_ratio_warn:g}{lower}); if the groups still shrink there: "
+                        + hint[0].lower()
+                        + hint[1:]
+                    )
             out.append(
                 Finding(
                     check=CheckId.COORD_CHECK,
-                    severity=Severity.WARN,
+                    severity=severity,
                     layers=layers,
                     value=worst[3],
                     threshold=th.coord_slope if up else -th.coord_shrink,
@@ -395,5 +450,13 @@ def coord_check(
         shrink=th.coord_shrink,
         slopes=slopes,
         curves=curves,
-        findings=coord_findings(slopes, curves, th, labels=labels, widths=widths),
+        findings=coord_findings(
+            slopes,
+            curves,
+            th,
+            labels=labels,
+            widths=widths,
+            drive=narrow_drive(rows),
+            lr=dyn.optimizer.lr,
+        ),
     )
