@@ -26,9 +26,9 @@ coordinate check (`actscan.scan(model, steps=N)` per width, then
     .venv/bin/python benchmarks/mup_reference.py                       # the docs' table
     .venv/bin/python benchmarks/mup_reference.py --depths 4 --lrs 1e-2 --seeds 0,1 --no-check
 
-The table in docs/checks.md#coord-check ("μP against the reference") comes from the first
+The table in docs/checks.md, "μP against the reference" comes from the first
 command. tests/test_mup_reference.py imports this file for its builders. `mup` is a test
-dependency (`make dev` installs it); actscan itself never imports it.
+dependency (the Makefile installs it with --no-deps); actscan never imports it.
 """
 
 from __future__ import annotations

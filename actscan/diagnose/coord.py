@@ -298,6 +298,62 @@ def _fmt_slope(s: CoordSlope | CoordCurve, quantity: str, value: float) -> str:
     return f"{what} {value:+.2f} at t={s.t}"
 
 
+def _texts(
+    up: bool,
+    head: str,
+    span: str,
+    glist: str,
+    mlist: str,
+    th: Thresholds,
+    drove: tuple[int, float] | None,
+    lr: float | None,
+) -> tuple[Severity, str, str]:
+    """A finding's severity, message and hint: growth, or shrink (info when `drove`, the
+    narrowest width and its median update ratio, says that width was overdriven)."""
+    if up:
+        message = (
+            f"{head} grow with {span} beyond the flat band (slope ≤ {th.coord_slope:g}; "
+            f"log–log slope of the group's mean |x|): {glist}. Worst modules: {mlist}. Under "
+            "μTransfer the learning rate tuned at the small width makes these blow up at the "
+            "large one."
+        )
+        hint = (
+            "Use μP (Tensor Programs V, Table 3, Adam): hidden matrices' learning rate "
+            "and init variance ∝ 1/width, readout ×1/width (or zero-initialised), "
+            "attention 1/d_head; built-in configs: --set parametrization=mup."
+        )
+        return Severity.WARN, message, hint
+    message = (
+        f"{head} shrink with {span} beyond the flat band (slope ≥ −{th.coord_shrink:g}; "
+        f"logits may shrink like 1/√width): {glist}. Worst modules: {mlist}. Their updates "
+        "vanish at width (or the narrow models are overdriven at this learning rate), so "
+        "tuned rates do not transfer."
+    )
+    hint = (
+        "Check those layers' learning-rate and init scaling against μP (a rate or "
+        "multiplier divided by width once too often shrinks the updates; vectors "
+        "and embeddings keep lr η under Adam), and that the learning rate is sane "
+        "at the smallest width (update-size)."
+    )
+    if drove is None or drove[1] < th.update_ratio_warn:
+        return Severity.WARN, message, hint
+    narrow, ratio = drove
+    message += (
+        f" Weak evidence: the narrowest width ({narrow}) moves its weight matrices by a "
+        f"median {ratio:.2f} of their norm per step (≥ update-ratio-warn "
+        f"{th.update_ratio_warn:g}), where the narrow model saturates first and the "
+        "reference μP (the mup package) shrinks as far."
+    )
+    # Adam's step is ≈ lr per coordinate: the ratio scales with lr
+    lower = f", e.g. --lr {lr * th.update_ratio_warn / ratio / 2:.1g}" if lr else ""
+    hint = (
+        "To judge the parametrization, rerun the sweep at a learning rate the narrowest "
+        f"width takes (its median update ratio below {th.update_ratio_warn:g}{lower}); if "
+        f"the groups still shrink there: {hint[0].lower()}{hint[1:]}"
+    )
+    return Severity.INFO, message, hint
+
+
 def coord_findings(
     slopes: Sequence[CoordSlope],
     curves: Sequence[CoordCurve],
@@ -314,9 +370,10 @@ def coord_findings(
     width moved its weight matrices by a median of at least `update-ratio-warn` of their
     norm per step: there the narrow model saturates first and every group line bends
     down, and Microsoft's `mup` package's own μP of the same architecture shrinks to
-    −0.80 (docs/checks.md#coord-check, "μP against the reference"), so the slope cannot
-    tell a parametrization error from an overdriven narrow model. Growth is judged
-    either way (overdriving the narrow end only flattens a slope).
+    −0.80 (docs/checks.md, "μP against the reference"), so the slope cannot tell a
+    parametrization error from an overdriven narrow model. Growth stays warn at any
+    drive: SP's block groups grow by +1.4…+2.2 there, far past the band (the reference's
+    logits reach +0.29, at its edge: the docs give the margin).
 
     Judged per module group, as the coordinate-check plot is read: a group whose line
     (geometric mean of its modules' mean |x_t|, or mean |x_t − x_0|) has a slope beyond
@@ -369,51 +426,9 @@ def coord_findings(
             top = sorted(named.values(), key=lambda n: -n[0])[:3]
             mlist = "; ".join(f"{n[1].name} {_fmt_slope(n[1], n[2], n[3])}" for n in top)
             worst = max(worst_group.values(), key=lambda g: g[0])
-            band = f"slope ≤ {th.coord_slope:g}" if up else f"slope ≥ −{th.coord_shrink:g}"
-            severity = Severity.WARN
-            if up:
-                message = (
-                    f"{who}{len(groups)} module group(s) grow with {span} beyond the flat band "
-                    f"({band}; log–log slope of the group's mean |x|): {glist}. Worst modules: "
-                    f"{mlist}. Under μTransfer the learning rate tuned at the small width "
-                    "makes these blow up at the large one."
-                )
-                hint = (
-                    "Use μP (Tensor Programs V, Table 3, Adam): hidden matrices' learning rate "
-                    "and init variance ∝ 1/width, readout ×1/width (or zero-initialised), "
-                    "attention 1/d_head; built-in configs: --set parametrization=mup."
-                )
-            else:
-                message = (
-                    f"{who}{len(groups)} module group(s) shrink with {span} beyond the flat "
-                    f"band ({band}; logits may shrink like 1/√width): {glist}. Worst modules: "
-                    f"{mlist}. Their updates vanish at width (or the narrow models are "
-                    "overdriven at this learning rate), so tuned rates do not transfer."
-                )
-                hint = (
-                    "Check those layers' learning-rate and init scaling against μP (a rate or "
-                    "multiplier divided by width once too often shrinks the updates; vectors "
-                    "and embeddings keep lr η under Adam), and that the learning rate is sane "
-                    "at the smallest width (update-size)."
-                )
-                narrow_w, ratio = (drive or {}).get((side, depth), (None, 0.0))
-                if ratio >= th.update_ratio_warn:
-                    severity = Severity.INFO
-                    message += (
-                        f" Weak evidence: the narrowest width ({narrow_w}) moves its weight "
-                        f"matrices by a median {ratio:.2f} of their norm per step (≥ "
-                        f"update-ratio-warn {th.update_ratio_warn:g}), where the narrow model "
-                        "saturates first and the reference μP (the mup package) shrinks as far."
-                    )
-                    # Adam's step is ≈ lr per coordinate: the ratio scales with lr
-                    lower = f", e.g. --lr {lr * th.update_ratio_warn / ratio / 2:.1g}" if lr else ""
-                    hint = (
-                        "To judge the parametrization, rerun the sweep at a learning rate the "
-                        f"narrowest width takes (its median update ratio below "
-                        f"{th.update_ratio_warn:g}{lower}); if the groups still shrink there: "
-                        + hint[0].lower()
-                        + hint[1:]
-                    )
+            head = f"{who}{len(groups)} module group(s)"
+            drove = (drive or {}).get((side, depth))
+            severity, message, hint = _texts(up, head, span, glist, mlist, th, drove, lr)
             out.append(
                 Finding(
                     check=CheckId.COORD_CHECK,
