@@ -72,12 +72,14 @@ def arch(
 class MupPackageGPT(ActscanGPT):
     """The SP build of the architecture with mup's readout, attention scale, base shapes,
     init and optimizer groups. The steps engine (and the harness below) read the
-    optimizer's groups from `actscan_param_groups`: here MuAdamW's."""
+    optimizer's groups from `actscan_param_groups`: here MuAdamW's, each with its
+    parameters and learning rate only (the optimizer built from them sets the rest)."""
 
     def actscan_param_groups(self, lr: float) -> list[dict[str, Any]]:
         from mup import MuAdamW
 
-        return list(MuAdamW(self.parameters(), lr=lr, betas=BETAS, eps=EPS).param_groups)
+        groups = MuAdamW(self.parameters(), lr=lr).param_groups
+        return [{"params": g["params"], "lr": g["lr"]} for g in groups]
 
 
 class OverdividedGPT(MupPackageGPT):
@@ -176,9 +178,16 @@ def tokens(vocab: int, batch: int, seq: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(seed))
 
 
-def measure(model: nn.Module, ids: torch.Tensor, lr: float, steps: int) -> Coords:
+def measure(
+    model: nn.Module,
+    ids: torch.Tensor,
+    lr: float,
+    steps: int,
+    betas: tuple[float, float] = BETAS,
+) -> Coords:
     """Train on `ids` (fixed batch, next-token loss) for `steps` AdamW steps with the
-    model's own groups and record every module's coordinates on that batch at t = 0..N."""
+    model's own groups and record every module's coordinates on that batch at t = 0..N
+    (mup's `get_coord_data` records the same forwards, at its t = 1..N+1)."""
     blocks = list(model.blocks)  # type: ignore[arg-type]
     n = len(blocks)
     mods: list[tuple[str, str, nn.Module, bool]] = [("blocks.0.in", "embedding", blocks[0], True)]
@@ -202,7 +211,7 @@ def measure(model: nn.Module, ids: torch.Tensor, lr: float, steps: int) -> Coord
             m.register_forward_pre_hook(keep(i)) if pre else m.register_forward_hook(keep(i))
         )
     opt = torch.optim.AdamW(
-        model.actscan_param_groups(lr), lr=lr, betas=BETAS, eps=EPS, weight_decay=0.0
+        model.actscan_param_groups(lr), lr=lr, betas=betas, eps=EPS, weight_decay=0.0
     )  # type: ignore[operator]
     x_in, y = ids[:, :-1], ids[:, 1:]
     first: dict[int, torch.Tensor] = {}

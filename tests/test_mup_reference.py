@@ -85,6 +85,36 @@ def test_from_the_same_weights_both_take_the_same_steps() -> None:
     assert a.loss[-1] < a.loss[0]  # it trained
 
 
+def test_the_hooks_measure_what_mups_own_coord_check_records() -> None:
+    """mup's `get_coord_data` (MuAdamW, its default betas) on the reference gives the
+    same mean |x| per module and step as this harness, which measures the built-in the
+    same way: from the same weights, all three agree."""
+    from mup.coord_check import get_coord_data
+
+    builtin = ref.builtin_model(64, 2, 0, BASE, **dict(SMALL))
+    ids = ref.tokens(128, 2, 16, seed=0)
+    x, y = ids[:, :-1], ids[:, 1:].reshape(-1)
+
+    def lazy() -> torch.nn.Module:
+        model = ref.mup_model(64, 2, 0, BASE, **dict(SMALL))
+        model.load_state_dict(builtin.state_dict())
+        return model
+
+    df = get_coord_data(
+        {64: lazy}, [(x, y)], optimizer="adamw", lr=1e-2, mup=True, nsteps=3,
+        flatten_output=True, cuda=False, show_progress=False,
+    )  # fmt: skip
+    theirs = ref.measure(lazy(), ids, 1e-2, 2, betas=(0.9, 0.999))
+    ours = ref.measure(builtin, ids, 1e-2, 2, betas=(0.9, 0.999))  # trains it: last
+    for i, name in enumerate(ours.names):
+        if name == "blocks.0.in":  # an input, which get_coord_data does not record
+            continue
+        l1 = df[df.module == name].sort_values("t").l1.to_numpy()
+        assert l1.shape == (3,), name
+        np.testing.assert_allclose(theirs.values[:, i, 1], l1, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(ours.values[:, i, 1], l1, rtol=1e-4, err_msg=name)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("depth", [4, 12])
 def test_coordinate_slopes_agree_with_mup(depth: int) -> None:
