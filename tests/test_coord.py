@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from actscan.records import (
     Severity,
     StepRecord,
     StreamPoint,
+    UpdateRecord,
 )
 from actscan.report.report import Report
 from actscan.settings import Ignore
@@ -151,6 +153,44 @@ def test_shrinking_group_is_a_separate_finding_and_logits_may_shrink_like_invers
     assert f.layers == ("head",) and "shrink" in f.message
     th = DEFAULT.with_overrides({"coord-slope": 0.4, "coord-shrink": 0.7})
     assert allowed("head", th) == (-0.9, 0.4) and allowed("mlp", th) == (-0.7, 0.4)
+
+
+def driven(rs: list, narrow_ratio: float, wide_ratio: float = 0.01) -> list:
+    """The rows with weight-matrix update ratios: `narrow_ratio` per step at the narrowest
+    width, `wide_ratio` elsewhere (plus a norm gain far above both, which must not count)."""
+    out = []
+    for side, depth, w, rep in rs:
+        r = narrow_ratio if w == min(WIDTHS) else wide_ratio
+        gain = UpdateRecord("blocks.0.norm1.weight", 0, "norm", "norm-gain", (9.0, 9.0), (1.0, 1.0))
+        ups = (
+            *(
+                UpdateRecord(f"blocks.{b}.mlp.up.weight", b, "mlp", "weight", (r, r), (1.0, 1.0))
+                for b in range(N_BLOCKS)
+            ),
+            gain,
+        )
+        out.append((side, depth, w, replace(rep, dynamics=replace(rep.dynamics, updates=ups))))
+    return out
+
+
+def test_a_shrink_at_an_overdriven_narrowest_width_is_info_and_growth_still_warns() -> None:
+    """Where the narrowest width moves its matrices by ≥ update-ratio-warn per step, mup's
+    own μP shrinks past the band (tests/test_mup_reference.py): the shrink is reported
+    at info with the ratio; below it, and for growth, the severity is warn as before."""
+    early = ("blocks.0.attn", "blocks.0.mlp", "blocks.0")
+    exps = {**dict.fromkeys(early, -1.0), "head": 0.6}
+    warm = DEFAULT.update_ratio_warn
+    calm = coord_check(driven(rows(exps), 0.5 * warm), DEFAULT)
+    assert [f.severity for f in calm.findings] == [Severity.WARN, Severity.WARN]
+    grow, shrink = coord_check(driven(rows(exps), 2.2 * warm), DEFAULT).findings
+    assert grow.severity is Severity.WARN and "grow" in grow.message
+    assert shrink.severity is Severity.INFO and shrink.layers == early
+    assert f"narrowest width ({min(WIDTHS)})" in shrink.message
+    assert f"median {2.2 * warm:.2f} of their norm" in shrink.message
+    assert "--lr 0.002" in shrink.hint  # lr 1e-2 × 0.2 / 0.44 / 2
+    # the narrowest width decides: the same ratio at a wider one is not overdrive
+    wide_only = coord_check(driven(rows(exps), 0.01, wide_ratio=2.2 * warm), DEFAULT)
+    assert [f.severity for f in wide_only.findings] == [Severity.WARN, Severity.WARN]
 
 
 def test_bound_is_a_threshold_and_two_widths_do_not_judge() -> None:

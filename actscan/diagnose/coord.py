@@ -18,6 +18,7 @@ printing.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -236,6 +237,31 @@ def coord_slopes(
     return widths, tuple(slopes), tuple(curves)
 
 
+def narrow_drive(
+    rows: Sequence[tuple[str, int | None, int, StepsRun]],
+) -> dict[tuple[str, int | None], tuple[int, float]]:
+    """Per side (and depth): its narrowest width with steps, and how hard the steps drove
+    it: the median over its weight matrices of each one's median update ratio
+    ‖W_t − W_{t−1}‖/‖W_{t−1}‖ (UpdateRecord.ratio). A side whose narrowest row recorded
+    no weight updates is left out."""
+    narrow: dict[tuple[str, int | None], tuple[int, StepsRun]] = {}
+    for side, depth, width, report in rows:
+        key = (side, depth)
+        if report.dynamics is not None and (key not in narrow or width < narrow[key][0]):
+            narrow[key] = (width, report)
+    out: dict[tuple[str, int | None], tuple[int, float]] = {}
+    for key, (width, report) in narrow.items():
+        assert report.dynamics is not None
+        per = []
+        for u in report.dynamics.updates:
+            ratios = [r for r in u.ratio if isinstance(r, float) and math.isfinite(r)]
+            if u.kind == "weight" and ratios:
+                per.append(statistics.median(ratios))
+        if per:
+            out[key] = (width, statistics.median(per))
+    return out
+
+
 # -- judging ----------------------------------------------------------------------------------
 def allowed(kind: str, th: Thresholds) -> tuple[float, float]:
     """The slope interval that counts as flat: [−coord-shrink, coord-slope]; logits may
@@ -272,6 +298,62 @@ def _fmt_slope(s: CoordSlope | CoordCurve, quantity: str, value: float) -> str:
     return f"{what} {value:+.2f} at t={s.t}"
 
 
+def _texts(
+    up: bool,
+    head: str,
+    span: str,
+    glist: str,
+    mlist: str,
+    th: Thresholds,
+    drove: tuple[int, float] | None,
+    lr: float | None,
+) -> tuple[Severity, str, str]:
+    """A finding's severity, message and hint: growth, or shrink (info when `drove`, the
+    narrowest width and its median update ratio, says that width was overdriven)."""
+    if up:
+        message = (
+            f"{head} grow with {span} beyond the flat band (slope ≤ {th.coord_slope:g}; "
+            f"log–log slope of the group's mean |x|): {glist}. Worst modules: {mlist}. Under "
+            "μTransfer the learning rate tuned at the small width makes these blow up at the "
+            "large one."
+        )
+        hint = (
+            "Use μP (Tensor Programs V, Table 3, Adam): hidden matrices' learning rate "
+            "and init variance ∝ 1/width, readout ×1/width (or zero-initialised), "
+            "attention 1/d_head; built-in configs: --set parametrization=mup."
+        )
+        return Severity.WARN, message, hint
+    message = (
+        f"{head} shrink with {span} beyond the flat band (slope ≥ −{th.coord_shrink:g}; "
+        f"logits may shrink like 1/√width): {glist}. Worst modules: {mlist}. Their updates "
+        "vanish at width (or the narrow models are overdriven at this learning rate), so "
+        "tuned rates do not transfer."
+    )
+    hint = (
+        "Check those layers' learning-rate and init scaling against μP (a rate or "
+        "multiplier divided by width once too often shrinks the updates; vectors "
+        "and embeddings keep lr η under Adam), and that the learning rate is sane "
+        "at the smallest width (update-size)."
+    )
+    if drove is None or drove[1] < th.update_ratio_warn:
+        return Severity.WARN, message, hint
+    narrow, ratio = drove
+    message += (
+        f" Weak evidence: the narrowest width ({narrow}) moves its weight matrices by a "
+        f"median {ratio:.2f} of their norm per step (≥ update-ratio-warn "
+        f"{th.update_ratio_warn:g}), where the narrow model saturates first and the "
+        "reference μP (the mup package) shrinks as far."
+    )
+    # Adam's step is ≈ lr per coordinate: the ratio scales with lr
+    lower = f", e.g. --lr {lr * th.update_ratio_warn / ratio / 2:.1g}" if lr else ""
+    hint = (
+        "To judge the parametrization, rerun the sweep at a learning rate the narrowest "
+        f"width takes (its median update ratio below {th.update_ratio_warn:g}{lower}); if "
+        f"the groups still shrink there: {hint[0].lower()}{hint[1:]}"
+    )
+    return Severity.INFO, message, hint
+
+
 def coord_findings(
     slopes: Sequence[CoordSlope],
     curves: Sequence[CoordCurve],
@@ -279,8 +361,19 @@ def coord_findings(
     *,
     labels: Mapping[str, str] | None = None,
     widths: Sequence[int] = (),
+    drive: Mapping[tuple[str, int | None], tuple[int, float]] | None = None,
+    lr: float | None = None,
 ) -> tuple[Finding, ...]:
     """One finding per side (and depth) and direction.
+
+    A shrink is info, not warn, when `drive` (narrow_drive) says the side's narrowest
+    width moved its weight matrices by a median of at least `update-ratio-warn` of their
+    norm per step: there the narrow model saturates first and every group line bends
+    down, and Microsoft's `mup` package's own μP of the same architecture shrinks to
+    −0.80 (docs/checks.md, "μP against the reference"), so the slope cannot tell a
+    parametrization error from an overdriven narrow model. Growth stays warn at any
+    drive: SP's block groups grow by +1.4…+2.2 there, far past the band (the reference's
+    logits reach +0.29, at its edge: the docs give the margin).
 
     Judged per module group, as the coordinate-check plot is read: a group whose line
     (geometric mean of its modules' mean |x_t|, or mean |x_t − x_0|) has a slope beyond
@@ -333,36 +426,13 @@ def coord_findings(
             top = sorted(named.values(), key=lambda n: -n[0])[:3]
             mlist = "; ".join(f"{n[1].name} {_fmt_slope(n[1], n[2], n[3])}" for n in top)
             worst = max(worst_group.values(), key=lambda g: g[0])
-            band = f"slope ≤ {th.coord_slope:g}" if up else f"slope ≥ −{th.coord_shrink:g}"
-            if up:
-                message = (
-                    f"{who}{len(groups)} module group(s) grow with {span} beyond the flat band "
-                    f"({band}; log–log slope of the group's mean |x|): {glist}. Worst modules: "
-                    f"{mlist}. Under μTransfer the learning rate tuned at the small width "
-                    "makes these blow up at the large one."
-                )
-                hint = (
-                    "Use μP (Tensor Programs V, Table 3, Adam): hidden matrices' learning rate "
-                    "and init variance ∝ 1/width, readout ×1/width (or zero-initialised), "
-                    "attention 1/d_head; built-in configs: --set parametrization=mup."
-                )
-            else:
-                message = (
-                    f"{who}{len(groups)} module group(s) shrink with {span} beyond the flat "
-                    f"band ({band}; logits may shrink like 1/√width): {glist}. Worst modules: "
-                    f"{mlist}. Their updates vanish at width (or the narrow models are "
-                    "overdriven at this learning rate), so tuned rates do not transfer."
-                )
-                hint = (
-                    "Check those layers' learning-rate and init scaling against μP (a rate or "
-                    "multiplier divided by width once too often shrinks the updates; vectors "
-                    "and embeddings keep lr η under Adam), and that the learning rate is sane "
-                    "at the smallest width (update-size)."
-                )
+            head = f"{who}{len(groups)} module group(s)"
+            drove = (drive or {}).get((side, depth))
+            severity, message, hint = _texts(up, head, span, glist, mlist, th, drove, lr)
             out.append(
                 Finding(
                     check=CheckId.COORD_CHECK,
-                    severity=Severity.WARN,
+                    severity=severity,
                     layers=layers,
                     value=worst[3],
                     threshold=th.coord_slope if up else -th.coord_shrink,
@@ -395,5 +465,13 @@ def coord_check(
         shrink=th.coord_shrink,
         slopes=slopes,
         curves=curves,
-        findings=coord_findings(slopes, curves, th, labels=labels, widths=widths),
+        findings=coord_findings(
+            slopes,
+            curves,
+            th,
+            labels=labels,
+            widths=widths,
+            drive=narrow_drive(rows),
+            lr=dyn.optimizer.lr,
+        ),
     )
