@@ -622,7 +622,6 @@ class TraceRecord:
     backward_ops: int = 0
     first: TraceOp | None = None
     peak: TraceOp | None = None
-    note: str | None = None
 
 
 # -- attention probes (per attention layer, per head) ------------------------------------

@@ -49,10 +49,11 @@ from torch.utils._pytree import tree_leaves
 
 from actscan.measure.hooks import HookSet
 from actscan.measure.inputs import Batch
-from actscan.measure.prepare import call_model, dtype_name
+from actscan.measure.prepare import TORCH_DTYPES, call_model, dtype_name
+from actscan.measure.profile import PassSpec, Profiled
 from actscan.records import TraceInput, TraceOp, TraceRecord
 
-__all__ = ["TraceRun", "ceiling_of", "trace_batch"]
+__all__ = ["TraceRun", "broke", "ceiling_of", "trace_batch", "trace_profile", "trace_run"]
 
 _TAG = "actscan_module"  # the autograd node metadata key: the module that created it
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # actscan/
@@ -258,8 +259,14 @@ def user_frame(stack: Sequence[str]) -> tuple[str | None, str | None]:
         if path.startswith(_TORCH) or path.startswith("<"):
             continue
         code = linecache.getline(path, line).strip() or None
-        return f"{path}:{line} in {func}", code
+        return f"{_shown_path(path)}:{line} in {func}", code
     return None, None
+
+
+def _shown_path(path: str) -> str:
+    """A path under the working directory relative to it (as the user typed it)."""
+    here = os.getcwd() + os.sep
+    return path[len(here) :] if path.startswith(here) else path
 
 
 def _ours(path: str) -> bool:
@@ -293,6 +300,20 @@ def _eager() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _kept_buffers(model: nn.Module) -> Iterator[None]:
+    """Buffers as they were before the traced passes (BatchNorm's running statistics move
+    in train mode): a trace leaves the steps after it exactly what they were without it."""
+    with torch.no_grad():
+        kept = [(b, b.clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, v in kept:
+                b.copy_(v)
+
+
 def trace_batch(model: nn.Module, batch: Batch, run: TraceRun) -> TraceRecord:
     """Rerun `batch` (already on the run's device and dtype) instrumented and name the
     first operation whose output is non-finite or beyond `run.precision`'s range, or, when
@@ -302,7 +323,7 @@ def trace_batch(model: nn.Module, batch: Batch, run: TraceRun) -> TraceRecord:
     devices = [batch_device(model)] if batch_device(model).type == "cuda" else []
     modules = _Modules(model)
     watch = _Watch(modules)
-    with _eager(), modules.hooked(), torch.random.fork_rng(devices=devices):
+    with _kept_buffers(model), _eager(), modules.hooked(), torch.random.fork_rng(devices=devices):
         _one_pass(model, batch, run, watch, lambda p: setattr(watch, "phase", p))
     amax, bad = watch.host()
     first = next((i for i, (a, b) in enumerate(zip(amax, bad, strict=True)) if b or a > ceiling), None)
@@ -342,7 +363,12 @@ def _locate(
     """Pass 2 up to operation `at`: its source line and its inputs' ranges."""
     stop = _Stop(at, op)
     devices = [batch_device(model)] if batch_device(model).type == "cuda" else []
-    with _eager(), torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+    with (
+        _kept_buffers(model),
+        _eager(),
+        torch.random.fork_rng(devices=devices),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("ignore")  # anomaly mode's, and its report of the stop
         anomaly = (
             torch.autograd.detect_anomaly(check_nan=False)
@@ -360,3 +386,59 @@ def _locate(
 def batch_device(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
+
+
+def broke(profiled: Profiled) -> str | None:
+    """Why the recorded pass calls for a trace: "non-finite" (an output or an output
+    gradient holds inf/nan), "overflow" (a finite output beyond the run's precision, as
+    under autocast an fp32 output can be), else None."""
+    spec = profiled.spec
+    ceiling = ceiling_of(precision_of(spec))
+    raws = profiled.raw.values()
+    if any(r.nonfinite for r in raws) or any(
+        r.grad_sumsq is not None and not math.isfinite(r.grad_sumsq) for r in raws
+    ):
+        return "non-finite"
+    if any(math.isfinite(r.max_abs) and r.max_abs > ceiling for r in raws):
+        return "overflow"
+    return None
+
+
+def precision_of(spec: PassSpec) -> torch.dtype:
+    """The precision the run's values live in: autocast's, else the run's dtype."""
+    return TORCH_DTYPES[spec.amp] if spec.amp else (spec.dtype or spec.model_dtype)
+
+
+def trace_run(profiled: Profiled, *, reason: str, step: int = 0, batch: int = 0) -> TraceRun:
+    """How the trace reruns a batch of `profiled`'s pass: its loss, backward and scale."""
+    spec = profiled.spec
+    return TraceRun(
+        loss_of=profiled.chosen.loss_of,
+        autocast=spec.autocast,
+        precision=precision_of(spec),
+        backward=profiled.backward,
+        loss_scale=spec.loss_scale,
+        step=step,
+        batch=batch,
+        reason=reason,
+    )
+
+
+def trace_profile(model: nn.Module, profiled: Profiled, asked: bool) -> TraceRecord | None:
+    """The trace of the recorded pass: asked for (`--trace`: batch 0), or because it broke
+    (its batches in turn until one names the operation: the recorder merges batches, so
+    it cannot say which one broke). None when neither; a distributed rank does not trace
+    (its shard of the model is not the model: a note says so)."""
+    reason = broke(profiled)
+    if reason is None and not asked:
+        return None
+    if profiled.ranks.sharded:
+        return None
+    source = profiled.ranks.rows_of(profiled.chosen.source)
+    last: TraceRecord | None = None
+    for i in range(profiled.spec.batches if reason else 1):
+        run = trace_run(profiled, reason=reason or "asked", batch=i)
+        last = trace_batch(model, profiled.spec.cast(source(i)), run)
+        if last.first is not None:
+            return last
+    return last
