@@ -156,34 +156,59 @@ def _floats(out: Any) -> list[torch.Tensor]:
 
 
 class _Watch(TorchDispatchMode):
-    """Pass 1: per operation with a floating output, its largest finite |x| and its
-    non-finite count, kept on the device; name, module and phase kept on the host."""
+    """Pass 1: per operation with a floating output, on the device, its output's largest
+    finite |x|, NaN and ±inf counts and whether its inputs hold NaN or inf (one 5-vector);
+    on the host its name, module and phase, and whether a scalar argument is non-finite
+    (`masked_fill(mask, -inf)` writes the infinities it was given)."""
 
     def __init__(self, modules: _Modules) -> None:
         super().__init__()
         self.modules = modules
         self.phase = "forward"
         self.sites: list[tuple[str, str, str]] = []  # (op, module, phase)
-        self.amax: list[torch.Tensor] = []
-        self.bad: list[torch.Tensor] = []
+        self.rows: list[torch.Tensor] = []
+        self.given: list[bool] = []  # a non-finite scalar argument
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         floats = _floats(out)
         if floats:  # (this mode is off inside: the reductions are not seen)
-            amax, bad = _reduce(floats)
-            self.amax.append(amax)
-            self.bad.append(bad)
+            leaves = tree_leaves((args, kwargs or {}))
+            ins = [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            self.rows.append(_row(floats, ins))
+            self.given.append(any(type(v) is float and not math.isfinite(v) for v in leaves))
             module = self.modules.current() if self.phase == "forward" else _node_module()
             self.sites.append((str(func), module, self.phase))
         return out
 
-    def host(self) -> tuple[list[float], list[float]]:
-        """Every operation's (amax, non-finite count): the one transfer."""
-        if not self.amax:
-            return [], []
-        both = torch.stack([torch.stack(self.amax), torch.stack(self.bad)]).cpu()
-        return both[0].tolist(), both[1].tolist()
+    def host(self) -> list[list[float]]:
+        """Every operation's 5-vector: the one transfer."""
+        return torch.stack(self.rows).cpu().tolist() if self.rows else []
+
+
+def _row(outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[largest finite |x|, NaN count, inf count] of `outs`, [any NaN, any inf] of `ins`:
+    fp32, on the device."""
+    parts = []
+    for t in outs:
+        a = t.detach().abs().float()
+        nan, inf = torch.isnan(a), torch.isinf(a)
+        amax = torch.where(nan | inf, 0.0, a).amax()
+        parts.append(torch.stack([amax, nan.sum(dtype=torch.float32), inf.sum(dtype=torch.float32)]))
+    row = parts[0] if len(parts) == 1 else torch.stack(parts).amax(0)  # amax; counts ≥ 1 kept
+    flags = [torch.stack([t.isnan().any(), t.isinf().any()]).float() for t in ins if t.numel()]
+    seen = torch.stack(flags).amax(0) if flags else row.new_zeros(2)
+    return torch.cat([row, seen.to(row.device)])
+
+
+def _breaks(row: Sequence[float], given: bool, ceiling: float) -> bool:
+    """Whether this operation broke: it made NaN from inputs without NaN, inf from finite
+    inputs (and no non-finite scalar argument), or a finite value beyond the ceiling. An
+    operation passing on the non-finite values it was given did not."""
+    amax, nan, inf, in_nan, in_inf = row
+    made_nan = nan > 0 and not in_nan
+    made_inf = inf > 0 and not (in_nan or in_inf or given)
+    return made_nan or made_inf or amax > ceiling
 
 
 def _reduce(ts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -325,8 +350,12 @@ def trace_batch(model: nn.Module, batch: Batch, run: TraceRun) -> TraceRecord:
     watch = _Watch(modules)
     with _kept_buffers(model), _eager(), modules.hooked(), torch.random.fork_rng(devices=devices):
         _one_pass(model, batch, run, watch, lambda p: setattr(watch, "phase", p))
-    amax, bad = watch.host()
-    first = next((i for i, (a, b) in enumerate(zip(amax, bad, strict=True)) if b or a > ceiling), None)
+    rows = watch.host()
+    amax = [r[0] for r in rows]
+    bad = [r[1] + r[2] for r in rows]
+    first = next((i for i, r in enumerate(rows) if _breaks(r, watch.given[i], ceiling)), None)
+    if first is None:  # non-finite from the start (a weight, the inputs): where it shows
+        first = next((i for i, b in enumerate(bad) if b), None)
     peak = max(range(len(amax)), key=amax.__getitem__, default=None) if first is None else None
     at = first if first is not None else peak
     op = None
