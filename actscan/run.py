@@ -95,8 +95,10 @@ def scan_model(
         traced = trace_profile(model, profiled, s.trace)
         raw_steps = take_steps(model, steps, profiled, kept, info.vocab_size, progress)
     if traced is None or traced.first is None:
-        kw = {"dropout": s.dropout, "vocab_size": info.vocab_size}
-        traced = trace_steps(model, steps, profiled, raw_steps, **kw) or traced
+        replay = trace_steps(
+            model, steps, profiled, raw_steps, dropout=s.dropout, vocab_size=info.vocab_size
+        )
+        traced = replay or traced
     params = param_records(model, probe.proof.layout, probe, measure=ranks.moments)
     measured = build_records(model, profiled, s.threshold_set(), decode_token)
     ctx = replace(check_context(s, info, profiled, measured, params, raw_steps), trace=traced)

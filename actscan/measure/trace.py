@@ -40,7 +40,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -135,16 +135,21 @@ def _tag(out: Any, name: str) -> None:
         node = todo.pop()
         if node is None:
             continue
-        meta = node.metadata
+        meta = _meta(node)
         if _TAG in meta or type(node).__name__ == "AccumulateGrad":
             continue
         meta[_TAG] = name
         todo.extend(nxt for nxt, _ in node.next_functions)
 
 
+def _meta(node: Any) -> dict[str, Any]:
+    """An autograd node's metadata dict (a property; torch's stubs type it a method)."""
+    return cast(dict[str, Any], node.metadata)
+
+
 def _node_module() -> str:
     node = torch._C._current_autograd_node()
-    return str(node.metadata.get(_TAG, "")) if node is not None else ""
+    return str(_meta(node).get(_TAG, "")) if node is not None else ""
 
 
 def _floats(out: Any) -> list[torch.Tensor]:
@@ -194,8 +199,13 @@ def _row(outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor]) -> torch.Ten
         a = t.detach().abs().float()
         nan, inf = torch.isnan(a), torch.isinf(a)
         amax = torch.where(nan | inf, 0.0, a).amax()
-        parts.append(torch.stack([amax, nan.sum(dtype=torch.float32), inf.sum(dtype=torch.float32)]))
-    row = parts[0] if len(parts) == 1 else torch.stack(parts).amax(0)  # amax; counts ≥ 1 kept
+        counts = [nan.sum(dtype=torch.float32), inf.sum(dtype=torch.float32)]
+        parts.append(torch.stack([amax, *counts]))
+    if len(parts) == 1:
+        row = parts[0]
+    else:  # several outputs: the largest |x|, the counts summed
+        both = torch.stack(parts)
+        row = torch.cat([both[:, 0].amax().reshape(1), both[:, 1:].sum(0)])
     flags = [torch.stack([t.isnan().any(), t.isinf().any()]).float() for t in ins if t.numel()]
     seen = torch.stack(flags).amax(0) if flags else row.new_zeros(2)
     return torch.cat([row, seen.to(row.device)])
@@ -256,7 +266,7 @@ def _stack() -> list[str]:
     node = torch._C._current_autograd_node()
     if node is None or user_frame(live)[0] is not None:
         return live
-    forward = node.metadata.get("traceback_")
+    forward = _meta(node).get("traceback_")
     return list(forward) if forward else live
 
 
@@ -355,7 +365,9 @@ def trace_batch(model: nn.Module, batch: Batch, run: TraceRun) -> TraceRecord:
     bad = [r[1] + r[2] for r in rows]
     first = next((i for i, r in enumerate(rows) if _breaks(r, watch.given[i], ceiling)), None)
     if first is None:  # non-finite from the start (a weight, the inputs): where it shows
-        first = next((i for i, b in enumerate(bad) if b), None)
+        shows = next((i for i, b in enumerate(bad) if b), None)
+        if shows is not None and not watch.given[shows] and (rows[shows][3] or rows[shows][4]):
+            first = shows
     peak = max(range(len(amax)), key=amax.__getitem__, default=None) if first is None else None
     at = first if first is not None else peak
     op = None
