@@ -46,6 +46,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 from actscan.measure.hooks import HookSet
 from actscan.measure.inputs import Batch
@@ -161,9 +162,10 @@ def _floats(out: Any) -> list[torch.Tensor]:
 
 
 class _Watch(TorchDispatchMode):
-    """Pass 1: per operation with a floating output, on the device, its output's largest
-    finite |x|, NaN and ±inf counts and whether its inputs hold NaN or inf (one 5-vector);
-    on the host its name, module and phase, and whether a scalar argument is non-finite
+    """Pass 1: per operation with a floating output, on the device, max |x| of its output
+    and of its inputs (one reduction each: NaN when one holds NaN, inf when one holds inf,
+    else the largest value; an input an earlier operation made is not reduced again); on
+    the host its name, module and phase, and whether a scalar argument is non-finite
     (`masked_fill(mask, -inf)` writes the infinities it was given)."""
 
     def __init__(self, modules: _Modules) -> None:
@@ -173,52 +175,50 @@ class _Watch(TorchDispatchMode):
         self.sites: list[tuple[str, str, str]] = []  # (op, module, phase)
         self.rows: list[torch.Tensor] = []
         self.given: list[bool] = []  # a non-finite scalar argument
+        self.seen: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor → its max |x|
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         floats = _floats(out)
         if floats:  # (this mode is off inside: the reductions are not seen)
             leaves = tree_leaves((args, kwargs or {}))
-            ins = [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
-            self.rows.append(_row(floats, ins))
+            ins = [self._top(t) for t in _floats(leaves)]
+            outs = [self._top(t) for t in floats]
+            top_in = torch.stack(ins).amax() if ins else outs[0].new_zeros(())
+            top_out = outs[0] if len(outs) == 1 else torch.stack(outs).amax()
+            self.rows.append(torch.stack([top_out, top_in]))
             self.given.append(any(type(v) is float and not math.isfinite(v) for v in leaves))
             module = self.modules.current() if self.phase == "forward" else _node_module()
             self.sites.append((str(func), module, self.phase))
         return out
 
+    def _top(self, t: torch.Tensor) -> torch.Tensor:
+        """max |t| in fp32 (NaN/inf when it holds them), reduced once per tensor."""
+        top = self.seen.get(t)
+        if top is None:
+            top = t.detach().abs().amax().float()
+            self.seen[t] = top
+        return top
+
     def host(self) -> list[list[float]]:
-        """Every operation's 5-vector: the one transfer."""
+        """Every operation's (output, input) max |x|: the one transfer."""
         return torch.stack(self.rows).cpu().tolist() if self.rows else []
-
-
-def _row(outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor]) -> torch.Tensor:
-    """[largest finite |x|, NaN count, inf count] of `outs`, [any NaN, any inf] of `ins`:
-    fp32, on the device."""
-    parts = []
-    for t in outs:
-        a = t.detach().abs().float()
-        nan, inf = torch.isnan(a), torch.isinf(a)
-        amax = torch.where(nan | inf, 0.0, a).amax()
-        counts = [nan.sum(dtype=torch.float32), inf.sum(dtype=torch.float32)]
-        parts.append(torch.stack([amax, *counts]))
-    if len(parts) == 1:
-        row = parts[0]
-    else:  # several outputs: the largest |x|, the counts summed
-        both = torch.stack(parts)
-        row = torch.cat([both[:, 0].amax().reshape(1), both[:, 1:].sum(0)])
-    flags = [torch.stack([t.isnan().any(), t.isinf().any()]).float() for t in ins if t.numel()]
-    seen = torch.stack(flags).amax(0) if flags else row.new_zeros(2)
-    return torch.cat([row, seen.to(row.device)])
 
 
 def _breaks(row: Sequence[float], given: bool, ceiling: float) -> bool:
     """Whether this operation broke: it made NaN from inputs without NaN, inf from finite
     inputs (and no non-finite scalar argument), or a finite value beyond the ceiling. An
     operation passing on the non-finite values it was given did not."""
-    amax, nan, inf, in_nan, in_inf = row
-    made_nan = nan > 0 and not in_nan
-    made_inf = inf > 0 and not (in_nan or in_inf or given)
-    return made_nan or made_inf or amax > ceiling
+    out, top_in = row
+    if math.isnan(out):
+        return not math.isnan(top_in)
+    if math.isinf(out):
+        return math.isfinite(top_in) and not given
+    return out > ceiling
+
+
+def _bad(row: Sequence[float]) -> bool:
+    return not math.isfinite(row[0])
 
 
 def _reduce(ts: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,6 +242,7 @@ class _Stop(TorchDispatchMode):
         super().__init__()
         self.at, self.op, self.i = at, op, 0
         self.inputs: tuple[TraceInput, ...] = ()
+        self.output: TraceInput | None = None  # its output's largest finite |x|, inf/nan
         self.stack: list[str] | None = None
         self.same = False
 
@@ -252,6 +253,7 @@ class _Stop(TorchDispatchMode):
         if self.i == self.at:
             self.same = str(func) == self.op
             self.inputs = tuple(_input(t) for t in _floats((args, kwargs or {})))
+            self.output = _input(_floats(out)[0])
             self.stack = _stack()
             raise _Found
         self.i += 1
@@ -361,27 +363,29 @@ def trace_batch(model: nn.Module, batch: Batch, run: TraceRun) -> TraceRecord:
     with _kept_buffers(model), _eager(), modules.hooked(), torch.random.fork_rng(devices=devices):
         _one_pass(model, batch, run, watch, lambda p: setattr(watch, "phase", p))
     rows = watch.host()
-    amax = [r[0] for r in rows]
-    bad = [r[1] + r[2] for r in rows]
     first = next((i for i, r in enumerate(rows) if _breaks(r, watch.given[i], ceiling)), None)
     if first is None:  # non-finite from the start (a weight, the inputs): where it shows
-        shows = next((i for i, b in enumerate(bad) if b), None)
-        if shows is not None and not watch.given[shows] and (rows[shows][3] or rows[shows][4]):
+        shows = next((i for i, r in enumerate(rows) if _bad(r)), None)
+        if shows is not None and not watch.given[shows] and not math.isfinite(rows[shows][1]):
             first = shows
-    peak = max(range(len(amax)), key=amax.__getitem__, default=None) if first is None else None
+    finite = [i for i, r in enumerate(rows) if not _bad(r)]
+    peak = max(finite, key=lambda i: rows[i][0], default=None) if first is None else None
     at = first if first is not None else peak
     op = None
     if at is not None:
         name, module, phase = watch.sites[at]
-        source, code, inputs = _locate(model, batch, run, at, name, phase)
+        stop = _locate(model, batch, run, at, name, phase)
+        source, code = user_frame(stop.stack) if stop.same and stop.stack else (None, None)
+        top = rows[at][0]
+        output = stop.output if stop.same else None
         op = TraceOp(
             index=at,
             op=name,
             module=module,
             phase=phase,
-            max_abs=amax[at],
-            nonfinite=int(bad[at]),
-            inputs=inputs,
+            max_abs=output.max_abs if output else (top if math.isfinite(top) else None),
+            nonfinite=output.nonfinite if output else 0,
+            inputs=stop.inputs if stop.same else (),
             source=source,
             code=code,
         )
@@ -391,7 +395,7 @@ def trace_batch(model: nn.Module, batch: Batch, run: TraceRun) -> TraceRecord:
         batch=run.batch,
         dtype=dtype_name(run.precision),
         ceiling=None if math.isinf(ceiling) else ceiling,
-        ops=len(amax),
+        ops=len(rows),
         backward_ops=sum(1 for _, _, p in watch.sites if p == "backward"),
         first=op if first is not None else None,
         peak=op if first is None else None,
@@ -400,8 +404,9 @@ def trace_batch(model: nn.Module, batch: Batch, run: TraceRun) -> TraceRecord:
 
 def _locate(
     model: nn.Module, batch: Batch, run: TraceRun, at: int, op: str, phase: str
-) -> tuple[str | None, str | None, tuple[TraceInput, ...]]:
-    """Pass 2 up to operation `at`: its source line and its inputs' ranges."""
+) -> _Stop:
+    """Pass 2 up to operation `at` (it stops there): its stack, output and inputs.
+    `same` is False when the rerun took another path (no line to trust)."""
     stop = _Stop(at, op)
     devices = [batch_device(model)] if batch_device(model).type == "cuda" else []
     with (
@@ -411,6 +416,7 @@ def _locate(
         warnings.catch_warnings(),
     ):
         warnings.simplefilter("ignore")  # anomaly mode's, and its report of the stop
+        # anomaly mode keeps each autograd node's forward stack: a backward op's line
         anomaly = (
             torch.autograd.detect_anomaly(check_nan=False)
             if phase == "backward"
@@ -418,10 +424,7 @@ def _locate(
         )
         with anomaly, contextlib.suppress(_Found):
             _one_pass(model, batch, run, stop, lambda _p: None)
-    if not stop.same or stop.stack is None:
-        return None, None, stop.inputs  # the rerun took another path: no line to trust
-    source, code = user_frame(stop.stack)
-    return source, code, stop.inputs
+    return stop
 
 
 def batch_device(model: nn.Module) -> torch.device:
