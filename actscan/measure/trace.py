@@ -368,7 +368,9 @@ def trace_batch(model: nn.Module, batch: Batch, run: TraceRun) -> TraceRecord:
         shows = next((i for i, r in enumerate(rows) if _bad(r)), None)
         if shows is not None and not watch.given[shows] and not math.isfinite(rows[shows][1]):
             first = shows
-    finite = [i for i, r in enumerate(rows) if not _bad(r)]
+    # the peak among the model's operations (the loss's include counts: nll's total weight)
+    finite = [i for i, r in enumerate(rows) if not _bad(r) and watch.sites[i][1]]
+    finite = finite or [i for i, r in enumerate(rows) if not _bad(r)]
     peak = max(finite, key=lambda i: rows[i][0], default=None) if first is None else None
     at = first if first is not None else peak
     op = None
@@ -402,9 +404,7 @@ def trace_batch(model: nn.Module, batch: Batch, run: TraceRun) -> TraceRecord:
     )
 
 
-def _locate(
-    model: nn.Module, batch: Batch, run: TraceRun, at: int, op: str, phase: str
-) -> _Stop:
+def _locate(model: nn.Module, batch: Batch, run: TraceRun, at: int, op: str, phase: str) -> _Stop:
     """Pass 2 up to operation `at` (it stops there): its stack, output and inputs.
     `same` is False when the rerun took another path (no line to trust)."""
     stop = _Stop(at, op)
