@@ -105,6 +105,8 @@ def trace_rows(tr: TraceRecord) -> list[tuple[str, str]]:
         return [*rows, ("result", "no floating-point operation ran")]
     label = "first out of range" if tr.first is not None else "none out of range; largest"
     out = f"max|x| {num(op.max_abs)}" + (f", {op.nonfinite} inf/nan" if op.nonfinite else "")
+    if tr.first is None and tr.ceiling and op.max_abs:
+        out += f" (headroom ×{num(tr.ceiling / op.max_abs)} to {tr.dtype}'s max)"
     rows += [
         (label, f"{op.op} (operation {op.index}, {op.phase})"),
         ("module", op.module or "outside every module (the loss)"),
