@@ -332,3 +332,20 @@ def test_diverged_step_is_traced_at_its_weights() -> None:
     assert math.prod(sorted(i.max_abs or 0.0 for i in op.inputs)[-2:]) > 3.4e38
     err = [f for f in report.findings if f.message.startswith("Training diverged")]
     assert err and f"{op.op} in {op.module}" in err[0].message
+
+
+class Hot(nn.Module):
+    """Under fp16 autocast exp runs in fp32: e^12 ≈ 1.6e5 is finite there, and overflows
+    only when the next fp16 matmul casts it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(x.float() * 0 + 12.0)
+
+
+def test_autocast_fp32_output_beyond_fp16_is_named_before_the_cast() -> None:
+    report = scan(_net(Hot()), X, amp="fp16")
+    tr = report.trace
+    assert tr is not None and tr.dtype == "fp16" and tr.ceiling == 65504.0
+    op = tr.first
+    assert op is not None and (op.op, op.module) == ("aten.exp.default", "b")
+    assert op.nonfinite == 0 and op.max_abs == pytest.approx(math.exp(12.0), rel=1e-6)
