@@ -349,3 +349,25 @@ def test_autocast_fp32_output_beyond_fp16_is_named_before_the_cast() -> None:
     op = tr.first
     assert op is not None and (op.op, op.module) == ("aten.exp.default", "b")
     assert op.nonfinite == 0 and op.max_abs == pytest.approx(math.exp(12.0), rel=1e-6)
+
+
+class InPlace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        h.mul_(1e5)
+        return torch.tanh(h)
+
+
+def test_in_place_overflow_is_named() -> None:
+    """An in-place op returns the tensor it was given: its output is reduced again."""
+    report = scan(_net(InPlace()), X, dtype="fp16", trace=True)
+    op = report.trace.first if report.trace else None
+    assert op is not None and (op.op, op.module, op.code) == (
+        "aten.mul_.Tensor",
+        "b",
+        "h.mul_(1e5)",
+    )

@@ -8,15 +8,18 @@ in the forward and in autograd's backward, below autograd (so the model runs as 
 
 How, and what it costs (docs/performance.md): pass 1 runs the batch (forward, loss,
 backward as the recorded pass does, the loss scaled as it was) and, per operation with a
-floating-point output, reduces on the device the largest finite |x| and the count of
-non-finite values; they reach the host in one transfer after the pass, with the
+floating-point output, reduces on the device max |x| of its output and of its inputs (one
+reduction per tensor version: NaN and inf propagate through max, so one number says
+finite, inf or NaN); they reach the host in one transfer after the pass, with the
 operation's name, module path and phase (Python strings, no sync). The first operation
-whose output is non-finite or beyond the run's dtype range (fp16 65504, bf16's largest;
-fp32: non-finite only) is the one that broke. Only then, pass 2 reruns the same batch up
-to that operation (same random state) and reads what pass 1 did not keep: the Python
-line of the caller's code that ran it (for a backward operation the line of the forward
-operation whose gradient it computes: anomaly mode records it, on in pass 2 only when the
-find is in the backward) and its inputs' ranges; it stops there.
+that makes NaN from inputs without NaN, inf from finite inputs (a non-finite scalar
+argument, as a causal mask's -inf, is given, not made), or a finite value beyond the
+run's precision (fp16 65504, bf16's largest; fp32: non-finite only) is the one that
+broke. Only then, pass 2 reruns the same batch up to that operation (same random state)
+and reads what pass 1 did not keep: the Python line of the caller's code that ran it (for
+a backward operation the line of the forward operation whose gradient it computes:
+anomaly mode records it, on in pass 2 only when the find is in the backward), its
+output's largest finite |x| and inf/nan count and its inputs'; it stops there.
 
 Module paths: forward pre/post hooks (one `HookSet`) keep the current module. A backward
 operation runs in an autograd node; each module's post-hook tags the nodes its forward
@@ -175,15 +178,18 @@ class _Watch(TorchDispatchMode):
         self.sites: list[tuple[str, str, str]] = []  # (op, module, phase)
         self.rows: list[torch.Tensor] = []
         self.given: list[bool] = []  # a non-finite scalar argument
-        self.seen: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor → its max |x|
+        # tensor → (its version, its max |x|): inputs made by earlier operations
+        self.seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # (this mode is off inside: its reductions are not seen) inputs before the op:
+        # an in-place op writes into its input
+        leaves = tree_leaves((args, kwargs or {}))
+        ins = [self._top(t) for t in _floats(leaves)]
         out = func(*args, **(kwargs or {}))
         floats = _floats(out)
-        if floats:  # (this mode is off inside: the reductions are not seen)
-            leaves = tree_leaves((args, kwargs or {}))
-            ins = [self._top(t) for t in _floats(leaves)]
-            outs = [self._top(t) for t in floats]
+        if floats:
+            outs = [self._top(t, fresh=True) for t in floats]
             top_in = torch.stack(ins).amax() if ins else outs[0].new_zeros(())
             top_out = outs[0] if len(outs) == 1 else torch.stack(outs).amax()
             self.rows.append(torch.stack([top_out, top_in]))
@@ -192,12 +198,15 @@ class _Watch(TorchDispatchMode):
             self.sites.append((str(func), module, self.phase))
         return out
 
-    def _top(self, t: torch.Tensor) -> torch.Tensor:
-        """max |t| in fp32 (NaN/inf when it holds them), reduced once per tensor."""
-        top = self.seen.get(t)
-        if top is None:
-            top = t.detach().abs().amax().float()
-            self.seen[t] = top
+    def _top(self, t: torch.Tensor, fresh: bool = False) -> torch.Tensor:
+        """max |t| in fp32 (NaN/inf when it holds them): an input's is reused while its
+        version holds (autograd bumps it after an in-place op returns, so an in-place
+        op's output, the input it wrote, is reduced `fresh`)."""
+        kept = None if fresh else self.seen.get(t)
+        if kept is not None and kept[0] == t._version:
+            return cast(torch.Tensor, kept[1])
+        top = t.detach().abs().amax().float()
+        self.seen[t] = (t._version, top)
         return top
 
     def host(self) -> list[list[float]]:
@@ -363,15 +372,7 @@ def trace_batch(model: nn.Module, batch: Batch, run: TraceRun) -> TraceRecord:
     with _kept_buffers(model), _eager(), modules.hooked(), torch.random.fork_rng(devices=devices):
         _one_pass(model, batch, run, watch, lambda p: setattr(watch, "phase", p))
     rows = watch.host()
-    first = next((i for i, r in enumerate(rows) if _breaks(r, watch.given[i], ceiling)), None)
-    if first is None:  # non-finite from the start (a weight, the inputs): where it shows
-        shows = next((i for i, r in enumerate(rows) if _bad(r)), None)
-        if shows is not None and not watch.given[shows] and not math.isfinite(rows[shows][1]):
-            first = shows
-    # the peak among the model's operations (the loss's include counts: nll's total weight)
-    finite = [i for i, r in enumerate(rows) if not _bad(r) and watch.sites[i][1]]
-    finite = finite or [i for i, r in enumerate(rows) if not _bad(r)]
-    peak = max(finite, key=lambda i: rows[i][0], default=None) if first is None else None
+    first, peak = _pick(rows, watch, ceiling)
     at = first if first is not None else peak
     op = None
     if at is not None:
@@ -402,6 +403,22 @@ def trace_batch(model: nn.Module, batch: Batch, run: TraceRun) -> TraceRecord:
         first=op if first is not None else None,
         peak=op if first is None else None,
     )
+
+
+def _pick(rows: list[list[float]], watch: _Watch, ceiling: float) -> tuple[int | None, int | None]:
+    """(the first operation that broke, None) or, when none did, (None, the operation with
+    the largest finite output)."""
+    first = next((i for i, r in enumerate(rows) if _breaks(r, watch.given[i], ceiling)), None)
+    if first is None:  # non-finite from the start (a weight, the inputs): where it shows
+        shows = next((i for i, r in enumerate(rows) if _bad(r)), None)
+        if shows is not None and not watch.given[shows] and not math.isfinite(rows[shows][1]):
+            return shows, None
+    if first is not None:
+        return first, None
+    # the peak among the model's operations (the loss's include counts: nll's total weight)
+    finite = [i for i, r in enumerate(rows) if not _bad(r) and watch.sites[i][1]]
+    finite = finite or [i for i, r in enumerate(rows) if not _bad(r)]
+    return None, max(finite, key=lambda i: rows[i][0], default=None)
 
 
 def _locate(model: nn.Module, batch: Batch, run: TraceRun, at: int, op: str, phase: str) -> _Stop:
