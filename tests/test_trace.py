@@ -118,7 +118,9 @@ def _where(fn: object, text: str) -> str:
 
 
 def test_forward_overflow_inside_one_module_is_named() -> None:
-    report = scan(_net(Hidden()), X, dtype="fp16", trace=True)
+    # forward only: in the backward, fc1's output gradient is ×1e5 (and ×4096 loss scale)
+    # wherever tanh is not saturated, which may overflow too, depending on fp16 rounding
+    report = scan(_net(Hidden()), X, dtype="fp16", trace=True, backward=False)
     assert all(r.nonfinite == 0 for r in report.layers)  # the hooks see nothing wrong
     tr = report.trace
     assert tr is not None and tr.reason == "asked" and tr.first is not None
