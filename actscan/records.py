@@ -573,6 +573,57 @@ class Dynamics:
     blocks: tuple[BlockUpdates, ...] = ()
 
 
+# -- the first operation that breaks (`--trace`; actscan.measure.trace) -------------------
+
+
+@dataclass(frozen=True)
+class TraceInput:
+    """One floating-point input of a traced operation: its largest finite |x| and its
+    count of non-finite values."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    max_abs: float | None
+    nonfinite: int = 0
+
+
+@dataclass(frozen=True)
+class TraceOp:
+    """One aten operation of the traced pass: `index` in execution order (operations with
+    a floating-point output), the module whose forward ran it ("" outside every module:
+    the loss), forward or backward, its output's largest finite |x| and non-finite count,
+    its inputs, and the caller's source line ("file:line in func", the code) that ran it
+    (for a backward operation, the forward line whose gradient it computes)."""
+
+    index: int
+    op: str
+    module: str
+    phase: str  # "forward" | "backward"
+    max_abs: float | None
+    nonfinite: int = 0
+    inputs: tuple[TraceInput, ...] = ()
+    source: str | None = None
+    code: str | None = None
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    """One batch rerun under the dispatch-level trace (the report's `trace`): why it ran,
+    at which step and batch, the precision judged and its largest value (None: fp32, only
+    non-finite values count), how many operations it inspected, and the first operation
+    out of range (None: none was), else `peak`, the one with the largest output."""
+
+    reason: str  # "asked" | "overflow" | "non-finite" | "diverged"
+    step: int
+    batch: int
+    dtype: str
+    ceiling: float | None
+    ops: int
+    backward_ops: int = 0
+    first: TraceOp | None = None
+    peak: TraceOp | None = None
+
+
 # -- attention probes (per attention layer, per head) ------------------------------------
 
 

@@ -46,11 +46,12 @@ from actscan.measure.profile import (
 from actscan.measure.recorder import check_modules
 from actscan.measure.results import Measured, build_records
 from actscan.measure.state import kept_state
+from actscan.measure.trace import trace_profile
 from actscan.records import BlockProof, Finding, Layout, ModelInfo, ParamRecord, Skip
 from actscan.report.report import Report
 from actscan.settings import SOURCE_SCAN, Ignore, Settings, apply_ignores
 from actscan.steps.loop import StepSpec, StepsRaw
-from actscan.steps.take import steps_record, take_steps
+from actscan.steps.take import steps_record, take_steps, trace_steps
 from actscan.targets.info import infer_info
 from actscan.targets.stored_dtype import stored_dtype_note
 
@@ -91,10 +92,16 @@ def scan_model(
     ranks.check(model, spec, s.steps, chosen.source)
     with kept_state(model, spec.device, spec.dtype, dropout=s.dropout, weights=s.steps > 0) as kept:
         profiled, probe = profile_pass(model, layout, chosen, spec, ranks, s, info, progress)
+        traced = trace_profile(model, profiled, s.trace)
         raw_steps = take_steps(model, steps, profiled, kept, info.vocab_size, progress)
+    if traced is None or traced.first is None:
+        replay = trace_steps(
+            model, steps, profiled, raw_steps, dropout=s.dropout, vocab_size=info.vocab_size
+        )
+        traced = replay or traced
     params = param_records(model, probe.proof.layout, probe, measure=ranks.moments)
     measured = build_records(model, profiled, s.threshold_set(), decode_token)
-    ctx = check_context(s, info, profiled, measured, params, raw_steps)
+    ctx = replace(check_context(s, info, profiled, measured, params, raw_steps), trace=traced)
     found, skipped = checks(ctx)
     findings, _ = apply_ignores(found, s.ignores)
     notes = (layout.note, compiled, *spec.notes, *probe.notes, *profiled.notes)
@@ -133,6 +140,7 @@ def scan(
     warmup: int = 0,
     attention: bool = True,
     decode_token: Callable[[int], str] | None = None,
+    trace: bool = False,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -167,6 +175,8 @@ def scan(
           `attention`); False switches them off (`--no-attention`).
         decode_token: token id -> its text (the tokenizer's), for the per-token view
           (`top_values[].text`, massive-activations); None: ids only.
+        trace: rerun batch 0 op by op and name the first operation out of range
+          (`report.trace`; actscan.measure.trace); it runs by itself when the run breaks.
     """
     settings = scan_settings(
         dtype=dtype,
@@ -192,6 +202,7 @@ def scan(
         at_init=at_init,
         thresholds=thresholds,
         ignore=ignore,
+        trace=trace,
     )
     return scan_model(
         model,
@@ -334,6 +345,7 @@ def report_of(
         dynamics=ctx.dynamics,
         attention=ctx.attention,
         channel_maxima=measured.channel_maxima,
+        trace=ctx.trace,
     )
 
 

@@ -783,6 +783,15 @@ class Settings:
         scan_default=None,
         help="Findings you accept: {check, reason, layers?} rules.",
     )
+    # the first operation that breaks (actscan.measure.trace); automatic when the run breaks
+    trace: bool = setting(
+        False,
+        check=boolean,
+        flag="--trace",
+        panel="Output",
+        help="Rerun one batch op by op and name the first operation whose output is inf/nan "
+        "or beyond the dtype's range (automatic when the run overflows or diverges).",
+    )
     project: Path | None = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 

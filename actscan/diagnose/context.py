@@ -23,6 +23,7 @@ from actscan.records import (
     Skip,
     StreamPoint,
     StreamRecord,
+    TraceRecord,
 )
 
 __all__ = ["Check", "CheckContext"]
@@ -45,6 +46,8 @@ class CheckContext:
     dynamics: Dynamics | None = None
     # per attention layer and head (attention probes); empty when off or not available
     attention: tuple[AttentionRecord, ...] = ()
+    # the first operation out of range (`--trace`, or automatic when the run broke)
+    trace: TraceRecord | None = None
 
 
 Check = Callable[[CheckContext], "list[Finding | Skip]"]

@@ -5,6 +5,7 @@ logit-scale (the z-loss, and the 1/√d_k attention scale)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from actscan.diagnose.attention import score_findings
@@ -22,7 +23,7 @@ from actscan.diagnose.common import (
     skip,
 )
 from actscan.diagnose.steps import divergence_findings
-from actscan.records import CheckId, Finding, Severity, Skip
+from actscan.records import CheckId, Finding, Severity, Skip, TraceOp, TraceRecord
 
 if TYPE_CHECKING:
     from actscan.diagnose.context import CheckContext
@@ -37,17 +38,95 @@ def _fp16(ctx: CheckContext) -> bool:
 def overflow(ctx: CheckContext) -> list[Finding | Skip]:
     """Non-finite weights, outputs or gradients (error), steps that went non-finite
     (error: the first step, module and parameter), values near the dtype's ceiling
-    (warn), beyond fp16's (info, in wider runs) and logits that exp() overflows (info)."""
+    (warn), beyond fp16's (info, in wider runs) and logits that exp() overflows (info).
+    With a trace (`ctx.trace`), the error of the pass or step it reran names the first
+    operation out of range; one no module output shows is a warning of its own."""
     fp16 = _fp16(ctx)
     dtype = "fp16" if fp16 else ctx.run.dtype
-    out: list[Finding | Skip] = [*_nonfinite_params(ctx), *_nonfinite_outputs(ctx, dtype, fp16)]
-    out += divergence_findings(ctx)  # the steps went non-finite
+    tr = ctx.trace
+    at_step = tr is not None and tr.reason == "diverged"
+    outputs = _with_trace(_nonfinite_outputs(ctx, dtype, fp16), None if at_step else tr)
+    out: list[Finding | Skip] = [*_nonfinite_params(ctx), *outputs]
+    if tr is not None and not at_step and not outputs:
+        out += _hidden_op(tr)
+    out += _with_trace(divergence_findings(ctx), tr if at_step else None)  # the steps' breaking
     if any(r.nonfinite > 0 for r in ctx.layers):
         return out  # no ceiling to judge once values are inf
     out += _near_ceiling(ctx, dtype, fp16)
     if fp16:
         out += _hot_logits(ctx)
     return out
+
+
+def trace_words(tr: TraceRecord) -> str:
+    """The trace in one sentence: the first operation out of range and where it ran, or
+    that none was and the largest output's headroom."""
+    ceiling = f"{tr.dtype}'s largest value {n(tr.ceiling)}" if tr.ceiling else None
+    rerun = f"batch {tr.batch} rerun op by op at step {tr.step}, {tr.ops} operations"
+    if tr.first is None:
+        peak = tr.peak
+        if peak is None:
+            return f"The trace ({rerun}) saw no floating-point operation."
+        room = (
+            f", headroom ×{n(tr.ceiling / peak.max_abs)} to {ceiling}"
+            if tr.ceiling and positive(peak.max_abs)
+            else ""
+        )
+        return (
+            f"The trace ({rerun}) found no operation out of range; the largest output is "
+            f"{_op_words(peak)}: max|x| {n(peak.max_abs)}{room}."
+        )
+    op = tr.first
+    what = f"{op.nonfinite} inf/nan values" if op.nonfinite else f"max|x| {n(op.max_abs)}"
+    beyond = f" (beyond {ceiling})" if ceiling and not op.nonfinite else ""
+    ins = ", ".join(
+        f"{n(i.max_abs)}" + (f" with {i.nonfinite} inf/nan" if i.nonfinite else "")
+        for i in op.inputs
+    )
+    fed = f" from inputs of max|x| {ins}" if ins else ""
+    return (
+        f"The first operation out of range ({rerun}) is {_op_words(op)}: its output holds "
+        f"{what}{beyond}{fed}."
+    )
+
+
+def _op_words(op: TraceOp) -> str:
+    where = f"in {op.module}" if op.module else "outside every module (the loss)"
+    line = f" at {op.source}" if op.source else ""
+    code = f" `{op.code}`" if op.code else ""
+    return f"{op.op} {where} ({op.phase}, operation {op.index}){line}{code}"
+
+
+def _with_trace(found: list[Finding], tr: TraceRecord | None) -> list[Finding]:
+    """The first error of `found` with the trace's sentence appended to its message."""
+    if tr is None or not found:
+        return found
+    first = found[0]
+    message = f"{first.message} {trace_words(tr)}"
+    return [replace(first, message=message), *found[1:]]
+
+
+def _hidden_op(tr: TraceRecord) -> list[Finding]:
+    """An operation that broke although no module output shows it (a later operation of
+    the same module brought it back in range, or it ran in the backward): a warning."""
+    op = tr.first
+    if op is None:
+        return []
+    return [
+        finding(
+            CheckId.OVERFLOW,
+            Severity.WARN,
+            [op.module] if op.module else [],
+            op.max_abs if not op.nonfinite else float(op.nonfinite),
+            tr.ceiling,
+            "No recorded module output is non-finite, but inside the pass an operation is: "
+            + trace_words(tr)
+            + " A later operation hides it (a tanh, clamp or mask of inf), or the "
+            "recorder's statistics do not reach it.",
+            "Rescale the operation's inputs or compute it in fp32 (torch.autocast keeps "
+            "listed ops in fp32); values that round-trip through inf lose their gradient.",
+        )
+    ]
 
 
 def _nonfinite_params(ctx: CheckContext) -> list[Finding]:

@@ -26,6 +26,8 @@ from actscan.records import (
     StepRecord,
     StreamPoint,
     TopValue,
+    TraceOp,
+    TraceRecord,
     finding_order,
 )
 
@@ -85,6 +87,53 @@ def shown_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
 
 
 # -- number formatting ----------------------------------------------------------------
+
+
+def trace_rows(tr: TraceRecord) -> list[tuple[str, str]]:
+    """(label, text) rows of the trace: what it reran, then the operation that broke (or
+    the largest one when none did), where it ran and what fed it."""
+    ceiling = f", {tr.dtype} max {num(tr.ceiling)}" if tr.ceiling else f", {tr.dtype}"
+    rows = [
+        (
+            "rerun",
+            f"batch {tr.batch} at step {tr.step} ({tr.reason}{ceiling}): {tr.ops} operations, "
+            f"{tr.backward_ops} in the backward",
+        )
+    ]
+    op = tr.first or tr.peak
+    if op is None:
+        return [*rows, ("result", "no floating-point operation ran")]
+    label = "first out of range" if tr.first is not None else "none out of range; largest"
+    out = f"max|x| {num(op.max_abs)}" + (f", {op.nonfinite} inf/nan" if op.nonfinite else "")
+    if tr.first is None and tr.ceiling and op.max_abs:
+        out += f" (headroom ×{num(tr.ceiling / op.max_abs)} to {tr.dtype}'s max)"
+    rows += [
+        (label, f"{op.op} (operation {op.index}, {op.phase})"),
+        ("module", op.module or "outside every module (the loss)"),
+        ("line", _trace_line(op)),
+        ("output", out),
+    ]
+    if op.inputs:
+        ins = "; ".join(
+            f"{i.dtype}{list(i.shape)} max|x| {num(i.max_abs)}"
+            + (f", {i.nonfinite} inf/nan" if i.nonfinite else "")
+            for i in op.inputs
+        )
+        rows.append(("inputs", ins))
+    return rows
+
+
+def _trace_line(op: TraceOp) -> str:
+    if op.source is None:
+        return "not found (no frame of the model's code)"
+    return op.source + (f": {op.code}" if op.code else "")
+
+
+def _trace_markdown(report: Report) -> list[str]:
+    if report.trace is None:
+        return []
+    out = ["", "#### Trace: the first operation that breaks", "", "| | |", "| --- | --- |"]
+    return out + [f"| {label} | {_cell(text)} |" for label, text in trace_rows(report.trace)]
 
 
 def fmt_count(n: int) -> str:
@@ -181,6 +230,7 @@ def to_markdown(report: Report, fail_on: str | FailOn = FailOn.ERROR) -> str:
         ]
         if summary:
             out += ["", lead + ", ".join(summary) + "."]
+    out += _trace_markdown(report)
     out += _heads_markdown(report)
     out += _tokens_markdown(report)
     if report.dynamics is not None:

@@ -24,7 +24,7 @@ from actscan.records import (
     Summary,
     finding_order,
 )
-from actscan.render.formats import head_summary, massive_rows
+from actscan.render.formats import head_summary, massive_rows, trace_rows
 from actscan.render.sparks import is_flat, spark
 from actscan.render.steps import render_dynamics
 from actscan.report.report import Report
@@ -333,6 +333,20 @@ def findings_panel(
     return Panel(grid, title=title, title_align="left", box=box.ROUNDED)
 
 
+def trace_panel(report: Report) -> Panel:
+    """The trace (`--trace`, or automatic when the run broke): the first operation out of
+    range, its module, line, output and inputs."""
+    assert report.trace is not None
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, style="dim")
+    grid.add_column(overflow="fold")
+    broke = report.trace.first is not None
+    for label, text in trace_rows(report.trace):
+        style = "bold red" if broke and label == "first out of range" else ""
+        grid.add_row(label, Text(text, style=style))
+    return Panel(grid, title="Trace: the first operation that breaks", title_align="left")
+
+
 def summary_line(report: Report) -> Text | None:
     if not report.stream:
         return None
@@ -388,6 +402,8 @@ def render_report(
         if report.dynamics is not None:
             for part in render_dynamics(report.dynamics):
                 console.print(part)
+    if report.trace is not None:
+        console.print(trace_panel(report))
     console.print(
         findings_panel(report.findings, skipped=report.skipped, backward=report.run.backward)
     )

@@ -26,6 +26,7 @@ from actscan.records import (
     StreamPoint,
     StreamRecord,
     Summary,
+    TraceRecord,
     block_updates,
     json_as,
 )
@@ -63,6 +64,9 @@ class Report:
     channel_maxima: tuple[tuple[str, tuple[float, ...]], ...] = field(
         default=(), repr=False, compare=False, metadata=json_as(skip=True)
     )
+    # the first operation out of range, from one batch rerun op by op (`--trace`, or
+    # automatic when the run overflowed or diverged); None: no trace ran
+    trace: TraceRecord | None = field(default=None, metadata=json_as(omit_none=True))
 
     def __post_init__(self) -> None:
         # A plain dict (the pre-typed form) is still accepted and becomes a Summary.

@@ -8,16 +8,18 @@ cast and autocast run every step, and the caller's kept weights stand for W_0
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from torch import nn
 
 from actscan.errors import UsageError
 from actscan.measure.profile import Profiled, Progress
-from actscan.measure.state import CallerWeights
-from actscan.records import Dynamics, ParamRecord, StreamPoint
+from actscan.measure.state import CallerWeights, kept_state
+from actscan.measure.trace import trace_batch, trace_run
+from actscan.records import Dynamics, ParamRecord, StreamPoint, TraceRecord
 from actscan.steps.loop import StepSpec, StepsRaw, dynamics_record, run_steps
 
-__all__ = ["steps_record", "take_steps"]
+__all__ = ["diverged_step", "steps_record", "take_steps", "trace_steps"]
 
 
 def take_steps(
@@ -35,6 +37,18 @@ def take_steps(
         return None
     if profiled.step0 is None:
         raise UsageError("--steps: no parameter requires grad, so there is nothing to train")
+    return _run(model, steps, profiled, kept, vocab_size, progress)
+
+
+def _run(
+    model: nn.Module,
+    steps: StepSpec,
+    profiled: Profiled,
+    kept: CallerWeights | None,
+    vocab_size: int | None,
+    progress: Progress | None,
+) -> StepsRaw:
+    assert profiled.step0 is not None
     spec, chosen = profiled.spec, profiled.chosen
     return run_steps(
         model,
@@ -53,6 +67,34 @@ def take_steps(
         ranks=profiled.ranks.step_ranks(),
         w0=kept,
     )
+
+
+def diverged_step(raw: StepsRaw | None) -> int | None:
+    """The first step whose figures went non-finite (None: none did)."""
+    return next((t for t, bad in enumerate(raw.nonfinite) if bad), None) if raw else None
+
+
+def trace_steps(
+    model: nn.Module,
+    steps: StepSpec,
+    profiled: Profiled,
+    raw: StepsRaw | None,
+    *,
+    dropout: bool,
+    vocab_size: int | None = None,
+) -> TraceRecord | None:
+    """The trace of the step where the run diverged (None: it did not, or it is step 0,
+    which the profile's trace covers). The steps before it are taken again, unmeasured
+    by the trace, from the caller's weights (restored afterwards as by the run), so the
+    traced pass sees W_t and step t's batch, as step t did."""
+    t = diverged_step(raw)
+    if not t or profiled.ranks.sharded:
+        return None
+    spec = profiled.spec
+    with kept_state(model, spec.device, spec.dtype, dropout=dropout, weights=True) as kept:
+        _run(model, replace(steps, steps=t), profiled, kept, vocab_size, None)
+        batch = spec.cast(profiled.ranks.rows_of(profiled.chosen.source)(t))
+        return trace_batch(model, batch, trace_run(profiled, reason="diverged", step=t, batch=t))
 
 
 def steps_record(
