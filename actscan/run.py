@@ -133,6 +133,7 @@ def scan(
     warmup: int = 0,
     attention: bool = True,
     decode_token: Callable[[int], str] | None = None,
+    formats: str | Iterable[str] | None = None,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -167,6 +168,8 @@ def scan(
           `attention`); False switches them off (`--no-attention`).
         decode_token: token id -> its text (the tokenizer's), for the per-token view
           (`top_values[].text`, massive-activations); None: ids only.
+        formats: "fp8,mxfp8,nvfp4" (or a list): cast every GEMM's input, weight and output
+          gradient in these formats during the pass (`report.low_precision`); None: off.
     """
     settings = scan_settings(
         dtype=dtype,
@@ -192,6 +195,7 @@ def scan(
         at_init=at_init,
         thresholds=thresholds,
         ignore=ignore,
+        formats=formats if formats is None or isinstance(formats, str) else tuple(formats),
     )
     return scan_model(
         model,
@@ -247,6 +251,7 @@ def pass_spec(model: nn.Module, s: Settings, info: ModelInfo) -> PassSpec:
         modules=s.modules,
         family=info.family,
         first_step=s.steps > 0,
+        formats=tuple(s.formats.split(",")) if s.formats else (),
     )
     stored = stored_dtype_note(info.arch, spec.dtype_name)
     return replace(spec, notes=(*spec.notes, stored)) if stored else spec
@@ -305,6 +310,7 @@ def check_context(
         streams=measured.streams,
         dynamics=steps_record(raw_steps, measured.stream, params),
         attention=profiled.attention,
+        low_precision=profiled.low_precision,
     )
 
 
@@ -334,6 +340,7 @@ def report_of(
         dynamics=ctx.dynamics,
         attention=ctx.attention,
         channel_maxima=measured.channel_maxima,
+        low_precision=ctx.low_precision,
     )
 
 

@@ -17,6 +17,7 @@ from actscan.records import (
     GrowthFit,
     LayerRecord,
     Layout,
+    LowPrecRecord,
     ModelInfo,
     ParamRecord,
     RunInfo,
@@ -45,6 +46,8 @@ class CheckContext:
     dynamics: Dynamics | None = None
     # per attention layer and head (attention probes); empty when off or not available
     attention: tuple[AttentionRecord, ...] = ()
+    # per GEMM operand and format (`--formats`); empty when off
+    low_precision: tuple[LowPrecRecord, ...] = ()
 
 
 Check = Callable[[CheckContext], "list[Finding | Skip]"]

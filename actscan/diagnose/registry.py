@@ -13,6 +13,7 @@ from actscan.diagnose import (
     channels,
     depth,
     init,
+    lowprec,
     massive,
     numerics,
     steps,
@@ -28,6 +29,7 @@ __all__ = ["CHECKS", "evaluate", "run_checks"]
 CHECKS: dict[tuple[CheckId, ...], Check] = {
     (CheckId.OVERFLOW,): numerics.overflow,
     (CheckId.UNDERFLOW,): underflow.underflow,
+    (CheckId.LOW_PRECISION,): lowprec.low_precision,
     (CheckId.EXP_GROWTH, CheckId.COLLAPSE): depth.exp_growth_collapse,
     (CheckId.SQRT_GROWTH,): depth.sqrt_growth,
     (CheckId.VANISHING_GRAD, CheckId.EXPLODING_GRAD): depth.gradients,

@@ -29,6 +29,7 @@ from torch.overrides import TorchFunctionMode
 
 from actscan.layout.detect import is_norm
 from actscan.measure.gemms import GEMM_NAMES, parse_gemm
+from actscan.measure.gemms import storage_key as _storage_key
 from actscan.measure.hooks import HookSet
 from actscan.measure.recorder import first_tensor
 
@@ -70,17 +71,6 @@ class Usage:
             for u in got:
                 if u.op == op:
                     return u
-        return None
-
-
-def _storage_key(t: Any) -> int | None:
-    """The identity of the tensor's storage (its StorageImpl), not its address: memory FSDP
-    frees after a module's forward is reused by activations at the same address."""
-    if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
-        return None
-    try:
-        return int(t.untyped_storage()._cdata)
-    except (RuntimeError, NotImplementedError, AttributeError):  # no storage (fake, functional)
         return None
 
 

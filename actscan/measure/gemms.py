@@ -10,14 +10,16 @@ over, as the block-scaled formats do).
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["GEMM_NAMES", "Gemm", "Operand", "parse_gemm"]
+__all__ = ["GEMM_NAMES", "Gemm", "Operand", "aside", "is_aside", "parse_gemm", "storage_key"]
 
 _LINEAR = {"linear"}
 _MATMUL = {"matmul", "__matmul__", "mm", "bmm"}
@@ -26,6 +28,36 @@ _ADDMM = {"addmm", "baddbmm", "addbmm"}
 _EINSUM = {"einsum"}
 _GROUPED = {"_grouped_mm", "grouped_mm", "_scaled_grouped_mm"}
 GEMM_NAMES = frozenset().union(_LINEAR, _MATMUL, _RMATMUL, _ADDMM, _EINSUM, _GROUPED)
+
+
+def storage_key(t: Any) -> int | None:
+    """The identity of the tensor's storage (its StorageImpl), not its address: memory FSDP
+    frees after a module's forward is reused by activations at the same address."""
+    if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
+        return None
+    try:
+        return int(t.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError, AttributeError):  # no storage (fake, functional)
+        return None
+
+
+_ASIDE = threading.local()
+
+
+@contextlib.contextmanager
+def aside() -> Iterator[None]:
+    """Marks actscan's own side computations inside a forward (the attention probes'
+    recomputed scores, the layout proof's Gram matrix): not GEMMs of the model."""
+    depth = getattr(_ASIDE, "depth", 0)
+    _ASIDE.depth = depth + 1
+    try:
+        yield
+    finally:
+        _ASIDE.depth = depth
+
+
+def is_aside() -> bool:
+    return getattr(_ASIDE, "depth", 0) > 0
 
 
 @dataclass(frozen=True)

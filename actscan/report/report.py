@@ -18,6 +18,7 @@ from actscan.records import (
     FailOn,
     Finding,
     LayerRecord,
+    LowPrecRecord,
     ModelInfo,
     ParamRecord,
     RunInfo,
@@ -63,6 +64,8 @@ class Report:
     channel_maxima: tuple[tuple[str, tuple[float, ...]], ...] = field(
         default=(), repr=False, compare=False, metadata=json_as(skip=True)
     )
+    # every GEMM operand cast in each `--formats` format; empty when off
+    low_precision: tuple[LowPrecRecord, ...] = ()
 
     def __post_init__(self) -> None:
         # A plain dict (the pre-typed form) is still accepted and becomes a Summary.
