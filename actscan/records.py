@@ -90,7 +90,6 @@ class CheckId(StrEnum):
 
     OVERFLOW = "overflow"
     UNDERFLOW = "underflow"
-    LOW_PRECISION = "low-precision"  # --formats: GEMMs that lose too much in FP8/MXFP8/NVFP4
     EXP_GROWTH = "exp-growth"
     COLLAPSE = "collapse"
     SQRT_GROWTH = "sqrt-growth"
@@ -103,6 +102,7 @@ class CheckId(StrEnum):
     LOGIT_SCALE = "logit-scale"
     ATTN_ENTROPY = "attn-entropy"
     INIT_SCALE = "init-scale"
+    LOW_PRECISION = "low-precision"  # --formats: GEMMs that lose too much in FP8/MXFP8/NVFP4
     # the first optimizer steps (`--steps N`; actscan/diagnose/steps.py)
     UPDATE_SIZE = "update-size"
     AMPLIFICATION = "amplification"

@@ -634,14 +634,6 @@ class Settings:
         panel="Precision",
         help="Autocast in this dtype with fp32 weights.",
     )
-    # low-precision readiness of every GEMM (actscan.measure.lowprec): off by default
-    formats: str | None = setting(
-        None,
-        check=ChoiceList(("fp8", "mxfp8", "nvfp4")),
-        flag="--formats",
-        panel="Precision",
-        help="Simulate every GEMM's operands in these formats (comma-separated).",
-    )
     batch: int = setting(
         4,
         check=Integer(1, SIZE_MAX, SIZE),
@@ -791,6 +783,14 @@ class Settings:
         check=boolean,
         applies={SCAN},
         help="Whether the weights are an initialization; None: the resolver's say.",
+    )
+    # low-precision readiness of every GEMM (actscan.measure.lowprec): off by default
+    formats: str | None = setting(
+        None,
+        check=ChoiceList(("fp8", "mxfp8", "nvfp4")),
+        flag="--formats",
+        panel="Precision",
+        help="Simulate every GEMM's operands in these formats (comma-separated).",
     )
     thresholds: Mapping[str, float] = setting(
         factory=dict,

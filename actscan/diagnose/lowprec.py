@@ -46,7 +46,7 @@ def _hints(ctx: CheckContext, hits: Sequence[LowPrecRecord]) -> list[str]:
     """The remedies that fit the causes the records show."""
     out: list[str] = []
     last = len(ctx.layout.blocks) - 1
-    edge = [r for r in hits if r.block is None or r.block in (0, last)]
+    edge = [r for r in hits if last >= 0 and (r.block is None or r.block in (0, last))]
     if edge:
         out.append(f"keep the first and last GEMMs in bf16, as the FP8 recipes do ({edge[0].gemm})")
     by = {(r.gemm, r.operand, r.format): r for r in ctx.low_precision}
@@ -87,20 +87,19 @@ def low_precision(ctx: CheckContext) -> list[Finding | Skip]:
         return []
     parts = []
     if flushed:
-        worst = max(flushed, key=_excess_underflow)
+        ranked = sorted(flushed, key=_excess_underflow, reverse=True)
+        shown = listing([f"{_label(r)} {pct(r.underflow or 0.0)}" for r in ranked], 4)
         parts.append(
-            f"{len(flushed)} GEMM operand{'s' if len(flushed) > 1 else ''} flush ≥ "
-            f"{pct(th.lowprec_underflow)} of their nonzero values to 0 (worst: {_label(worst)} "
-            f"{pct(worst.underflow or 0.0)}; "
-            f"{listing([_label(r) for r in sorted(flushed, key=_excess_underflow)[::-1]], 4)})"
+            f"{len(flushed)} GEMM operand{'s flush' if len(flushed) > 1 else ' flushes'} ≥ "
+            f"{pct(th.lowprec_underflow)} of the nonzero values to 0 ({shown})"
         )
     if lossy:
-        worst = max(lossy, key=_error_ratio)
+        ranked = sorted(lossy, key=_error_ratio, reverse=True)
+        shown = listing([f"{_label(r)} {_error_ratio(r):.0f}×" for r in ranked], 4)
         parts.append(
-            f"{len(lossy)} lose ≥ {th.lowprec_error_ratio:g}× the format's own error on a "
-            f"Gaussian (worst: {_label(worst)}, relative error {n(worst.error or 0.0)}, "
-            f"{_error_ratio(worst):.0f}×; "
-            f"{listing([_label(r) for r in sorted(lossy, key=_error_ratio)[::-1]], 4)})"
+            f"{len(lossy)} {'lose' if len(lossy) > 1 else 'loses'} ≥ "
+            f"{th.lowprec_error_ratio:g}× the relative error the format has on Gaussian values"
+            f" (worst: {n(ranked[0].error or 0.0)}; {shown})"
         )
     message = "In simulated low precision, " + "; ".join(parts) + "."
     # TE's own fallback rule (underflow) earns a warning; the error ratio is not yet
@@ -108,7 +107,8 @@ def low_precision(ctx: CheckContext) -> list[Finding | Skip]:
     severity = Severity.WARN if flushed else Severity.INFO
     value = max(_excess_underflow(r) for r in flushed) if flushed else max(map(_error_ratio, lossy))
     threshold = th.lowprec_underflow if flushed else th.lowprec_error_ratio
-    hint = "; ".join(_hints(ctx, hits)).capitalize() + "."
+    hint = "; ".join(_hints(ctx, hits))
+    hint = hint[:1].upper() + hint[1:] + "." if hint else ""
     return [
         finding(
             CheckId.LOW_PRECISION,

@@ -29,7 +29,6 @@ __all__ = ["CHECKS", "evaluate", "run_checks"]
 CHECKS: dict[tuple[CheckId, ...], Check] = {
     (CheckId.OVERFLOW,): numerics.overflow,
     (CheckId.UNDERFLOW,): underflow.underflow,
-    (CheckId.LOW_PRECISION,): lowprec.low_precision,
     (CheckId.EXP_GROWTH, CheckId.COLLAPSE): depth.exp_growth_collapse,
     (CheckId.SQRT_GROWTH,): depth.sqrt_growth,
     (CheckId.VANISHING_GRAD, CheckId.EXPLODING_GRAD): depth.gradients,
@@ -40,6 +39,7 @@ CHECKS: dict[tuple[CheckId, ...], Check] = {
     (CheckId.LOGIT_SCALE,): numerics.logit_scale,
     (CheckId.ATTN_ENTROPY,): attention.attn_entropy,
     (CheckId.INIT_SCALE,): init.init_scale,
+    (CheckId.LOW_PRECISION,): lowprec.low_precision,
     (CheckId.UPDATE_SIZE,): steps.update_size,
     (CheckId.AMPLIFICATION,): steps.amplification,
     (CheckId.ATTN_LOGIT_GROWTH,): steps.attn_logit_growth,
