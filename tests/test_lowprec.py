@@ -6,13 +6,16 @@ the element roundings must agree bit for bit. Then the planted cases of the issu
 
 from __future__ import annotations
 
+import json
 import math
 
 import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
+from actscan import scan
 from actscan.measure.casts import (
     E2M1,
     E4M3,
@@ -25,6 +28,9 @@ from actscan.measure.casts import (
     quantize,
     round_element,
 )
+from actscan.render.formats import to_markdown
+from actscan.report.report import Report
+from actscan.report.schema import validate_report
 
 ML = {
     "e4m3": ml_dtypes.float8_e4m3fn,
@@ -180,3 +186,146 @@ def test_one_huge_value_ruins_its_block_only() -> None:
             assert not ((q == 0) & (x != 0) & others).any()
         f = fig(x, fmt)
         assert f["range_max"] > math.log2(huge / 4)  # the worst block's spread shows it
+
+
+# -- the recorded pass (`--formats`: actscan/measure/lowprec.py) ------------------------
+
+
+class Mixer(nn.Module):
+    """Two Linears and, in the module itself, two activation × activation matmuls."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.up = nn.Linear(d, d)
+        self.down = nn.Linear(d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        scores = torch.softmax(h @ h.transpose(-1, -2) / 8, -1)  # (b, t, t)
+        return self.down(torch.matmul(scores, h))
+
+
+def mixer_batch() -> torch.Tensor:
+    return torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(3))
+
+
+def test_records_match_an_independent_cast_of_the_captured_operands() -> None:
+    """Each record is the oracle's cast of the tensor that GEMM really multiplied: the
+    inputs and output gradients captured by plain module hooks, the weights as they are,
+    the matmul's right operand blocked along its rows (its contraction dimension)."""
+    torch.manual_seed(0)
+    model = Mixer()
+    x = mixer_batch()
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [
+        model.up.register_forward_hook(lambda m, a, o: seen.__setitem__("up", a[0].detach())),
+        model.down.register_full_backward_hook(
+            lambda m, gi, go: seen.__setitem__("down.grad", go[0].detach())
+        ),
+        model.register_forward_hook(lambda m, a, o: seen.__setitem__("h", m.up(a[0]).detach())),
+    ]
+    model(x).square().mean().backward()
+    for h in hooks:
+        h.remove()
+    model.zero_grad()
+    report = scan(model, x, loss_fn=lambda out: out.square().mean(), formats="fp8,mxfp8,nvfp4")
+    recs = {(r.gemm, r.operand, r.format): r for r in report.low_precision}
+    assert {g for g, _, _ in recs} == {"up", "down", ":matmul#0", ":matmul#1"}
+
+    def want(t: torch.Tensor, fmt: str, operand: str = "input") -> float:
+        rows = t.reshape(-1, t.shape[-1]).numpy()
+        q = oracle_quantize(rows, fmt, operand)
+        return float(((q - rows) ** 2).sum() / (rows**2).sum())
+
+    for fmt in FORMATS:
+        assert recs[("up", "input", fmt)].error == pytest.approx(want(seen["up"], fmt), rel=1e-5)
+        w = model.down.weight.detach()
+        assert recs[("down", "weight", fmt)].error == pytest.approx(want(w, fmt), rel=1e-5)
+        g = seen["down.grad"]
+        assert recs[("down", "grad", fmt)].error == pytest.approx(want(g, fmt, "grad"), rel=1e-5)
+        # h @ hᵀ: the right operand hᵀ contracts over its rows, i.e. blocks along h's last dim
+        rhs = recs[(":matmul#0", "rhs", fmt)]
+        assert rhs.error == pytest.approx(want(seen["h"], fmt), rel=1e-5)
+    assert recs[("down", "weight", "fp8")].element == "e4m3"
+    assert recs[("down", "grad", "fp8")].element == "e5m2"
+    assert all(r.calls == 1 for r in report.low_precision)
+
+
+def test_formats_off_changes_nothing_and_on_changes_no_measurement() -> None:
+    torch.manual_seed(0)
+    model = Mixer()
+    x = mixer_batch()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    off = scan(model, x)
+    on = scan(model, x, formats=["nvfp4", "fp8"])
+    assert off.low_precision == ()
+    assert {r.format for r in on.low_precision} == {"fp8", "nvfp4"}
+    assert on.layers == off.layers and on.stream == off.stream  # the model ran the same
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert "low-precision" in {s.check for s in off.skipped}
+
+
+def test_report_carries_low_precision_through_json_schema_and_markdown() -> None:
+    torch.manual_seed(0)
+    report = scan(Mixer(), mixer_batch(), formats="mxfp8")
+    data = json.loads(report.to_json())
+    validate_report(data)
+    assert len(data["low_precision"]) == len(report.low_precision) == 4 * 3
+    assert Report.from_dict(data).low_precision == report.low_precision
+    md = to_markdown(report)
+    assert "#### Low precision" in md and "| `:matmul#1` | rhs | mxfp8 (e4m3) |" in md
+
+
+def test_the_check_names_the_module_operand_and_format_of_a_planted_outlier() -> None:
+    """Channel 7 of the first layer's input at 3·10^4 × the rest: per-tensor E4M3 flushes
+    12% of that input, MXFP8's blocks ~0.6%: the check names `0`, input, fp8 only."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 16))
+    with torch.no_grad():
+        model[0].weight[:, 7] *= 1e-4
+    x = torch.randn(64, 256)
+    x[:, 7] *= 3e4
+    report = scan(model, x, formats="fp8,mxfp8")
+    (f,) = [f for f in report.findings if f.check == "low-precision"]
+    assert f.severity == "warn" and f.layers == ("0",)
+    assert "0 input fp8 12%" in f.message and "mxfp8" not in f.message
+    assert "SmoothQuant" in f.hint
+    clean = scan(model, torch.randn(64, 256), formats="fp8,mxfp8")
+    assert "low-precision" not in {f.check for f in clean.findings}
+
+
+def test_a_tiny_loss_is_no_underflow_under_per_tensor_scaling() -> None:
+    """Gradients of RMS ~1e-12 (the loss × 1e-10): E5M2 alone would flush them all, its
+    per-tensor scale keeps them."""
+    torch.manual_seed(0)
+    report = scan(
+        Mixer(), mixer_batch(), loss_fn=lambda o: o.square().mean() * 1e-10, formats="fp8"
+    )
+    grads = [r for r in report.low_precision if r.operand == "grad"]
+    assert grads and all(r.underflow is not None and r.underflow < 1e-3 for r in grads)
+    assert not [f for f in report.findings if f.check == "low-precision"]
+
+
+@pytest.mark.slow  # transformers import (~10 s cold)
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_quiet_on_healthy_transformers_at_init_and_every_gemm_is_there(family: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if family == "llama":
+        cfg = transformers.LlamaConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager",
+        )  # fmt: skip
+        model, per_block = transformers.LlamaForCausalLM(cfg), 7 + 2
+    else:
+        cfg = transformers.GPT2Config(
+            vocab_size=256, n_embd=64, n_layer=2, n_head=4, attn_implementation="eager"
+        )
+        model, per_block = transformers.GPT2LMHeadModel(cfg), 4 + 2
+    report = scan(model, formats="fp8,mxfp8,nvfp4", seq_len=32)
+    gemms = {r.gemm for r in report.low_precision}
+    assert len(gemms) == 2 * per_block + 1  # every projection, QKᵀ and PV, and the head
+    assert any(g.endswith(":matmul#1") for g in gemms) and "lm_head" in gemms
+    assert {r.block for r in report.low_precision} == {0, 1, None}
+    assert "low-precision" not in {f.check for f in report.findings}
