@@ -34,6 +34,7 @@ __all__ = [
     "Recipe",
     "cast_figures",
     "e8m0_scale",
+    "operand_figures",
     "quantize",
     "round_element",
 ]
@@ -94,11 +95,11 @@ N_SUMS = len(FIGURES) - 1
 
 def _round_e2m1(y: torch.Tensor) -> torch.Tensor:
     """Round to nearest even onto E2M1's grid {0, .5, 1, 1.5, 2, 3, 4, 6} (|y| ≤ 6): the
-    spacing is 2^(max(floor(log2|y|), 0) − 1), and torch.round rounds half to even."""
+    spacing is 0.5 below 2, 1 below 4, 2 above, and torch.round rounds half to even (an
+    even multiple of the spacing is an even mantissa, across the binade edges too)."""
     a = y.abs()
-    _, e = torch.frexp(a)  # a = m·2^e, m in [0.5, 1): floor(log2 a) = e − 1
-    ulp = torch.ldexp(torch.ones_like(a), (e - 1).clamp_min(0) - 1)
-    return torch.copysign(torch.round(a / ulp) * ulp, y)
+    step = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0))
+    return torch.copysign(torch.round(a / step) * step, y)
 
 
 def round_element(y: torch.Tensor, elem: Element) -> torch.Tensor:
@@ -116,39 +117,51 @@ def e8m0_scale(amax: torch.Tensor, elem: Element) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(amax), (e - 1 - elem.emax).clamp(-127, 127))
 
 
-def _blocks(x: torch.Tensor, size: int) -> torch.Tensor:
-    """(rows, K) → (rows, ceil(K / size), size), zero-padded (zeros change no figure)."""
+def _blocks(x: torch.Tensor, size: int, fill: float = 0.0) -> torch.Tensor:
+    """(rows, K) → (rows, ceil(K / size), size), padded with `fill` (zeros change no
+    figure; |x| padded with inf changes no block minimum)."""
     k = x.shape[-1]
     pad = (-k) % size
     if pad:
-        x = F.pad(x, (0, pad))
+        x = F.pad(x, (0, pad), value=fill)
     return x.reshape(x.shape[0], -1, size)
 
 
-def quantize(
-    x: torch.Tensor, recipe: Recipe, operand: str = "input", *, scaled: bool = True
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(Q(x), saturated mask, the blocks of |x|) for `x` of shape (rows, K), K the
-    contraction dimension, fp32. `scaled=False`: per-tensor recipes cast unscaled (what a
-    plain cast to the element dtype does). The block view is (rows, blocks, size), one
-    block for a per-tensor recipe."""
+class _Prepared:
+    """What every recipe reads of one operand, computed once: x (rows, K) in fp32, |x|,
+    |x| with zeros as inf (for block minima), its zero count and ‖x‖²."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x.detach().float()
+        self.ab = self.x.abs()
+        self.abinf = torch.where(self.ab > 0, self.ab, math.inf)
+        flat = self.x.reshape(-1)
+        self.zeros = flat.numel() - torch.count_nonzero(flat)
+        self.sq = torch.dot(flat, flat)
+
+    def blocks(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x, |x| and |x|-with-zeros-as-inf in blocks of `size` (one block: the tensor)."""
+        if size == 0:
+            return self.x.reshape(1, 1, -1), self.ab.reshape(1, 1, -1), self.abinf.reshape(1, 1, -1)
+        return _blocks(self.x, size), _blocks(self.ab, size), _blocks(self.abinf, size, math.inf)
+
+
+def _quantize(
+    p: _Prepared, recipe: Recipe, operand: str, scaled: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Q(x) in blocks, the saturated count, block amax, block min nonzero |x|)."""
     elem = recipe.element(operand)
-    x = x.float()
-    if recipe.block == 0:
-        amax = x.abs().amax()
-        fmax = torch.finfo(torch.float32).max
-        scale = (
-            (torch.full_like(amax, elem.max) / amax).clamp(max=fmax)
-            if scaled
-            else torch.ones_like(amax)
-        )
-        scale = torch.where(amax > 0, scale, torch.ones_like(scale))
-        y = x * scale
-        return round_element(y, elem) / scale, y.abs() > elem.max, x.abs().reshape(1, 1, -1)
-    xb = _blocks(x, recipe.block)
-    ab = xb.abs()
+    xb, ab, abinf = p.blocks(recipe.block)
     bmax = ab.amax(-1, keepdim=True)
-    if recipe.scale == "e8m0":
+    bmin = abinf.amin(-1, keepdim=True)
+    if recipe.block == 0:
+        fmax = torch.finfo(torch.float32).max
+        amax = bmax.reshape(())
+        scale = torch.full_like(amax, elem.max) / amax if scaled else torch.ones_like(amax)
+        scale = torch.where(amax > 0, scale.clamp(max=fmax), torch.ones_like(scale))
+        y = xb * scale
+        q = round_element(y, elem) / scale
+    elif recipe.scale == "e8m0":
         s = e8m0_scale(bmax, elem)
         y = xb / s
         q = round_element(y, elem) * s
@@ -159,36 +172,59 @@ def quantize(
         dec = round_element(bmax / elem.max * enc, E4M3)  # the stored block scale
         y = xb * torch.where(dec > 0, enc / dec, torch.zeros_like(dec))
         q = round_element(y, elem) * (dec / enc)
+    saturated = torch.count_nonzero(y.abs() > elem.max)
+    return q, saturated, bmax, bmin
+
+
+def quantize(
+    x: torch.Tensor, recipe: Recipe, operand: str = "input", *, scaled: bool = True
+) -> torch.Tensor:
+    """Q(x) for `x` of shape (rows, K), K the contraction dimension, in fp32.
+    `scaled=False`: a per-tensor recipe casts unscaled (what a plain cast to the element
+    dtype does)."""
+    q, _, _, _ = _quantize(_Prepared(x), recipe, operand, scaled)
     k = x.shape[-1]
-    return q.reshape(x.shape[0], -1)[:, :k], (y.abs() > elem.max).reshape(x.shape[0], -1)[:, :k], ab
+    return q.reshape(x.shape[0], -1)[:, :k] if recipe.block else q.reshape(x.shape)
+
+
+def operand_figures(
+    x: torch.Tensor, recipes: tuple[Recipe, ...] | list[Recipe], operand: str = "input",
+    *, scaled: bool = True,
+) -> torch.Tensor:  # fmt: skip
+    """The figures (`FIGURES`) of casting `x` (rows, K) with each recipe: a (recipes,
+    figures) fp32 tensor on x's device, no host sync. Flushed: nonzero values whose cast
+    is 0; saturated: values the cast clamped; err / sq: ‖Q(x) − x‖² and ‖x‖²; the range
+    of a block is log2(its amax / its smallest nonzero |x|), summed and counted over the
+    blocks with a nonzero value, and its maximum."""
+    p = _Prepared(x)
+    values = torch.full((), float(p.x.numel()), device=p.x.device)
+    nonzero = values - p.zeros
+    rows = []
+    for r in recipes:
+        q, saturated, bmax, bmin = _quantize(p, r, operand, scaled)
+        xb = p.blocks(r.block)[0]
+        live = bmax > 0
+        rng = torch.where(live, torch.log2(bmax / torch.where(live, bmin, 1.0)), 0.0)
+        rows.append(
+            torch.stack(
+                [
+                    values,
+                    nonzero,
+                    (q.numel() - torch.count_nonzero(q)) - (xb.numel() - nonzero),
+                    saturated.float(),
+                    F.mse_loss(q, xb, reduction="sum"),
+                    p.sq,
+                    rng.sum(),
+                    live.sum().float(),
+                    rng.amax(),
+                ]
+            ).float()
+        )
+    return torch.stack(rows)
 
 
 def cast_figures(
     x: torch.Tensor, recipe: Recipe, operand: str = "input", *, scaled: bool = True
 ) -> torch.Tensor:
-    """The figures (`FIGURES`) of casting `x` (rows, K) with `recipe`: an fp32 vector on
-    x's device. Flushed: nonzero values whose cast is 0; saturated: values the cast
-    clamped; err / sq: ‖Q(x) − x‖² and ‖x‖²; the range of a block is log2(its amax / its
-    smallest nonzero |x|), summed and counted over blocks with a nonzero value, and its
-    maximum."""
-    x = x.detach().float()
-    q, sat, ab = quantize(x, recipe, operand, scaled=scaled)
-    nz = x != 0
-    bmax = ab.amax(-1)
-    bmin = torch.where(ab > 0, ab, torch.full_like(ab, math.inf)).amin(-1)
-    live = bmax > 0
-    rng = torch.where(live, torch.log2(bmax / torch.where(live, bmin, bmax.clamp_min(1))), 0.0)
-    values = torch.tensor(float(x.numel()), device=x.device)
-    return torch.stack(
-        [
-            values,
-            nz.sum().float(),
-            (nz & (q == 0)).sum().float(),
-            sat.sum().float(),
-            (q - x).square().sum(),
-            x.square().sum(),
-            rng.sum(),
-            live.sum().float(),
-            rng.amax() if rng.numel() else torch.zeros((), device=x.device),
-        ]
-    )
+    """`operand_figures` of one recipe: a vector of `FIGURES`."""
+    return operand_figures(x, [recipe], operand, scaled=scaled)[0]

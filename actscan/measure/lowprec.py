@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from actscan.measure.casts import FIGURES, FORMATS, N_SUMS, Recipe, cast_figures
+from actscan.measure.casts import FIGURES, FORMATS, N_SUMS, Recipe, operand_figures
 from actscan.measure.gemms import GEMM_NAMES, Operand, is_aside, parse_gemm, storage_key
 from actscan.measure.hooks import HookSet
 from actscan.records import LowPrecRecord
@@ -89,14 +89,14 @@ class LowPrecWatch:
         if not t.is_floating_point() or t.numel() == 0 or t.is_complex():
             return
         with torch.no_grad():
-            for r in self.recipes:
-                rows = _as_rows(t.detach(), contract, r.block)
-                figures = cast_figures(rows, r, operand)
+            rows = _as_rows(t.detach(), contract, max(r.block for r in self.recipes))
+            figures = operand_figures(rows, self.recipes, operand)
+            for r, f in zip(self.recipes, figures, strict=True):
                 slot = self.sums.get((key, operand, r.name))
                 if slot is None:
                     acc = torch.zeros(len(FIGURES), dtype=torch.float64, device=t.device)
                     slot = self.sums[(key, operand, r.name)] = _Sums(acc)
-                slot.add(figures)
+                slot.add(f)
 
     def _names(self, operands: Sequence[Operand], op: str) -> tuple[str, ...]:
         is_param = [storage_key(o.tensor) in self.params for o in operands]
