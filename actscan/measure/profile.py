@@ -294,6 +294,8 @@ def record_pass(
         for r in extra:
             raw.update(r.result(spec.batches))
         low_precision = low_precision_records(lowprec, [b.name for b in layout.blocks])
+        if low_precision and ranks.world_size > 1:
+            notes.append("--formats: the low-precision figures are this rank's rows, not merged")
     if ride is not None:
         layout = ride.layout()  # before the attention records, which name roles
         if probes is not None:
