@@ -173,7 +173,7 @@ def train(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if not math.isfinite(losses[-1]):
             break
     return losses
