@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from helpers import ctx, flat_stream
 from torch import nn
 
 from actscan import scan
+from actscan.diagnose import run_checks
+from actscan.diagnose.thresholds import DEFAULT
 from actscan.measure.casts import (
     E2M1,
     E4M3,
@@ -28,6 +32,7 @@ from actscan.measure.casts import (
     quantize,
     round_element,
 )
+from actscan.records import CheckId, Finding, LowPrecRecord, Severity
 from actscan.render.formats import to_markdown
 from actscan.report.report import Report
 from actscan.report.schema import validate_report
@@ -329,3 +334,52 @@ def test_quiet_on_healthy_transformers_at_init_and_every_gemm_is_there(family: s
     assert any(g.endswith(":matmul#1") for g in gemms) and "lm_head" in gemms
     assert {r.block for r in report.low_precision} == {0, 1, None}
     assert "low-precision" not in {f.check for f in report.findings}
+
+
+# -- the check on planted records (pure: actscan/diagnose/lowprec.py) --------------------
+
+
+def lp(gemm: str, operand: str, fmt: str, *, underflow: float = 0.0, error: float | None = None,
+       rng: float = 10.0, block: int | None = 1) -> LowPrecRecord:  # fmt: skip
+    r = FORMATS[fmt]
+    nominal = {"fp8": 7.0e-4, "mxfp8": 8.6e-4, "nvfp4": 9.1e-3}[fmt]
+    elem = r.element(operand).name
+    if error is None:
+        error = 2.8e-3 if elem == "e5m2" else nominal
+    return LowPrecRecord(
+        gemm, "linear", operand, fmt, elem, r.block, block, 1000, 1000, underflow, 0.0, error,
+        rng, rng, 1,
+    )  # fmt: skip
+
+
+def judge(*records: LowPrecRecord) -> list[Finding]:
+    c = replace(ctx(points=flat_stream(4)), low_precision=records)
+    return [f for f in run_checks(c) if f.check == CheckId.LOW_PRECISION]
+
+
+def test_check_thresholds_severity_and_remedy_by_cause() -> None:
+    healthy = [lp(f"b.{i}", op, fmt) for i in range(3) for op in ("input", "weight", "grad")
+               for fmt in FORMATS]  # fmt: skip
+    assert judge(*healthy) == []
+    # per-tensor fp8 flushes 6% of an input that MXFP8 keeps: warn, smoothing or blocks
+    (f,) = judge(*healthy, lp("b.x", "input", "fp8", underflow=0.06), lp("b.x", "input", "mxfp8"))
+    assert f.severity is Severity.WARN and f.layers == ("b.x",)
+    assert "b.x input fp8 6%" in f.message and "SmoothQuant" in f.hint
+    assert "bf16" not in f.hint  # block 1 of 4 blocks: neither the first nor the last
+    assert judge(lp("b.x", "input", "fp8", underflow=0.04)) == []  # under TE's 5%
+    # NVFP4 flushes ~7% of any block by itself: not judged on underflow …
+    assert judge(lp("b.x", "grad", "nvfp4", underflow=0.2)) == []
+    # … but 10× its Gaussian error is reported, at info, with the FP4-gradient remedy
+    (f,) = judge(lp("b.x", "grad", "nvfp4", error=0.1))
+    assert f.severity is Severity.INFO and "Hadamard" in f.hint and "11×" in f.message
+    # the head (outside the blocks) flushing its weight: keep it in bf16, check its init
+    (f,) = judge(lp("lm_head", "weight", "fp8", underflow=0.5, block=None))
+    assert "bf16" in f.hint and "init scale" in f.hint
+    # a block spread beyond the element format's range: the outlier remedy
+    (f,) = judge(lp("b.x", "input", "mxfp8", underflow=0.1, rng=25.0))
+    assert "SmoothQuant" in f.hint
+    th = replace(DEFAULT, lowprec_underflow=0.5)
+    c = replace(
+        ctx(points=flat_stream(4), th=th), low_precision=(lp("b", "input", "fp8", underflow=0.1),)
+    )
+    assert not [f for f in run_checks(c) if f.check == CheckId.LOW_PRECISION]
