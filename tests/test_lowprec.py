@@ -383,3 +383,27 @@ def test_check_thresholds_severity_and_remedy_by_cause() -> None:
         ctx(points=flat_stream(4), th=th), low_precision=(lp("b", "input", "fp8", underflow=0.1),)
     )
     assert not [f for f in run_checks(c) if f.check == CheckId.LOW_PRECISION]
+
+
+def test_odd_contractions_are_cast_or_skipped_without_breaking_the_pass() -> None:
+    """A dot product (0-d output and gradient), a 3-operand einsum, an outer product."""
+
+    class Odd(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            v = x.mean(0) * self.w[0]  # (needs a gradient)
+            dot = torch.matmul(v, v)  # 0-d
+            three = torch.einsum("bi,ij,bj->b", x, self.w, x)
+            outer = torch.einsum("i,j->ij", v, v)
+            return dot + three.sum() + outer.sum()
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    model = Odd()
+    want = model(x)
+    report = scan(model, x, loss_fn=lambda out: out, formats="fp8,nvfp4")
+    got = {(r.gemm, r.operand) for r in report.low_precision}
+    assert (":matmul#0", "grad") in got and (":einsum#1", "third") in got
+    assert torch.equal(model(x), want)

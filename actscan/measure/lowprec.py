@@ -88,6 +88,8 @@ class LowPrecWatch:
     def _fold(self, key: Key, operand: str, t: torch.Tensor, contract: Sequence[int]) -> None:
         if not t.is_floating_point() or t.numel() == 0 or t.is_complex():
             return
+        if t.dim() == 0:  # a dot product's scalar gradient
+            t, contract = t.reshape(1), [0]
         with torch.no_grad():
             rows = _as_rows(t.detach(), contract, max(r.block for r in self.recipes))
             figures = operand_figures(rows, self.recipes, operand)
@@ -104,7 +106,7 @@ class LowPrecWatch:
             return ("input", "weight")
         if len(operands) == 2 and sum(is_param) == 1:
             return tuple("weight" if p else "input" for p in is_param)
-        return tuple(("lhs", "rhs", "third")[i] for i in range(len(operands)))[: len(operands)]
+        return ("lhs", "rhs", "third")[: len(operands)]  # an einsum's further operands: not cast
 
     def note(self, name: str, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
         """One contraction call of the model's forward: cast its operands, hook its output."""
@@ -116,7 +118,7 @@ class LowPrecWatch:
         top.gemms += 1
         names = self._names(gemm.operands, gemm.op)
         self.ops.setdefault(key, (*names, *(("grad",) if self.backward else ())))
-        for o, operand in zip(gemm.operands, names, strict=True):
+        for o, operand in zip(gemm.operands, names, strict=False):
             if operand == "weight":
                 wk = (key, storage_key(o.tensor) or id(o.tensor))
                 if wk in self.seen_weights:
@@ -127,7 +129,8 @@ class LowPrecWatch:
             last = [out.dim() - 1] if out.dim() else [0]
 
             def grad_hook(g: torch.Tensor) -> None:
-                self._fold(key, "grad", g, last)
+                with contextlib.suppress(Exception):  # never let bookkeeping break backward
+                    self._fold(key, "grad", g, last)
 
             self.hooks.tensor(out, grad_hook)
 
@@ -217,7 +220,8 @@ class _Mode(TorchFunctionMode):
         if name in GEMM_NAMES and not is_aside():
             w = self.watch
             if not w.backward or torch.is_grad_enabled():
-                w.note(name, args, kwargs, out)
+                with contextlib.suppress(Exception):  # never let bookkeeping break the pass
+                    w.note(name, args, kwargs, out)
         return out
 
 
