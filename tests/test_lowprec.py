@@ -407,3 +407,27 @@ def test_odd_contractions_are_cast_or_skipped_without_breaking_the_pass() -> Non
     got = {(r.gemm, r.operand) for r in report.low_precision}
     assert (":matmul#0", "grad") in got and (":einsum#1", "third") in got
     assert torch.equal(model(x), want)
+
+
+def test_compare_shows_both_sides_low_precision() -> None:
+    """Two inits side by side: the one with a planted outlier input loses more in fp8."""
+    from rich.console import Console
+
+    from actscan.compare.pairs import compare_reports
+    from actscan.render.compare import lowprec_table
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 16))
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(1))
+    loud = x.clone()
+    loud[:, 7] *= 3e4
+    a, b = scan(model, x, formats="fp8"), scan(model, loud, formats="fp8")
+    table = lowprec_table(compare_reports(a, b, label_a="plain", label_b="outlier"))
+    assert table is not None
+    console = Console(width=200, record=True)
+    console.print(table)
+    row = next(line for line in console.export_text().splitlines() if " input " in line)
+    cells = row.split()
+    assert cells[:5] == ["0", "input", "fp8", "e4m3", "0"]  # A flushes nothing …
+    assert float(cells[5].rstrip("%")) > 5  # … B, the outlier's side, > 5%
+    assert lowprec_table(compare_reports(a, scan(model, x))) is None

@@ -14,6 +14,7 @@ from actscan.compare.pairs import Comparison, Divergence, FindingDiff
 from actscan.compare.sweep import Sweep
 from actscan.numfmt import NONE, as_float, num
 from actscan.records import Finding
+from actscan.render.formats import lowprec_rows, pct_cell
 from actscan.render.sparks import spark
 from actscan.render.steps import render_steps_comparison
 from actscan.render.terminal import SEVERITY_STYLE, findings_panel
@@ -98,6 +99,39 @@ def branch_table(cmp: Comparison) -> Table | None:
         t.add_column(col, justify="left" if col == "branch" else "right")
     for b in cmp.branches:
         t.add_row(str(b.block), b.kind, num(b.ratio_a), num(b.ratio_b), ratio_text(b.rms_ratio))
+    return t
+
+
+def lowprec_table(cmp: Comparison) -> Table | None:
+    """`--formats` on both sides: per block, operand and format, the worst GEMM's
+    underflow and error of A and of B (rows of one side only are left out)."""
+    if not (cmp.a.low_precision and cmp.b.low_precision):
+        return None
+    t = Table(
+        title="Low precision: worst GEMM per block, operand and format",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+    )
+    for col in ("blk", "operand", "format", "underflow A", "underflow B", "error A", "error B"):
+        t.add_column(col, justify="left" if col in ("operand", "format") else "right")
+    t.add_column("error B÷A", justify="right")
+    b_rows = {(r.block, r.where, r.operand, r.format): r for r in lowprec_rows(cmp.b.low_precision)}
+    for ra in lowprec_rows(cmp.a.low_precision):
+        rb = b_rows.get((ra.block, ra.where, ra.operand, ra.format))
+        if rb is None:
+            continue
+        ratio = rb.error / ra.error if ra.error and rb.error is not None else None
+        t.add_row(
+            ra.where if ra.block is None else str(ra.block),
+            ra.operand,
+            f"{ra.format} {ra.element}",
+            pct_cell(ra.underflow),
+            pct_cell(rb.underflow),
+            num(ra.error),
+            num(rb.error),
+            ratio_text(ratio),
+        )
     return t
 
 
@@ -227,7 +261,7 @@ def render_comparison(
         console.print(legend(cmp))
         for note in (*cmp.notes, *cmp.a.notes, *cmp.b.notes):
             console.print(Text(f"note: {note}", style="yellow"))
-        for table in (stream_table(cmp), branch_table(cmp)):
+        for table in (stream_table(cmp), branch_table(cmp), lowprec_table(cmp)):
             if table is not None:
                 console.print(table)
         if all_layers or not cmp.stream:
