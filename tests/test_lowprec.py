@@ -431,3 +431,29 @@ def test_compare_shows_both_sides_low_precision() -> None:
     assert cells[:5] == ["0", "input", "fp8", "e4m3", "0"]  # A flushes nothing …
     assert float(cells[5].rstrip("%")) > 5  # … B, the outlier's side, > 5%
     assert lowprec_table(compare_reports(a, scan(model, x))) is None
+
+
+def test_sweep_shows_how_the_worst_operand_moves_with_size() -> None:
+    from rich.console import Console
+
+    from actscan.compare.sweep import Sweep, SweepPoint, row
+    from actscan.render.compare import sweep_lowprec_table
+
+    rows = []
+    for width in (64, 128):
+        torch.manual_seed(0)
+        report = scan(Mixer(width), torch.randn(2, 16, width), formats="fp8,mxfp8")
+        rows.append(row(SweepPoint("a", None, width, (("d", str(width)),)), report))
+    sw = Sweep("mixer", (("a", "mixer"),), (), (64, 128), None, "d", tuple(rows))
+    table = sweep_lowprec_table(sw)
+    assert table is not None and table.row_count == 2 * 2  # 2 sizes × 2 formats
+    console = Console(width=200, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "fp8" in text and "mxfp8" in text
+    assert (
+        sweep_lowprec_table(
+            replace(sw, rows=(row(SweepPoint("a", None, 64, ()), scan(Mixer(), mixer_batch())),))
+        )
+        is None
+    )

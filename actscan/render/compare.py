@@ -17,7 +17,7 @@ from actscan.records import Finding
 from actscan.render.formats import lowprec_rows, pct_cell
 from actscan.render.sparks import spark
 from actscan.render.steps import render_steps_comparison
-from actscan.render.terminal import SEVERITY_STYLE, findings_panel
+from actscan.render.terminal import SEVERITY_STYLE, findings_panel, titled_table
 from actscan.report.report import Report
 
 A_STYLE, B_STYLE = "cyan", "magenta"
@@ -107,12 +107,7 @@ def lowprec_table(cmp: Comparison) -> Table | None:
     underflow and error of A and of B (rows of one side only are left out)."""
     if not (cmp.a.low_precision and cmp.b.low_precision):
         return None
-    t = Table(
-        title="Low precision: worst GEMM per block, operand and format",
-        box=box.SIMPLE_HEAD,
-        title_justify="left",
-        pad_edge=False,
-    )
+    t = titled_table("Low precision: worst GEMM per block, operand and format")
     for col in ("blk", "operand", "format", "underflow A", "underflow B", "error A", "error B"):
         t.add_column(col, justify="left" if col in ("operand", "format") else "right")
     t.add_column("error B÷A", justify="right")
@@ -368,11 +363,40 @@ def trend_lines(sw: Sweep) -> list[Text]:
     return out
 
 
+def sweep_lowprec_table(sw: Sweep) -> Table | None:
+    """`--formats`: per sweep row and format, the worst underflow and error of any GEMM
+    operand, and where the worst error is: how readiness moves with depth and width."""
+    rows = [r for r in sw.rows if r.report.low_precision]
+    if not rows:
+        return None
+    t = titled_table("Low precision across the sweep: worst GEMM operand per format")
+    two = len(sw.sides) > 1
+    for col in (*(("side",) if two else ()), "size", "format", "underflow", "error", "worst"):
+        t.add_column(col, justify="left" if col in ("format", "worst") else "right")
+    for r in rows:
+        for fmt in dict.fromkeys(x.format for x in r.report.low_precision):
+            recs = [x for x in r.report.low_precision if x.format == fmt]
+            worst = max(recs, key=lambda x: -1.0 if x.error is None else x.error)
+            underflow = max((x.underflow for x in recs if x.underflow is not None), default=None)
+            t.add_row(
+                *((r.side.upper(),) if two else ()),
+                r.size,
+                fmt,
+                pct_cell(underflow),
+                num(worst.error),
+                f"{worst.gemm} {worst.operand}",
+            )
+    return t
+
+
 def render_sweep(sw: Sweep, console: Console, *, quiet: bool = False) -> None:
     if not quiet:
         for note in sw.notes:
             console.print(Text(f"note: {note}", style="yellow"))
         console.print(sweep_table(sw))
+        lowprec = sweep_lowprec_table(sw)
+        if lowprec is not None:
+            console.print(lowprec)
     for line in trend_lines(sw):
         console.print(line)
     for r in sw.rows:

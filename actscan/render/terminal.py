@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -248,18 +249,20 @@ def _heads_row(a: AttentionRecord, group: int, labels: dict[int, str]) -> tuple[
     return (block, a.name, head_cells(ents, group), *(num(v) for v in head_summary(a)))
 
 
+def titled_table(title: str, **kw: Any) -> Table:
+    """The tables' common frame: a left-aligned title over a rule under the header."""
+    return Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, **kw)
+
+
 def lowprec_table(report: Report) -> Table | None:
     """`--formats`: per block, operand and format, the worst of its GEMMs."""
     if not report.low_precision:
         return None
-    t = Table(
-        title="Low precision: worst GEMM per block, operand and format",
+    t = titled_table(
+        "Low precision: worst GEMM per block, operand and format",
         caption="underflow: nonzero values flushed to 0 · error: ‖Q(x)−x‖²/‖x‖² · range: "
         "log2(amax/min|x|) of the worst scale block, bits",
         caption_justify="left",
-        box=box.SIMPLE_HEAD,
-        title_justify="left",
-        pad_edge=False,
     )
     for col in ("blk", "operand", "format", "underflow", "satur.", "error", "range", "worst"):
         left = col in ("operand", "format", "worst")
