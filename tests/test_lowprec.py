@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -457,3 +458,18 @@ def test_sweep_shows_how_the_worst_operand_moves_with_size() -> None:
         )
         is None
     )
+
+
+def test_plot_gets_a_low_precision_panel(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from actscan.render.plot import plot_profile, profile_figure
+
+    torch.manual_seed(0)
+    report = scan(Mixer(), mixer_batch(), formats="fp8,nvfp4")
+    fig = profile_figure(report)
+    assert fig.formats == ("fp8", "nvfp4") and len(fig.lowprec) == 4
+    up = dict(fig.lowprec)["up"]
+    want = max(r.error or 0 for r in report.low_precision if r.gemm == "up" and r.format == "nvfp4")
+    assert up[1] == want
+    assert plot_profile(fig, tmp_path / "p.png").stat().st_size > 0
+    assert profile_figure(scan(Mixer(), mixer_batch())).lowprec == ()
