@@ -102,6 +102,7 @@ class CheckId(StrEnum):
     LOGIT_SCALE = "logit-scale"
     ATTN_ENTROPY = "attn-entropy"
     INIT_SCALE = "init-scale"
+    LOW_PRECISION = "low-precision"  # --formats: GEMMs that lose too much in FP8/MXFP8/NVFP4
     # the first optimizer steps (`--steps N`; actscan/diagnose/steps.py)
     UPDATE_SIZE = "update-size"
     AMPLIFICATION = "amplification"
@@ -660,6 +661,35 @@ class AttentionRecord:
     softcap: float | None = None  # tanh soft-cap the scores passed through (Gemma 2: 50)
     sliding_window: int | None = None  # the layer's local window, when it has one
     stream: str | None = None  # the residual stream it belongs to, when there are several
+
+
+# -- low-precision readiness (`--formats`; actscan/measure/lowprec.py) ---------------------
+
+
+@dataclass(frozen=True)
+class LowPrecRecord:
+    """One GEMM operand cast in one format, over every call of the pass (the report's
+    `low_precision[]`). underflow: the fraction of nonzero values the cast flushes to 0;
+    saturation: of those, the fraction it clamps to the format's max; error: the relative
+    quantization error ‖Q(x) − x‖² / ‖x‖²; range_worst / range_mean: over the scale
+    blocks (the whole tensor for a per-tensor scale), log2(block amax / the block's
+    smallest nonzero |x|), its worst block and its mean, in bits."""
+
+    gemm: str  # the module that runs it; `path:op#i` when a module runs several
+    op: str  # linear | matmul | mm | bmm | addmm | baddbmm | einsum | grouped_mm
+    operand: str  # input | weight | grad (the output gradient) | lhs | rhs
+    format: str  # fp8 | mxfp8 | nvfp4
+    element: str  # e4m3 | e5m2 | e2m1
+    block_size: int  # values per scale (0: one per-tensor scale)
+    block: int | None  # the residual block the GEMM is in (None: outside the blocks)
+    values: int
+    nonzero: int
+    underflow: float | None
+    saturation: float | None
+    error: float | None
+    range_worst: float | None
+    range_mean: float | None
+    calls: int = 0
 
 
 # -- pure figures derived from records (measure, steps and diagnose share them) ----------

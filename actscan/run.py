@@ -141,6 +141,7 @@ def scan(
     attention: bool = True,
     decode_token: Callable[[int], str] | None = None,
     trace: bool = False,
+    formats: str | Iterable[str] | None = None,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -177,6 +178,8 @@ def scan(
           (`top_values[].text`, massive-activations); None: ids only.
         trace: rerun batch 0 op by op and name the first operation out of range
           (`report.trace`; actscan.measure.trace); it runs by itself when the run breaks.
+        formats: "fp8,mxfp8,nvfp4" (or a list): cast every GEMM's input, weight and output
+          gradient in these formats during the pass (`report.low_precision`); None: off.
     """
     settings = scan_settings(
         dtype=dtype,
@@ -203,6 +206,7 @@ def scan(
         thresholds=thresholds,
         ignore=ignore,
         trace=trace,
+        formats=formats if formats is None or isinstance(formats, str) else tuple(formats),
     )
     return scan_model(
         model,
@@ -258,6 +262,7 @@ def pass_spec(model: nn.Module, s: Settings, info: ModelInfo) -> PassSpec:
         modules=s.modules,
         family=info.family,
         first_step=s.steps > 0,
+        formats=tuple(s.formats.split(",")) if s.formats else (),
     )
     stored = stored_dtype_note(info.arch, spec.dtype_name)
     return replace(spec, notes=(*spec.notes, stored)) if stored else spec
@@ -316,6 +321,7 @@ def check_context(
         streams=measured.streams,
         dynamics=steps_record(raw_steps, measured.stream, params),
         attention=profiled.attention,
+        low_precision=profiled.low_precision,
     )
 
 
@@ -346,6 +352,7 @@ def report_of(
         attention=ctx.attention,
         channel_maxima=measured.channel_maxima,
         trace=ctx.trace,
+        low_precision=ctx.low_precision,
     )
 
 

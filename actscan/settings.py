@@ -116,6 +116,25 @@ class RunDType(OneOf):
 
 
 @dataclass(frozen=True)
+class ChoiceList(OneOf):
+    """A comma-separated list of `choices` ("fp8,nvfp4"), kept in the choices' order
+    without repeats; from Python also a list or tuple of them."""
+
+    def __call__(self, v: Any) -> Any:
+        items = v.split(",") if isinstance(v, str) else v
+        if not isinstance(items, list | tuple) or not items:
+            raise ValueError(f"must be a comma-separated list of {', '.join(self.choices)}")
+        for item in items:
+            super().__call__(item.strip() if isinstance(item, str) else item)
+        got = {str(i).strip() for i in items}
+        return ",".join(c for c in self.choices if c in got)
+
+    @property
+    def metavar(self) -> str:
+        return f"<{','.join(self.choices)}>"
+
+
+@dataclass(frozen=True)
 class Integer:
     """An integer in [minimum, maximum]: the maximum is where the number cannot work (a
     size torch cannot hold, a seed its generators refuse), with `why` saying so."""
@@ -764,6 +783,14 @@ class Settings:
         check=boolean,
         applies={SCAN},
         help="Whether the weights are an initialization; None: the resolver's say.",
+    )
+    # low-precision readiness of every GEMM (actscan.measure.lowprec): off by default
+    formats: str | None = setting(
+        None,
+        check=ChoiceList(("fp8", "mxfp8", "nvfp4")),
+        flag="--formats",
+        panel="Precision",
+        help="Simulate every GEMM's operands in these formats (comma-separated).",
     )
     thresholds: Mapping[str, float] = setting(
         factory=dict,

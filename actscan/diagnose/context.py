@@ -17,6 +17,7 @@ from actscan.records import (
     GrowthFit,
     LayerRecord,
     Layout,
+    LowPrecRecord,
     ModelInfo,
     ParamRecord,
     RunInfo,
@@ -48,6 +49,8 @@ class CheckContext:
     attention: tuple[AttentionRecord, ...] = ()
     # the first operation out of range (`--trace`, or automatic when the run broke)
     trace: TraceRecord | None = None
+    # per GEMM operand and format (`--formats`); empty when off
+    low_precision: tuple[LowPrecRecord, ...] = ()
 
 
 Check = Callable[[CheckContext], "list[Finding | Skip]"]

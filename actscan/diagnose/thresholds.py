@@ -105,6 +105,20 @@ class Thresholds:
     # error when almost all of it is gone (≥ 90%): that part of the model gets no update.
     underflow_error: float = 0.9
 
+    # ---- low-precision (--formats: FP8, MXFP8, NVFP4 casts of every GEMM operand) --------
+    # Nonzero values a cast flushes to 0, beyond what the format flushes of a Gaussian
+    # (fp8, mxfp8: none; nvfp4's E2M1 flushes ~7% of any well-scaled block): Transformer
+    # Engine's default (its debug tools fall back to high precision above 5% underflows).
+    # Judged for fp8 and mxfp8; NVFP4's flushed values are the smallest of their block and
+    # carry little of its energy, so its error says more. Not calibrated against training
+    # runs yet: warn, as TE does.
+    lowprec_underflow: float = 0.05
+    # Relative error ‖Q(x) − x‖²/‖x‖² at or above this many times the format's own on a
+    # Gaussian (E4M3 per tensor 7.0e-4, E5M2 2.8e-3, MXFP8 8.6e-4, NVFP4 9.1e-3): the
+    # scale no longer fits the values. Healthy transformers Llama / GPT-2 at init: ≤ 1.4×
+    # on every GEMM operand. Not calibrated against training runs: info.
+    lowprec_error_ratio: float = 10.0
+
     # ---- dead-branch -------------------------------------------------------------------
     # A branch whose output RMS (or output-gradient RMS) is below this fraction of the
     # stream's writes nothing that survives bf16 rounding (2^-8 ≈ 4e-3 relative): 1e-3 is

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from actscan.layout.detect import is_act, is_norm
+from actscan.measure.gemms import aside
 from actscan.measure.hooks import HookSet
 from actscan.measure.state import eval_mode
 from actscan.records import BlockInfo, BlockProof, BranchInfo, Layout, Role
@@ -217,7 +218,7 @@ class BlockWatch:
                 tr.dtype = y.dtype
                 keys = list(tr.values)
                 acc = torch.float32 if y.device.type == "mps" else self.acc
-                with torch.no_grad():
+                with torch.no_grad(), aside():  # not a GEMM of the model (--formats)
                     v = torch.stack([tr.values[k].reshape(-1).to(acc) for k in keys])
                     tr.gram = v @ v.T  # on the device; read once after the pass
                 tr.keys = keys

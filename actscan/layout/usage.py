@@ -28,15 +28,11 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from actscan.layout.detect import is_norm
+from actscan.measure.gemms import GEMM_NAMES, parse_gemm
+from actscan.measure.gemms import storage_key as _storage_key
 from actscan.measure.hooks import HookSet
 from actscan.measure.recorder import first_tensor
 
-_LINEAR = {"linear"}
-_MATMUL = {"matmul", "__matmul__", "mm", "bmm"}
-_RMATMUL = {"__rmatmul__"}
-_ADDMM = {"addmm", "baddbmm", "addbmm"}
-_EINSUM = {"einsum"}
-_GROUPED = {"_grouped_mm", "grouped_mm", "_scaled_grouped_mm"}
 _CONV = {"conv1d", "conv2d", "conv3d"}
 _CONV_T = {"conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
 _EMBED = {"embedding", "embedding_bag"}
@@ -49,9 +45,7 @@ _FUSED = {
 }  # fmt: skip
 # Every name the spy reads: any other call passes straight through (most calls of a
 # forward, and every call of the hooks sharing the pass: views, reductions, copies).
-_WATCHED = frozenset().union(
-    _LINEAR, _MATMUL, _RMATMUL, _ADDMM, _EINSUM, _GROUPED, _CONV, _CONV_T, _EMBED, _FUSED
-)
+_WATCHED = frozenset().union(GEMM_NAMES, _CONV, _CONV_T, _EMBED, _FUSED)
 
 
 @dataclass(frozen=True)
@@ -77,17 +71,6 @@ class Usage:
             for u in got:
                 if u.op == op:
                     return u
-        return None
-
-
-def _storage_key(t: Any) -> int | None:
-    """The identity of the tensor's storage (its StorageImpl), not its address: memory FSDP
-    frees after a module's forward is reused by activations at the same address."""
-    if not isinstance(t, torch.Tensor) or t.layout is not torch.strided:
-        return None
-    try:
-        return int(t.untyped_storage()._cdata)
-    except (RuntimeError, NotImplementedError, AttributeError):  # no storage (fake, functional)
         return None
 
 
@@ -134,40 +117,19 @@ class _Spy(TorchFunctionMode):
         if all(u.op != use.op for u in got):
             got.append(use)
 
-    def _mm(self, a: Any, b: Any) -> None:
-        """a @ b: a parameter on the right contracts over its rows, on the left over columns."""
-        if isinstance(b, torch.Tensor) and b.dim() >= 1:
-            k = b.shape[-2] if b.dim() >= 2 else b.shape[0]
-            self._add(b, ParamUse("matmul", int(k), int(b.shape[-1]) if b.dim() >= 2 else 1))
-        if isinstance(a, torch.Tensor) and a.dim() >= 1:
-            self._add(
-                a, ParamUse("matmul", int(a.shape[-1]), int(a.shape[-2]) if a.dim() >= 2 else 1)
-            )
-
     def _note(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
         def arg(i: int, key: str) -> Any:
             return args[i] if len(args) > i else kwargs.get(key)
 
-        if name in _LINEAR:
-            w, b = arg(1, "weight"), arg(2, "bias")
-            if isinstance(w, torch.Tensor) and w.dim() >= 1:
-                self._add(w, ParamUse("matmul", int(w.shape[-1]), int(_prod(w.shape[:-1]))))
-            if b is not None:
-                self._add(b, ParamUse("bias"))
-        elif name in _MATMUL:
-            self._mm(arg(0, "input"), arg(1, "other") if name != "mm" else arg(1, "mat2"))
-        elif name in _RMATMUL:
-            self._mm(arg(1, "other"), arg(0, "self"))
-        elif name in _ADDMM:
-            self._add(arg(0, "input"), ParamUse("bias"))
-            self._mm(
-                arg(1, "batch1" if name != "addmm" else "mat1"),
-                arg(2, "batch2" if name != "addmm" else "mat2"),
-            )
-        elif name in _GROUPED:
-            self._mm(arg(0, "mat_a"), arg(1, "mat_b"))
-        elif name in _EINSUM:
-            self._einsum(args)
+        gemm = parse_gemm(name, args, kwargs)
+        if gemm is not None:
+            # linear: its weight alone (the input is never a parameter's use as a matmul)
+            operands = gemm.operands[-1:] if gemm.op == "linear" else gemm.operands[::-1]
+            for o in operands:
+                if gemm.op != "einsum" or o.fan_in > 1:
+                    self._add(o.tensor, ParamUse("matmul", o.fan_in, o.fan_out))
+            for bias in gemm.biases:
+                self._add(bias, ParamUse("bias"))
         elif name in _CONV or name in _CONV_T:
             w, b = arg(1, "weight"), arg(2, "bias")
             if isinstance(w, torch.Tensor) and w.dim() >= 2:
@@ -194,29 +156,6 @@ class _Spy(TorchFunctionMode):
             for t in (*args, *kwargs.values()):
                 if isinstance(t, torch.Tensor) and t.is_floating_point():
                     self._add(t, ParamUse("embedding"))
-
-    def _einsum(self, args: list[Any]) -> None:
-        eq = args[0]
-        ops = list(args[1]) if len(args) == 2 and isinstance(args[1], list | tuple) else args[1:]
-        if not isinstance(eq, str):
-            return
-        eq = eq.replace(" ", "")
-        lhs, _, rhs = eq.partition("->")
-        terms = lhs.split(",")
-        if len(terms) != len(ops) or "." in eq:
-            return
-        if not _:  # implicit output: letters that appear once, sorted
-            letters = "".join(terms)
-            rhs = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-        for i, (term, t) in enumerate(zip(terms, ops, strict=True)):
-            if not isinstance(t, torch.Tensor) or t.dim() != len(term):
-                continue
-            size = dict(zip(term, t.shape, strict=True))
-            others = "".join(x for j, x in enumerate(terms) if j != i)
-            fan_in = _prod([size[c] for c in term if c not in rhs])
-            fan_out = _prod([size[c] for c in term if c in rhs and c not in others])
-            if fan_in > 1:
-                self._add(t, ParamUse("matmul", int(fan_in), int(fan_out)))
 
 
 def _owners(model: nn.Module) -> Owners:

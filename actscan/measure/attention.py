@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from actscan.measure.gemms import aside
 from actscan.measure.hooks import HookSet
 from actscan.measure.moments import merge_moments
 from actscan.models.gpt import Attention, AttentionLogits
@@ -269,7 +270,7 @@ class AttentionProbes:
                 acc.calls += 1
                 acc.fold_max(scores.detach().abs().amax())
                 return
-            with torch.no_grad(), torch.autocast(scores.device.type, enabled=False):
+            with torch.no_grad(), torch.autocast(scores.device.type, enabled=False), aside():
                 s = scores.detach().to(torch.float32, copy=True)  # a scratch copy
                 tq, tk = s.shape[-2], s.shape[-1]
                 allowed, bias = _allowed(None, True, tq, tk, None, s.device)
@@ -346,7 +347,7 @@ class AttentionProbes:
                     # at that tolerance, but recompute in float32
                     half = torch.is_autocast_enabled(dev)
                     try:
-                        with torch.no_grad(), torch.autocast(dev, enabled=False):
+                        with torch.no_grad(), torch.autocast(dev, enabled=False), aside():
                             if self.scores_only:
                                 acc.calls += 1
                                 s = scores(query, key, kwargs)

@@ -20,13 +20,15 @@ import torch
 from torch import nn
 
 from actscan.measure.attention import attention_probes
+from actscan.measure.hooks import HookSet
 from actscan.measure.inputs import Batch, InputSource
+from actscan.measure.lowprec import LowPrecWatch, low_precision_records, lowprec_watch
 from actscan.measure.model_inputs import ChosenInputs, describe_batch
 from actscan.measure.prepare import TORCH_DTYPES, call_model, cast_batch, dtype_name
 from actscan.measure.recorder import RawStats, Recorder, iter_named, moments
 from actscan.measure.streams import input_name, stream_inputs
 from actscan.measure.tokens import stream_names
-from actscan.records import AttentionRecord, Layout, RunInfo
+from actscan.records import AttentionRecord, Layout, LowPrecRecord, RunInfo
 
 __all__ = ["FP16_LOSS_SCALE", "LocalPass", "PassSpec", "Profiled", "first_batch", "record_pass"]
 
@@ -56,6 +58,7 @@ class PassSpec:
     family: str = ""
     first_step: bool = False
     notes: tuple[str, ...] = ()
+    formats: tuple[str, ...] = ()  # --formats: low-precision readiness of every GEMM
 
     @classmethod
     def of(
@@ -175,6 +178,7 @@ class Profiled:
     notes: tuple[str, ...] = ()
     backward: bool = True
     step0: StepStart | None = field(default=None, repr=False)
+    low_precision: tuple[LowPrecRecord, ...] = ()
 
 
 def first_batch(chosen: ChosenInputs, spec: PassSpec) -> Batch:
@@ -226,6 +230,18 @@ def _recorders(
         yield rec, extra, targets
 
 
+@contextlib.contextmanager
+def _lowprec(
+    model: nn.Module, spec: PassSpec
+) -> Iterator[tuple[LowPrecWatch | None, Callable[[], contextlib.AbstractContextManager[Any]]]]:
+    """The low-precision watch of `--formats` (actscan.measure.lowprec); off: nothing."""
+    if not spec.formats:
+        yield None, contextlib.nullcontext
+        return
+    with HookSet() as hooks, lowprec_watch(model, spec.formats, spec.backward, hooks) as got:
+        yield got
+
+
 def record_pass(
     model: nn.Module,
     layout: Layout,
@@ -247,6 +263,7 @@ def record_pass(
     with (
         _recorders(model, layout, spec, ranks, ranks.rows(recorded)) as (rec, extra, targets),
         attention_probes(model, layout, spec.family, enabled=spec.attention) as probes,
+        _lowprec(model, spec) as (lowprec, lowprec_forward),
     ):
         for i in range(spec.batches):
             if progress:
@@ -254,7 +271,7 @@ def record_pass(
             b = spec.cast(recorded(i))
             riding = ride.watch() if ride is not None and i == 0 else contextlib.nullcontext()
             with torch.set_grad_enabled(backward), spec.autocast():
-                with riding:
+                with riding, lowprec_forward():
                     out = call_model(model, b)
                 loss = chosen.loss_of(out, b) if backward else None
             if backward and loss is not None:
@@ -276,6 +293,9 @@ def record_pass(
         raw = rec.result(spec.batches)
         for r in extra:
             raw.update(r.result(spec.batches))
+        low_precision = low_precision_records(lowprec, [b.name for b in layout.blocks])
+        if low_precision and ranks.world_size > 1:
+            notes.append("--formats: the low-precision figures are this rank's rows, not merged")
     if ride is not None:
         layout = ride.layout()  # before the attention records, which name roles
         if probes is not None:
@@ -299,6 +319,7 @@ def record_pass(
         notes=tuple(notes),
         backward=backward,
         step0=step0,
+        low_precision=low_precision,
     )
 
 

@@ -14,9 +14,10 @@ from actscan.compare.pairs import Comparison, Divergence, FindingDiff
 from actscan.compare.sweep import Sweep
 from actscan.numfmt import NONE, as_float, num
 from actscan.records import Finding
+from actscan.render.formats import lowprec_rows, pct_cell
 from actscan.render.sparks import spark
 from actscan.render.steps import render_steps_comparison
-from actscan.render.terminal import SEVERITY_STYLE, findings_panel
+from actscan.render.terminal import SEVERITY_STYLE, findings_panel, titled_table
 from actscan.report.report import Report
 
 A_STYLE, B_STYLE = "cyan", "magenta"
@@ -98,6 +99,34 @@ def branch_table(cmp: Comparison) -> Table | None:
         t.add_column(col, justify="left" if col == "branch" else "right")
     for b in cmp.branches:
         t.add_row(str(b.block), b.kind, num(b.ratio_a), num(b.ratio_b), ratio_text(b.rms_ratio))
+    return t
+
+
+def lowprec_table(cmp: Comparison) -> Table | None:
+    """`--formats` on both sides: per block, operand and format, the worst GEMM's
+    underflow and error of A and of B (rows of one side only are left out)."""
+    if not (cmp.a.low_precision and cmp.b.low_precision):
+        return None
+    t = titled_table("Low precision: worst GEMM per block, operand and format")
+    for col in ("blk", "operand", "format", "underflow A", "underflow B", "error A", "error B"):
+        t.add_column(col, justify="left" if col in ("operand", "format") else "right")
+    t.add_column("error B÷A", justify="right")
+    b_rows = {(r.block, r.where, r.operand, r.format): r for r in lowprec_rows(cmp.b.low_precision)}
+    for ra in lowprec_rows(cmp.a.low_precision):
+        rb = b_rows.get((ra.block, ra.where, ra.operand, ra.format))
+        if rb is None:
+            continue
+        ratio = rb.error / ra.error if ra.error and rb.error is not None else None
+        t.add_row(
+            ra.where if ra.block is None else str(ra.block),
+            ra.operand,
+            f"{ra.format} {ra.element}",
+            pct_cell(ra.underflow),
+            pct_cell(rb.underflow),
+            num(ra.error),
+            num(rb.error),
+            ratio_text(ratio),
+        )
     return t
 
 
@@ -227,7 +256,7 @@ def render_comparison(
         console.print(legend(cmp))
         for note in (*cmp.notes, *cmp.a.notes, *cmp.b.notes):
             console.print(Text(f"note: {note}", style="yellow"))
-        for table in (stream_table(cmp), branch_table(cmp)):
+        for table in (stream_table(cmp), branch_table(cmp), lowprec_table(cmp)):
             if table is not None:
                 console.print(table)
         if all_layers or not cmp.stream:
@@ -334,11 +363,40 @@ def trend_lines(sw: Sweep) -> list[Text]:
     return out
 
 
+def sweep_lowprec_table(sw: Sweep) -> Table | None:
+    """`--formats`: per sweep row and format, the worst underflow and error of any GEMM
+    operand, and where the worst error is: how readiness moves with depth and width."""
+    rows = [r for r in sw.rows if r.report.low_precision]
+    if not rows:
+        return None
+    t = titled_table("Low precision across the sweep: worst GEMM operand per format")
+    two = len(sw.sides) > 1
+    for col in (*(("side",) if two else ()), "size", "format", "underflow", "error", "worst"):
+        t.add_column(col, justify="left" if col in ("format", "worst") else "right")
+    for r in rows:
+        for fmt in dict.fromkeys(x.format for x in r.report.low_precision):
+            recs = [x for x in r.report.low_precision if x.format == fmt]
+            worst = max(recs, key=lambda x: -1.0 if x.error is None else x.error)
+            underflow = max((x.underflow for x in recs if x.underflow is not None), default=None)
+            t.add_row(
+                *((r.side.upper(),) if two else ()),
+                r.size,
+                fmt,
+                pct_cell(underflow),
+                num(worst.error),
+                f"{worst.gemm} {worst.operand}",
+            )
+    return t
+
+
 def render_sweep(sw: Sweep, console: Console, *, quiet: bool = False) -> None:
     if not quiet:
         for note in sw.notes:
             console.print(Text(f"note: {note}", style="yellow"))
         console.print(sweep_table(sw))
+        lowprec = sweep_lowprec_table(sw)
+        if lowprec is not None:
+            console.print(lowprec)
     for line in trend_lines(sw):
         console.print(line)
     for r in sw.rows:

@@ -12,6 +12,7 @@ import math
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from actscan.numfmt import NONE, as_float, num
@@ -22,6 +23,7 @@ from actscan.records import (
     Dynamics,
     FailOn,
     Finding,
+    LowPrecRecord,
     Severity,
     StepRecord,
     StreamPoint,
@@ -64,6 +66,63 @@ def head_summary(
         max(scores) if scores else None,
         max(sinks) if sinks else None,
     )
+
+
+@dataclass(frozen=True)
+class LowPrecRow:
+    """The low-precision table's row: one block (or one GEMM outside the blocks), one
+    operand, one format; the worst figure of its GEMMs in each column, and the GEMM with
+    the largest error."""
+
+    block: int | None
+    where: str  # the GEMM, outside the blocks; else ""
+    operand: str
+    format: str
+    element: str
+    underflow: float | None
+    saturation: float | None
+    error: float | None
+    range_worst: float | None
+    worst: str
+    gemms: int
+
+
+def _worst(values: Iterable[float | None]) -> float | None:
+    return max((v for v in values if v is not None), default=None)
+
+
+def lowprec_rows(records: Sequence[LowPrecRecord]) -> list[LowPrecRow]:
+    """Records grouped per block, operand and format, in order of first GEMM."""
+    groups: dict[tuple[int | None, str, str, str], list[LowPrecRecord]] = {}
+    for r in records:
+        where = r.gemm if r.block is None else ""
+        groups.setdefault((r.block, where, r.operand, r.format), []).append(r)
+    out = []
+    for (block, where, operand, fmt), rs in groups.items():
+        worst = max(rs, key=lambda r: -1.0 if r.error is None else r.error)
+        out.append(
+            LowPrecRow(
+                block,
+                where,
+                operand,
+                fmt,
+                rs[0].element,
+                _worst(r.underflow for r in rs),
+                _worst(r.saturation for r in rs),
+                _worst(r.error for r in rs),
+                _worst(r.range_worst for r in rs),
+                worst.gemm,
+                len(rs),
+            )
+        )
+    return out
+
+
+def pct_cell(x: float | None) -> str:
+    """A fraction as a percentage for the tables: 0, 0.012%, 3.4%."""
+    if x is None:
+        return NONE
+    return "0" if x == 0 else f"{100 * x:.2g}%"
 
 
 def massive_rows(report: Report) -> list[tuple[StreamPoint, TopValue]]:
@@ -232,6 +291,7 @@ def to_markdown(report: Report, fail_on: str | FailOn = FailOn.ERROR) -> str:
             out += ["", lead + ", ".join(summary) + "."]
     out += _trace_markdown(report)
     out += _heads_markdown(report)
+    out += _lowprec_markdown(report)
     out += _tokens_markdown(report)
     if report.dynamics is not None:
         out += _dynamics_markdown(report.dynamics)
@@ -262,6 +322,31 @@ def _heads_markdown(report: Report) -> list[str]:
         out.append(
             f"| {block} | {_code(a.name)} | {len(a.heads)} | {num(lo)} | {num(med)} "
             f"| {num(score)} | {num(sink)} |"
+        )
+    return out
+
+
+def _lowprec_markdown(report: Report) -> list[str]:
+    """`--formats`: per block, operand and format, the worst GEMM's figures."""
+    if not report.low_precision:
+        return []
+    out = [
+        "",
+        "#### Low precision",
+        "",
+        "Per block, operand and format, the worst of its GEMMs: nonzero values flushed to 0, "
+        "values saturated, relative error ‖Q(x) − x‖²/‖x‖², the worst scale block's "
+        "range in bits.",
+        "",
+        "| block | operand | format | underflow | saturation | error | worst range | worst GEMM |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in lowprec_rows(report.low_precision):
+        block = _code(r.where) if r.block is None else str(r.block)
+        out.append(
+            f"| {block} | {r.operand} | {r.format} ({r.element}) | {pct_cell(r.underflow)} "
+            f"| {pct_cell(r.saturation)} | {num(r.error)} | {num(r.range_worst)} "
+            f"| {_code(r.worst)} |"
         )
     return out
 

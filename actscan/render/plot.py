@@ -222,6 +222,9 @@ class ProfileFigure:
     channel_maxima: Sequence[tuple[str, Sequence[float]]] = ()
     heads: Heads | None = None
     title: str = ""
+    # `--formats`: per GEMM, each format's largest relative error over its operands
+    lowprec: tuple[tuple[str, tuple[float | None, ...]], ...] = ()
+    formats: tuple[str, ...] = ()
 
 
 def profile_figure(report: Report) -> ProfileFigure:
@@ -231,6 +234,14 @@ def profile_figure(report: Report) -> ProfileFigure:
     attention = getattr(report, "attention", None) or ()
     heads = [(a.name, [h.entropy for h in a.heads]) for a in attention] or None
     m = report.model
+    records = getattr(report, "low_precision", None) or ()
+    formats = tuple(dict.fromkeys(r.format for r in records))
+    worst: dict[str, dict[str, float]] = {}
+    for r in records:
+        if r.error is not None:
+            cell = worst.setdefault(r.gemm, {})
+            cell[r.format] = max(cell.get(r.format, 0.0), r.error)
+    lowprec = tuple((g, tuple(e.get(f) for f in formats)) for g, e in worst.items())
     return ProfileFigure(
         stream=Series(
             "stream", tuple(p.k for p in report.stream), tuple(p.rms for p in report.stream)
@@ -238,6 +249,8 @@ def profile_figure(report: Report) -> ProfileFigure:
         channel_maxima=report.channel_maxima,
         heads=heads,
         title=f"{m.source} ({m.family}, {m.n_blocks} blocks, d={m.d_model})",
+        lowprec=lowprec,
+        formats=formats,
     )
 
 
@@ -253,7 +266,11 @@ def draw_profile(fig: Figure, fig_data: ProfileFigure) -> None:
     """`plot_profile`'s three panels, drawn on `fig`."""
     from matplotlib.colors import LogNorm, Normalize
 
-    a_rms, a_ch, a_head = fig.subplots(1, 3, width_ratios=(1.0, 1.4, 1.0))
+    if fig_data.lowprec:  # `--formats`: a fourth panel
+        a_rms, a_ch, a_head, a_lp = fig.subplots(1, 4, width_ratios=(1.0, 1.4, 1.0, 0.6))
+        _lowprec_axes(fig, a_lp, fig_data)
+    else:
+        a_rms, a_ch, a_head = fig.subplots(1, 3, width_ratios=(1.0, 1.4, 1.0))
     _stream_axes(a_rms, [fig_data.stream], "Residual stream RMS vs k", legend=False)
 
     rows = [tuple(v for v in vals) for _, vals in fig_data.channel_maxima]
@@ -297,6 +314,19 @@ def draw_profile(fig: Figure, fig_data: ProfileFigure) -> None:
     a_head.set_title("Attention entropy, layer × head")
     if fig_data.title:
         fig.suptitle(fig_data.title)
+
+
+def _lowprec_axes(fig: Figure, ax: Any, fig_data: ProfileFigure) -> None:
+    """GEMM × format heat map of log10 of the largest relative error ‖Q(x)−x‖²/‖x‖²."""
+    grid = [
+        [math.log10(v) if v is not None and v > 0 else float("nan") for v in errs]
+        for _, errs in fig_data.lowprec
+    ]
+    im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="inferno")
+    fig.colorbar(im, ax=ax, label="log10 relative error")
+    ax.set_yticks(*row_ticks([g for g, _ in fig_data.lowprec]), fontsize=LABEL_PT)
+    ax.set_xticks(range(len(fig_data.formats)), fig_data.formats)
+    ax.set_title("Low precision: worst operand")
 
 
 def _empty(ax: Any, text: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -24,7 +25,13 @@ from actscan.records import (
     Summary,
     finding_order,
 )
-from actscan.render.formats import head_summary, massive_rows, trace_rows
+from actscan.render.formats import (
+    head_summary,
+    lowprec_rows,
+    massive_rows,
+    pct_cell,
+    trace_rows,
+)
 from actscan.render.sparks import is_flat, spark
 from actscan.render.steps import render_dynamics
 from actscan.report.report import Report
@@ -248,6 +255,40 @@ def _heads_row(a: AttentionRecord, group: int, labels: dict[int, str]) -> tuple[
     return (block, a.name, head_cells(ents, group), *(num(v) for v in head_summary(a)))
 
 
+def titled_table(title: str, **kw: Any) -> Table:
+    """The tables' common frame: a left-aligned title over a rule under the header."""
+    return Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, **kw)
+
+
+def lowprec_table(report: Report) -> Table | None:
+    """`--formats`: per block, operand and format, the worst of its GEMMs."""
+    if not report.low_precision:
+        return None
+    t = titled_table(
+        "Low precision: worst GEMM per block, operand and format",
+        caption="underflow: nonzero values flushed to 0 · error: ‖Q(x)−x‖²/‖x‖² · range: "
+        "log2(amax/min|x|) of the worst scale block, bits",
+        caption_justify="left",
+    )
+    for col in ("blk", "operand", "format", "underflow", "satur.", "error", "range", "worst"):
+        left = col in ("operand", "format", "worst")
+        t.add_column(col, justify="left" if left else "right", no_wrap=True)
+    labels = block_labels(report)
+    for r in lowprec_rows(report.low_precision):
+        block = r.where if r.block is None else labels.get(r.block, str(r.block))
+        t.add_row(
+            block,
+            r.operand,
+            f"{r.format} {r.element}",
+            pct_cell(r.underflow),
+            pct_cell(r.saturation),
+            num(r.error),
+            num(r.range_worst),
+            r.worst,
+        )
+    return t
+
+
 def modules_table(report: Report) -> Table:
     t = Table(
         title="All modules",
@@ -392,6 +433,7 @@ def render_report(
         for note in report.notes:
             console.print(Text(f"note: {note}", style="yellow"))
         tables = (*stream_tables(report), branch_table(report), heads_table(report))
+        tables = (*tables, lowprec_table(report))
         for table in (*tables, tokens_table(report)):
             if table is not None:
                 console.print(table)

@@ -18,6 +18,7 @@ from actscan.records import (
     FailOn,
     Finding,
     LayerRecord,
+    LowPrecRecord,
     ModelInfo,
     ParamRecord,
     RunInfo,
@@ -67,6 +68,8 @@ class Report:
     # the first operation out of range, from one batch rerun op by op (`--trace`, or
     # automatic when the run overflowed or diverged); None: no trace ran
     trace: TraceRecord | None = field(default=None, metadata=json_as(omit_none=True))
+    # every GEMM operand cast in each `--formats` format; empty when off
+    low_precision: tuple[LowPrecRecord, ...] = ()
 
     def __post_init__(self) -> None:
         # A plain dict (the pre-typed form) is still accepted and becomes a Summary.

@@ -1,0 +1,264 @@
+"""`--formats`: how every GEMM of the recorded pass would fare in FP8, MXFP8 or NVFP4.
+
+During the recorded forward a `TorchFunctionMode` sees each contraction call (the calls
+`measure/gemms.py` parses: nn.Linear's F.linear, matmul / `@` / bmm, addmm (GPT-2's
+Conv1D), einsum, grouped-mm), casts its input and weight in each chosen format
+(`measure/casts.py`) and, with backward on, puts a tensor hook on its output that casts
+the output gradient. Every figure is summed into a device tensor per (GEMM, operand,
+format); `result()` reads them all in one transfer after the pass. A weight is cast once
+per GEMM (it does not change within the pass).
+
+A GEMM is named by the module that runs it (the innermost one on the call stack): a
+Linear is its own path; a module whose forward runs several contractions (an attention
+module's QKᵀ and PV, a fused-experts module) names each `path:op#i`, i its rank within one
+call of the module. Side computations of actscan's own probes run `aside()` (and, with
+backward on, under no_grad), and are not GEMMs of the model.
+
+Off (no formats), nothing of this runs: no mode, no hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from actscan.measure.casts import FIGURES, FORMATS, N_SUMS, Recipe, operand_figures
+from actscan.measure.gemms import GEMM_NAMES, Operand, is_aside, parse_gemm, storage_key
+from actscan.measure.hooks import HookSet
+from actscan.records import LowPrecRecord
+
+__all__ = ["LowPrecWatch", "low_precision_records", "lowprec_watch"]
+
+Key = tuple[str, int, str]  # (module path, rank within one call of the module, op)
+
+
+def _as_rows(t: torch.Tensor, contract: Sequence[int], block: int) -> torch.Tensor:
+    """`t` as (rows, K), K the contracted dims flattened last; a per-tensor recipe needs no
+    layout (one flat row, no copy)."""
+    if block == 0:
+        return t.reshape(1, -1)
+    keep = [d for d in range(t.dim()) if d not in contract]
+    k = math.prod(int(t.shape[d]) for d in contract)
+    if list(contract) == [t.dim() - 1]:
+        return t.reshape(-1, k)
+    return t.permute(*keep, *contract).reshape(-1, k)
+
+
+@dataclass
+class _Sums:
+    """One (GEMM, operand, format)'s figures: sums (and a max) on the device."""
+
+    acc: torch.Tensor
+    calls: int = 0
+
+    def add(self, figures: torch.Tensor) -> None:
+        self.acc[:N_SUMS] += figures[:N_SUMS].double()
+        self.acc[N_SUMS:] = torch.maximum(self.acc[N_SUMS:], figures[N_SUMS:].double())
+        self.calls += 1
+
+
+@dataclass
+class _Frame:
+    """A module being run: its path and how many GEMMs its call has run so far."""
+
+    path: str
+    gemms: int = 0
+
+
+@dataclass
+class LowPrecWatch:
+    """The state of one recorded pass's low-precision watch (see the module docstring)."""
+
+    recipes: tuple[Recipe, ...]
+    backward: bool
+    hooks: HookSet
+    params: set[int]
+    stack: list[_Frame] = field(default_factory=list)
+    sums: dict[tuple[Key, str, str], _Sums] = field(default_factory=dict)
+    seen_weights: set[tuple[Key, int]] = field(default_factory=set)
+    ops: dict[Key, tuple[str, ...]] = field(default_factory=dict)  # operand names per GEMM
+
+    def _fold(self, key: Key, operand: str, t: torch.Tensor, contract: Sequence[int]) -> None:
+        if not t.is_floating_point() or t.numel() == 0 or t.is_complex():
+            return
+        if t.dim() == 0:  # a dot product's scalar gradient
+            t, contract = t.reshape(1), [0]
+        with torch.no_grad():
+            rows = _as_rows(t.detach(), contract, max(r.block for r in self.recipes))
+            figures = operand_figures(rows, self.recipes, operand)
+            for r, f in zip(self.recipes, figures, strict=True):
+                slot = self.sums.get((key, operand, r.name))
+                if slot is None:
+                    acc = torch.zeros(len(FIGURES), dtype=torch.float64, device=t.device)
+                    slot = self.sums[(key, operand, r.name)] = _Sums(acc)
+                slot.add(f)
+
+    def _names(self, operands: Sequence[Operand], op: str) -> tuple[str, ...]:
+        is_param = [storage_key(o.tensor) in self.params for o in operands]
+        if op == "linear" and len(operands) == 2:
+            return ("input", "weight")
+        if len(operands) == 2 and sum(is_param) == 1:
+            return tuple("weight" if p else "input" for p in is_param)
+        return ("lhs", "rhs", "third")[: len(operands)]  # an einsum's further operands: not cast
+
+    def note(self, name: str, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
+        """One contraction call of the model's forward: cast its operands, hook its output."""
+        gemm = parse_gemm(name, args, kwargs)
+        if gemm is None or not gemm.operands:
+            return
+        top = self.stack[-1] if self.stack else _Frame("")
+        key: Key = (top.path, top.gemms, gemm.op)
+        top.gemms += 1
+        names = self._names(gemm.operands, gemm.op)
+        self.ops.setdefault(key, (*names, *(("grad",) if self.backward else ())))
+        for o, operand in zip(gemm.operands, names, strict=False):
+            if operand == "weight":
+                wk = (key, storage_key(o.tensor) or id(o.tensor))
+                if wk in self.seen_weights:
+                    continue
+                self.seen_weights.add(wk)
+            self._fold(key, operand, o.tensor, o.contract)
+        if self.backward and isinstance(out, torch.Tensor) and out.requires_grad:
+            last = [out.dim() - 1] if out.dim() else [0]
+
+            def grad_hook(g: torch.Tensor) -> None:
+                with contextlib.suppress(Exception):  # never let bookkeeping break backward
+                    self._fold(key, "grad", g, last)
+
+            self.hooks.tensor(out, grad_hook)
+
+    def records(self, block_names: Sequence[str] = ()) -> tuple[LowPrecRecord, ...]:
+        """Every (GEMM, operand, format)'s record: the sums read back in one transfer."""
+        if not self.sums:
+            return ()
+        items = list(self.sums.items())
+        values = torch.stack([s.acc for _, s in items]).cpu().tolist()  # the one transfer
+        per_path: dict[str, set[int]] = {}
+        for (path, rank, _), _, _ in self.sums:
+            per_path.setdefault(path, set()).add(rank)
+        first = {k: i for i, k in enumerate(self.ops)}
+        rows = sorted(
+            ((k, slot, v) for (k, slot), v in zip(items, values, strict=True)),
+            key=lambda r: _order(r[0], first),
+        )
+        out = []
+        for ((path, rank, op), operand, fmt), slot, vals in rows:
+            v = dict(zip(FIGURES, vals, strict=True))
+            several = per_path[path] != {0}
+            name = f"{path}:{op}#{rank}" if several or not path else path
+            out.append(_record(name, op, operand, FORMATS[fmt], v, slot.calls, block_names))
+        return tuple(out)
+
+
+_OPERANDS = ("input", "lhs", "weight", "rhs", "third", "grad")
+
+
+def _order(k: tuple[Key, str, str], first: dict[Key, int]) -> tuple[int, int, int]:
+    key, operand, fmt = k
+    return first[key], _OPERANDS.index(operand), list(FORMATS).index(fmt)
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def _block_of(name: str, block_names: Sequence[str]) -> int | None:
+    for i, b in enumerate(block_names):
+        if name == b or name.startswith(b + ".") or name.startswith(b + ":"):
+            return i
+    return None
+
+
+def _record(
+    name: str,
+    op: str,
+    operand: str,
+    recipe: Recipe,
+    v: dict[str, float],
+    calls: int,
+    block_names: Sequence[str],
+) -> LowPrecRecord:
+    return LowPrecRecord(
+        gemm=name,
+        op=op,
+        operand=operand,
+        format=recipe.name,
+        element=recipe.element(operand).name,
+        block_size=recipe.block,
+        block=_block_of(name, block_names),
+        values=int(v["values"]),
+        nonzero=int(v["nonzero"]),
+        underflow=_ratio(v["flushed"], v["nonzero"]),
+        saturation=_ratio(v["saturated"], v["nonzero"]),
+        error=_ratio(v["err"], v["sq"]),
+        range_worst=v["range_max"] if v["range_blocks"] > 0 else None,
+        range_mean=_ratio(v["range_sum"], v["range_blocks"]),
+        calls=calls,
+    )
+
+
+class _Mode(TorchFunctionMode):
+    """Sees every torch call of the forward; hands the model's contraction calls on."""
+
+    def __init__(self, watch: LowPrecWatch) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def __torch_function__(
+        self, func: Callable[..., Any], types: Any, args: Sequence[Any] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if name in GEMM_NAMES and not is_aside():
+            w = self.watch
+            if not w.backward or torch.is_grad_enabled():
+                with contextlib.suppress(Exception):  # never let bookkeeping break the pass
+                    w.note(name, args, kwargs, out)
+        return out
+
+
+@contextlib.contextmanager
+def lowprec_watch(
+    model: nn.Module, formats: Sequence[str], backward: bool, hooks: HookSet
+) -> Iterator[tuple[LowPrecWatch, Callable[[], contextlib.AbstractContextManager[Any]]]]:
+    """The watch's state and a context manager to put around each forward (where the mode
+    is active). Its module and tensor hooks go into `hooks` (the caller's scope)."""
+    params = {k for p in model.parameters() if (k := storage_key(p)) is not None}
+    watch = LowPrecWatch(tuple(FORMATS[f] for f in formats), backward, hooks, params)
+
+    def pre(path: str) -> Callable[..., None]:
+        def hook(_mod: nn.Module, _args: Any) -> None:
+            watch.stack.append(_Frame(path))
+
+        return hook
+
+    def post(_mod: nn.Module, _args: Any, _out: Any) -> None:
+        if watch.stack:
+            watch.stack.pop()
+
+    for path, mod in model.named_modules():
+        hooks.forward_pre(mod, pre(path))
+        hooks.forward(mod, post)
+
+    @contextlib.contextmanager
+    def forward() -> Iterator[None]:
+        watch.stack.clear()
+        with _Mode(watch):
+            yield
+
+    yield watch, forward
+
+
+def low_precision_records(
+    watch: LowPrecWatch | None, block_names: Sequence[str]
+) -> tuple[LowPrecRecord, ...]:
+    """The records of a pass's watch (none when `--formats` is off)."""
+    return () if watch is None else watch.records(block_names)

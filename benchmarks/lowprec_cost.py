@@ -1,0 +1,124 @@
+"""What `--formats fp8,mxfp8,nvfp4` costs: the low-precision watch on ÷ a plain
+forward+backward, and where its time goes.
+
+    python benchmarks/lowprec_cost.py [--batch 2] [--seq 128] [--reps 3] [--threads 1]
+
+The model is configs/gpt2-124m.yaml (12 × 768, vocab 50257). "plain" is one forward,
+next-token loss and backward (autograd.grad over the parameters); "watched" is the same
+with actscan.measure.lowprec's watch entered as the recorded pass enters it (its module
+hooks, the TorchFunctionMode around the forward, the output-gradient hooks) and its
+records read once at the end (one transfer). Interleaved, median of --reps after a
+warm-up. A third, untimed run splits the watch's own time by operand (each operand's
+casts, all formats at once, timed around the call: exact on CPU, where nothing is
+asynchronous).
+Results go to benchmarks/results/lowprec-cost-<timestamp>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from overhead import RESULTS, machine, time_once
+
+FORMATS = ("fp8", "mxfp8", "nvfp4")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+
+    import torch
+
+    from actscan.measure import lowprec
+    from actscan.measure.hooks import HookSet
+    from actscan.measure.inputs import next_token_loss
+    from actscan.models.arch import build_config, read_config_file
+    from actscan.models.gpt import build_model
+
+    torch.set_num_threads(args.threads)
+    path = "configs/gpt2-124m.yaml"
+    root = Path(__file__).resolve().parent.parent
+    cfg = build_config(read_config_file(root / path), path)
+    model = build_model(cfg, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=gen)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def plain() -> None:
+        loss = next_token_loss(model(ids), ids)
+        torch.autograd.grad(loss, params, allow_unused=True)
+
+    def watched() -> None:
+        with HookSet() as hooks, lowprec.lowprec_watch(model, FORMATS, True, hooks) as got:
+            watch, forward = got
+            with forward():
+                out = model(ids)
+            loss = next_token_loss(out, ids)
+            torch.autograd.grad(loss, params, allow_unused=True)
+            del out, loss
+            watch.records()
+
+    plain(), watched()  # warm-up
+    samples: dict[str, list[float]] = {"plain": [], "watched": []}
+    for _ in range(args.reps):
+        samples["plain"].append(time_once(plain, "cpu")[0])
+        samples["watched"].append(time_once(watched, "cpu")[0])
+    med = {k: statistics.median(v) for k, v in samples.items()}
+
+    # where the watch's time goes: each operand's casts timed, by operand kind
+    split: dict[str, float] = defaultdict(float)
+    cast = lowprec.operand_figures
+
+    def timed(x: Any, recipes: Any, operand: str = "input", **kw: Any) -> Any:
+        t = time.perf_counter()
+        out = cast(x, recipes, operand, **kw)
+        split[operand] += time.perf_counter() - t
+        return out
+
+    lowprec.operand_figures = timed  # type: ignore[assignment]
+    try:
+        t = time.perf_counter()
+        watched()
+        total = time.perf_counter() - t
+    finally:
+        lowprec.operand_figures = cast  # type: ignore[assignment]
+    casts = sum(split.values())
+    result = {
+        "config": path,
+        "batch": args.batch,
+        "seq": args.seq,
+        "threads": args.threads,
+        "samples": samples,
+        "median_s": med,
+        "ratio": med["watched"] / med["plain"],
+        "split_s": dict(sorted(split.items(), key=lambda kv: -kv[1])),
+        "casts_share_of_extra": casts / max(total - med["plain"], 1e-9),
+        "machine": machine("cpu"),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"lowprec-cost-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(result, indent=2))
+    print(f"12 x 768, batch {args.batch} x seq {args.seq}, {args.threads} thread(s)")
+    print(f"plain fwd+bwd     {med['plain']:.2f} s")
+    print(f"--formats (3)     {med['watched']:.2f} s   ×{result['ratio']:.2f}  (target ≤ 1.5)")
+    print(f"casts: {casts:.2f} s of the {total - med['plain']:.2f} s extra; by operand:")
+    for k, v in result["split_s"].items():
+        print(f"  {k:14s} {v:.2f} s")
+    print(f"-> {out.relative_to(root)}")
+
+
+if __name__ == "__main__":
+    main()

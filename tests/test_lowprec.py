@@ -1,0 +1,475 @@
+"""Simulated low-precision casts (actscan/measure/casts.py) against an independent oracle:
+ml_dtypes' float8_e4m3fn, float8_e5m2, float4_e2m1fn and float8_e8m0fnu, round to nearest
+even, with the recipes' scaling rules written out again here in numpy. Every comparison is
+exact (max error 0): the scales are the same IEEE fp32 operations in the same order, and
+the element roundings must agree bit for bit. Then the planted cases of the issue."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from helpers import ctx, flat_stream
+from torch import nn
+
+from actscan import scan
+from actscan.diagnose import run_checks
+from actscan.diagnose.thresholds import DEFAULT
+from actscan.measure.casts import (
+    E2M1,
+    E4M3,
+    E5M2,
+    FIGURES,
+    FORMATS,
+    Element,
+    cast_figures,
+    e8m0_scale,
+    quantize,
+    round_element,
+)
+from actscan.records import CheckId, Finding, LowPrecRecord, Severity
+from actscan.render.formats import to_markdown
+from actscan.report.report import Report
+from actscan.report.schema import validate_report
+
+ML = {
+    "e4m3": ml_dtypes.float8_e4m3fn,
+    "e5m2": ml_dtypes.float8_e5m2,
+    "e2m1": ml_dtypes.float4_e2m1fn,
+}
+
+
+def oracle_round(y: np.ndarray, elem: Element) -> np.ndarray:
+    y = np.clip(y.astype(np.float32), -elem.max, elem.max)
+    return y.astype(ML[elem.name]).astype(np.float32)
+
+
+def grid(elem: Element) -> np.ndarray:
+    """Every finite value of the format, and every midpoint between neighbours (the ties)."""
+    dt = ML[elem.name]
+    bits = 4 if elem.name == "e2m1" else 8
+    vals = np.arange(2**bits, dtype=np.uint8).view(dt).astype(np.float32)  # every encoding
+    vals = np.unique(np.abs(vals[np.isfinite(vals)]))
+    mids = (vals[:-1] + vals[1:]) / 2
+    out = np.concatenate([vals, mids, [elem.max * 1.5, elem.max * 100, elem.tiny / 4]])
+    out = np.concatenate([out, -out, np.nextafter(mids, 0), np.nextafter(mids, 1)])
+    return out.astype(np.float32)
+
+
+@pytest.mark.parametrize("elem", [E4M3, E5M2, E2M1], ids=lambda e: e.name)
+def test_element_rounding_matches_ml_dtypes_on_every_value_tie_and_edge(elem: Element) -> None:
+    rng = np.random.default_rng(0)
+    random = (rng.standard_normal(20000) * np.exp2(rng.uniform(-20, 18, 20000))).astype(np.float32)
+    x = np.concatenate([grid(elem), random, [0.0, -0.0]]).astype(np.float32)
+    got = round_element(torch.from_numpy(x), elem).numpy()
+    want = oracle_round(x, elem)
+    assert np.array_equal(got, want), np.abs(got - want).max()  # max error: 0
+
+
+def test_e8m0_scale_is_the_mx_rule_and_an_e8m0_value() -> None:
+    rng = np.random.default_rng(1)
+    amax = np.abs(rng.standard_normal(5000) * np.exp2(rng.uniform(-100, 100, 5000)))
+    amax = np.concatenate([amax, np.exp2(np.arange(-120, 120, dtype=np.float64))]).astype(
+        np.float32
+    )
+    got = e8m0_scale(torch.from_numpy(amax), E4M3).numpy()
+    want = np.exp2(np.clip(np.floor(np.log2(amax.astype(np.float64))) - 8, -127, 127))
+    assert np.array_equal(got.astype(np.float64), want)
+    as_e8m0 = got.astype(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    assert np.array_equal(as_e8m0, got)  # representable: exactly a power of two in range
+
+
+def oracle_quantize(x: np.ndarray, fmt: str, operand: str = "input") -> np.ndarray:
+    """The recipe written again: per-tensor amax scaling, MX blocks, NVFP4's two levels."""
+    r = FORMATS[fmt]
+    elem = r.element(operand)
+    x = x.astype(np.float32)
+    if r.block == 0:
+        amax = np.float32(np.abs(x).max())
+        scale = np.float32(elem.max) / amax if amax > 0 else np.float32(1)
+        return oracle_round(x * scale, elem) / scale
+    rows, k = x.shape
+    pad = (-k) % r.block
+    xb = np.pad(x, ((0, 0), (0, pad))).reshape(rows, -1, r.block)
+    bmax = np.abs(xb).max(-1, keepdims=True)
+    if r.scale == "e8m0":
+        with np.errstate(divide="ignore"):
+            e = np.floor(np.log2(bmax.astype(np.float64)))
+        e = np.where(bmax > 0, e, -1)
+        s = np.exp2(np.clip(e - elem.emax, -127, 127)).astype(np.float32)
+        q = oracle_round(xb / s, elem) * s
+    else:
+        tmax = np.float32(bmax.max())
+        enc = np.float32(448.0 * 6.0) / tmax
+        dec = oracle_round(bmax / np.float32(6.0) * enc, E4M3)
+        with np.errstate(divide="ignore"):
+            inv = np.where(dec > 0, enc / dec, 0).astype(np.float32)
+        q = oracle_round(xb * inv, elem) * (dec / enc)
+    return q.reshape(rows, -1)[:, :k]
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("operand", ["input", "grad"])
+def test_recipes_match_the_oracle(fmt: str, operand: str) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((24, 100)).astype(np.float32)  # K = 100: a padded last block
+    x[3] *= 1e-6  # a row of tiny values
+    x[:, 7] *= 300.0  # an outlier channel
+    x[5, :40] = 0.0  # zero blocks
+    x[6, 0] = 2.0**-20  # a value deep below every format's smallest subnormal at its scale
+    got = quantize(torch.from_numpy(x), FORMATS[fmt], operand)
+    want = oracle_quantize(x, fmt, operand)
+    assert np.array_equal(got.numpy(), want), np.abs(got.numpy() - want).max()
+
+
+def fig(x: torch.Tensor, fmt: str, operand: str = "input", **kw: bool) -> dict[str, float]:
+    return dict(zip(FIGURES, cast_figures(x, FORMATS[fmt], operand, **kw).tolist(), strict=True))
+
+
+def rates(f: dict[str, float]) -> tuple[float, float, float]:
+    return f["flushed"] / f["nonzero"], f["saturated"] / f["nonzero"], f["err"] / f["sq"]
+
+
+def test_figures_count_what_the_cast_did() -> None:
+    x = torch.tensor([[0.0, 1.0, -2.0, 1e-30, 3.0, 0.0, 5.0, 8.0]])
+    f = fig(x, "fp8")
+    q = quantize(x, FORMATS["fp8"])
+    assert f["values"] == 8 and f["nonzero"] == 6
+    assert f["flushed"] == 1  # 1e-30
+    assert f["err"] == pytest.approx(float((q - x).square().sum()))
+    assert f["range_max"] == pytest.approx(math.log2(8.0 / 1e-30), rel=1e-6)
+    assert f["range_blocks"] == 1  # one per-tensor block
+
+
+def test_outlier_channel_flushes_per_tensor_e4m3_but_not_mxfp8() -> None:
+    """×1e6 on one channel: per-tensor E4M3's scale follows the outlier, and most other
+    values fall below its smallest subnormal; MXFP8's 32-blocks along the contraction
+    dimension confine that to the one block per row holding the channel. (×1000 is not
+    enough to flush most values, E4M3 spans 2^17.8, but it already flushes ≥ 20× more
+    than MXFP8.)"""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 512, generator=g)
+    big = x.clone()
+    big[:, 11] *= 1e6
+    uf_t, _, _ = rates(fig(big, "fp8"))
+    uf_b, _, _ = rates(fig(big, "mxfp8"))
+    assert uf_t > 0.5 and uf_b < 1 / 16 + 0.01  # at most the poisoned block of 16 per row
+    mild = x.clone()
+    mild[:, 11] *= 1000
+    uf_t, _, _ = rates(fig(mild, "fp8"))
+    uf_b, _, _ = rates(fig(mild, "mxfp8"))
+    assert uf_t > 0.003 and uf_t > 20 * uf_b
+
+
+def test_tiny_gradient_flushes_in_e5m2_unscaled_not_with_per_tensor_scaling() -> None:
+    g = torch.Generator().manual_seed(1)
+    grad = torch.randn(128, 256, generator=g) * 1e-9
+    plain = rates(fig(grad, "fp8", "grad", scaled=False))
+    scaled = rates(fig(grad, "fp8", "grad"))
+    assert plain[0] == 1.0 and plain[2] == pytest.approx(1.0)  # every value lost
+    assert scaled[0] < 1e-3 and scaled[2] < 1e-2
+
+
+def test_one_huge_value_ruins_its_block_only() -> None:
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(8, 256, generator=g)
+    # beyond each element format's spread (E4M3: 2^17.8, E2M1: 2^3.6) above its neighbours
+    for fmt, size, huge in (("mxfp8", 32, 1e7), ("nvfp4", 16, 1e3)):
+        x[3, 40] = huge  # block 1 of row 3 (32-blocks), block 2 (16-blocks)
+        q = quantize(x, FORMATS[fmt])
+        block = slice(40 // size * size, 40 // size * size + size)
+        lost = (q[3, block] == 0) & (x[3, block] != 0)
+        assert lost.float().mean() > 0.5, fmt  # the huge value's neighbours flush
+        others = torch.ones_like(x, dtype=torch.bool)
+        others[3, block] = False
+        if fmt == "mxfp8":  # an E8M0 scale per block: the other blocks are untouched
+            assert not ((q == 0) & (x != 0) & others).any()
+        f = fig(x, fmt)
+        assert f["range_max"] > math.log2(huge / 4)  # the worst block's spread shows it
+
+
+# -- the recorded pass (`--formats`: actscan/measure/lowprec.py) ------------------------
+
+
+class Mixer(nn.Module):
+    """Two Linears and, in the module itself, two activation × activation matmuls."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.up = nn.Linear(d, d)
+        self.down = nn.Linear(d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        scores = torch.softmax(h @ h.transpose(-1, -2) / 8, -1)  # (b, t, t)
+        return self.down(torch.matmul(scores, h))
+
+
+def mixer_batch() -> torch.Tensor:
+    return torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(3))
+
+
+def test_records_match_an_independent_cast_of_the_captured_operands() -> None:
+    """Each record is the oracle's cast of the tensor that GEMM really multiplied: the
+    inputs and output gradients captured by plain module hooks, the weights as they are,
+    the matmul's right operand blocked along its rows (its contraction dimension)."""
+    torch.manual_seed(0)
+    model = Mixer()
+    x = mixer_batch()
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [
+        model.up.register_forward_hook(lambda m, a, o: seen.__setitem__("up", a[0].detach())),
+        model.down.register_full_backward_hook(
+            lambda m, gi, go: seen.__setitem__("down.grad", go[0].detach())
+        ),
+        model.register_forward_hook(lambda m, a, o: seen.__setitem__("h", m.up(a[0]).detach())),
+    ]
+    model(x).square().mean().backward()
+    for h in hooks:
+        h.remove()
+    model.zero_grad()
+    report = scan(model, x, loss_fn=lambda out: out.square().mean(), formats="fp8,mxfp8,nvfp4")
+    recs = {(r.gemm, r.operand, r.format): r for r in report.low_precision}
+    assert {g for g, _, _ in recs} == {"up", "down", ":matmul#0", ":matmul#1"}
+
+    def want(t: torch.Tensor, fmt: str, operand: str = "input") -> float:
+        rows = t.reshape(-1, t.shape[-1]).numpy()
+        q = oracle_quantize(rows, fmt, operand)
+        return float(((q - rows) ** 2).sum() / (rows**2).sum())
+
+    for fmt in FORMATS:
+        assert recs[("up", "input", fmt)].error == pytest.approx(want(seen["up"], fmt), rel=1e-5)
+        w = model.down.weight.detach()
+        assert recs[("down", "weight", fmt)].error == pytest.approx(want(w, fmt), rel=1e-5)
+        g = seen["down.grad"]
+        assert recs[("down", "grad", fmt)].error == pytest.approx(want(g, fmt, "grad"), rel=1e-5)
+        # h @ hᵀ: the right operand hᵀ contracts over its rows, i.e. blocks along h's last dim
+        rhs = recs[(":matmul#0", "rhs", fmt)]
+        assert rhs.error == pytest.approx(want(seen["h"], fmt), rel=1e-5)
+    assert recs[("down", "weight", "fp8")].element == "e4m3"
+    assert recs[("down", "grad", "fp8")].element == "e5m2"
+    assert all(r.calls == 1 for r in report.low_precision)
+
+
+def test_formats_off_changes_nothing_and_on_changes_no_measurement() -> None:
+    torch.manual_seed(0)
+    model = Mixer()
+    x = mixer_batch()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    off = scan(model, x)
+    on = scan(model, x, formats=["nvfp4", "fp8"])
+    assert off.low_precision == ()
+    assert {r.format for r in on.low_precision} == {"fp8", "nvfp4"}
+    assert on.layers == off.layers and on.stream == off.stream  # the model ran the same
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert "low-precision" in {s.check for s in off.skipped}
+
+
+def test_report_carries_low_precision_through_json_schema_and_markdown() -> None:
+    torch.manual_seed(0)
+    report = scan(Mixer(), mixer_batch(), formats="mxfp8")
+    data = json.loads(report.to_json())
+    validate_report(data)
+    assert len(data["low_precision"]) == len(report.low_precision) == 4 * 3
+    assert Report.from_dict(data).low_precision == report.low_precision
+    md = to_markdown(report)
+    assert "#### Low precision" in md and "| `:matmul#1` | rhs | mxfp8 (e4m3) |" in md
+
+
+def test_the_check_names_the_module_operand_and_format_of_a_planted_outlier() -> None:
+    """Channel 7 of the first layer's input at 3·10^4 × the rest: per-tensor E4M3 flushes
+    12% of that input, MXFP8's blocks ~0.6%: the check names `0`, input, fp8 only."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 16))
+    with torch.no_grad():
+        model[0].weight[:, 7] *= 1e-4
+    x = torch.randn(64, 256)
+    x[:, 7] *= 3e4
+    report = scan(model, x, formats="fp8,mxfp8")
+    (f,) = [f for f in report.findings if f.check == "low-precision"]
+    assert f.severity == "warn" and f.layers == ("0",)
+    assert "0 input fp8 12%" in f.message and "mxfp8" not in f.message
+    assert "SmoothQuant" in f.hint
+    clean = scan(model, torch.randn(64, 256), formats="fp8,mxfp8")
+    assert "low-precision" not in {f.check for f in clean.findings}
+
+
+def test_a_tiny_loss_is_no_underflow_under_per_tensor_scaling() -> None:
+    """Gradients of RMS ~1e-12 (the loss × 1e-10): E5M2 alone would flush them all, its
+    per-tensor scale keeps them."""
+    torch.manual_seed(0)
+    report = scan(
+        Mixer(), mixer_batch(), loss_fn=lambda o: o.square().mean() * 1e-10, formats="fp8"
+    )
+    grads = [r for r in report.low_precision if r.operand == "grad"]
+    assert grads and all(r.underflow is not None and r.underflow < 1e-3 for r in grads)
+    assert not [f for f in report.findings if f.check == "low-precision"]
+
+
+@pytest.mark.slow  # transformers import (~10 s cold)
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_quiet_on_healthy_transformers_at_init_and_every_gemm_is_there(family: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if family == "llama":
+        cfg = transformers.LlamaConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager",
+        )  # fmt: skip
+        model, per_block = transformers.LlamaForCausalLM(cfg), 7 + 2
+    else:
+        cfg = transformers.GPT2Config(
+            vocab_size=256, n_embd=64, n_layer=2, n_head=4, attn_implementation="eager"
+        )
+        model, per_block = transformers.GPT2LMHeadModel(cfg), 4 + 2
+    report = scan(model, formats="fp8,mxfp8,nvfp4", seq_len=32)
+    gemms = {r.gemm for r in report.low_precision}
+    assert len(gemms) == 2 * per_block + 1  # every projection, QKᵀ and PV, and the head
+    assert any(g.endswith(":matmul#1") for g in gemms) and "lm_head" in gemms
+    assert {r.block for r in report.low_precision} == {0, 1, None}
+    assert "low-precision" not in {f.check for f in report.findings}
+
+
+# -- the check on planted records (pure: actscan/diagnose/lowprec.py) --------------------
+
+
+def lp(gemm: str, operand: str, fmt: str, *, underflow: float = 0.0, error: float | None = None,
+       rng: float = 10.0, block: int | None = 1) -> LowPrecRecord:  # fmt: skip
+    r = FORMATS[fmt]
+    nominal = {"fp8": 7.0e-4, "mxfp8": 8.6e-4, "nvfp4": 9.1e-3}[fmt]
+    elem = r.element(operand).name
+    if error is None:
+        error = 2.8e-3 if elem == "e5m2" else nominal
+    return LowPrecRecord(
+        gemm, "linear", operand, fmt, elem, r.block, block, 1000, 1000, underflow, 0.0, error,
+        rng, rng, 1,
+    )  # fmt: skip
+
+
+def judge(*records: LowPrecRecord) -> list[Finding]:
+    c = replace(ctx(points=flat_stream(4)), low_precision=records)
+    return [f for f in run_checks(c) if f.check == CheckId.LOW_PRECISION]
+
+
+def test_check_thresholds_severity_and_remedy_by_cause() -> None:
+    healthy = [lp(f"b.{i}", op, fmt) for i in range(3) for op in ("input", "weight", "grad")
+               for fmt in FORMATS]  # fmt: skip
+    assert judge(*healthy) == []
+    # per-tensor fp8 flushes 6% of an input that MXFP8 keeps: warn, smoothing or blocks
+    (f,) = judge(*healthy, lp("b.x", "input", "fp8", underflow=0.06), lp("b.x", "input", "mxfp8"))
+    assert f.severity is Severity.WARN and f.layers == ("b.x",)
+    assert "b.x input fp8 6%" in f.message and "SmoothQuant" in f.hint
+    assert "bf16" not in f.hint  # block 1 of 4 blocks: neither the first nor the last
+    assert judge(lp("b.x", "input", "fp8", underflow=0.04)) == []  # under TE's 5%
+    # NVFP4 flushes ~7% of any block by itself: not judged on underflow …
+    assert judge(lp("b.x", "grad", "nvfp4", underflow=0.2)) == []
+    # … but 10× its Gaussian error is reported, at info, with the FP4-gradient remedy
+    (f,) = judge(lp("b.x", "grad", "nvfp4", error=0.1))
+    assert f.severity is Severity.INFO and "Hadamard" in f.hint and "11×" in f.message
+    # the head (outside the blocks) flushing its weight: keep it in bf16, check its init
+    (f,) = judge(lp("lm_head", "weight", "fp8", underflow=0.5, block=None))
+    assert "bf16" in f.hint and "init scale" in f.hint
+    # a block spread beyond the element format's range: the outlier remedy
+    (f,) = judge(lp("b.x", "input", "mxfp8", underflow=0.1, rng=25.0))
+    assert "SmoothQuant" in f.hint
+    th = replace(DEFAULT, lowprec_underflow=0.5)
+    c = replace(
+        ctx(points=flat_stream(4), th=th), low_precision=(lp("b", "input", "fp8", underflow=0.1),)
+    )
+    assert not [f for f in run_checks(c) if f.check == CheckId.LOW_PRECISION]
+
+
+def test_odd_contractions_are_cast_or_skipped_without_breaking_the_pass() -> None:
+    """A dot product (0-d output and gradient), a 3-operand einsum, an outer product."""
+
+    class Odd(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            v = x.mean(0) * self.w[0]  # (needs a gradient)
+            dot = torch.matmul(v, v)  # 0-d
+            three = torch.einsum("bi,ij,bj->b", x, self.w, x)
+            outer = torch.einsum("i,j->ij", v, v)
+            return dot + three.sum() + outer.sum()
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    model = Odd()
+    want = model(x)
+    report = scan(model, x, loss_fn=lambda out: out, formats="fp8,nvfp4")
+    got = {(r.gemm, r.operand) for r in report.low_precision}
+    assert (":matmul#0", "grad") in got and (":einsum#1", "third") in got
+    assert torch.equal(model(x), want)
+
+
+def test_compare_shows_both_sides_low_precision() -> None:
+    """Two inits side by side: the one with a planted outlier input loses more in fp8."""
+    from rich.console import Console
+
+    from actscan.compare.pairs import compare_reports
+    from actscan.render.compare import lowprec_table
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 16))
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(1))
+    loud = x.clone()
+    loud[:, 7] *= 3e4
+    a, b = scan(model, x, formats="fp8"), scan(model, loud, formats="fp8")
+    table = lowprec_table(compare_reports(a, b, label_a="plain", label_b="outlier"))
+    assert table is not None
+    console = Console(width=200, record=True)
+    console.print(table)
+    row = next(line for line in console.export_text().splitlines() if " input " in line)
+    cells = row.split()
+    assert cells[:5] == ["0", "input", "fp8", "e4m3", "0"]  # A flushes nothing …
+    assert float(cells[5].rstrip("%")) > 5  # … B, the outlier's side, > 5%
+    assert lowprec_table(compare_reports(a, scan(model, x))) is None
+
+
+def test_sweep_shows_how_the_worst_operand_moves_with_size() -> None:
+    from rich.console import Console
+
+    from actscan.compare.sweep import Sweep, SweepPoint, row
+    from actscan.render.compare import sweep_lowprec_table
+
+    rows = []
+    for width in (64, 128):
+        torch.manual_seed(0)
+        report = scan(Mixer(width), torch.randn(2, 16, width), formats="fp8,mxfp8")
+        rows.append(row(SweepPoint("a", None, width, (("d", str(width)),)), report))
+    sw = Sweep("mixer", (("a", "mixer"),), (), (64, 128), None, "d", tuple(rows))
+    table = sweep_lowprec_table(sw)
+    assert table is not None and table.row_count == 2 * 2  # 2 sizes × 2 formats
+    console = Console(width=200, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "fp8" in text and "mxfp8" in text
+    assert (
+        sweep_lowprec_table(
+            replace(sw, rows=(row(SweepPoint("a", None, 64, ()), scan(Mixer(), mixer_batch())),))
+        )
+        is None
+    )
+
+
+def test_plot_gets_a_low_precision_panel(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from actscan.render.plot import plot_profile, profile_figure
+
+    torch.manual_seed(0)
+    report = scan(Mixer(), mixer_batch(), formats="fp8,nvfp4")
+    fig = profile_figure(report)
+    assert fig.formats == ("fp8", "nvfp4") and len(fig.lowprec) == 4
+    up = dict(fig.lowprec)["up"]
+    want = max(r.error or 0 for r in report.low_precision if r.gemm == "up" and r.format == "nvfp4")
+    assert up[1] == want
+    assert plot_profile(fig, tmp_path / "p.png").stat().st_size > 0
+    assert profile_figure(scan(Mixer(), mixer_batch())).lowprec == ()
