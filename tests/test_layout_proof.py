@@ -373,6 +373,48 @@ def test_bf16_tolerance_follows_the_dtype() -> None:
         assert p.residual is not None and 0 < p.residual <= 3e-2
 
 
+def test_a_stream_1e5_times_its_branches_cannot_prove_a_wrong_layout() -> None:
+    """A Llama whose embedding is 1e5× its branches (std 2e4; all heads stream-shaped q/k/v):
+    against the output's norm, q/k/v counted as writes balance the sum to 4e-6 and passed
+    a 1e-4 tolerance. Measured against the writes they are a hundred times over it; the
+    proof keeps attention + MLP, and dead-branch does not name q_proj as a branch."""
+    model = hf_model("llama", num_key_value_heads=4)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, 2e4)
+    x = ids()
+    layout = proven(model, lambda: model(input_ids=x))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified", p
+        assert p.writes == (f"{b.name}.self_attn", f"{b.name}.mlp")
+    report = _profile(model)
+    assert {b.name.rsplit(".", 1)[-1] for b in report.branches} == {"self_attn", "mlp"}
+    named = [n for f in report.findings for n in f.layers if f.check == CheckId.DEAD_BRANCH]
+    assert named and not [n for n in named if "_proj" in n]
+    # the equation the old tolerance accepted: q/k/v as writes, ≤ 1e-4 of ‖x_out‖
+    h: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, _a: object, o: object) -> None:
+            h.setdefault(name, o[0] if isinstance(o, tuple) else o)  # type: ignore[arg-type]
+
+        return hook
+
+    wanted = ("", "self_attn", "mlp", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    hooks = [
+        m.register_forward_hook(keep(n))
+        for n, m in model.model.layers[0].named_modules()
+        if n in wanted
+    ]
+    with torch.no_grad():
+        model(input_ids=x)
+    for hook in hooks:
+        hook.remove()
+    x_out = h[""].double()
+    x_in = x_out - h["self_attn"].double() - h["mlp"].double()
+    wrong = sum(h[f"self_attn.{q}_proj"].double() for q in "qkv")
+    assert float(wrong.norm() / x_out.norm()) < 1e-4 < float(wrong.norm() / (x_out - x_in).norm())
+
+
 # --------------------------------------------------------------------------- the checks
 
 
