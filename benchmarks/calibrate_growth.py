@@ -104,20 +104,31 @@ def planted(seed: int) -> list[dict[str, Any]]:
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 1.0)
-    rows.append({"case": "llama, every weight std 1", "depth": 12, "width": 256, **measure(model, seed)})
+    rows.append(
+        {"case": "llama, every weight std 1", "depth": 12, "width": 256, **measure(model, seed)}
+    )
     model = build("gpt2", 48, 128, seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("c_proj.weight"):
                 p.normal_(0.0, 0.02)
-    rows.append({"case": "gpt2 without 1/√(2L) c_proj", "depth": 48, "width": 128, **measure(model, seed)})
+    rows.append(
+        {"case": "gpt2 without 1/√(2L) c_proj", "depth": 48, "width": 128, **measure(model, seed)}
+    )
     model = build("llama", 24, 128, seed)
     handles = []
     for i, layer in enumerate(model.model.layers):  # type: ignore[union-attr]
         for m in (layer.self_attn.o_proj, layer.mlp.down_proj):
             handles.append(m.register_forward_hook(lambda _m, _a, o, g=1.2**i: o * g))
     try:
-        rows.append({"case": "llama, block i's writes ×1.2^i", "depth": 24, "width": 128, **measure(model, seed)})
+        rows.append(
+            {
+                "case": "llama, block i's writes ×1.2^i",
+                "depth": 24,
+                "width": 128,
+                **measure(model, seed),
+            }
+        )
     finally:
         for h in handles:
             h.remove()
@@ -146,7 +157,9 @@ def main() -> None:
     print(f"post-LN: drift ×{rows[-1]['drift']:.2f} jump ×{rows[-1]['jump']:.1f}")
     plants = planted(0)
     for r in plants:
-        print(f"planted: {r['case']}: drift ×{r['drift']:.2f} jump ×{r['jump']:.1f} {r['findings']}")
+        print(
+            f"planted: {r['case']}: drift ×{r['drift']:.2f} jump ×{r['jump']:.1f} {r['findings']}"
+        )
     data = {
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,

@@ -72,6 +72,32 @@ def test_sqrt_growth_warns_past_what_real_inits_give() -> None:
     assert "past ×4·√L" in f.message and "Nothing needs fixing" not in f.hint
 
 
+def test_growth_remedy_behind_post_branch_norms_acts_on_the_norms() -> None:
+    """OLMo 2/3 and Gemma 2/3 write through post-branch norms, which re-normalise the
+    write: 1/√(2L) on the output projections cannot act there; the norms' gains can."""
+    from actscan.records import BranchInfo
+
+    rms = [0.1] + [0.1 * i for i in range(1, 49)]
+    c = ctx(points=stream(rms))
+    blocks = tuple(
+        replace(
+            b,
+            branches=tuple(
+                BranchInfo(role=r, name=f"{b.name}.{r}", write=f"{b.name}.post_{r}_norm")
+                for r in ("attn", "mlp")
+            ),
+        )
+        for b in c.layout.blocks
+    )
+    roles = {br.write: "norm" for b in blocks for br in b.branches if br.write}
+    post = replace(c, layout=replace(c.layout, blocks=blocks, roles=roles))
+    plain = only(run(c), CheckId.SQRT_GROWTH)[0].hint
+    normed = only(run(post), CheckId.SQRT_GROWTH)[0].hint
+    assert "output projections (attention out, MLP down) by 1/√(2L)" in plain
+    assert "output projections (attention out" not in normed
+    assert "post-branch norms" in normed and "gains by 1/√(2L) = 1/√96" in normed
+
+
 def test_sqrt_growth_quiet_when_branches_are_scaled() -> None:
     # 1/√(2L): each branch adds v/(2L), the whole stack adds v: bounded at any depth
     c = ctx(points=stream(accumulator(48, a=1e-3, v=0.01, scale=1 / 96)))
@@ -123,6 +149,23 @@ def test_exp_growth_names_the_crossing_block() -> None:
     assert f.value == pytest.approx(1.2**24, rel=1e-6)
     assert f.layers == ("blocks.13", "blocks.23")  # 1.2^13 = 10.7 is the first ≥ 10
     assert "γ = 1.2" in f.message
+
+
+def test_a_jump_inside_block_0_fires_exp_growth_there() -> None:
+    """The drift and γ start at block 0's output; growth from the embedding does not:
+    ×5.8e3 inside block 0 (every weight at std 1), then plain √k, fires at block 0."""
+    rms = [1.0] + [5.8e3 * math.sqrt(i) for i in range(1, 13)]
+    found = only(run(ctx(points=stream(rms))), CheckId.EXP_GROWTH)
+    assert len(found) == 1
+    f = found[0]
+    assert f.layers == ("blocks.0",) and f.value == pytest.approx(5.8e3)
+    assert f.severity is Severity.ERROR and f.threshold == DEFAULT.growth_jump_error
+    assert "inside block 0" in f.message
+    # ×150: a warning; the largest healthy jumps (real inits ×15.7, post-LN ×35.7): quiet
+    f = only(run(ctx(points=stream([1.0] + [150.0] * 12))), CheckId.EXP_GROWTH)[0]
+    assert f.severity is Severity.WARN and f.threshold == DEFAULT.growth_jump
+    for jump in (15.7, 35.7):
+        assert not run(ctx(points=stream([1.0] + [jump * math.sqrt(i) for i in range(1, 13)])))
 
 
 def test_exp_growth_error_at_exp_gain_error() -> None:

@@ -443,6 +443,44 @@ def test_gemma2_at_8_layers_has_no_false_dead_branch_and_a_planted_one_is_found(
     assert "MLP of block 5" in dead[0].message and "post_feedforward_layernorm" in dead[0].message
 
 
+@pytest.mark.parametrize("model_type", ["gemma2", "olmo2"])
+def test_a_branch_behind_a_post_norm_is_judged_by_what_the_norm_writes(model_type: str) -> None:
+    """Large weights (std 3) behind post-branch norms: the MLP's own output is ~1e4–1e5×
+    the stream and the gradient before the norm ÷ that much, a false dead-branch on every
+    MLP when read there. The norm's write is what the stream gets and what learns: no
+    dead-branch, the Branches table shows the write (as JSON's write_ratio), and no hint
+    offers output-projection scaling the norm would undo."""
+    from rich.console import Console
+
+    from actscan.render.terminal import branch_table
+
+    cfg = transformers.AutoConfig.for_model(model_type, **{**DEC, "num_hidden_layers": 4})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and "embed" not in name:
+                p.normal_(0.0, 3.0)
+    report = _profile(model)
+    assert not [f for f in report.findings if f.check == CheckId.DEAD_BRANCH]
+    mlp = [b for b in report.branches if b.kind == "mlp"]
+    assert len(mlp) == 4 and all(
+        b.write and b.write.endswith("post_feedforward_layernorm") for b in mlp
+    )
+    assert min(b.ratio for b in mlp) > 1e3 and min(b.write_ratio for b in mlp) > 0.1  # type: ignore[operator, type-var]
+    console = Console(width=200, record=True)
+    table = branch_table(report)
+    assert table is not None
+    console.print(table)
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if "layers.0.mlp" in line)
+    assert "→ post_feedforward_layernorm" in row
+    from actscan.numfmt import num
+
+    assert num(mlp[0].write_ratio) in row and num(mlp[0].ratio) not in row
+    assert not any("output projections (attention out" in f.hint for f in report.findings)
+
+
 def test_planted_dead_mlp_in_llama_is_found_at_its_block() -> None:
     model = hf_model("llama", num_hidden_layers=4)
     with torch.no_grad():

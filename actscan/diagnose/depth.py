@@ -414,10 +414,15 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
             f"{_b(ctx, last)}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
             f"{n(r[0])} vs {n(top)}); it passes ×{n(th.grad_ratio_warn)} at {_place(ctx, cross)}."
         )
+        scaling = (
+            "the post-branch norms' gains"
+            if post_branch_norms(ctx)
+            else "1/√(2L) output projections"
+        )
         hint = (
-            "The backward pass amplifies through depth: lower the per-block gain (fan-in init, "
-            "1/√(2L) output projections), prefer pre-norm, clip gradients, and check the "
-            "logit scale (a saturated softmax concentrates the gradient)."
+            f"The backward pass amplifies through depth: lower the per-block gain (fan-in "
+            f"init, {scaling}), prefer pre-norm, clip gradients, and check the logit scale "
+            f"(a saturated softmax concentrates the gradient)."
         )
         return [
             finding(
