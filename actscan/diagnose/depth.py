@@ -138,7 +138,7 @@ def _growth_remedy(ctx: CheckContext, k: int) -> str:
             "learned gain after the norm (ReZero α = 0, LayerScale)."
         )
     return (
-        f"Scale the residual output projections (attention out, MLP down) by 1/√(2L) = "
+        f"scale the residual output projections (attention out, MLP down) by 1/√(2L) = "
         f"1/√{k} ≈ {n(1 / math.sqrt(k))} as GPT-2 does, or gate each branch with a learned "
         f"gain (ReZero α = 0, LayerScale) or use DeepNorm: the 2L branches then add O(1) "
         f"variance in total, not O(L)."
@@ -201,7 +201,9 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
     )
     hint = _growth_remedy(ctx, k)
     if severity is Severity.INFO:
-        hint = "Nothing needs fixing to train. To hold the stream's scale anyway: " + hint
+        hint = "Nothing needs fixing to train; to hold the stream's scale anyway, " + hint
+    else:
+        hint = hint[0].upper() + hint[1:]
     budget = residual_budget(ctx)
     if budget is not None and budget[2] < th.residual_budget:
         # At init with measurably down-scaled projections, √k growth is the embedding being
