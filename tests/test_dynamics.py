@@ -395,6 +395,18 @@ def test_cli_bad_step_options_are_one_line_exit_2(args: list[str], needle: str) 
     one_line_error(cli("profile", *TINY, *args), needle)
 
 
+def test_cli_warmup_2000_steps_3_records_the_first_lrs_of_that_schedule(tmp_path: Any) -> None:
+    out = tmp_path / "r.json"
+    args = ["--steps", "3", "--warmup", "2000", "--lr", "0.01", "--json", str(out), "-q"]
+    result = cli("profile", *TINY, *args)
+    assert result.exit_code == 0, result.output
+    dyn = json.loads(out.read_text())["dynamics"]
+    assert dyn["optimizer"]["warmup"] == 2000
+    assert [s["lr"] for s in dyn["steps"]] == pytest.approx(
+        [0.01 * (t + 1) / 2000 for t in range(4)]
+    )
+
+
 def test_cli_profile_steps_renders_the_tables_and_writes_json(tmp_path: Any) -> None:
     out = tmp_path / "r.json"
     result = cli("profile", *TINY, "--steps", "2", "--lr", "0.01", "--json", str(out))
