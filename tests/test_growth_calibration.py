@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+from actscan.diagnose.depth import POST_LN_JUMP, REAL_INIT_DRIFT, REAL_INIT_JUMP
 from actscan.diagnose.thresholds import DEFAULT
 from actscan.records import CheckId, Severity
 from actscan.run import scan
@@ -126,9 +127,16 @@ def test_the_thresholds_stand_on_the_recorded_calibration() -> None:
     families = {r["family"] for r in healthy if "family" in r}
     assert {"llama", "mistral", "qwen2", "gpt2", "gemma"} <= families
     assert {r["depth"] for r in healthy} >= {12, 24, 32, 48}
-    worst = max(r["drift_per_sqrt_L"] for r in healthy)
+    worst = max(r["drift_per_sqrt_L"] for r in healthy if "family" in r)
     assert 2.0 < worst < DEFAULT.growth_excess
     assert max(r["jump"] for r in healthy) < DEFAULT.growth_jump
+    # the numbers the messages quote are these measurements
+    assert worst == pytest.approx(REAL_INIT_DRIFT, abs=0.01)
+    assert max(r["jump"] for r in healthy if "family" in r) == pytest.approx(
+        REAL_INIT_JUMP, abs=0.1
+    )
+    post_ln = next(r for r in healthy if "postln" in r.get("case", ""))
+    assert post_ln["jump"] == pytest.approx(POST_LN_JUMP, abs=0.1)
     planted = {r["case"]: r for r in data["planted"]}
     assert planted["llama, every weight std 1"]["jump"] > DEFAULT.growth_jump_error
     assert planted["llama, block i's writes ×1.2^i"]["findings"] == {"exp-growth": "error"}
