@@ -379,7 +379,8 @@ class BlockProof:
     placement: "additive" (x_out = x_in + Σ writes), "post-norm" (the equation holds
     before the block's stream norms: x_out = norm(x_in + Σ writes), post-LN) or "plain" (no
     residual add: x_out is a chain of the block's modules applied to x_in; no branches).
-    residual: ‖x_in + Σ writes − x_out‖ / ‖x_out‖ (per segment, the worst, for post-norm).
+    residual: ‖x_in + Σ writes − x_out‖ / (‖x_out − x_in‖ + ρ‖x_out‖), relative to the
+    writes plus the rounding of the sum (per segment, the worst, for post-norm).
     stream: which block list the block belongs to ("main"; a second stream such as an
     encoder-decoder's decoder gets its own name).
     """

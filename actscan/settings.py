@@ -738,7 +738,8 @@ class Settings:
         check=Integer(0, 100_000, "the most --steps allows"),
         flag="--warmup",
         panel="Steps",
-        help="Linear learning-rate warmup steps.",
+        help="Linear learning-rate warmup steps (may exceed --steps: the steps measured are "
+        "the first ones of that schedule).",
     )
     attention: bool = setting(
         True,
@@ -849,11 +850,6 @@ class Settings:
         def where(name: str) -> str:
             return ROWS[name].where(sources.get(name, SOURCE_API))
 
-        if self.warmup > self.steps:
-            raise UsageError(
-                f"{where('warmup')} {self.warmup} is longer than steps {self.steps}: the steps "
-                "would never reach the learning rate"
-            )
         if self.optimizer in ("adamw", "sgd") and self.lr * self.weight_decay >= 1:
             raise UsageError(
                 f"{where('weight_decay')} {self.weight_decay:g} × {where('lr')} {self.lr:g} "

@@ -129,7 +129,9 @@ def test_rezero_branches_are_info_by_design() -> None:
 def test_naive_48_block_stack_fires_sqrt_growth() -> None:
     report = profile(builtin("gpt-48-naive"))
     f = first(report)  # measured: drift ×8.3, growth ×35 over the embedding, p = 0.55
-    assert (f.check, f.severity) == (CheckId.SQRT_GROWTH, Severity.WARN)
+    # ×8.3 = 1.2·√48: less than Llama's own init drifts at 48 blocks (×15.4 = 2.22·√L),
+    # which trains: reported with the number, at info
+    assert (f.check, f.severity) == (CheckId.SQRT_GROWTH, Severity.INFO)
     assert f.layers[-1] == "blocks.47" and f.value >= 6  # type: ignore[operator]
     assert "1/√96" in f.hint
     # the static cause is reported too, after the measured effect
@@ -142,7 +144,7 @@ def test_naive_48_block_stack_fires_sqrt_growth() -> None:
 def test_gpt2_without_c_proj_scaling_at_48_layers_fires_sqrt_growth() -> None:
     report = profile(gpt2(48, 128, unscaled=True))
     f = first(report)  # measured at d 128: drift ×7.5, p = 0.53; at d 256: ×8.7, p = 0.55
-    assert (f.check, f.severity) == (CheckId.SQRT_GROWTH, Severity.WARN)
+    assert (f.check, f.severity) == (CheckId.SQRT_GROWTH, Severity.INFO)  # ≤ 2.22·√L
     assert f.layers[-1] == "transformer.h.47"
     # the same model with transformers' own 1/√(2N) is quiet
     assert not loud(profile(gpt2(48, 128)))
@@ -315,13 +317,14 @@ def test_reports_with_findings_validate_and_gate(tmp_path: Path) -> None:
     base = ["profile", "gpt-48-naive", "--set", "d_model=128", "--batch", "2", "--seq-len", "32"]
     out = tmp_path / "r.json"
     res = runner.invoke(app, [*base, "-q", "--json", str(out)])
-    assert res.exit_code == 0, res.output  # sqrt-growth is a warning: default --fail-on error
+    assert res.exit_code == 0, res.output  # sqrt-growth is info: √k growth real inits ship
     data = json.loads(out.read_text())
     validate_report(data)
     assert data["findings"][0]["check"] == "sqrt-growth"
     assert data["summary"]["growth_exponent"] > 0.45
     assert "sqrt-growth" in res.stdout.split("init-scale")[0]  # shown first in the panel
-    assert runner.invoke(app, [*base, "-q", "--fail-on", "warn"]).exit_code == 1
-    # a threshold override silences it: the drift (×7.7 at d 128) is under ×10
-    res = runner.invoke(app, [*base, "-q", "--fail-on", "warn", "--threshold", "growth-warn=10"])
-    assert res.exit_code == 0, res.output
+    assert runner.invoke(app, [*base, "-q", "--fail-on", "info"]).exit_code == 1
+    # a threshold override makes it a warning: the drift (×7.7 at d 128) is 1.1·√48
+    warn = [*base, "-q", "--fail-on", "warn"]
+    assert runner.invoke(app, warn).exit_code == 0
+    assert runner.invoke(app, [*warn, "--threshold", "growth-excess=1"]).exit_code == 1

@@ -41,16 +41,19 @@ branch_scale: depth
 init: fan-in
 tie_embeddings: false
 """
-# …and the same model after a bad change: 48 blocks, flat 0.02 init, no branch scaling.
+# …and the same model after a bad change: a flat init of std 1 (a typo for 0.02). (48
+# unscaled blocks at 0.02 are no break: √k growth is what Llama's own init ships, info.)
 BROKEN_YAML = """\
 family: actscan-gpt
-n_layers: 48
+n_layers: 4
 d_model: 64
 n_heads: 4
 vocab_size: 256
 seq_len: 32
-branch_scale: none
+branch_scale: depth
 init: gpt2
+init_std: 1.0
+tie_embeddings: false
 """
 SHELL_OPS = {"|", ">", ">>", "||", "&&", ";", "2>", "2>&1"}
 

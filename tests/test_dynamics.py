@@ -171,6 +171,26 @@ def test_warmup_is_linear_and_sgd_moves_by_lr_times_gradient() -> None:
     assert u.ratio[0] == pytest.approx(want, rel=1e-4)
 
 
+def test_warmup_longer_than_the_steps_measures_the_first_steps_of_that_schedule() -> None:
+    """`--warmup 2000 --steps 3` is the first 3 steps of a 2000-step warmup: the recorded
+    lrs are lr·(t+1)/2000 and the updates applied are those of a hand loop on that schedule
+    (so a user who warms up long can look at the start of their own run)."""
+    model = tiny()
+    lr, warmup = 3e-1, 2000
+    dyn = run(model, steps=3, lr=lr, warmup=warmup).dynamics
+    assert dyn is not None and dyn.optimizer.warmup == warmup
+    assert [s.lr for s in dyn.steps] == pytest.approx([lr * (t + 1) / warmup for t in range(4)])
+    names, ratios, _ = hand_loop(model, 3, lr, warmup=warmup)
+    assert [u.param for u in dyn.updates] == names
+    checked = 0
+    for j, u in enumerate(dyn.updates):
+        for t in range(3):
+            if math.isfinite(ratios[t][j]):
+                assert u.ratio[t] == pytest.approx(ratios[t][j], rel=1e-5), (u.param, t)
+                checked += 1
+    assert checked > 20
+
+
 def _state(model: nn.Module) -> tuple[object, ...]:
     return (
         {k: v.clone() for k, v in model.state_dict().items()},
@@ -286,7 +306,7 @@ def test_param_groups_hook_sets_per_group_learning_rates() -> None:
         ({"steps": 1, "lr": float("nan")}, "--lr"),
         ({"steps": 1, "optimizer": "lion"}, "--optimizer"),
         ({"steps": 1, "backward": False}, "--no-backward"),
-        ({"steps": 1, "warmup": 2}, "--warmup"),
+        ({"steps": 1, "warmup": -1}, "--warmup"),
         ({"steps": 1, "eps": -1.0}, "--eps"),
     ],
 )
@@ -366,13 +386,25 @@ def cli(*args: str) -> Any:
         (["--steps", "2", "--lr", "nan"], "--lr"),
         (["--steps", "2", "--optimizer", "lion"], "--optimizer"),
         (["--steps", "2", "--no-backward"], "--no-backward"),
-        (["--steps", "2", "--warmup", "3"], "--warmup"),
+        (["--steps", "2", "--warmup", "-1"], "--warmup"),
     ],
 )
 def test_cli_bad_step_options_are_one_line_exit_2(args: list[str], needle: str) -> None:
     from helpers import one_line_error
 
     one_line_error(cli("profile", *TINY, *args), needle)
+
+
+def test_cli_warmup_2000_steps_3_records_the_first_lrs_of_that_schedule(tmp_path: Any) -> None:
+    out = tmp_path / "r.json"
+    args = ["--steps", "3", "--warmup", "2000", "--lr", "0.01", "--json", str(out), "-q"]
+    result = cli("profile", *TINY, *args)
+    assert result.exit_code == 0, result.output
+    dyn = json.loads(out.read_text())["dynamics"]
+    assert dyn["optimizer"]["warmup"] == 2000
+    assert [s["lr"] for s in dyn["steps"]] == pytest.approx(
+        [0.01 * (t + 1) / 2000 for t in range(4)]
+    )
 
 
 def test_cli_profile_steps_renders_the_tables_and_writes_json(tmp_path: Any) -> None:

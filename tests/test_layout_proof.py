@@ -373,6 +373,48 @@ def test_bf16_tolerance_follows_the_dtype() -> None:
         assert p.residual is not None and 0 < p.residual <= 3e-2
 
 
+def test_a_stream_1e5_times_its_branches_cannot_prove_a_wrong_layout() -> None:
+    """A Llama whose embedding is 1e5× its branches (std 2e4; all heads stream-shaped q/k/v):
+    against the output's norm, q/k/v counted as writes balance the sum to 4e-6 and passed
+    a 1e-4 tolerance. Measured against the writes they are a hundred times over it; the
+    proof keeps attention + MLP, and dead-branch does not name q_proj as a branch."""
+    model = hf_model("llama", num_key_value_heads=4)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, 2e4)
+    x = ids()
+    layout = proven(model, lambda: model(input_ids=x))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified", p
+        assert p.writes == (f"{b.name}.self_attn", f"{b.name}.mlp")
+    report = _profile(model)
+    assert {b.name.rsplit(".", 1)[-1] for b in report.branches} == {"self_attn", "mlp"}
+    named = [n for f in report.findings for n in f.layers if f.check == CheckId.DEAD_BRANCH]
+    assert named and not [n for n in named if "_proj" in n]
+    # the equation the old tolerance accepted: q/k/v as writes, ≤ 1e-4 of ‖x_out‖
+    h: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, _a: object, o: object) -> None:
+            h.setdefault(name, o[0] if isinstance(o, tuple) else o)  # type: ignore[arg-type]
+
+        return hook
+
+    wanted = ("", "self_attn", "mlp", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    hooks = [
+        m.register_forward_hook(keep(n))
+        for n, m in model.model.layers[0].named_modules()
+        if n in wanted
+    ]
+    with torch.no_grad():
+        model(input_ids=x)
+    for hook in hooks:
+        hook.remove()
+    x_out = h[""].double()
+    x_in = x_out - h["self_attn"].double() - h["mlp"].double()
+    wrong = sum(h[f"self_attn.{q}_proj"].double() for q in "qkv")
+    assert float(wrong.norm() / x_out.norm()) < 1e-4 < float(wrong.norm() / (x_out - x_in).norm())
+
+
 # --------------------------------------------------------------------------- the checks
 
 
@@ -399,6 +441,46 @@ def test_gemma2_at_8_layers_has_no_false_dead_branch_and_a_planted_one_is_found(
     dead = [f for f in _profile(model).findings if f.check == CheckId.DEAD_BRANCH]
     assert len(dead) == 1 and dead[0].layers == ("model.layers.5.mlp",)
     assert "MLP of block 5" in dead[0].message and "post_feedforward_layernorm" in dead[0].message
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "olmo2"])
+def test_a_branch_behind_a_post_norm_is_judged_by_what_the_norm_writes(model_type: str) -> None:
+    """Large weights (std 3) behind post-branch norms: the MLP's own output is ~1e4–1e5×
+    the stream and the gradient before the norm ÷ that much, a false dead-branch on every
+    MLP when read there. The norm's write is what the stream gets and what learns: no
+    dead-branch, the Branches table shows the write (as JSON's write_ratio), and no hint
+    offers output-projection scaling the norm would undo."""
+    from rich.console import Console
+
+    from actscan.render.terminal import branch_table
+
+    cfg = transformers.AutoConfig.for_model(model_type, **{**DEC, "num_hidden_layers": 4})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and "embed" not in name:
+                p.normal_(0.0, 3.0)
+    report = _profile(model)
+    assert not [f for f in report.findings if f.check == CheckId.DEAD_BRANCH]
+    mlp = [b for b in report.branches if b.kind == "mlp"]
+    assert len(mlp) == 4 and all(
+        b.write and b.write.endswith("post_feedforward_layernorm") for b in mlp
+    )
+    assert min(b.ratio for b in mlp) > 1e3 and min(b.write_ratio for b in mlp) > 0.1  # type: ignore[operator, type-var]
+    console = Console(width=200, record=True)
+    table = branch_table(report)
+    assert table is not None
+    console.print(table)
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if "layers.0.mlp" in line)
+    assert "→ post_feedforward_layernorm" in row
+    from actscan.numfmt import num
+
+    assert num(mlp[0].write_ratio) in row and num(mlp[0].ratio) not in row
+    offers = ("output projections (attention out", "projections also take", "1/√(2L) output")
+    assert report.findings
+    assert not [f.hint for f in report.findings for o in offers if o in f.hint]
 
 
 def test_planted_dead_mlp_in_llama_is_found_at_its_block() -> None:

@@ -143,13 +143,24 @@ def _branches(ctx: CheckContext) -> list[_Branch]:
         elif finite(written) and finite(rec.stream_rms) and rec.stream_rms:
             ratio = written / rec.stream_rms
         g_stream = grad_at.get(rec.block)
+        # Behind a post-branch norm (Gemma 2/3, OLMo 2/3) the gradient before the norm is
+        # divided by the branch's own RMS (÷1e4 with large weights): what the branch is
+        # judged by is what the norm writes and receives.
+        g_branch = rec.grad_rms
+        if behind_norm(ctx, rec) and rec.write in by_name:
+            g_branch = by_name[rec.write].grad_rms
         grad_ratio = None
-        if ctx.run.backward and finite(rec.grad_rms) and finite(g_stream) and g_stream:
-            grad_ratio = rec.grad_rms / g_stream
+        if ctx.run.backward and finite(g_branch) and finite(g_stream) and g_stream:
+            grad_ratio = g_branch / g_stream
         gp = tuple(params_of.get(gain.name, ())) if gain is not None else ()
         scale = _scale_param(rec, params_in.get(rec.block, [])) if gain is None else None
         out.append(_Branch(rec, gain, gp, ratio, grad_ratio, scale))
     return out
+
+
+def behind_norm(ctx: CheckContext, rec: BranchRecord) -> bool:
+    """The branch's write into the stream is a norm's output (a post-branch norm)."""
+    return rec.write is not None and ctx.layout.role(rec.write) == "norm"
 
 
 def _tiny_scale(b: _Branch, ctx: CheckContext) -> str | None:
@@ -344,6 +355,17 @@ def _uniformly_small(
         lo = min(b.ratio for b in small if b.ratio is not None)
         hi = max(b.ratio for b in small if b.ratio is not None)
         name = kind_name(small[0].rec)
+        hint = (
+            "Nothing to fix if the small init is deliberate: these branches learn from "
+            "step 0. If they should start alive, initialize the output projections at "
+            "std √(1/fan_in) times 1/√(2L)."
+        )
+        if all(behind_norm(ctx, b.rec) for b in small):
+            hint = (
+                "Nothing to fix if the small init is deliberate: these branches learn from "
+                "step 0. The post-branch norms set what reaches the stream, so it is their "
+                "gains (not the output projections) that would start the writes larger."
+            )
         what = (
             f"{len(small)} of the {len(of_kind)} {name} branches"
             if len(small) < len(of_kind)
@@ -361,9 +383,7 @@ def _uniformly_small(
                 f"weights that get gradients: the init's scale (small or 1/√(2L)-scaled "
                 f"output projections; a flat std at a small width), not a dead branch. Each "
                 f"block starts close to the identity.",
-                "Nothing to fix if the small init is deliberate: these branches learn from "
-                "step 0. If they should start alive, initialize the output projections at "
-                "std √(1/fan_in) times 1/√(2L).",
+                hint,
             )
         )
         rest = [b for b in rest if all(b is not s for s in small)]

@@ -135,6 +135,17 @@ def branch_projections(ctx: CheckContext) -> list[tuple[ParamRecord, ParamRecord
     return pairs
 
 
+def post_branch_norms(ctx: CheckContext) -> bool:
+    """True when a block's write into the stream is a norm's output (Gemma 2/3's and
+    OLMo 2/3's post-branch norms): the norm sets the write's scale, so scaling the
+    projection before it changes nothing the stream sees."""
+    return any(
+        br.write is not None and ctx.layout.role(br.write) == "norm"
+        for b in ctx.layout.blocks
+        for br in b.branches
+    )
+
+
 def residual_budget(
     ctx: CheckContext,
 ) -> tuple[float, int, float, list[tuple[ParamRecord, ParamRecord]]] | None:
@@ -157,11 +168,7 @@ def residual_budget(
         for p in ctx.params
     ):
         return None  # branch gains carry the depth scaling
-    if any(
-        br.write is not None and ctx.layout.role(br.write) == "norm"
-        for b in ctx.layout.blocks
-        for br in b.branches
-    ):
+    if post_branch_norms(ctx):
         return None  # post-branch norms (sandwich) set the write's scale, not the projection
     pairs = [(i, o) for i, o, kind in branch_projections(ctx) if kind == "attn"]
     scales = [o.std / i.std for i, o in pairs if i.std > 0]

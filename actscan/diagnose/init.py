@@ -17,6 +17,7 @@ from actscan.diagnose.common import (
     known,
     listing,
     n,
+    post_branch_norms,
     residual_budget,
     skip,
 )
@@ -73,8 +74,12 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
         hint = (
             "Initialize with std = √(1/fan_in) (He √(2/fan_in) before ReLU-like activations, "
             "Xavier √(2/(fan_in+fan_out)) for linear projections) rather than a flat value: "
-            f"a flat {n(flat)} matches √(1/fan_in) only at fan_in ≈ {round(1 / flat**2)}; "
-            "residual output projections also take 1/√(2L)."
+            f"a flat {n(flat)} matches √(1/fan_in) only at fan_in ≈ {round(1 / flat**2)}"
+            + (
+                "; the post-branch norms set what reaches the stream."
+                if post_branch_norms(ctx)
+                else "; residual output projections also take 1/√(2L)."
+            )
         )
         out.append(
             finding(

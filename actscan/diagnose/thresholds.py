@@ -65,6 +65,19 @@ class Thresholds:
     growth_warn: float = 4.0
     # ×16 (variance ×256): √k accumulation needs ~256 unscaled blocks to get here.
     growth_error: float = 16.0
+    # √k growth is what real families ship and train with: transformers' own init of
+    # Llama, Mistral, Qwen2 (no 1/√(2L)) drifts ×4.7–15.4 at 12–48 blocks, at most
+    # ×2.22·√L (Llama, 48 × 256), GPT-2 ≤ ×1.13·√L, Gemma ≤ ×0.57·√L; pure accumulation
+    # of unit branches stays ≤ √L (benchmarks/calibrate_growth.py, docs/checks.md). Past
+    # growth-warn the drift is info with its number; a warning needs more growth than
+    # those inits give: drift ≥ this × √L (1.8× the largest measured).
+    growth_excess: float = 4.0
+    # A jump inside block 0: block 0's output RMS ÷ the embedding's (the stream's growth
+    # measured from the embedding, which the drift above starts after). Real families'
+    # own inits jump ≤ ×15.7 (Llama/Qwen2 at width 1024), a post-LN stack's first norm
+    # ×35.7 (0.028 → 1); every weight at std 1 jumps ×5.8e3 (Llama, width 256).
+    growth_jump: float = 100.0
+    growth_jump_error: float = 1000.0
     # The stream checks (fits, gains: sqrt-growth, exp-growth, collapse) need this many
     # block outputs: a growth exponent or a per-block gain fitted on fewer points is noise.
     min_blocks: float = 4

@@ -9,7 +9,10 @@ which module consumed which tensor (by tensor identity). From that data flow:
 
 - writes: the stream-shaped outputs that no module inside the block consumes (what the
   block adds, whatever the module is: the branch itself, a post-branch norm, a gain);
-- the equation ‖x_in + Σ writes − x_out‖ / ‖x_out‖ ≤ tolerance(dtype) must hold;
+- the equation ‖x_in + Σ writes − x_out‖ ≤ tolerance(dtype) · (‖x_out − x_in‖ + ρ‖x_out‖)
+  must hold: relative to the size of the writes, not of the output, so a stream 1e5×
+  its branches cannot hide a wrong write (a q projection) under a tolerance of the output;
+  ρ‖x_out‖ is the rounding the stream's own size brings to the sum (4 unit roundoffs);
 - if not, post-norm placement (x_out = norm(x_in + Σ writes)): the equation holds at the
   input of the block's stream norms; then fitted scalar coefficients (DeepNorm's α·x,
   a bare-parameter gate); then subsets of the candidates; else the block is unverified.
@@ -38,13 +41,22 @@ from actscan.measure.hooks import HookSet
 from actscan.measure.state import eval_mode
 from actscan.records import BlockInfo, BlockProof, BranchInfo, Layout, Role
 
-# ‖x_in + Σ writes − x_out‖ / ‖x_out‖ allowed per dtype of the stream: a few roundings of
-# the additions themselves (unit roundoff 2⁻²⁴, 2⁻¹¹, 2⁻⁸).
+# ‖x_in + Σ writes − x_out‖ allowed per dtype of the stream, relative to the writes
+# (‖x_out − x_in‖): a few roundings of the additions themselves (unit roundoff 2⁻²⁴,
+# 2⁻¹¹, 2⁻⁸).
 TOLERANCE = {
     torch.float64: 1e-9,
     torch.float32: 1e-4,
     torch.float16: 4e-3,
     torch.bfloat16: 3e-2,
+}
+# …plus what rounding the sum x_in + Σ writes in the stream's dtype costs, relative to
+# ‖x_out‖: each add rounds to u·|x_out| per element, two adds with a margin make 4u.
+ROUNDING = {
+    torch.float64: 4 * 2.0**-53,
+    torch.float32: 4 * 2.0**-24,
+    torch.float16: 4 * 2.0**-11,
+    torch.bfloat16: 4 * 2.0**-8,
 }
 MAX_SEARCH = 24  # candidate groups searched in subsets (beyond: unverified)
 # Rows (tokens) of each recorded vector the proof keeps: the equation holds row by row, so
@@ -251,9 +263,12 @@ class _Outcome:
 class _Block:
     """Host-side reasoning over one block's trace and Gram matrix."""
 
-    def __init__(self, tr: _Trace, gram: torch.Tensor, modules: dict[str, nn.Module]) -> None:
+    def __init__(
+        self, tr: _Trace, gram: torch.Tensor, modules: dict[str, nn.Module], rho: float = 1.0
+    ) -> None:
         self.tr = tr
         self.g = gram
+        self.rho = rho  # ‖x_out‖'s share of the allowance (rounding ÷ tolerance)
         self.modules = modules
         self.idx = {k: i for i, k in enumerate(tr.keys)}
         nodes = tr.nodes
@@ -320,13 +335,20 @@ class _Block:
     def norm(self, i: int) -> float:
         return math.sqrt(max(float(self.g[i, i]), 0.0))
 
-    def _residual(self, coef: dict[int, float], target: int) -> float:
+    def _scale(self, start: int, target: int) -> float:
+        """What a residual is measured against: the segment's writes, ‖target − start‖,
+        plus ρ‖target‖ for the rounding of a sum as large as the target."""
+        g = self.g
+        delta2 = float(g[target, target] + g[start, start] - 2 * g[start, target])
+        return math.sqrt(max(delta2, 0.0)) + self.rho * self.norm(target)
+
+    def _residual(self, coef: dict[int, float], target: int, start: int) -> float:
         c = torch.zeros(len(self.idx), dtype=self.g.dtype)
         for i, v in coef.items():
             c[i] += v
         c[target] -= 1.0
         r2 = float(c @ self.g @ c)
-        scale = self.norm(target)
+        scale = self._scale(start, target)
         if scale == 0:
             return 0.0 if r2 <= 0 else math.inf
         return math.sqrt(max(r2, 0.0)) / scale
@@ -339,14 +361,14 @@ class _Block:
             coef: dict[int, float] = {}
             for i in rows:
                 coef[i] = coef.get(i, 0.0) + 1.0
-            return self._residual(coef, target), coef
+            return self._residual(coef, target, start), coef
         a = self.g[rows][:, rows]
         b = self.g[rows, target]
         sol = torch.linalg.lstsq(a, b.unsqueeze(1), driver="gelsd").solution.squeeze(1)
         coef = {}
         for i, v in zip(rows, sol.tolist(), strict=True):
             coef[i] = coef.get(i, 0.0) + v
-        return self._residual(coef, target), coef
+        return self._residual(coef, target, start), coef
 
     def evaluate(self, h: _Hypothesis) -> _Outcome:
         tr = self.tr
@@ -411,7 +433,7 @@ class _Block:
         cm[:, self.idx[self.tr.x_in]] += 1.0
         cm[:, self.idx[self.tr.x_out]] -= 1.0
         r2 = ((cm @ self.g) * cm).sum(1).clamp_min(0)
-        scale = self.norm(self.idx[self.tr.x_out]) or 1.0
+        scale = self._scale(self.idx[self.tr.x_in], self.idx[self.tr.x_out]) or 1.0
         res = r2.sqrt() / scale
         best = int(torch.argmin(res))
         if float(res[best]) > tol:
@@ -644,7 +666,10 @@ def _prove_one(
     tol = 1e-4 if tr.dtype is None else TOLERANCE.get(tr.dtype, 1e-4)
     if gram.dtype != torch.float64 or tr.dtype == torch.float64:
         tol = max(tol, 1e-3 if gram.dtype != torch.float64 else tol)
-    blk = _Block(tr, gram, modules)
+    rounding = ROUNDING.get(tr.dtype, 2.0**-22) if tr.dtype is not None else 2.0**-22
+    # a float32 Gram (MPS) cancels to ~√u32 of ‖x_out‖ itself: the output's norm stays the scale
+    rho = 1.0 if gram.dtype != torch.float64 else min(1.0, rounding / tol)
+    blk = _Block(tr, gram, modules, rho)
     first: _Outcome | None = None
     found: _Outcome | None = None
     for tried, h in enumerate(blk.hypotheses()):

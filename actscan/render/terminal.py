@@ -175,12 +175,16 @@ def branch_table(report: Report) -> Table | None:
         t.add_column(col, justify="left" if col in ("branch", "module") else "right")
     labels = block_labels(report)
     for b in report.branches:
+        # what reaches the stream: a proven write (post-branch norm, gain), as in JSON's
+        # write_rms / write_ratio; the module column names it
+        written = b.write is not None and b.write_rms is not None
+        module = f"{b.name} → {b.write.rsplit('.', 1)[-1]}" if written and b.write else b.name
         t.add_row(
             labels.get(b.block, str(b.block)),
             b.kind,
-            b.name,
-            num(b.rms),
-            num(b.ratio),
+            module,
+            num(b.write_rms if written else b.rms),
+            num(b.write_ratio if written else b.ratio),
             num(b.max_abs),
             num(b.channel_max_ratio),
             num(b.grad_rms),
