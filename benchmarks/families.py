@@ -100,6 +100,10 @@ def _shrink_int(key: str, v: int) -> int:
         return min(v, 4)
     if _TOPK.search(key):
         return min(v, 2)
+    if key.endswith("tokens_per_image"):  # pooled from the patch grid: at most its size
+        return min(v, (IMAGE // PATCH) ** 2 // 4)
+    if key in ("projection_size", "projection_dim"):
+        return min(v, HIDDEN)
     if key == "vocab_size":
         return min(v, VOCAB)
     if key == "image_size":
@@ -109,15 +113,47 @@ def _shrink_int(key: str, v: int) -> int:
     return v
 
 
+def _vocabs(d: dict[str, Any]) -> list[int]:
+    found = [v for k, v in d.items() if k == "vocab_size" and isinstance(v, int) and v > 0]
+    for v in d.values():
+        if isinstance(v, dict):
+            found += _vocabs(v)
+    return found
+
+
 def shrink(d: dict[str, Any]) -> dict[str, Any]:
-    """A tiny version of one config's dict (sub-configs recursively): size-like ints
-    capped, per-layer lists cut to the new depth, layer indices kept below it, token ids
-    beyond the new vocabulary moved inside it."""
+    """A tiny version of a config's dict: `_shrink` it, then move every token id (at any
+    level: a vision-language model names its image token at the top, its vocabulary in
+    `text_config`) beyond the smallest new vocabulary inside it, one distinct id each."""
+    out = _shrink(d)
+    vocabs = [v for v in _vocabs(out) if v <= VOCAB]
+    if vocabs:
+        _move_ids(d, out, min(vocabs), [min(vocabs) - 1])
+    return out
+
+
+def _move_ids(d: dict[str, Any], out: dict[str, Any], vocab: int, top: list[int]) -> None:
+    for key, v in d.items():
+        if isinstance(v, dict) and isinstance(out.get(key), dict):
+            _move_ids(v, out[key], vocab, top)
+        elif (
+            _TOKEN.search(str(key))
+            and isinstance(v, int)
+            and not isinstance(v, bool)
+            and v >= vocab
+        ):
+            out[key] = top[0]
+            top[0] -= 1
+
+
+def _shrink(d: dict[str, Any]) -> dict[str, Any]:
+    """Size-like ints capped, per-layer lists cut to the new depth, layer indices kept
+    below it (sub-configs recursively)."""
     out: dict[str, Any] = {}
     depth_from: int | None = None
     for key, v in d.items():
-        if isinstance(v, dict) and key.endswith("config"):
-            out[key] = shrink(v)
+        if isinstance(v, dict) and str(key).endswith(("config", "rope_parameters", "rope_scaling")):
+            out[key] = _shrink(v)
         elif isinstance(v, int) and not isinstance(v, bool):
             out[key] = _shrink_int(key, v)
             if _LAYERS.search(key) and out[key] != v and depth_from is None:
@@ -126,6 +162,10 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
             out[key] = [min(x, IMAGE) for x in v]
         elif key == "hidden_sizes" and isinstance(v, list) and all(isinstance(x, int) for x in v):
             out[key] = [min(x, 16 * 2**i) for i, x in enumerate(v)]
+        elif key == "mrope_section" and isinstance(v, list) and sum(v) > HEAD_DIM // 2:
+            # M-RoPE splits half the head dim in sections: kept in proportion
+            out[key] = [max(1, x * (HEAD_DIM // 2) // sum(v)) for x in v]
+            out[key][0] += HEAD_DIM // 2 - sum(out[key])
         elif key == "depths" and isinstance(v, list) and all(isinstance(x, int) for x in v):
             out[key] = [min(x, 2) for x in v]
         else:
@@ -145,13 +185,6 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
             ):
                 kept = [x for x in v if x < new]
                 out[key] = kept or [new - 1]
-    vocab = out.get("vocab_size")
-    if isinstance(vocab, int) and vocab != d.get("vocab_size"):
-        top = vocab - 1
-        for key, v in d.items():
-            if _TOKEN.search(key) and isinstance(v, int) and not isinstance(v, bool) and v >= vocab:
-                out[key] = top
-                top -= 1
     return out
 
 
