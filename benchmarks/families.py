@@ -146,6 +146,33 @@ def _move_ids(d: dict[str, Any], out: dict[str, Any], vocab: int, top: list[int]
             top[0] -= 1
 
 
+def _ints(d: dict[str, Any], pattern: re.Pattern[str]) -> list[str]:
+    return [k for k, v in d.items() if isinstance(k, str) and pattern.search(k) and type(v) is int]
+
+
+def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """The relations between sizes that configs validate, kept from the full-size config:
+    query heads per key/value head (MLA: one each), heads × head_dim as a multiple of the
+    width (Mamba-2: expand × hidden), a rotary dim within the head dim."""
+    heads = next((k for k in _ints(d, _HEADS) if not _KV.search(k)), None)
+    hidden = next(iter(_ints(d, _HIDDEN)), None)
+    head_dim = next(iter(_ints(d, _HEAD_DIM)), None)
+    if heads:
+        for kv in _ints(d, _KV):
+            if d[kv] and d[heads] % d[kv] == 0:
+                out[kv] = max(1, out[heads] // (d[heads] // d[kv]))
+    if heads and hidden and head_dim:
+        product = d[heads] * d[head_dim]
+        if product % d[hidden] == 0 and product != d[hidden]:
+            out[heads] = max(1, product // d[hidden] * out[hidden] // out[head_dim])
+    per_head = out[head_dim] if head_dim else None
+    if per_head is None and heads and hidden:
+        per_head = out[hidden] // out[heads]
+    for key in ("rotary_dim", "rotary_emb_dim"):
+        if type(d.get(key)) is int and per_head:
+            out[key] = min(out[key], per_head)
+
+
 def _shrink(d: dict[str, Any]) -> dict[str, Any]:
     """Size-like ints capped, per-layer lists cut to the new depth, layer indices kept
     below it (sub-configs recursively)."""
@@ -185,6 +212,7 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
             ):
                 kept = [x for x in v if x < new]
                 out[key] = kept or [new - 1]
+    _keep_relations(d, out)
     return out
 
 
@@ -208,11 +236,39 @@ def tiny_config(model_type: str) -> Any:
     import transformers
 
     base = transformers.AutoConfig.for_model(model_type)
-    data = shrink(base.to_dict())
+    data = _declared(base, shrink(base.to_dict()))
     data.update(OVERRIDES.get(model_type, {}))
     data.pop("model_type", None)
-    data.pop("transformers_version", None)
     return type(base).from_dict(data)
+
+
+def _fields(config: Any) -> set[str] | None:
+    import dataclasses
+    import inspect
+
+    cls = type(config)
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()) and len(params) <= 3:
+        return None  # no declared fields to go by
+    return set(params) - {"self", "kwargs"}
+
+
+def _declared(config: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """Only the fields a config declares (at every level): what its __init__ derives from
+    them (DeepSeek's qk_head_dim, a default head_dim) is derived again from the shrunk
+    values instead of kept at its full-size value."""
+    names = _fields(config)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        sub = getattr(config, key, None) if isinstance(key, str) else None
+        if isinstance(value, dict) and hasattr(sub, "to_dict"):
+            value = {**_declared(sub, value), "model_type": getattr(sub, "model_type", None)}
+            value = {k: v for k, v in value.items() if v is not None or k != "model_type"}
+        if names is None or key in names or isinstance(value, dict):
+            out[key] = value
+    return out
 
 
 def build(model_type: str, cls_name: str) -> torch.nn.Module:

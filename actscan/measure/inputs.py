@@ -138,6 +138,10 @@ def next_token_loss(output: Any, ids: torch.Tensor) -> torch.Tensor:
     logits = _logits(output)
     if logits is None or logits.dim() != 3:
         raise UsageError("next-token loss needs logits of shape (batch, seq, vocab)")
+    if logits.shape[1] > ids.shape[1]:
+        # positions the model prepends to the text (GIT's image tokens): the text's
+        # logits are the last ids.shape[1]
+        logits = logits[:, -ids.shape[1] :]
     return torch.nn.functional.cross_entropy(
         logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten().to(logits.device)
     )
