@@ -41,3 +41,28 @@ def test_each_type_runs_clean(model_type: str, request: pytest.FixtureRequest) -
     row = families.run_one(model_type, TYPES[model_type])
     assert row.exit in (None, 0, 1, 2), (row.status, row.reason)
     assert row.status == "clean", (row.status, row.layout, row.findings or row.reason)
+
+
+def test_tiny_configs_are_tiny_and_keep_what_configs_derive() -> None:
+    llama = families.tiny_config("llama")
+    assert (llama.hidden_size, llama.num_hidden_layers, llama.vocab_size) == (64, 4, 512)
+    assert llama.num_attention_heads * llama.head_dim == 64
+    # derived fields are derived again from the shrunk values, not kept at full size
+    ds = families.tiny_config("deepseek_v3")
+    assert ds.qk_head_dim == ds.qk_nope_head_dim + ds.qk_rope_head_dim
+    assert ds.num_key_value_heads == ds.num_attention_heads  # 128/128 at full size
+    # Mamba-2 validates heads × head_dim = expand × hidden
+    m2 = families.tiny_config("mamba2")
+    assert m2.num_heads * m2.head_dim == m2.expand * m2.hidden_size
+    # a vision-language model's image token moves inside the shrunk text vocabulary
+    llava = families.tiny_config("llava")
+    assert llava.image_token_index < llava.text_config.vocab_size
+
+
+@pytest.mark.parametrize("model_type", ["llama", "clip", "vit"])
+def test_a_sample_row_runs_clean(model_type: str) -> None:
+    """The fast suite's sample of the matrix: a language model, a two-tower model, a
+    vision backbone, each through the same row function."""
+    row = families.run_one(model_type, TYPES[model_type])
+    assert row.status == "clean", (row.status, row.layout, row.findings or row.reason)
+    assert row.inputs and row.loss and row.layout.startswith("verified")

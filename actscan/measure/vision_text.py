@@ -91,6 +91,14 @@ def _image_token(config: Any) -> int | None:
     return None
 
 
+def _vision_config(config: Any) -> Any:
+    for name in ("vision_config", "image_config", "vision_tower_config"):
+        sub = getattr(config, name, None)
+        if sub is not None:
+            return sub
+    return None
+
+
 def _square(value: Any) -> int | None:
     if isinstance(value, int) and value > 0:
         return value
@@ -106,7 +114,7 @@ def _images(
     `image_sizes`, with `sizes`) for `batch` images; `nested`: one image per sample as
     (batch, 1, C, H, W), the layout Idefics-like models take."""
     config: Any = model.config  # a transformers config: its fields vary by family
-    vision = getattr(config, "vision_config", None) or config
+    vision = _vision_config(config) or config
     channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
     gen = torch.Generator().manual_seed(seed * 100_003 + index + 7)
     if "image_grid_thw" in _params(model):
@@ -124,6 +132,9 @@ def _images(
     )
     pixels = torch.randn(batch, channels, size, size, generator=gen)
     out = {"pixel_values": pixels.unsqueeze(1) if nested else pixels}
+    if "pixel_attention_mask" in _params(model):  # every pixel is real (no padding)
+        rows = out["pixel_values"].shape[:-3]
+        out["pixel_attention_mask"] = torch.ones((*rows, size, size), dtype=torch.bool)
     if sizes:
         out["image_sizes"] = torch.tensor([[size, size]] * batch)
     return out
@@ -154,6 +165,8 @@ def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, b
     the layout it took (nested (batch, 1, C, H, W), with `image_sizes`); None when no
     layout runs."""
     get = getattr(model, "get_image_features", None)
+    if not callable(get):  # some keep it on the inner model (DeepSeek-VL's `model`)
+        get = getattr(getattr(model, "model", None), "get_image_features", None)
     if not callable(get):
         return None
     width = config_int(_text_config(model.config), "hidden_size")
@@ -184,7 +197,7 @@ def vision_text_source(
     seq = seq_len or min(default_seq, limit or default_seq)
     image_token = _image_token(config)
     if image_token is None:
-        if getattr(config, "vision_config", None) is None:
+        if _vision_config(config) is None:
             return None
 
         def two_tower(i: int) -> Batch:
