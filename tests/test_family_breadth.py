@@ -311,3 +311,35 @@ def test_the_report_names_the_loss() -> None:
     assert scan(llama, batch=2, seq_len=8).run.loss == "next-token cross-entropy"
     report = scan(llama, batch=2, seq_len=8, loss_fn=lambda out: out.logits.square().mean())
     assert report.run.loss == "the caller's loss"
+
+
+def test_a_module_shared_by_every_block_is_no_crash() -> None:
+    """GPT-1, XLM and FlauBERT give every block the same activation instance
+    (named_modules lists it once, under block 0): layout detection once raised KeyError."""
+    from torch import nn
+
+    from actscan import scan
+
+    act = nn.GELU()
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.act, self.down = nn.Linear(16, 32), act, nn.Linear(32, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.down(self.act(self.up(x)))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(Block() for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.layers:
+                x = block(x)
+            return x
+
+    torch.manual_seed(0)
+    report = scan(Net(), torch.randn(2, 8, 16))
+    assert len(report.layout) == 4
