@@ -61,6 +61,16 @@ HEADS_ORDER = (
 
 # Overrides where the generic shrink gives a config the model cannot build; each says why.
 OVERRIDES: dict[str, dict[str, Any]] = {}
+# M-RoPE text models whose modeling code falls back to sections for a 128-wide head when
+# the config names none: sections for the tiny head (they sum to HEAD_DIM/2).
+MROPE: dict[str, list[int]] = {
+    "qwen2_vl_text": [2, 3, 3],
+    "qwen2_5_vl_text": [2, 3, 3],
+    "glm4v_text": [2, 3, 3],
+    "glm4v_moe_text": [2, 3, 3],
+    "glm_ocr_text": [2, 3, 3],
+    "glm_image_text": [2, 3, 3],
+}
 
 # Findings argued true on a type's healthy tiny init (check id -> why), or a reason a
 # type is not expected to verify its layout. Empty until a row needs one.
@@ -238,8 +248,19 @@ def tiny_config(model_type: str) -> Any:
     base = transformers.AutoConfig.for_model(model_type)
     data = _declared(base, shrink(base.to_dict()))
     data.update(OVERRIDES.get(model_type, {}))
+    _set_mrope(data, model_type)
     data.pop("model_type", None)
     return type(base).from_dict(data)
+
+
+def _set_mrope(data: dict[str, Any], model_type: str | None) -> None:
+    sections = MROPE.get(model_type or "")
+    rope = data.get("rope_parameters")
+    if sections and isinstance(rope, dict):
+        data["rope_parameters"] = {**rope, "mrope_section": sections}
+    for value in data.values():
+        if isinstance(value, dict) and "model_type" in value:
+            _set_mrope(value, value["model_type"])
 
 
 def _fields(config: Any) -> set[str] | None:

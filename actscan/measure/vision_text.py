@@ -170,7 +170,7 @@ def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, b
     if not callable(get):
         return None
     width = config_int(_text_config(model.config), "hidden_size")
-    for nested, sizes in ((False, False), (True, False), (False, True)):
+    for nested, sizes in ((False, False), (True, False), (False, True), (True, True)):
         images = _images(model, batch, seed, 0, nested, sizes)
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
