@@ -343,3 +343,15 @@ def test_a_module_shared_by_every_block_is_no_crash() -> None:
     torch.manual_seed(0)
     report = scan(Net(), torch.randn(2, 8, 16))
     assert len(report.layout) == 4
+
+
+def test_a_two_tower_config_folder_runs_from_the_cli(tmp_path: Path) -> None:
+    """The issue's CLIP refusal ("cannot invent inputs ... pass inputs=") from the CLI,
+    where inputs= cannot be passed: the config alone says what to feed both towers."""
+    path = tmp_path / "config.json"
+    path.write_text(_clip().config.to_json_string())
+    result = run("profile", path, "--batch", "2", "--seq-len", "8", "--format", "json")
+    assert result.exit_code in (0, 1), result.output
+    data = json.loads(result.stdout)
+    assert data["run"]["inputs"] == "2 images 3×16×16 + 2×8 tokens"
+    assert "every output position" in data["run"]["loss"]
