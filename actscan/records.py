@@ -165,6 +165,7 @@ class RunInfo:
     mode: str = "train"
     dropout: bool = False
     inputs: str | None = None  # what one batch holds, in words ("2 images 3×32×32")
+    loss: str | None = None  # the objective whose gradients were measured, in words
     # Distributed runs (torchrun, --nproc): processes the batch was split over, and the
     # torch.distributed backend ("gloo", "nccl"); 1 and None for a one-process run.
     world_size: int = 1

@@ -230,3 +230,128 @@ def test_attention_probabilities_are_not_judged_as_outlier_channels() -> None:
     real = outlier_rec("h.0.mlp", 50.0, (17,), order=4)
     loud = outlier_channels(ctx(layers=[by_name, by_value, mask, real]))
     assert [f.layers for f in loud] == [("h.0.mlp",)]
+
+
+# -- images and text together ----------------------------------------------------------------
+
+TOWER: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_attention_heads": 2,
+    "num_hidden_layers": 2,
+}
+
+
+def _clip() -> torch.nn.Module:
+    cfg = transformers.CLIPConfig(
+        text_config={**TOWER, "vocab_size": 64, "max_position_embeddings": 32},
+        vision_config={**TOWER, "image_size": 16, "patch_size": 8},
+        projection_dim=16,
+    )
+    torch.manual_seed(0)
+    return transformers.CLIPModel(cfg)
+
+
+def test_a_two_tower_model_gets_both_towers_inputs_and_a_loss_on_every_position() -> None:
+    """CLIP takes token ids and images at once; the loss reaches every position of both
+    towers' last hidden states (not only the pooled embeddings its logits compare)."""
+    from actscan import scan
+
+    report = scan(_clip(), batch=2, seq_len=8)
+    assert report.run.inputs == "2 images 3×16×16 + 2×8 tokens"
+    assert report.run.loss is not None and "every output position" in report.run.loss
+    grads = {r.name: r.grad_rms for r in report.layers}
+    for tower in ("text_model", "vision_model"):
+        last = f"{tower}.encoder.layers.1"
+        assert grads.get(last) and grads[last] > 0, (tower, sorted(grads)[:8])
+
+
+def test_a_vision_language_model_gets_as_many_image_tokens_as_its_images_fill() -> None:
+    """LLaVA's text holds one placeholder per image feature; the count comes from the
+    model's own get_image_features, checked here against the vision tower's patch grid
+    ((16/8)² = 4 patches, the CLS token dropped by the default feature strategy)."""
+    from actscan.measure.model_inputs import hf_input_source
+
+    cfg = transformers.LlavaConfig(
+        text_config={
+            "model_type": "llama",
+            **TOWER,
+            "vocab_size": 64,
+            "num_key_value_heads": 1,
+        },
+        vision_config={
+            "model_type": "clip_vision_model",
+            **TOWER,
+            "image_size": 16,
+            "patch_size": 8,
+        },
+        image_token_index=63,
+        projector_hidden_act="gelu",
+    )
+    torch.manual_seed(0)
+    model = transformers.LlavaForConditionalGeneration(cfg)
+    source = hf_input_source(model, batch=2, seq_len=8, seed=0)
+    assert source is not None
+    batch = source(0).kwargs
+    assert tuple(batch["pixel_values"].shape) == (2, 3, 16, 16)
+    assert ((batch["input_ids"] == 63).sum(dim=1) == 4).all()
+    assert batch["input_ids"].shape == (2, 4 + 8)
+    out = model(**batch)  # the model accepts them: placeholders match its features
+    assert out.logits.shape == (2, 12, 64)
+
+
+def test_the_report_names_the_loss() -> None:
+    from actscan import scan
+
+    llama = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(
+            "llama", **TOWER, vocab_size=64, num_key_value_heads=1, head_dim=16
+        )
+    )
+    assert scan(llama, batch=2, seq_len=8).run.loss == "next-token cross-entropy"
+    report = scan(llama, batch=2, seq_len=8, loss_fn=lambda out: out.logits.square().mean())
+    assert report.run.loss == "the caller's loss"
+
+
+def test_a_module_shared_by_every_block_is_no_crash() -> None:
+    """GPT-1, XLM and FlauBERT give every block the same activation instance
+    (named_modules lists it once, under block 0): layout detection once raised KeyError."""
+    from torch import nn
+
+    from actscan import scan
+
+    act = nn.GELU()
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.act, self.down = nn.Linear(16, 32), act, nn.Linear(32, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.down(self.act(self.up(x)))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(Block() for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.layers:
+                x = block(x)
+            return x
+
+    torch.manual_seed(0)
+    report = scan(Net(), torch.randn(2, 8, 16))
+    assert len(report.layout) == 4
+
+
+def test_a_two_tower_config_folder_runs_from_the_cli(tmp_path: Path) -> None:
+    """The issue's CLIP refusal ("cannot invent inputs ... pass inputs=") from the CLI,
+    where inputs= cannot be passed: the config alone says what to feed both towers."""
+    path = tmp_path / "config.json"
+    path.write_text(_clip().config.to_json_string())
+    result = run("profile", path, "--batch", "2", "--seq-len", "8", "--format", "json")
+    assert result.exit_code in (0, 1), result.output
+    data = json.loads(result.stdout)
+    assert data["run"]["inputs"] == "2 images 3×16×16 + 2×8 tokens"
+    assert "every output position" in data["run"]["loss"]

@@ -175,7 +175,10 @@ def detect_layout(model: nn.Module, model_type: str | None = None) -> Layout:
                     roles[sub_name] = Role.ACT.value
 
     first_block = order[blocks[0].name] if blocks else None
-    last_block_end = max(order[n] for n in block_of) if block_of else None
+    # a module shared by every block (GPT-1's one activation instance) is listed once by
+    # named_modules, under the first block's name: the others have no order of their own
+    ends = [order[n] for n in block_of if n in order]
+    last_block_end = max(ends) if ends else None
     embed = head = final_norm = None
     for name, mod in modules.items():
         if name in block_of or not name:

@@ -138,24 +138,52 @@ def next_token_loss(output: Any, ids: torch.Tensor) -> torch.Tensor:
     logits = _logits(output)
     if logits is None or logits.dim() != 3:
         raise UsageError("next-token loss needs logits of shape (batch, seq, vocab)")
+    if logits.shape[1] > ids.shape[1]:
+        # positions the model prepends to the text (GIT's image tokens): the text's
+        # logits are the last ids.shape[1]
+        logits = logits[:, -ids.shape[1] :]
     return torch.nn.functional.cross_entropy(
         logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten().to(logits.device)
     )
 
 
+def _hidden_states(output: Any) -> list[torch.Tensor]:
+    """Every tower's `last_hidden_state`: the output's own, else those of the outputs it
+    nests (a two-tower model's `text_model_output` and `vision_model_output`)."""
+    own = getattr(output, "last_hidden_state", None)
+    if isinstance(own, torch.Tensor):
+        return [own]
+    found: list[torch.Tensor] = []
+    values = output.values() if isinstance(output, dict) else ()
+    for value in values:
+        inner = getattr(value, "last_hidden_state", None)
+        if isinstance(inner, torch.Tensor) and inner.is_floating_point():
+            found.append(inner)
+    return found
+
+
 def projection_loss(output: Any, seed: int = 0) -> torch.Tensor:
-    """For encoders without a head: a fixed random projection of the last hidden state
-    (like a freshly initialised classifier), mean-squared. Gives every layer a gradient
-    of the same nature as a downstream task would, without inventing labels."""
-    hidden = getattr(output, "last_hidden_state", None)
-    if not isinstance(hidden, torch.Tensor):
-        hidden = first_tensor(output)
-    if hidden is None:
+    """For encoders without a head: a fixed random projection of every output position of
+    the last hidden state (of each tower, for two-tower models), mean-squared, like a
+    freshly initialised per-position head. Every position gets a gradient of the same
+    nature, so ratios through depth mean what they mean for a language model (a loss on
+    a pooled or class token alone reaches a few positions, and its gradient at the last
+    block is tiny by construction)."""
+    hidden = _hidden_states(output)
+    if not hidden:
+        first = first_tensor(output)
+        hidden = [first] if first is not None else []
+    if not hidden:
         raise UsageError("the model returned no floating-point tensor to compute a loss on")
-    d = hidden.shape[-1]
-    gen = torch.Generator().manual_seed(seed + 7)
-    proj = (torch.randn(d, 16, generator=gen) / d**0.5).to(hidden.device)
-    return (hidden.float() @ proj).square().mean()
+    total: torch.Tensor | None = None
+    for h in hidden:
+        d = h.shape[-1]
+        gen = torch.Generator().manual_seed(seed + 7)
+        proj = (torch.randn(d, 16, generator=gen) / d**0.5).to(h.device)
+        term = (h.float() @ proj).square().mean()
+        total = term if total is None else total + term
+    assert total is not None
+    return total
 
 
 def mean_square_loss(output: Any) -> torch.Tensor:
@@ -163,6 +191,19 @@ def mean_square_loss(output: Any) -> torch.Tensor:
     if t is None:
         raise UsageError("the model returned no floating-point tensor to compute a loss on")
     return t.float().square().mean()
+
+
+def describe_loss(task: str, batch: Batch, caller: bool) -> str:
+    """The objective `default_loss` uses on `batch`, in words (the report's `run.loss`)."""
+    if caller:
+        return "the caller's loss"
+    if "labels" in batch.kwargs:
+        return "the model's own loss on random labels"
+    if task == "causal-lm" and batch.token_ids is not None:
+        return "next-token cross-entropy"
+    if task == "encoder":
+        return "a fixed random projection of every output position, mean-squared"
+    return "mean square of the first output tensor"
 
 
 def default_loss(task: str, vocab_size: int | None) -> Callable[[Any, Batch], torch.Tensor]:

@@ -26,11 +26,14 @@ from actscan.measure.inputs import (
     Batch,
     InputSource,
     default_loss,
+    describe_loss,
     random_tokens,
     token_source,
     user_source,
 )
 from actscan.measure.recorder import first_tensor
+from actscan.measure.vision_text import config_int as _int
+from actscan.measure.vision_text import vision_text_source
 from actscan.records import ModelInfo
 
 __all__ = [
@@ -60,14 +63,6 @@ def takes_token_ids(model: nn.Module) -> bool:
 
 def _is_encoder_decoder(model: nn.Module) -> bool:
     return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
-
-
-def _int(config: Any, *names: str) -> int | None:
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
 
 
 def _pair(value: Any) -> tuple[int, int] | None:
@@ -205,6 +200,12 @@ def hf_input_source(
     models add decoder ids and labels; their encoder's tokens (T5, BART) get an all-ones
     attention mask.
     """
+    if input_shape is None and not _is_encoder_decoder(model):
+        both = vision_text_source(
+            model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ
+        )
+        if both is not None:
+            return both
     name = _main_input(model)
     if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
         return None
@@ -288,6 +289,7 @@ class ChosenInputs:
     source: InputSource
     loss_of: Callable[[Any, Batch], torch.Tensor]
     seq: int | None = None
+    loss: str | None = None  # the objective, in words (the report's run.loss)
 
     def batch_size(self) -> int:
         return batch_size(self.source)
@@ -341,7 +343,9 @@ def choose_inputs(
     def loss_of(out: Any, b: Batch) -> torch.Tensor:
         return loss_fn(out) if loss_fn is not None else task_loss(out, b)
 
-    return ChosenInputs(source, loss_of, seq)
+    return ChosenInputs(
+        source, loss_of, seq, describe_loss(info.task, source(0), caller=loss_fn is not None)
+    )
 
 
 def first_shape(b: Batch) -> tuple[int, ...]:
@@ -380,7 +384,10 @@ def describe_batch(batch: Batch) -> str | None:
         t = kw.get(name)
         if isinstance(t, torch.Tensor) and t.dim() >= 2:
             n = t.shape[0]
-            if name == "pixel_values":
+            grid = kw.get("image_grid_thw")
+            if name == "pixel_values" and isinstance(grid, torch.Tensor) and grid.dim() == 2:
+                parts.append(f"{grid.shape[0]} images as {n} patches of {_dims(t)}")
+            elif name == "pixel_values":
                 parts.append(f"{n} images {_dims(t)}")
             elif name == "input_values":
                 parts.append(f"{n} clips of {_dims(t)} samples")

@@ -389,6 +389,7 @@ def run_info(profiled: Profiled, *, seed: int, init: str | None, dropout: bool) 
         mode="train",
         dropout=dropout,
         inputs=describe_batch(chosen.source(0)),
+        loss=chosen.loss,
         world_size=ranks.world_size,
         backend=ranks.backend,
     )

@@ -1,0 +1,231 @@
+"""Inputs for models that take images and text together, from the model's own description.
+
+Two kinds, told apart by the config alone:
+
+- **two-tower** (CLIP, SigLIP, ALIGN): a forward that takes `input_ids` and
+  `pixel_values` and a config with a `text_config` and a `vision_config`, no image token:
+  random ids for the text tower, random images for the vision tower, both at once.
+- **vision-language** (LLaVA, PaliGemma, Gemma 3, Qwen-VL): the config names an image
+  placeholder token (`image_token_id` / `image_token_index`). The text holds as many
+  placeholders as the vision tower gives features for the images; that number is read off
+  the model itself (`get_image_features` on the batch's images, without gradients), not
+  off a per-family formula. Qwen-VL's forward takes patches and a `image_grid_thw`: one
+  grid of 2·merge × 2·merge patches per image.
+
+Everything duck-types `model.config`; nothing imports transformers.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from actscan.measure.inputs import Batch, random_tokens
+
+__all__ = ["config_int", "vision_text_source"]
+
+DEFAULT_IMAGE = 224
+
+
+def _params(model: nn.Module) -> set[str]:
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def config_int(config: Any, *names: str) -> int | None:
+    """The first of `names` the config holds as a positive int."""
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    if callable(get):
+        try:
+            return get()
+        except (TypeError, ValueError, AttributeError):
+            pass
+    return getattr(config, "text_config", None) or config
+
+
+def _special_ids(config: Any, vocab: int) -> set[int]:
+    """Every token id the configs name (image, video, audio, boi/eoi, pad...): random text
+    must not hit one, or it would read as a placeholder."""
+    ids: set[int] = set()
+    for cfg in (config, _text_config(config)):
+        for key, value in vars(cfg).items():
+            named = "token" in key or key.endswith("_id")
+            if named and isinstance(value, int) and not isinstance(value, bool) and value < vocab:
+                ids.add(value)
+    return ids
+
+
+def _text_ids(config: Any, batch: int, seq: int, seed: int, index: int) -> torch.Tensor | None:
+    text = _text_config(config)
+    vocab = config_int(text, "vocab_size") or config_int(config, "vocab_size")
+    if vocab is None:
+        return None
+    ids = random_tokens(vocab, batch, seq, seed, index)
+    special = _special_ids(config, vocab)
+    safe = next((t for t in range(vocab) if t not in special), 0)
+    for s in special:
+        ids[ids == s] = safe
+    return ids
+
+
+def _image_token(config: Any) -> int | None:
+    for cfg in (config, _text_config(config)):
+        for name in ("image_token_id", "image_token_index"):
+            value = getattr(cfg, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                return value
+    return None
+
+
+def _vision_config(config: Any) -> Any:
+    for name in ("vision_config", "image_config", "vision_tower_config"):
+        sub = getattr(config, name, None)
+        if sub is not None:
+            return sub
+    return None
+
+
+def _square(value: Any) -> int | None:
+    if isinstance(value, int) and value > 0:
+        return value
+    if isinstance(value, list | tuple) and value and isinstance(value[0], int):
+        return int(value[0])
+    return None
+
+
+def _images(
+    model: nn.Module, batch: int, seed: int, index: int, nested: bool = False, sizes: bool = False
+) -> dict[str, torch.Tensor]:
+    """`pixel_values` (and Qwen-VL's `image_grid_thw`, LLaVA-NeXT/Mistral 3's
+    `image_sizes`, with `sizes`) for `batch` images; `nested`: one image per sample as
+    (batch, 1, C, H, W), the layout Idefics-like models take."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    vision = _vision_config(config) or config
+    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
+    gen = torch.Generator().manual_seed(seed * 100_003 + index + 7)
+    if "image_grid_thw" in _params(model):
+        patch = config_int(vision, "patch_size", "spatial_patch_size") or 14
+        temporal = config_int(vision, "temporal_patch_size") or 2
+        merge = config_int(vision, "spatial_merge_size") or 2
+        side = 2 * merge
+        grid = torch.tensor([[1, side, side]] * batch)
+        flat = torch.randn(batch * side * side, channels * temporal * patch * patch, generator=gen)
+        return {"pixel_values": flat, "image_grid_thw": grid}
+    size = (
+        _square(getattr(vision, "image_size", None))
+        or _square(getattr(config, "image_size", None))
+        or DEFAULT_IMAGE
+    )
+    pixels = torch.randn(batch, channels, size, size, generator=gen)
+    out = {"pixel_values": pixels.unsqueeze(1) if nested else pixels}
+    if "pixel_attention_mask" in _params(model):  # every pixel is real (no padding)
+        rows = out["pixel_values"].shape[:-3]
+        out["pixel_attention_mask"] = torch.ones((*rows, size, size), dtype=torch.bool)
+    if sizes:
+        out["image_sizes"] = torch.tensor([[size, size]] * batch)
+    return out
+
+
+def _feature_rows(out: Any, width: int | None) -> int | None:
+    """How many text positions `get_image_features`' output fills: its rows of the text
+    width (the check transformers' placeholder mask makes)."""
+    pooled = getattr(out, "pooler_output", None)
+    feats = pooled if pooled is not None else out
+    if isinstance(feats, dict):
+        feats = feats.get("pooler_output", feats.get("last_hidden_state"))
+    tensors: list[torch.Tensor] = []
+    if isinstance(feats, torch.Tensor):
+        tensors = [feats]
+    elif isinstance(feats, list | tuple):
+        tensors = [t for t in feats if isinstance(t, torch.Tensor)]
+    if not tensors:
+        return None
+    numel = sum(t.numel() for t in tensors)
+    if width and numel % width == 0:
+        return numel // width
+    return sum(t.numel() // t.shape[-1] for t in tensors if t.dim() >= 1)
+
+
+def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, bool, bool] | None:
+    """Placeholders the batch's images fill, from the model's own vision path, and
+    the layout it took (nested (batch, 1, C, H, W), with `image_sizes`); None when no
+    layout runs."""
+    get = getattr(model, "get_image_features", None)
+    if not callable(get):  # some keep it on the inner model (DeepSeek-VL's `model`)
+        get = getattr(getattr(model, "model", None), "get_image_features", None)
+    if not callable(get):
+        return None
+    width = config_int(_text_config(model.config), "hidden_size")
+    for nested, sizes in ((False, False), (True, False), (False, True), (True, True)):
+        images = _images(model, batch, seed, 0, nested, sizes)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                out = get(**images)
+        except Exception:
+            continue
+        rows = _feature_rows(out, width)
+        if rows is not None:
+            return rows, nested, sizes
+    return None
+
+
+def vision_text_source(
+    model: nn.Module, *, batch: int, seq_len: int | None, seed: int, default_seq: int
+) -> Callable[[int], Batch] | None:
+    """Images and token ids for a two-tower or vision-language model, or None when the
+    model is neither (its forward takes no `pixel_values` beside `input_ids`)."""
+    config: Any = getattr(model, "config", None)
+    params = _params(model)
+    if config is None or not {"input_ids", "pixel_values"} <= params:
+        return None
+    text = _text_config(config)
+    limit = config_int(text, "max_position_embeddings")
+    seq = seq_len or min(default_seq, limit or default_seq)
+    image_token = _image_token(config)
+    if image_token is None:
+        if _vision_config(config) is None:
+            return None
+
+        def two_tower(i: int) -> Batch:
+            ids = _text_ids(config, batch, seq, seed, i)
+            assert ids is not None  # checked below, before the source is returned
+            kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            kw.update(_images(model, batch, seed, i))
+            if "return_loss" in params:
+                kw["return_loss"] = False
+            return Batch(kwargs=kw)
+
+        return two_tower if _text_ids(config, 1, 1, seed, 0) is not None else None
+
+    counted = _count_image_tokens(model, batch, seed)
+    if counted is None or counted[0] % batch:
+        return None
+    per_image, nested, sizes = counted[0] // batch, counted[1], counted[2]
+
+    def vlm(i: int) -> Batch:
+        ids = _text_ids(config, batch, seq, seed, i)
+        assert ids is not None
+        ids = torch.cat([torch.full((batch, per_image), image_token), ids], dim=1)
+        kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        kw.update(_images(model, batch, seed, i, nested, sizes))
+        if "token_type_ids" in params:  # PaliGemma/Gemma 3: 0 on image and prompt tokens
+            kw["token_type_ids"] = torch.zeros_like(ids)
+        if "mm_token_type_ids" in params:  # Qwen-VL's M-RoPE: 1 on image tokens
+            kw["mm_token_type_ids"] = (ids == image_token).long()
+        return Batch(kwargs=kw)
+
+    return vlm if _text_ids(config, 1, 1, seed, 0) is not None else None

@@ -1,0 +1,529 @@
+"""The breadth matrix: every model type this transformers can build on CPU, scanned.
+
+Enumerates transformers' auto mappings (one class per model type: the language-model or
+vision-language head a user would point actscan at, else the bare model), derives a tiny
+config from each type's default config by shrinking every size-like field (`shrink`),
+builds it with the library's own init (no download, no remote code) and runs
+`actscan.scan` on it. Each type gets a row: status, seconds, the exit code the CLI would
+give (0 quiet, 1 a warn/error finding, 2 refused with a reason, 3 a crash), the loud
+findings and the layout proof.
+
+    python benchmarks/families.py [--only TYPE,...] [--json OUT.json] [--write-docs]
+
+`--write-docs` writes docs/families.md (the published matrix). `tests/test_breadth_matrix.py`
+runs the same rows in the suite (slow). Heavy on CPU: run it under `nice`, one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+LAYERS = 4  # the depth checks need 4 block outputs (min-blocks)
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 64, 4, 2, 16, 128
+VOCAB = 512
+IMAGE, PATCH = 32, 8
+BUILD_BUDGET_S = 20.0  # a type whose build + scan takes longer is skipped (not clean)
+SCAN_BUDGET_S = 60.0
+
+# The heads tried in order: what a user points actscan at (a language model, a
+# vision-language model, a sequence-to-sequence model), else the bare model (encoders,
+# vision and audio backbones), whose loss then reaches every output position.
+HEADS_ORDER = (
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "MODEL_MAPPING_NAMES",
+)
+
+# Overrides where the generic shrink gives a config the model cannot build; each says why.
+OVERRIDES: dict[str, dict[str, Any]] = {}
+# M-RoPE text models whose modeling code falls back to sections for a 128-wide head when
+# the config names none: sections for the tiny head (they sum to HEAD_DIM/2).
+MROPE: dict[str, list[int]] = {
+    "qwen2_vl_text": [2, 3, 3],
+    "qwen2_5_vl_text": [2, 3, 3],
+    "glm4v_text": [2, 3, 3],
+    "glm4v_moe_text": [2, 3, 3],
+    "glm_ocr_text": [2, 3, 3],
+    "glm_image_text": [2, 3, 3],
+}
+
+# Findings argued true on a type's healthy tiny init (check id -> why), or a reason a
+# type is not expected to verify its layout. Empty until a row needs one.
+ARGUED: dict[str, dict[str, str]] = {}
+
+
+# --------------------------------------------------------------------------- tiny configs
+
+_LAYERS = re.compile(r"(^|_)(num_hidden_layers|n_layers?|num_layers|layers|depth)$")
+_HEADS = re.compile(r"(^|_)(num_attention_heads|n_heads?|num_heads|attention_heads)$")
+_KV = re.compile(r"(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num)$")
+_HEAD_DIM = re.compile(r"(^|_)(head_dim|attention_head_dim|kv_channels|head_size)$")
+_HIDDEN = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim|dim|model_dim|d_embed|hidden_dim)$")
+_FFN = re.compile(
+    r"(intermediate_size|ffn_dim|^d_ff$|^d_inner$|^n_inner$|mlp_dim|ffn_hidden_size|"
+    r"^inner_dim$|intermediate_dim)$"
+)
+_EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
+_TOPK = re.compile(r"^(num_experts_per_tok|top_k|moe_topk|num_selected_experts)$")
+_TOKEN = re.compile(r"(token_id|token_index|_token)$")
+
+
+def _shrink_int(key: str, v: int) -> int:
+    if _KV.search(key):
+        return min(v, KV_HEADS)
+    if _HEADS.search(key):
+        return min(v, HEADS)
+    if _HEAD_DIM.search(key):
+        return min(v, HEAD_DIM)
+    if _LAYERS.search(key):
+        return min(v, LAYERS)
+    if _HIDDEN.search(key) or key.endswith("hidden_size"):
+        return min(v, HIDDEN)
+    if _FFN.search(key):
+        return min(v, FFN)
+    if _EXPERTS.search(key):
+        return min(v, 4)
+    if _TOPK.search(key):
+        return min(v, 2)
+    if key.endswith("tokens_per_image"):  # pooled from the patch grid: at most its size
+        return min(v, (IMAGE // PATCH) ** 2 // 4)
+    if key in ("projection_size", "projection_dim"):
+        return min(v, HIDDEN)
+    if key == "vocab_size":
+        return min(v, VOCAB)
+    if key == "image_size":
+        return min(v, IMAGE)
+    if key == "patch_size":
+        return min(v, PATCH)
+    return v
+
+
+def _vocabs(d: dict[str, Any]) -> list[int]:
+    found = [v for k, v in d.items() if k == "vocab_size" and isinstance(v, int) and v > 0]
+    for v in d.values():
+        if isinstance(v, dict):
+            found += _vocabs(v)
+    return found
+
+
+def shrink(d: dict[str, Any]) -> dict[str, Any]:
+    """A tiny version of a config's dict: `_shrink` it, then move every token id (at any
+    level: a vision-language model names its image token at the top, its vocabulary in
+    `text_config`) beyond the smallest new vocabulary inside it, one distinct id each."""
+    out = _shrink(d)
+    vocabs = [v for v in _vocabs(out) if v <= VOCAB]
+    if vocabs:
+        _move_ids(d, out, min(vocabs), [min(vocabs) - 1])
+    return out
+
+
+def _move_ids(d: dict[str, Any], out: dict[str, Any], vocab: int, top: list[int]) -> None:
+    for key, v in d.items():
+        if isinstance(v, dict) and isinstance(out.get(key), dict):
+            _move_ids(v, out[key], vocab, top)
+        elif (
+            _TOKEN.search(str(key))
+            and isinstance(v, int)
+            and not isinstance(v, bool)
+            and v >= vocab
+        ):
+            out[key] = top[0]
+            top[0] -= 1
+
+
+def _ints(d: dict[str, Any], pattern: re.Pattern[str]) -> list[str]:
+    return [k for k, v in d.items() if isinstance(k, str) and pattern.search(k) and type(v) is int]
+
+
+def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """The relations between sizes that configs validate, kept from the full-size config:
+    query heads per key/value head (MLA: one each), heads × head_dim as a multiple of the
+    width (Mamba-2: expand × hidden), a rotary dim within the head dim."""
+    heads = next((k for k in _ints(d, _HEADS) if not _KV.search(k)), None)
+    hidden = next(iter(_ints(d, _HIDDEN)), None)
+    head_dim = next(iter(_ints(d, _HEAD_DIM)), None)
+    if heads:
+        for kv in _ints(d, _KV):
+            if d[kv] and d[heads] % d[kv] == 0:
+                out[kv] = max(1, out[heads] // (d[heads] // d[kv]))
+    if heads and hidden and head_dim:
+        product = d[heads] * d[head_dim]
+        if product % d[hidden] == 0 and product != d[hidden]:
+            out[heads] = max(1, product // d[hidden] * out[hidden] // out[head_dim])
+    per_head = out[head_dim] if head_dim else None
+    if per_head is None and heads and hidden:
+        per_head = out[hidden] // out[heads]
+    for key in ("rotary_dim", "rotary_emb_dim"):
+        if type(d.get(key)) is int and per_head:
+            out[key] = min(out[key], per_head)
+
+
+def _shrink(d: dict[str, Any]) -> dict[str, Any]:
+    """Size-like ints capped, per-layer lists cut to the new depth, layer indices kept
+    below it (sub-configs recursively)."""
+    out: dict[str, Any] = {}
+    depth_from: int | None = None
+    for key, v in d.items():
+        if isinstance(v, dict) and str(key).endswith(("config", "rope_parameters", "rope_scaling")):
+            out[key] = _shrink(v)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            out[key] = _shrink_int(key, v)
+            if _LAYERS.search(key) and out[key] != v and depth_from is None:
+                depth_from = v
+        elif key == "image_size" and isinstance(v, list) and all(isinstance(x, int) for x in v):
+            out[key] = [min(x, IMAGE) for x in v]
+        elif key == "hidden_sizes" and isinstance(v, list) and all(isinstance(x, int) for x in v):
+            out[key] = [min(x, 16 * 2**i) for i, x in enumerate(v)]
+        elif key == "mrope_section" and isinstance(v, list) and sum(v) > HEAD_DIM // 2:
+            # M-RoPE splits half the head dim in sections: kept in proportion
+            out[key] = [max(1, x * (HEAD_DIM // 2) // sum(v)) for x in v]
+            out[key][0] += HEAD_DIM // 2 - sum(out[key])
+        elif key == "depths" and isinstance(v, list) and all(isinstance(x, int) for x in v):
+            out[key] = [min(x, 2) for x in v]
+        else:
+            out[key] = v
+    if depth_from is not None:
+        new = next(out[k] for k in out if _LAYERS.search(k) and d[k] == depth_from)
+        for key, v in d.items():
+            if isinstance(v, list | str) and len(v) == depth_from and "layer" in key:
+                out[key] = v[:new]
+            elif (
+                isinstance(v, list)
+                and v
+                and "layer" in key
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+                and max(v) < depth_from
+                and len(v) < depth_from
+            ):
+                kept = [x for x in v if x < new]
+                out[key] = kept or [new - 1]
+    _keep_relations(d, out)
+    return out
+
+
+# --------------------------------------------------------------------------- enumeration
+
+
+def model_types() -> dict[str, str]:
+    """model type -> the class the matrix builds (the first head of HEADS_ORDER with one)."""
+    from transformers.models.auto import modeling_auto
+
+    chosen: dict[str, str] = {}
+    for mapping in reversed(HEADS_ORDER):
+        for mt, cls in getattr(modeling_auto, mapping).items():
+            if isinstance(cls, tuple | list):
+                cls = cls[0]
+            chosen[mt] = cls
+    return dict(sorted(chosen.items()))
+
+
+def tiny_config(model_type: str) -> Any:
+    import transformers
+
+    base = transformers.AutoConfig.for_model(model_type)
+    data = _declared(base, shrink(base.to_dict()))
+    data.update(OVERRIDES.get(model_type, {}))
+    _set_mrope(data, model_type)
+    data.pop("model_type", None)
+    return type(base).from_dict(data)
+
+
+def _set_mrope(data: dict[str, Any], model_type: str | None) -> None:
+    sections = MROPE.get(model_type or "")
+    rope = data.get("rope_parameters")
+    if sections and isinstance(rope, dict):
+        data["rope_parameters"] = {**rope, "mrope_section": sections}
+    for value in data.values():
+        if isinstance(value, dict) and "model_type" in value:
+            _set_mrope(value, value["model_type"])
+
+
+def _fields(config: Any) -> set[str] | None:
+    import dataclasses
+    import inspect
+
+    cls = type(config)
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()) and len(params) <= 3:
+        return None  # no declared fields to go by
+    return set(params) - {"self", "kwargs"}
+
+
+def _declared(config: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """Only the fields a config declares (at every level): what its __init__ derives from
+    them (DeepSeek's qk_head_dim, a default head_dim) is derived again from the shrunk
+    values instead of kept at its full-size value."""
+    names = _fields(config)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        sub = getattr(config, key, None) if isinstance(key, str) else None
+        if isinstance(value, dict) and hasattr(sub, "to_dict"):
+            value = {**_declared(sub, value), "model_type": getattr(sub, "model_type", None)}
+            value = {k: v for k, v in value.items() if v is not None or k != "model_type"}
+        if names is None or key in names or isinstance(value, dict):
+            out[key] = value
+    return out
+
+
+def build(model_type: str, cls_name: str) -> torch.nn.Module:
+    import transformers
+
+    cls = getattr(transformers, cls_name)
+    config = tiny_config(model_type)
+    with contextlib.suppress(AttributeError, TypeError):
+        config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return cls(config)
+
+
+# --------------------------------------------------------------------------- one row
+
+
+@dataclass
+class Row:
+    model_type: str
+    cls: str
+    status: str  # clean | loud | refused | model-error | crash | no-build | slow
+    exit: int | None = None
+    seconds: float = 0.0
+    params: int = 0
+    inputs: str = ""
+    loss: str = ""
+    layout: str = ""
+    findings: list[str] = field(default_factory=list)
+    reason: str = ""
+
+    @property
+    def clean(self) -> bool:
+        return self.status == "clean"
+
+
+class _Timeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """A hang guard (SIGALRM in the main thread; none elsewhere)."""
+
+    def fire(signum: int, frame: Any) -> None:
+        raise _Timeout(f"over {seconds:.0f} s")
+
+    try:
+        old = signal.signal(signal.SIGALRM, fire)
+    except ValueError:
+        yield
+        return
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip().splitlines()[0]
+    return text[:200]
+
+
+def _layout(report: Any) -> str:
+    proofs = list(report.layout)
+    if not proofs:
+        note = next((n for n in report.notes if "block" in n or "stream" in n), "")
+        return f"no blocks ({note[:100]})" if note else "no blocks"
+    bad = [p for p in proofs if p.status != "verified"]
+    if not bad:
+        return f"verified ({len(proofs)})"
+    return f"{len(proofs) - len(bad)}/{len(proofs)} verified"
+
+
+def run_one(model_type: str, cls_name: str) -> Row:
+    """Build one type tiny and scan it; never raises."""
+    from actscan import scan
+    from actscan.errors import ActscanError
+    from actscan.measure.prepare import model_error_line
+    from actscan.records import Severity
+
+    row = Row(model_type, cls_name, "no-build")
+    t0 = time.perf_counter()
+    try:
+        with (
+            _deadline(BUILD_BUDGET_S),
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+        ):
+            warnings.simplefilter("ignore")
+            model = build(model_type, cls_name)
+    except _Timeout as err:
+        row.status, row.reason = "slow", f"build {err}"
+        row.seconds = time.perf_counter() - t0
+        return row
+    except Exception as err:
+        row.reason = _line(err)
+        row.seconds = time.perf_counter() - t0
+        return row
+    row.params = sum(p.numel() for p in model.parameters())
+    try:
+        with (
+            _deadline(SCAN_BUDGET_S),
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+        ):
+            warnings.simplefilter("ignore")
+            report = scan(model, batch=2, seq_len=16)
+    except _Timeout as err:
+        row.status, row.reason = "slow", f"scan {err}"
+    except ActscanError as err:
+        row.status, row.exit, row.reason = "refused", 2, _line(err)
+    except Exception as err:
+        line = model_error_line(err)  # the CLI's exit 2: the model raised on its inputs
+        if line is not None:
+            row.status, row.exit, row.reason = "model-error", 2, line[:200]
+        else:
+            row.status, row.exit, row.reason = "crash", 3, _line(err)
+    else:
+        argued = ARGUED.get(model_type, {})
+        loud = [
+            f
+            for f in report.findings
+            if f.severity is not Severity.INFO and str(f.check) not in argued
+        ]
+        row.findings = [f"{f.severity} {f.check}: {f.message[:140]}" for f in loud]
+        row.exit = 1 if loud else 0
+        row.inputs = report.run.inputs or ""
+        row.loss = getattr(report.run, "loss", "") or ""
+        row.layout = _layout(report)
+        layout_ok = row.layout.startswith("verified") or "layout" in argued
+        row.status = "clean" if not loud and layout_ok else "loud"
+    row.seconds = time.perf_counter() - t0
+    return row
+
+
+# --------------------------------------------------------------------------- the document
+
+
+def markdown(rows: list[Row]) -> str:
+    tried = [r for r in rows if r.status != "no-build"]
+    clean = [r for r in tried if r.clean]
+    by: dict[str, int] = {}
+    for r in tried:
+        by[r.status] = by.get(r.status, 0) + 1
+    lines = [
+        "# Model families",
+        "",
+        "Every model type this version of transformers lists in its auto mappings, built",
+        "tiny on CPU with the library's own init (no download) and scanned with",
+        "`actscan.scan(model, batch=2, seq_len=16)`. Regenerate with",
+        "`python benchmarks/families.py --write-docs`; `tests/test_breadth_matrix.py` holds",
+        "the same rows in the suite.",
+        "",
+        f"**{len(clean)} of {len(tried)} types clean** "
+        f"({100 * len(clean) / max(1, len(tried)):.1f} %): "
+        + ", ".join(f"{n} {s}" for s, n in sorted(by.items()))
+        + f"; {len(rows) - len(tried)} more types do not build from a generically shrunk "
+        "config (listed at the end).",
+        "",
+        "Status: *clean* — no warn/error finding and every block's layout verified (or a",
+        "reason given); *loud* — a warn/error finding or an unverified layout; *refused* —",
+        "exit 2 with a reason; *model-error* — the model raised on the inputs actscan built (exit",
+        "2, its first line); *crash* — an unexpected error (exit 3); *slow* — over the",
+        "time budget.",
+        "",
+        "| type | class | status | s | inputs | layout | findings / reason |",
+        "|---|---|---|---:|---|---|---|",
+    ]
+    for r in tried:
+        why = "; ".join(r.findings) or r.reason
+        why = why.replace("|", "\\|").replace("\n", " ")[:220]
+        lines.append(
+            f"| {r.model_type} | {r.cls} | {r.status} | {r.seconds:.1f} | {r.inputs} | "
+            f"{r.layout} | {why} |"
+        )
+    lines += ["", "## Types that do not build tiny", ""]
+    lines += ["| type | class | reason |", "|---|---|---|"]
+    for r in rows:
+        if r.status == "no-build":
+            lines.append(f"| {r.model_type} | {r.cls} | {r.reason.replace('|', '/')[:160]} |")
+    return "\n".join(lines) + "\n"
+
+
+def cause(row: Row) -> str:
+    """One line: why a row is not clean (its status, then the first finding or reason)."""
+    first = row.findings[0] if row.findings else row.reason or f"layout {row.layout}"
+    return f"{row.status}: {first[:150]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated model types")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
+    parser.add_argument("--write-docs", action="store_true", help="write docs/families.md")
+    parser.add_argument(
+        "--baseline", action="store_true", help="write tests/breadth_baseline.json (non-clean)"
+    )
+    parser.add_argument("--from-json", type=Path, default=None, help="rows of an earlier run")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    types = model_types()
+    if args.only:
+        wanted = set(args.only.split(","))
+        types = {k: v for k, v in types.items() if k in wanted}
+    rows: list[Row] = []
+    if args.from_json:
+        rows = [Row(**r) for r in json.loads(args.from_json.read_text())]
+        types = {}
+    for mt, cls in types.items():
+        row = run_one(mt, cls)
+        rows.append(row)
+        print(
+            f"{mt:32s} {row.status:8s} {row.seconds:6.1f}s {row.layout:18s} "
+            f"{(row.findings[:1] or [row.reason])[0][:120]}",
+            flush=True,
+        )
+        if args.json:
+            args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    tried = [r for r in rows if r.status != "no-build"]
+    clean = sum(r.clean for r in tried)
+    print(f"{clean}/{len(tried)} clean, {len(rows) - len(tried)} not built", flush=True)
+    if args.write_docs:
+        (ROOT / "docs" / "families.md").write_text(markdown(rows))
+    if args.baseline:
+        known = {r.model_type: cause(r) for r in rows if not r.clean}
+        path = ROOT / "tests" / "breadth_baseline.json"
+        path.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
