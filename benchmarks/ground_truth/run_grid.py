@@ -1,7 +1,7 @@
 """Train and scan the ground truth's grid, one JSON line per run (resumable).
 
-    nice -n 10 python benchmarks/ground_truth/run_grid.py [--out benchmarks/ground_truth/data/runs.jsonl]
-        [--limit N] [--no-scan]
+    nice -n 10 python benchmarks/ground_truth/run_grid.py [--out data/runs.jsonl]
+        [--limit N] [--no-scan] [--worker i/n]
 
 Each line: the run (grid.Run.as_dict), its 300-step training (`grid.train`: loss curve,
 validation loss, an independent record of the first 10 steps) and actscan's `--steps 10`
@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.ground_truth import grid  # noqa: E402
+from benchmarks.ground_truth import grid
 
 DATA = Path(__file__).resolve().parent / "data" / "runs.jsonl"
 
@@ -61,12 +61,19 @@ def scan_run(run: grid.Run) -> dict[str, Any]:
         batch=grid.BATCH,
         seq_len=grid.SEQ,
         amp="bf16" if run.config.precision == "bf16" else None,
+        channels=False,
     )
     assert report.dynamics is not None
     dyn = dataclasses.asdict(report.dynamics)
     for step in dyn["steps"]:  # what the dynamics checks read; the rest left out (size)
         step["change"] = [
-            {"name": c["name"], "kind": c["kind"], "k": c["k"], "block": c["block"], "rel": c["rel"]}
+            {
+                "name": c["name"],
+                "kind": c["kind"],
+                "k": c["k"],
+                "block": c["block"],
+                "rel": c["rel"],
+            }
             for c in step["change"]
             if c["kind"] == "stream"
         ]
@@ -74,7 +81,9 @@ def scan_run(run: grid.Run) -> dict[str, Any]:
     return {
         "dynamics": _round(dyn),
         "findings": [
-            [f.check, str(f.severity)] for f in report.findings if str(f.check).startswith(
+            [f.check, str(f.severity)]
+            for f in report.findings
+            if str(f.check).startswith(
                 ("update-size", "amplification", "attn-logit-growth", "logit-drift", "adam-epsilon")
             )
         ],
@@ -89,13 +98,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DATA)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--no-scan", action="store_true")
+    ap.add_argument("--worker", default="0/1", help="i/n: run every n-th lr curve from the i-th")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    i_w, n_w = (int(x) for x in args.worker.split("/"))
     done = set()
     if args.out.exists():
         done = {json.loads(line)["key"] for line in args.out.read_text().splitlines() if line}
-    todo = [r for r in grid.runs() if r.key not in done][: args.limit]
+    if n_w > 1:  # each worker appends to its own file: runs.jsonl → runs.i.jsonl
+        args.out = args.out.with_suffix(f".{i_w}.jsonl")
+        if args.out.exists():
+            done |= {json.loads(line)["key"] for line in args.out.read_text().splitlines() if line}
+    mine = {
+        key
+        for j, key in enumerate(dict.fromkeys(r.curve_key for r in grid.runs()))
+        if j % n_w == i_w
+    }
+    todo = [r for r in grid.runs() if r.key not in done and r.curve_key in mine][: args.limit]
     print(f"{len(done)} done, {len(todo)} to run → {args.out}", flush=True)
     t0 = time.perf_counter()
     for i, run in enumerate(todo):
