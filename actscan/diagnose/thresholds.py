@@ -203,6 +203,10 @@ class Thresholds:
     # error when a step moves a matrix by its whole norm: the weights are replaced every
     # step (by construction; the grid's largest was 0.29).
     update_ratio_error: float = 1.0
+    # …or when the median matrix's cumulative movement ‖W_N − W_0‖/‖W_0‖ after the steps
+    # reaches this (weights that grow with their updates keep the per-step ratio flat at
+    # 0.15–0.18 from lr 3e-2 to 1.0; the cumulative movement does not): GROUND-TRUTH-DRIFT
+    update_drift_warn: float = 1.0
     # info: a matrix moving this many times the median matrix's ratio (1/√(2L)-scaled
     # projections sit at √(2L)×, ×7 at 24 layers; ×10 is beyond the usual depth scaling).
     update_outlier: float = 10.0
@@ -230,6 +234,10 @@ class Thresholds:
     # logit-drift: the largest |log Z_t − log Z_0| over the steps, in nats. Runs that failed
     # drifted 0.3–1.1 in 10 steps; ≥ 0.4 flags 29 runs, 25 failed (P 0.86, R 0.71).
     log_z_drift: float = 0.4
+    # …a warning only when log Z moved this much more than the loss fell,
+    # max_t |log Z_t − log Z_0| − max(0, loss_0 − loss_t): on real text log Z rises as the
+    # model learns a peaked distribution (6.04 → 6.92 in 10 healthy steps): GROUND-TRUTH-LOGZ
+    log_z_excess: float = 0.5
     # adam-epsilon: gradient RMS ÷ eps at or below which Adam's update shrinks (the step is
     # g/(√v + eps): at ratio 10 it is 91 % of lr, at 1 half).
     adam_eps_ratio: float = 10.0
@@ -237,6 +245,10 @@ class Thresholds:
     # info). A few QK-norm gains of a trained-fine run reached it (share < 1e-3); the runs
     # whose gradients collapsed had 0.1–92 % (P 1.00, R 0.43).
     adam_eps_share: float = 0.001
+    # …counting only tensors whose update collapsed: Adam's step per coordinate ÷ lr at
+    # the last step ≤ this × the first step's (≈ 1: Adam's first step is lr·sign(g)); a
+    # gradient at 3–7 × eps still moves ~80 % of lr: GROUND-TRUTH-ADAM
+    adam_collapse: float = 0.1
     # ---- coord-check (`actscan sweep --width … --steps N`: μP's coordinate check) -------
     # Log–log slope of a module group's mean |x_t| (or mean |x_t − x_0|) against width
     # above which it grows with width. Measured (docs/checks.md#coord-check, widths
