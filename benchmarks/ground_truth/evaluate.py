@@ -164,23 +164,50 @@ def flagged(sevs: Mapping[str, str], check: str | None = None) -> bool:
     return any(s in ("warn", "error") for c, s in sevs.items() if check is None or c == check)
 
 
-def bracket(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One lr curve's sweep: the highest lr whose first steps look like a run that trained
-    (no warn/error step finding at it), scored against the 300-step truth."""
+# How far below the highest safe lr the best one may lie: the bracket is [safe / K, safe]
+# with K the smallest of these that covers ≥ 80 % of the CALIBRATION half's curves
+# (`fit_width`); the held-out hit rate is then measured at that K.
+WIDTHS = (1.0, 3.0, 10.0, 30.0, 100.0)
+
+
+def bracket(runs: list[dict[str, Any]], width: float) -> dict[str, Any]:
+    """One lr curve's sweep, as `actscan sweep --lrs` makes it (actscan.compare.sweep
+    lr_brackets): `safe` is the highest lr whose scan, and the scans of every lower lr,
+    have no warn/error step finding; scored against the 300-step truth."""
     runs = sorted(runs, key=lambda r: r["lr"])
-    safe = [r["lr"] for r in runs if not flagged(r["sevs"])]
-    top = max(safe) if safe else None
+    top = None
+    for r in runs:
+        if flagged(r["sevs"]):
+            break
+        top = r["lr"]
     best = runs[0]["best_lr"]
     called_safe = [r for r in runs if top is not None and r["lr"] <= top]
     return {
         "curve": runs[0]["curve"],
         "safe": top,
         "best_lr": best,
-        "hit": top is not None and top / 10 * (1 - 1e-9) <= best <= top * (1 + 1e-9),
+        "hit": top is not None and top / width * (1 - 1e-9) <= best <= top * (1 + 1e-9),
         "exact": top is not None and math.isclose(best, top),
         "safe_diverged": [r["lr"] for r in called_safe if "diverged" in r["why"]],
         "safe_unstable": [r["lr"] for r in called_safe if r["unstable"]],
     }
+
+
+def curves_of(judged: list[dict[str, Any]], half: str) -> list[list[dict[str, Any]]]:
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for r in judged:
+        if r["half"] == half:
+            curves.setdefault(r["curve"], []).append(r)
+    return list(curves.values())
+
+
+def fit_width(judged: list[dict[str, Any]]) -> float:
+    """The bracket's width K, from the calibration half only."""
+    cal = curves_of(judged, "calibration")
+    for k in WIDTHS:
+        if cal and sum(bracket(c, k)["hit"] for c in cal) >= 0.8 * len(cal):
+            return k
+    return WIDTHS[-1]
 
 
 def evaluate(
@@ -223,17 +250,16 @@ def table(judged: list[dict[str, Any]], half: str) -> list[str]:
         + (f" ({', '.join(r['key'] for r in hit)})" if hit else "")
         + ".",
     ]
-    curves: dict[str, list[dict[str, Any]]] = {}
-    for r in sub:
-        curves.setdefault(r["curve"], []).append(r)
-    bs = [bracket(v) for v in curves.values()]
+    k = fit_width(judged)
+    bs = [bracket(c, k) for c in curves_of(judged, half)]
     if bs:
         hits = sum(b["hit"] for b in bs)
         clean = sum(not b["safe_diverged"] for b in bs)
         ok = sum(b["hit"] and not b["safe_diverged"] for b in bs)
         lines += [
             "",
-            f"lr bracket (best lr within [safe/10, safe]): hit {rate(hits, len(bs))}; "
+            f"lr bracket (best lr within [safe/{k:g}, safe], K = {k:g} fitted on the "
+            f"calibration half): hit {rate(hits, len(bs))}; "
             f"no lr called safe diverged: {rate(clean, len(bs))}; both: {rate(ok, len(bs))}; "
             f"safe = best exactly: {sum(b['exact'] for b in bs)}/{len(bs)}.",
             "",
@@ -259,13 +285,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], help="threshold=value")
     ap.add_argument("--half", choices=HALVES, action="append", default=None)
     ap.add_argument("--runs-table", action="store_true", help="one line per run too")
+    ap.add_argument("--out", type=Path, default=None, help="Markdown file to update (markers)")
     args = ap.parse_args(argv)
     over = {k.replace("-", "_"): float(v) for k, _, v in (s.partition("=") for s in args.set)}
     th = dataclasses.replace(DEFAULT, **over) if over else DEFAULT
     labels = json.loads(args.labels.read_text())["runs"]
     judged = evaluate(read_rows(args.runs), labels, th)
+    text = []
     for half in args.half or HALVES:
-        print("\n".join(table(judged, half)) + "\n")
+        lines = table(judged, half)
+        text += [*lines, ""]
+        print("\n".join(lines) + "\n")
         if args.runs_table:
             for r in judged:
                 if r["half"] == half:

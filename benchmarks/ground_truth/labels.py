@@ -1,6 +1,6 @@
 """The ground truth's labels, from the training runs alone (fixed before any scan is read).
 
-    python benchmarks/ground_truth/labels.py [--runs data/runs.jsonl.gz] [--out data/labels.json]
+    python benchmarks/ground_truth/labels.py [--runs FILE] [--out data/labels.json]
 
 Per lr curve (one configuration, warmup and seed across the lr grid), `best` is the
 lowest validation loss any of its lrs reached after 300 steps, and `best_lr` that lr.
@@ -22,31 +22,16 @@ hash: thresholds are fitted on "calibration" only.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import statistics
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-RUNS = HERE / "data" / "runs.jsonl.gz"
 LABELS = HERE / "data" / "labels.json"
 WORSE_NATS = 0.5
 SPIKE_NATS, SPIKE_WINDOW, SPIKE_AFTER = 1.0, 10, 20
-
-
-def read_runs(path: Path) -> Iterator[dict[str, Any]]:
-    """The grid's rows (a .jsonl or .jsonl.gz), the last row of a key winning."""
-    opener: Any = gzip.open if path.suffix == ".gz" else open
-    rows: dict[str, dict[str, Any]] = {}
-    with opener(path, "rt") as fh:
-        for line in fh:
-            if line.strip():
-                row = json.loads(line)
-                rows[row["key"]] = row
-    yield from rows.values()
 
 
 def final_loss(losses: list[float | None]) -> float:
@@ -118,13 +103,15 @@ def labels(rows: list[dict[str, Any]], n_lrs: int) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.ground_truth.evaluate import read_rows
     from benchmarks.ground_truth.grid import LRS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=Path, default=RUNS)
+    ap.add_argument("--runs", type=Path, default=None, help="default: data/runs*.jsonl*")
     ap.add_argument("--out", type=Path, default=LABELS)
     args = ap.parse_args(argv)
-    labs = labels(list(read_runs(args.runs)), len(LRS))
+    rows = [r for r in read_rows(args.runs).values() if r["lr"] in LRS]
+    labs = labels(rows, len(LRS))
     args.out.write_text(json.dumps({"rules": __doc__, "runs": labs}, indent=0) + "\n")
     n_unstable = sum(r["unstable"] for r in labs)
     print(f"{len(labs)} runs labelled, {n_unstable} unstable → {args.out}")
