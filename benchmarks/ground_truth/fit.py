@@ -6,7 +6,9 @@ For each number a step check judges (actscan.diagnose.steps.statistics), every c
 between two calibration runs' values is tried as "flag when ≥ cut"; printed per number:
 the cut with the best F1 among those that flag no healthy best-lr run (the "no healthy
 best-lr run flagged at warn" target), with its precision and recall on the calibration
-half. The held-out half is never read here (evaluate.py reports it).
+half, and the geometric midpoint between it and the largest value below it (where the
+shipped threshold goes, so that it does not sit on a calibration run). The held-out half
+is never read here (evaluate.py reports it).
 """
 
 from __future__ import annotations
@@ -109,9 +111,16 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cut, tp, fp, fn, _ = got
         p = tp / (tp + fp) if tp + fp else math.nan
+        below = [
+            v for r in runs if (v := r["values"][name]) is not None and math.isfinite(v) and v < cut
+        ]
+        # the threshold: halfway (geometrically) between the cut and the value below it,
+        # so that it does not sit on a calibration run
+        mid = math.sqrt(cut * max(below)) if below and max(below) > 0 and cut > 0 else cut
         print(
             f"  {name:55s} ≥ {cut:<10.4g} P {p:.2f} R {tp / n_u if n_u else math.nan:.2f}"
-            f" (TP {tp} FP {fp} FN {fn})"
+            f" (TP {tp} FP {fp} FN {fn}); below it {max(below) if below else math.nan:.3g},"
+            f" midpoint {mid:.3g}"
         )
     if args.show:
         for r in sorted(runs, key=lambda r: r["key"]):
