@@ -13,6 +13,7 @@ from helpers import ctx, only
 from actscan.diagnose import CheckContext, evaluate
 from actscan.diagnose.steps import DYNAMICS_CHECKS, NO_STEPS, numbers, statistics
 from actscan.diagnose.thresholds import DEFAULT
+from actscan.numfmt import num as n
 from actscan.records import (
     ChangeRecord,
     CheckId,
@@ -203,7 +204,7 @@ def test_attn_logit_growth() -> None:
     warn = findings(dyn(attn=(0.2, DEFAULT.attn_logit_warn * 1.5)), CheckId.ATTN_LOGIT_GROWTH)
     assert [f.severity for f in warn] == [Severity.WARN]
     assert "QK-norm" in warn[0].hint and "blocks.0.attn.logits" in warn[0].layers
-    err = findings(dyn(attn=(0.2, 80.0)), CheckId.ATTN_LOGIT_GROWTH)
+    err = findings(dyn(attn=(0.2, DEFAULT.attn_logit_cap * 1.6)), CheckId.ATTN_LOGIT_GROWTH)
     assert err[0].severity is Severity.ERROR and err[0].threshold == DEFAULT.attn_logit_cap
     # large from the start but not growing: the init's scale (logit-scale's business)
     assert not findings(dyn(attn=(12.0, 14.0)), CheckId.ATTN_LOGIT_GROWTH)
@@ -231,22 +232,23 @@ def test_attn_logit_growth_names_the_layers_that_grew() -> None:
     series = {
         "blocks.0.attn": (0.2, 1.0),  # quiet
         "blocks.3.attn": (0.2, warn_at * 1.5),  # grew past the warn level
-        "blocks.7.attn": (1.4, warn_at * 1.2),  # past warn, but grown only ×8.6
+        "blocks.7.attn": (warn_at * 1.2 / 8.6, warn_at * 1.2),  # past warn, grown only ×8.6
     }
     warn = findings(with_layers(dyn(), series), CheckId.ATTN_LOGIT_GROWTH)
     assert [f.severity for f in warn] == [Severity.WARN]
     assert warn[0].layers == ("blocks.3.attn",)
     assert "in blocks.3.attn (block 3) (0.2 at step 0)" in warn[0].message
     assert "the only one of 3 attention layers" in warn[0].message
+    cap = DEFAULT.attn_logit_cap
     series = {
         "blocks.0.attn": (0.2, 1.0),
-        "blocks.3.attn": (0.2, 60.0),
-        "blocks.7.attn": (0.3, 90.0),
+        "blocks.3.attn": (0.2, cap * 1.2),
+        "blocks.7.attn": (0.3, cap * 1.8),
     }
     err = findings(with_layers(dyn(), series), CheckId.ATTN_LOGIT_GROWTH)
     assert err[0].severity is Severity.ERROR
     assert err[0].layers == ("blocks.7.attn", "blocks.3.attn")  # largest first
-    assert "2 of 3 attention layers are past the cap of 50: blocks 3–7" in err[0].message
+    assert f"2 of 3 attention layers are past the cap of {n(cap)}: blocks 3–7" in err[0].message
     quiet = {"blocks.0.attn": (0.2, 1.0), "blocks.1.attn": (12.0, 14.0)}
     assert not findings(with_layers(dyn(), quiet), CheckId.ATTN_LOGIT_GROWTH)
 
@@ -311,9 +313,10 @@ def test_update_size_reads_the_cumulative_movement() -> None:
 
 
 def test_attn_scores_large_from_the_start_are_info_past_the_cap() -> None:
-    """A std-0.2 init starts near 25; doubling past the cap is not the growth that
-    precedes divergence: info, not an error."""
-    f = findings(dyn(attn=(30.0, 60.0)), CheckId.ATTN_LOGIT_GROWTH)
+    """Scores large from the start (a std-0.2 init) that double past the cap are not the
+    growth that precedes divergence: info, not an error."""
+    cap = DEFAULT.attn_logit_cap
+    f = findings(dyn(attn=(cap * 0.6, cap * 1.2)), CheckId.ATTN_LOGIT_GROWTH)
     assert [x.severity for x in f] == [Severity.INFO]
     assert "large from the start" in f[0].message
 
