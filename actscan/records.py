@@ -548,6 +548,13 @@ class UpdateRecord:
     ratio: tuple[float | None, ...]
     grad_rms: tuple[float | None, ...]
     numel: int = 0
+    # drift[t-1] = ‖W_t − W_0‖ / ‖W_0‖ for t = 1..N: the cumulative movement, which weights
+    # that grow with their updates cannot hide as they hide a per-step ratio (empty: not
+    # recorded; None where ‖W_0‖ = 0)
+    drift: tuple[float | None, ...] = ()
+    # step_rms[t-1] = ‖W_t − W_{t−1}‖ / √numel for t = 1..N: the update per coordinate;
+    # ÷ that step's lr it is Adam's |m̂/(√v̂ + eps)|, ≈ 0.1–1 while the gradient is above eps
+    step_rms: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,14 @@ def run(model: nn.Module, **kw: Any) -> Report:
 
 
 def hand_loop(
-    model: ActscanGPT, steps: int, lr: float, warmup: int = 0
+    model: ActscanGPT,
+    steps: int,
+    lr: float,
+    warmup: int = 0,
+    weights: list[list[torch.Tensor]] | None = None,
 ) -> tuple[list[str], list[list[float]], list[dict[str, torch.Tensor]]]:
     """The same training by hand: AdamW on batches 0..N-1, weights before and after each
-    step, and the probe's outputs at every t."""
+    step, and the probe's outputs at every t (`weights`, when given, gets W_0..W_N)."""
     model = copy.deepcopy(model).train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
@@ -64,6 +68,8 @@ def hand_loop(
 
     for t in range(steps + 1):
         outs.append(probe_outputs())
+        if weights is not None:
+            weights.append([p.detach().double().clone() for p in params])
         if t == steps:
             break
         x = ids(t)
@@ -118,6 +124,36 @@ def test_update_ratios_and_probe_change_match_a_hand_written_adamw_loop() -> Non
     assert {c.rel for c in dyn.steps[0].change} == {0.0}
     kinds = {c.kind for c in dyn.steps[1].change}
     assert kinds == {"stream", "attn", "mlp", "head"}
+
+
+def test_cumulative_drift_and_step_rms_match_the_hand_written_loop() -> None:
+    """drift = ‖W_t − W_0‖/‖W_0‖ (not the sum of the per-step ratios: weights that grow
+    with their updates hide a large lr from those) and step_rms = ‖W_t − W_{t−1}‖/√n."""
+    model = tiny()
+    report = run(model, steps=3, lr=1e-2)
+    ws: list[list[torch.Tensor]] = []
+    hand_loop(model, 3, 1e-2, weights=ws)
+    dyn = report.dynamics
+    assert dyn is not None
+    checked = 0
+    for j, u in enumerate(dyn.updates):
+        assert len(u.drift) == 3 and len(u.step_rms) == 3
+        w0 = ws[0][j]
+        for t in range(1, 4):
+            step = float((ws[t][j] - ws[t - 1][j]).norm()) / math.sqrt(w0.numel())
+            assert u.step_rms[t - 1] == pytest.approx(step, rel=1e-5), (u.param, t)
+            if float(w0.norm()) > 0:
+                want = float((ws[t][j] - w0).norm() / w0.norm())
+                assert u.drift[t - 1] == pytest.approx(want, rel=1e-5), (u.param, t)
+                checked += 1
+            else:  # a zero-initialised bias: undefined
+                assert u.drift[t - 1] is None
+    assert checked > 20
+    # after the first step the cumulative movement is the one step's ratio, and later it
+    # differs from the steps' sum (the steps do not all point the same way)
+    u = next(u for u in dyn.updates if u.kind == "weight")
+    assert u.drift[0] == pytest.approx(u.ratio[0], rel=1e-6)
+    assert u.drift[2] < sum(r for r in u.ratio if r is not None)
 
 
 def test_each_step_records_loss_stream_logits_attention_and_gains() -> None:

@@ -13,7 +13,14 @@ from typer.testing import CliRunner
 
 from actscan.api import Wiring
 from actscan.cli import app
-from actscan.compare.sweep import BaseConfig, base_config, parse_sizes, plan, size_overrides
+from actscan.compare.sweep import (
+    BaseConfig,
+    base_config,
+    parse_lrs,
+    parse_sizes,
+    plan,
+    size_overrides,
+)
 from actscan.errors import BadInputError, UsageError
 from actscan.records import Finding, Severity
 
@@ -115,8 +122,47 @@ def test_plan_is_side_major_and_grids_both_axes() -> None:
         ("a", 4, 64),
     ]
     assert dict(pts[4].overrides) == {"branch_scale": "none", "n_layers": "2", "d_model": "32"}
-    with pytest.raises(UsageError, match="--depth and/or --width"):
+    with pytest.raises(UsageError, match="--depth, --width and/or --lrs"):
         plan([("a", base, {})], (), ())
+
+
+def test_lrs_parse_sorted_and_plan_one_point_per_lr() -> None:
+    assert parse_lrs("1e-2,1e-4, 1e-3") == (1e-4, 1e-3, 1e-2)
+    for bad in ("1e-3,x", "0,1e-3", "1e-3,1e-3", "nan"):
+        with pytest.raises(UsageError, match="--lrs"):
+            parse_lrs(bad)
+    base = base_config("gpt-12-preln", {})
+    pts = plan([("a", base, {})], (2,), (), (1e-3, 1e-2))
+    assert [(p.depth, p.lr) for p in pts] == [(2, 1e-3), (2, 1e-2)]
+    assert pts[1].size == "depth 2 · lr 0.01"
+
+
+def test_lr_sweep_reports_the_highest_lr_below_the_first_flagged_one(isolated: Path) -> None:
+    """A planted step finding at lr ≥ 1e-2: the bracket's safe lr is 3e-3, the first
+    flagged 1e-2, with the evidence per lr; a flag at a lower lr (3e-4) caps the bracket
+    there even when a higher lr (1e-3) is quiet."""
+
+    def checks(ctx: Any) -> tuple[Finding, ...]:
+        lr = ctx.dynamics.optimizer.lr if ctx.dynamics is not None else 0.0
+        if lr >= 1e-2 or lr == pytest.approx(3e-4):
+            return (Finding("update-size", Severity.WARN, ("x",), 0.5, 0.2, "planted"),)
+        return ()
+
+    wired = Wiring(checks=planted_checks(checks))
+    args = ["sweep", "gpt-12-preln", "--set", "n_layers=2", "--set", "d_model=32", "--json", "-"]
+    res = cli(*args, "--lrs", "1e-3,3e-3,1e-2,3e-2", "--steps", "2", *RUN, obj=wired)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["lrs"] == [1e-3, 3e-3, 1e-2, 3e-2]
+    assert [r["lr"] for r in data["rows"]] == [1e-3, 3e-3, 1e-2, 3e-2]
+    (b,) = data["lr_brackets"]
+    assert b["safe"] == 3e-3 and b["flagged"] == 1e-2
+    assert [p["trains"] for p in b["points"]] == [True, True, False, False]
+    assert b["points"][2]["evidence"] == ["update-size warn: 0.5 (threshold 0.2)"]
+    assert data["coord"] is None
+    res = cli(*args, "--lrs", "1e-4,3e-4,1e-3", "--steps", "2", *RUN, obj=wired)
+    (b,) = json.loads(res.stdout)["lr_brackets"]
+    assert b["safe"] == 1e-4 and b["flagged"] == 3e-4  # 1e-3 is quiet, but above a flag
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -265,7 +311,8 @@ def test_gate_trips_on_any_row(isolated: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["gpt-12-preln"], "--depth and/or --width"),
+        (["gpt-12-preln"], "--depth, --width and/or --lrs"),
+        (["gpt-12-preln", "--lrs", "1e-3,1e-2"], "add --steps N"),
         (["gpt-12-preln", "--depth", "2,x"], "--depth expects"),
         (["mypkg.models:build", "--depth", "2"], "module:callable"),
         (["missing.yaml", "--depth", "2"], "no such file"),

@@ -23,6 +23,15 @@ Width = Annotated[
     str | None,
     c.option("--width", help="Model width (d_model), e.g. 128,256,512.", panel="Target"),
 ]
+Lrs = Annotated[
+    str | None,
+    c.option(
+        "--lrs",
+        help="Learning rates to take the --steps at, e.g. 1e-4,1e-3,1e-2,1e-1: reports the "
+        "highest whose first steps look like runs that trained.",
+        panel="Steps",
+    ),
+]
 
 
 @app.command("sweep")
@@ -36,6 +45,7 @@ def sweep(
     settings: Settings,
     depth: Depth = None,
     width: Width = None,
+    lrs: Lrs = None,
     init: c.Init = None,
     vs_init: c.VsInit = None,
     set_: c.SetOpt = None,
@@ -49,9 +59,11 @@ def sweep(
     quiet: c.Quiet = False,
     plot: c.Plot = None,
 ) -> None:
-    """Measure TARGET at several depths and/or widths: flat rows mean it transfers.
+    """Measure TARGET at several depths, widths and/or learning rates.
 
-    One row per size (a grid if both axes are given): mup's coordinate check as a table.
+    One row per size (a grid if several axes are given): flat rows mean it transfers
+    (mup's coordinate check as a table). With --lrs and --steps N: the highest learning
+    rate whose first N steps look like runs that trained, with the evidence per lr.
 
     A --vs-* option measures each size twice (A and B). Exit 1 if any row trips --fail-on.
 
@@ -60,13 +72,25 @@ def sweep(
       actscan sweep gpt-48-naive --depth 6,12,24,48
       actscan sweep gpt-48-naive --depth 6,12,24,48 --vs-set branch_scale=depth
       actscan sweep configs/gpt-12-preln.yaml --width 128,256,512,1024 --plot width.png
+      actscan sweep gpt-12-preln --lrs 1e-4,1e-3,3e-3,1e-2,3e-2,1e-1 --steps 10
     """
     c.refuse_distributed("sweep")
     from actscan.api import Wiring, scan_target
-    from actscan.compare.sweep import base_config, parse_sizes, plan, run_sweep, size_notes
+    from actscan.compare.sweep import (
+        base_config,
+        parse_lrs,
+        parse_sizes,
+        plan,
+        run_sweep,
+        size_notes,
+    )
+    from actscan.errors import UsageError
     from actscan.models.arch import parse_set
 
     depths, widths = parse_sizes(depth, "--depth"), parse_sizes(width, "--width")
+    lr_axis = parse_lrs(lrs)
+    if lr_axis and settings.steps < 1:
+        raise UsageError("--lrs judges the first optimizer steps: add --steps N (e.g. 10)")
     a_side = side_a(target, None, init, set_, settings)
     sides = [a_side]
     if vs_init or vs_set or vs_dtype or vs_amp:
@@ -88,7 +112,7 @@ def sweep(
         (s.tag, base_config(target, parse_set(list(s.sets))), parse_set(list(s.sets)))
         for s in sides
     ]
-    points = plan(bases, depths, widths)
+    points = plan(bases, depths, widths, lr_axis)
     by_tag = {s.tag: s for s in sides}
     base_a = bases[0][1]
     notes = size_notes(base_a, widths)
@@ -101,6 +125,8 @@ def sweep(
             progress.stage(f"{point.side.upper()} {point.size}")
             spec = sized.spec(input_file=input_file)
             run = side.settings(settings)
+            if point.lr is not None:
+                run = replace(run, lr=point.lr)
             checks = Wiring.of(ctx.obj).checks
             return scan_target(spec, run, checks=checks).report
 

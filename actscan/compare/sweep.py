@@ -1,9 +1,13 @@
-"""`actscan sweep`: the same architecture at several depths and widths, one row per size.
+"""`actscan sweep`: the same architecture at several depths, widths or learning rates,
+one row per point.
 
-This is mup's coordinate check as a table: if the parameterization transfers across
-size, the rows are flat (final stream RMS, growth, exponent and per-block gain barely
-move as depth or width grows). Pure orchestration: the caller supplies the function that
-builds and scans one size, so nothing here imports torch or prints.
+Across sizes this is mup's coordinate check as a table: if the parameterization transfers
+across size, the rows are flat (final stream RMS, growth, exponent and per-block gain
+barely move as depth or width grows). Across learning rates (`--lrs` with `--steps N`) it
+is the lr bracket: the highest lr whose first steps look like runs that trained (no
+warn/error step finding at it or below), with the evidence per lr (`lr_brackets`). Pure
+orchestration: the caller supplies the function that builds and scans one point, so
+nothing here imports torch or prints.
 """
 
 from __future__ import annotations
@@ -54,12 +58,14 @@ class BaseConfig:
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One model to build: a side (a/b) at one size, as --set overrides."""
+    """One model to build: a side (a/b) at one size, as --set overrides, and the learning
+    rate its steps take (None: the settings' --lr)."""
 
     side: str
     depth: int | None
     width: int | None
     overrides: tuple[tuple[str, str], ...]
+    lr: float | None = None
 
     @property
     def size(self) -> str:
@@ -68,6 +74,8 @@ class SweepPoint:
             bits.append(f"depth {self.depth}")
         if self.width is not None:
             bits.append(f"width {self.width}")
+        if self.lr is not None:
+            bits.append(f"lr {self.lr:g}")
         return " · ".join(bits)
 
 
@@ -88,10 +96,86 @@ class SweepRow:
     worst_severity: str | None
     # in the JSON with the report's own envelope (Sweep.to_dict)
     report: Report = field(metadata=json_as(skip=True))
+    lr: float | None = None  # the row's learning rate (--lrs); None: the settings' --lr
 
     @property
     def size(self) -> str:
-        return SweepPoint(self.side, self.depth, self.width, self.overrides).size
+        return SweepPoint(self.side, self.depth, self.width, self.overrides, self.lr).size
+
+
+# The checks that read the first optimizer steps, and overflow (a step that went
+# non-finite): what an lr's first steps are judged by.
+STEP_CHECKS = (
+    "update-size",
+    "amplification",
+    "attn-logit-growth",
+    "logit-drift",
+    "adam-epsilon",
+    "overflow",
+)
+
+
+@dataclass(frozen=True)
+class LrPoint:
+    """One learning rate of an lr sweep: whether its first steps look like a run that
+    trained (no warn/error step finding) and the evidence either way."""
+
+    lr: float
+    trains: bool
+    # "check severity: value (threshold)" of each warn/error step finding; empty: none
+    evidence: tuple[str, ...]
+    loss_first: float | None  # the loss at step 0 and after the last step
+    loss_last: float | None
+
+
+@dataclass(frozen=True)
+class LrBracket:
+    """The lr bracket of one side at one size: `safe` is the highest lr whose first steps,
+    and those of every lower lr of the sweep, look like runs that trained (None: not
+    even the lowest); `flagged` the lowest lr whose steps did not."""
+
+    side: str
+    depth: int | None
+    width: int | None
+    safe: float | None
+    flagged: float | None
+    points: tuple[LrPoint, ...]
+
+
+def _evidence(report: Report) -> tuple[str, ...]:
+    return tuple(
+        f"{f.check} {f.severity.value}"
+        + (f": {f.value:.3g}" if f.value is not None and math.isfinite(f.value) else "")
+        + (f" (threshold {f.threshold:.3g})" if f.threshold is not None else "")
+        for f in report.findings
+        if f.check in STEP_CHECKS and f.severity.rank >= Severity.WARN.rank
+    )
+
+
+def lr_brackets(rows: Sequence[SweepRow]) -> tuple[LrBracket, ...]:
+    """Per side and size, the lr bracket of rows that took optimizer steps at ≥ 2 lrs."""
+    groups: dict[tuple[str, int | None, int | None], list[SweepRow]] = {}
+    for r in rows:
+        if r.lr is not None and r.report.dynamics is not None:
+            groups.setdefault((r.side, r.depth, r.width), []).append(r)
+    out = []
+    for (side, depth, width), mine in groups.items():
+        if len(mine) < 2:
+            continue
+        points = []
+        for r in sorted(mine, key=lambda r: r.lr or 0.0):
+            assert r.lr is not None and r.report.dynamics is not None
+            losses = [st.loss for st in r.report.dynamics.steps]
+            ev = _evidence(r.report)
+            points.append(LrPoint(r.lr, not ev, ev, losses[0], losses[-1]))
+        safe = flagged = None
+        for pt in points:
+            if not pt.trains:
+                flagged = pt.lr
+                break
+            safe = pt.lr
+        out.append(LrBracket(side, depth, width, safe, flagged, tuple(points)))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -117,6 +201,9 @@ class Sweep:
     notes: tuple[str, ...] = ()
     # The μP coordinate check: a width sweep whose rows took optimizer steps (--steps N).
     coord: CoordCheck | None = None
+    lrs: tuple[float, ...] = ()  # the --lrs axis
+    # the lr bracket per side and size (--lrs with --steps N)
+    brackets: tuple[LrBracket, ...] = ()
 
     @property
     def findings(self) -> tuple[Finding, ...]:
@@ -144,6 +231,8 @@ class Sweep:
             "trends": to_json_obj(self.trends()),
             "notes": list(self.notes),
             "coord": to_json_obj(self.coord),
+            "lrs": list(self.lrs) or None,
+            "lr_brackets": to_json_obj(self.brackets),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -164,6 +253,21 @@ def parse_sizes(text: str | None, option: str) -> tuple[int, ...]:
     if len(set(sizes)) != len(sizes):
         raise UsageError(f"{option} lists a size twice: '{text}'")
     return sizes
+
+
+def parse_lrs(text: str | None) -> tuple[float, ...]:
+    """ "1e-4,3e-4,1e-3" → (1e-4, 3e-4, 1e-3), ascending; positive, no repeats."""
+    if text is None:
+        return ()
+    try:
+        lrs = tuple(float(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise UsageError(f"--lrs expects comma-separated numbers, got '{text}'") from None
+    if not lrs or any(not (math.isfinite(x) and x > 0) for x in lrs):
+        raise UsageError(f"--lrs expects positive learning rates, got '{text}'")
+    if len(set(lrs)) != len(lrs):
+        raise UsageError(f"--lrs lists a learning rate twice: '{text}'")
+    return tuple(sorted(lrs))
 
 
 def _first_key(values: Mapping[str, Any], keys: Sequence[str]) -> str | None:
@@ -263,20 +367,27 @@ def plan(
     bases: Sequence[tuple[str, BaseConfig, Mapping[str, str]]],
     depths: Sequence[int],
     widths: Sequence[int],
+    lrs: Sequence[float] = (),
 ) -> tuple[SweepPoint, ...]:
-    """Every side at every size (the grid when both axes are given), side by side.
+    """Every side at every size and lr (the grid when several axes are given), side by
+    side.
 
     bases: (side, its base config, its own --set overrides).
     """
-    if not depths and not widths:
-        raise UsageError("sweep needs --depth and/or --width, e.g. --depth 6,12,24,48")
+    if not depths and not widths and not lrs:
+        raise UsageError(
+            "sweep needs --depth, --width and/or --lrs, e.g. --depth 6,12,24,48 or "
+            "--lrs 1e-4,1e-3,1e-2 --steps 10"
+        )
     no_size: list[int | None] = [None]
+    no_lr: list[float | None] = [None]
     sizes = list(product(depths or no_size, widths or no_size))
     points = []
     for side, base, own in bases:  # side-major: each side's rows read down as a trend
         for depth, width in sizes:
             merged = {**own, **size_overrides(base, depth, width)}
-            points.append(SweepPoint(side, depth, width, tuple(merged.items())))
+            for lr in lrs or no_lr:
+                points.append(SweepPoint(side, depth, width, tuple(merged.items()), lr))
     return tuple(points)
 
 
@@ -302,6 +413,7 @@ def row(point: SweepPoint, report: Report) -> SweepRow:
         worst_check=worst.check if worst else None,
         worst_severity=worst.severity.value if worst else None,
         report=report,
+        lr=point.lr,
     )
 
 
@@ -324,8 +436,9 @@ def run_sweep(
     with `thresholds` (default: the shipped ones); `ignores` (settings.Ignore) drop its
     findings as they drop a report's."""
     rows = tuple(row(p, scan_point(p)) for p in points)
+    lrs = tuple(dict.fromkeys(p.lr for p in points if p.lr is not None))
     coord = None
-    if widths:
+    if widths and len(lrs) < 2:  # the coordinate check compares widths at one lr
         coord = coord_check(
             [(r.side, r.depth, r.width, r.report) for r in rows if r.width is not None],
             thresholds or DEFAULT,
@@ -343,6 +456,8 @@ def run_sweep(
         rows=rows,
         notes=tuple(notes),
         coord=coord,
+        lrs=lrs,
+        brackets=lr_brackets(rows),
     )
 
 

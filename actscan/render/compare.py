@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from actscan.compare.pairs import Comparison, Divergence, FindingDiff
-from actscan.compare.sweep import Sweep
+from actscan.compare.sweep import LrBracket, Sweep
 from actscan.numfmt import NONE, as_float, num
 from actscan.records import Finding
 from actscan.render.formats import lowprec_rows, pct_cell
@@ -407,6 +407,10 @@ def render_sweep(sw: Sweep, console: Console, *, quiet: bool = False) -> None:
             t.append(", " if i else "")
             t.append(f"{f.check} ({f.severity.value})", style=SEVERITY_STYLE[f.severity])
         console.print(t)
+    for b in sw.brackets:
+        if not quiet:
+            console.print(lr_table(sw, b))
+        console.print(lr_verdict(sw, b))
     if sw.coord is not None:
         if not quiet:
             console.print(coord_table(sw))
@@ -423,6 +427,54 @@ def render_sweep(sw: Sweep, console: Console, *, quiet: bool = False) -> None:
                     style="green",
                 )
             )
+
+
+def _bracket_name(sw: Sweep, b: LrBracket) -> str:
+    bits = [f"{b.side.upper()} "] if len(sw.sides) > 1 else []
+    bits += [f"depth {b.depth} " if b.depth is not None else ""]
+    bits += [f"width {b.width} " if b.width is not None else ""]
+    return "".join(bits).strip()
+
+
+def lr_table(sw: Sweep, b: LrBracket) -> Table:
+    """Per learning rate: do its first steps look like a run that trained, and why."""
+    name = _bracket_name(sw, b)
+    t = Table(
+        title=f"Learning rates{f' ({name})' if name else ''}: the first steps of each",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        pad_edge=False,
+    )
+    for col in ("lr", "looks like", "loss 0 → N", "evidence (warn/error step findings)"):
+        t.add_column(col, justify="right" if col == "lr" else "left")
+    for pt in b.points:
+        t.add_row(
+            f"{pt.lr:g}",
+            Text("trains", style="green") if pt.trains else Text("fails", style="red"),
+            f"{num(pt.loss_first)} → {num(pt.loss_last)}",
+            "; ".join(pt.evidence) or NONE,
+        )
+    return t
+
+
+def lr_verdict(sw: Sweep, b: LrBracket) -> Text:
+    """The bracket in one line: the highest lr that looks safe and the one above it."""
+    name = _bracket_name(sw, b)
+    head = f"{name}: " if name else ""
+    if b.safe is None:
+        return Text(
+            f"{head}even the lowest lr, {b.points[0].lr:g}, has a warn/error step finding: "
+            "try lower learning rates.",
+            style="red",
+        )
+    above = f"; {b.flagged:g} does not" if b.flagged is not None else " (the highest tried)"
+    return Text(
+        f"{head}highest lr whose first steps look like runs that trained: {b.safe:g}{above}. "
+        f"On the ground truth the best lr of 300-step runs lay in [safe/30, safe], here "
+        f"[{b.safe / 30:.2g}, {b.safe:g}] (docs/calibration-dynamics.md"
+        "#the-learning-rate-that-trains).",
+        style="green",
+    )
 
 
 def coord_table(sw: Sweep) -> Table:

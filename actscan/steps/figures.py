@@ -57,6 +57,8 @@ class StepFigures:
     grad_sq: torch.Tensor | None = field(default=None, metadata=_SUM)
     w_sq: torch.Tensor | None = field(default=None, metadata=_SUM)
     dw_sq: torch.Tensor | None = field(default=None, metadata=_SUM)
+    # t < N, per trainable parameter: ‖W_{t+1} − W_0‖² (the cumulative movement)
+    drift_sq: torch.Tensor | None = field(default=None, metadata=_SUM)
     # t < N, per trainable parameter: > 0 where the update's gradient, or the weights the
     # update wrote (W_{t+1}), hold an inf/nan
     grad_bad: torch.Tensor | None = field(default=None, metadata=_SUM)

@@ -290,6 +290,8 @@ class StepsRaw:
     attn_layers: list[list[float | None]] = field(default_factory=list)  # per t, per layer
     gain_drift: list[list[float | None]] = field(default_factory=list)
     ratio: list[list[float | None]] = field(default_factory=list)  # per update, per param
+    drift: list[list[float | None]] = field(default_factory=list)  # ‖W_{t+1} − W_0‖/‖W_0‖
+    step_rms: list[list[float | None]] = field(default_factory=list)  # ‖W_{t+1} − W_t‖/√n
     grad_rms: list[list[float | None]] = field(default_factory=list)
     nonfinite: list[list[tuple[str, str]]] = field(default_factory=list)  # per t: (stage, name)
     probe: str | None = None
@@ -560,6 +562,10 @@ class _Loop:
         kept = w0.of(self.params) if w0 is not None and type(ranks) is LocalRanks else None
         self.prev = kept if kept is not None else [p.clone() for p in self.local_params]
         self.own = kept is None
+        # W_0 for the cumulative movement: the caller's copy, else one of our own (prev
+        # becomes W_t); ‖W_0‖² per tensor, from the first update's sums
+        self.w0 = self.prev if kept is not None else [p.clone() for p in self.local_params]
+        self.w0_sq: list[float] = []
 
     def step(self, t: int, step0: tuple[torch.Tensor, Sequence[torch.Tensor | None]]) -> None:
         """Measure t and, before the last t, take the update after it."""
@@ -664,6 +670,7 @@ class _Loop:
             )
         figures.w_sq = w_sq * self.param_wt
         figures.dw_sq = dw_sq * self.param_wt
+        figures.drift_sq = _drift_sq(self.w0, self.local_params) * self.param_wt
         figures.update_bad = bad * self.param_wt
 
     def read(self, t: int, h: StepFigures) -> None:
@@ -690,6 +697,12 @@ class _Loop:
             # undefined (None) for a weight that was exactly zero (a zero-init gain)
             moved = zip(host_values(h.w_sq), host_values(h.dw_sq), strict=True)
             raw.ratio.append([_num(_root(d) / _root(b)) if b > 0 else None for b, d in moved])
+            if t == 0:
+                self.w0_sq = host_values(h.w_sq)
+            drift = zip(host_values(h.drift_sq), self.w0_sq, strict=True)
+            raw.drift.append([_num(_root(d) / _root(b)) if b > 0 else None for d, b in drift])
+            steps = zip(host_values(h.dw_sq), self.numels, strict=True)
+            raw.step_rms.append([_num(_root(d) / math.sqrt(k)) if k else None for d, k in steps])
         raw.nonfinite.append(self.nonfinite(t, h, flags=host_values(h.attn_nan), loss=loss))
 
     def nonfinite(
@@ -823,6 +836,17 @@ def _update_sums(
     return stack(w_sq), stack(dw_sq), stack(bad)
 
 
+def _drift_sq(w0: Sequence[torch.Tensor], now: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per tensor (fp64) ‖W − W_0‖², the 2-norm taken in fp32 at least."""
+    out = []
+    for a, b in zip(w0, now, strict=True):
+        acc = None if b.dtype in (torch.float32, torch.float64) else torch.float32
+        out.append(_vnorm((b - a).reshape(-1), dtype=acc).double().square())
+    if not out:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.stack(out)
+
+
 def _bad_update(
     d2: torch.Tensor, top: torch.Tensor | None, w0: torch.Tensor, w1: torch.Tensor
 ) -> torch.Tensor:
@@ -945,6 +969,8 @@ def dynamics_record(
                 ratio=tuple(r[j] for r in raw.ratio),
                 grad_rms=tuple(g[j] for g in raw.grad_rms),
                 numel=numel,
+                drift=tuple(d[j] for d in raw.drift),
+                step_rms=tuple(s[j] for s in raw.step_rms),
             )
         )
     return Dynamics(

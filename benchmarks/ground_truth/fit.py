@@ -1,0 +1,133 @@
+"""Fit the step checks' thresholds on the ground truth's CALIBRATION half only.
+
+    python benchmarks/ground_truth/fit.py [--show]
+
+For each number a step check judges (actscan.diagnose.steps.statistics), every cut
+between two calibration runs' values is tried as "flag when ≥ cut"; printed per number:
+the cut with the best F1 among those that flag no healthy best-lr run (the "no healthy
+best-lr run flagged at warn" target), with its precision and recall on the calibration
+half, and the geometric midpoint between it and the largest value below it (where the
+shipped threshold goes, so that it does not sit on a calibration run). The held-out half
+is never read here (evaluate.py reports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.ground_truth.evaluate import DATA, dynamics, read_rows
+
+Number = Callable[[Any], float | None]
+
+
+def numbers() -> dict[str, Number]:
+    from actscan.diagnose.steps import ADAM_EPS_RATIO
+
+    def ratio_share(s: Any, below: float) -> float | None:
+        return s.collapsed(below)[1] if s.grad_over_eps else None
+
+    return {
+        "update_max (per-step median ratio)": lambda s: s.update_max,
+        "drift_max ‖W_N−W_0‖/‖W_0‖": lambda s: max(s.drift.values()) if s.drift else None,
+        "drift_median": lambda s: s.drift_median,
+        "attn_last": lambda s: s.attn_last,
+        "attn_growth (last ÷ first)": lambda s: s.attn_growth,
+        "attn_layer_growth (max over layers)": lambda s: max(
+            (b / a for a, b in s.attn_layers.values() if a > 0), default=None
+        ),
+        "log_z_drift": lambda s: s.log_z_drift,
+        "log_z_excess (drift − loss learned)": lambda s: s.log_z_excess,
+        "loss_rise (max loss_t − loss_0)": lambda s: (
+            max((x - s.loss[0] for x in s.loss if x is not None and math.isfinite(x)), default=None)
+            if s.loss and s.loss[0] is not None
+            else None
+        ),
+        f"eps_low_share (grad ≤ {ADAM_EPS_RATIO:g} eps)": lambda s: (
+            s.eps_low(ADAM_EPS_RATIO)[1] if s.grad_over_eps else None
+        ),
+        "collapse_share (≤ 0.1 of first step)": lambda s: ratio_share(s, 0.1),
+        "collapse_share_any (update ≤ 0.1 of first, any grad)": lambda s: (
+            (
+                sum(s.numel.get(p, 0) for p, c in s.collapse.items() if c <= 0.1)
+                / max(1, sum(s.numel.get(p, 0) for p in s.collapse))
+            )
+            if s.collapse
+            else None
+        ),
+    }
+
+
+def calibration_table() -> list[dict[str, Any]]:
+    from actscan.diagnose.steps import statistics
+
+    labels = json.loads((DATA / "labels.json").read_text())["runs"]
+    rows = read_rows()
+    out = []
+    for lab in labels:
+        if lab["half"] != "calibration":  # never fit on the held-out half
+            continue
+        row = rows.get(lab["key"])
+        if row is None or "scan" not in row:
+            continue
+        s = statistics(dynamics(row))
+        vals = {name: fn(s) for name, fn in numbers().items()}
+        out.append({**lab, "values": vals})
+    return out
+
+
+def best_cut(runs: list[dict[str, Any]], name: str) -> tuple[float, int, int, int, int] | None:
+    vals = sorted({v for r in runs if (v := r["values"][name]) is not None and math.isfinite(v)})
+    best = None
+    n_u = sum(r["unstable"] for r in runs)
+    for cut in vals:
+        pred = [
+            (v := r["values"][name]) is not None and math.isfinite(v) and v >= cut for r in runs
+        ]
+        if any(p and r["is_best"] and not r["unstable"] for p, r in zip(pred, runs, strict=True)):
+            continue
+        tp = sum(p and r["unstable"] for p, r in zip(pred, runs, strict=True))
+        fp = sum(pred) - tp
+        f1 = 2 * tp / (2 * tp + fp + (n_u - tp)) if tp else 0.0
+        if best is None or f1 > best[0]:
+            best = (f1, cut, tp, fp, n_u - tp)
+    return None if best is None else (best[1], best[2], best[3], best[4], n_u)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--show", action="store_true", help="every run's values too")
+    args = ap.parse_args(argv)
+    runs = calibration_table()
+    n_u = sum(r["unstable"] for r in runs)
+    print(f"calibration half: {len(runs)} runs, {n_u} unstable")
+    for name in numbers():
+        got = best_cut(runs, name)
+        if got is None:
+            print(f"  {name:55s} no cut")
+            continue
+        cut, tp, fp, fn, _ = got
+        p = tp / (tp + fp) if tp + fp else math.nan
+        below = [
+            v for r in runs if (v := r["values"][name]) is not None and math.isfinite(v) and v < cut
+        ]
+        # the threshold: halfway (geometrically) between the cut and the value below it,
+        # so that it does not sit on a calibration run
+        mid = math.sqrt(cut * max(below)) if below and max(below) > 0 and cut > 0 else cut
+        print(
+            f"  {name:55s} ≥ {cut:<10.4g} P {p:.2f} R {tp / n_u if n_u else math.nan:.2f}"
+            f" (TP {tp} FP {fp} FN {fn}); below it {max(below) if below else math.nan:.3g},"
+            f" midpoint {mid:.3g}"
+        )
+    if args.show:
+        for r in sorted(runs, key=lambda r: r["key"]):
+            v = " ".join(f"{x:.3g}" if x is not None else "–" for x in r["values"].values())
+            print(f"{r['key']:45s} {'U' if r['unstable'] else '.'} {r['why']:10s} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
