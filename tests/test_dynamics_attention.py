@@ -82,14 +82,15 @@ def test_no_attention_leaves_transformers_scores_unrecorded() -> None:
 
 
 def test_the_layer_whose_scores_grow_is_the_one_named() -> None:
-    """Layer 1's input gain ×4: at lr 0.2 its scores pass the cap in 2 steps (×~200)
-    while layer 0's stay ≈ 10; at lr 1e-3 neither moves and nothing is found."""
+    """Layer 1's input gain ×4: at lr 0.2 its scores pass the warn level in 2 steps (~160,
+    short of the error level of 1000) while layer 0's stay ≈ 10; at lr 1e-3 neither moves
+    and nothing is found."""
     report = scan(llama(gain=4.0), steps=2, lr=0.2, **SMALL)
     found = [f for f in report.findings if f.check == CheckId.ATTN_LOGIT_GROWTH.value]
-    assert len(found) == 1 and found[0].severity is Severity.ERROR
+    assert len(found) == 1 and found[0].severity is Severity.WARN
     assert found[0].layers == ("model.layers.1.self_attn",)
     assert "in model.layers.1.self_attn (block 1)" in found[0].message
-    assert "the only one of 2 attention layers past the cap" in found[0].message
+    assert "the only one of 2 attention layers ≥ 150 and grown ≥ ×10" in found[0].message
     last = dict(report.dynamics.steps[-1].attn_layers)  # type: ignore[union-attr]
     assert last["model.layers.0.self_attn"] < 50 <= last["model.layers.1.self_attn"]
     quiet = scan(llama(gain=4.0), steps=2, lr=1e-3, **SMALL)
