@@ -19,6 +19,7 @@ from itertools import product
 from typing import TYPE_CHECKING, Any
 
 from actscan.diagnose.coord import coord_check
+from actscan.diagnose.steps import STEP_CHECKS
 from actscan.diagnose.thresholds import DEFAULT
 from actscan.errors import UsageError
 from actscan.models.arch import apply_overrides, build_config
@@ -101,18 +102,6 @@ class SweepRow:
     @property
     def size(self) -> str:
         return SweepPoint(self.side, self.depth, self.width, self.overrides, self.lr).size
-
-
-# The checks that read the first optimizer steps, and overflow (a step that went
-# non-finite): what an lr's first steps are judged by.
-STEP_CHECKS = (
-    "update-size",
-    "amplification",
-    "attn-logit-growth",
-    "logit-drift",
-    "adam-epsilon",
-    "overflow",
-)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,21 @@ DYNAMICS_CHECKS: tuple[str, ...] = (
 )
 
 
+# The checks that read the first optimizer steps, and overflow (a step that went
+# non-finite): what an lr's first steps are judged by (`sweep --lrs`, the ground truth).
+STEP_CHECKS: tuple[str, ...] = tuple(
+    c.value
+    for c in (
+        CheckId.UPDATE_SIZE,
+        CheckId.AMPLIFICATION,
+        CheckId.ATTN_LOGIT_GROWTH,
+        CheckId.LOGIT_DRIFT,
+        CheckId.ADAM_EPSILON,
+        CheckId.OVERFLOW,
+    )
+)
+
+
 @dataclass(frozen=True)
 class DynStats:
     """The numbers the dynamics checks judge (None: not measured in this run)."""

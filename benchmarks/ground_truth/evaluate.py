@@ -23,17 +23,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from actscan.diagnose.steps import STEP_CHECKS
+
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
 HALVES = ("calibration", "heldout")
-STEP_CHECKS = (
-    "update-size",
-    "amplification",
-    "attn-logit-growth",
-    "logit-drift",
-    "adam-epsilon",
-    "overflow",
-)
 
 
 def read_rows(path: Path | None = None) -> dict[str, dict[str, Any]]:
