@@ -295,6 +295,25 @@ def test_adam_epsilon_warns_on_the_update_collapse_not_the_gradient_size() -> No
     assert not findings(dyn(grad=1e-3, step_rms=(1.0, 0.01)), CheckId.ADAM_EPSILON)
 
 
+def test_adam_epsilon_collapsing_gradients_with_a_held_update_are_not_called_failing() -> None:
+    """Gradients that fell ≥ 1000× to below eps: with Adam's recorded step held, info that
+    says the gradient alone did not predict failure; with the step collapsed, the warning
+    that names the collapse."""
+    collapsing = (1e-3, 1e-5, 1e-7, 2e-8, 2e-8)
+
+    def with_grads(d: Dynamics) -> Dynamics:
+        return replace(d, updates=tuple(replace(u, grad_rms=collapsing) for u in d.updates))
+
+    held = findings(with_grads(dyn(step_rms=(1.0, 0.8))), CheckId.ADAM_EPSILON)
+    assert [f.severity for f in held] == [Severity.INFO]
+    assert "did not predict failure" in held[0].message and "failed" not in held[0].message
+    dead = findings(
+        with_grads(dyn(step_rms=(1.0, DEFAULT.adam_collapse / 4))), CheckId.ADAM_EPSILON
+    )
+    assert [f.severity for f in dead] == [Severity.WARN]
+    assert "collapsed over the steps" in dead[0].message and "not eps" in dead[0].hint
+
+
 def test_update_size_reads_the_cumulative_movement() -> None:
     """Per-step ratios under the warn level, but the matrices moved past their initial
     norm in the steps (weights that grow with their updates): a warning; the same

@@ -867,7 +867,19 @@ def adam_epsilon(ctx: CheckContext) -> list[Finding | Skip]:
         f"{n(s.eps)} at some step: {_where(low, block)}; the smallest is {n(worst)}× eps. "
         f"Adam's step is g/(√v + eps), so there it shrinks to ~{pct_(shrink)} of lr"
     )
-    if _collapsed(d, low[0]):
+    if _collapsed(d, low[0]) and s.collapse and not dead:  # the update held
+        message = (
+            f"{head}. These gradients shrank ≥ 1000× over the steps, but Adam's recorded "
+            f"step per coordinate stayed above {n(th.adam_collapse)}× its first "
+            "(`adam-collapse`): on the "
+            "ground truth a small gradient without a collapsed update did not predict "
+            "failure (docs/calibration-dynamics.md); reported, not a warning."
+        )
+        hint = (
+            "Nothing to do while the update holds; if the loss stalls, lower the learning "
+            "rate or warm it up."
+        )
+    elif _collapsed(d, low[0]):
         message = (
             f"{head}. These gradients were normal at step 0 and collapsed over the steps "
             "(by ≥ 1000×): the weights below stop moving. In the calibration every run "
