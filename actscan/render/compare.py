@@ -348,7 +348,11 @@ def trend_lines(sw: Sweep) -> list[Text]:
     labels = dict(sw.labels)
     axis = " × ".join(
         f"{name} {'→'.join(str(v) for v in vals)}"
-        for name, vals in (("depth", sw.depths), ("width", sw.widths))
+        for name, vals in (
+            ("depth", sw.depths),
+            ("width", sw.widths),
+            ("lr", tuple(num(x) for x in sw.lrs)),
+        )
         if vals
     )
     out = []
