@@ -46,7 +46,7 @@ from actscan.measure.profile import (
 from actscan.measure.recorder import check_modules
 from actscan.measure.results import Measured, build_records
 from actscan.measure.state import kept_state
-from actscan.measure.trace import trace_profile
+from actscan.measure.trace import trace_profile, untraced_note
 from actscan.records import BlockProof, Finding, Layout, ModelInfo, ParamRecord, Skip
 from actscan.report.report import Report
 from actscan.settings import SOURCE_SCAN, Ignore, Settings, apply_ignores
@@ -104,7 +104,8 @@ def scan_model(
     ctx = replace(check_context(s, info, profiled, measured, params, raw_steps), trace=traced)
     found, skipped = checks(ctx)
     findings, _ = apply_ignores(found, s.ignores)
-    notes = (layout.note, compiled, *spec.notes, *probe.notes, *profiled.notes)
+    untraced = untraced_note(profiled, s.trace)
+    notes = (layout.note, compiled, *spec.notes, *probe.notes, *profiled.notes, untraced)
     return report_of(ctx, measured, findings, skipped, probe.proof.proofs, notes)
 
 

@@ -373,3 +373,22 @@ def test_in_place_overflow_is_named() -> None:
         "b",
         "h.mul_(1e5)",
     )
+
+
+def test_a_trace_a_sharded_rank_cannot_run_is_said_not_skipped_silently(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from actscan.measure import trace as tr
+
+    sharded = SimpleNamespace(ranks=SimpleNamespace(sharded=True))
+    note = tr.untraced_note(sharded, asked=True)  # type: ignore[arg-type]
+    assert note is not None and "asked (--trace)" in note and "without --nproc" in note
+    monkeypatch.setattr(tr, "broke", lambda _p: "non-finite")
+    note = tr.untraced_note(sharded, asked=False)  # type: ignore[arg-type]
+    assert note is not None and "the pass broke (non-finite)" in note
+    monkeypatch.setattr(tr, "broke", lambda _p: None)
+    assert tr.untraced_note(sharded, asked=False) is None  # type: ignore[arg-type]
+    one = SimpleNamespace(ranks=SimpleNamespace(sharded=False))
+    assert tr.untraced_note(one, asked=True) is None  # type: ignore[arg-type]

@@ -485,11 +485,24 @@ def trace_run(profiled: Profiled, *, reason: str, step: int = 0, batch: int = 0)
     )
 
 
+def untraced_note(profiled: Profiled, asked: bool) -> str | None:
+    """The note of a trace that was called for (asked, or the pass broke) but cannot run:
+    a distributed rank holds a shard of the model, not the model."""
+    if not profiled.ranks.sharded or (not asked and broke(profiled) is None):
+        return None
+    why = "asked (--trace)" if asked else f"the pass broke ({broke(profiled)})"
+    return (
+        f"trace: not run although {why}: a distributed rank holds a shard of the model, "
+        "not the model; rerun in one process (without --nproc) to name the first "
+        "operation out of range"
+    )
+
+
 def trace_profile(model: nn.Module, profiled: Profiled, asked: bool) -> TraceRecord | None:
     """The trace of the recorded pass: asked for (`--trace`: batch 0), or because it broke
     (its batches in turn until one names the operation: the recorder merges batches, so
     it cannot say which one broke). None when neither; a distributed rank does not trace
-    (its shard of the model is not the model: a note says so)."""
+    (its shard of the model is not the model: `untraced_note` says so)."""
     reason = broke(profiled)
     if reason is None and not asked:
         return None
