@@ -488,9 +488,12 @@ def trace_run(profiled: Profiled, *, reason: str, step: int = 0, batch: int = 0)
 def untraced_note(profiled: Profiled, asked: bool) -> str | None:
     """The note of a trace that was called for (asked, or the pass broke) but cannot run:
     a distributed rank holds a shard of the model, not the model."""
-    if not profiled.ranks.sharded or (not asked and broke(profiled) is None):
+    if not profiled.ranks.sharded:
         return None
-    why = "asked (--trace)" if asked else f"the pass broke ({broke(profiled)})"
+    reason = None if asked else broke(profiled)
+    if not asked and reason is None:
+        return None
+    why = "asked (--trace)" if asked else f"the pass broke ({reason})"
     return (
         f"trace: not run although {why}: a distributed rank holds a shard of the model, "
         "not the model; rerun in one process (without --nproc) to name the first "
