@@ -72,6 +72,9 @@ class TargetSpec:
     # --at-init/--trained: judge the weights as an initialization or not; None: the
     # resolver's judgement (config-built and module:callable models are at init).
     at_init: bool | None = None
+    # How the user spelled --set/--init: "--vs-" for compare's and sweep's side B, so a
+    # mistake names the option that was typed (--vs-set), not A's.
+    option_prefix: str = "--"
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,8 @@ def build_target(spec: TargetSpec, settings: Settings) -> tuple[Resolved, InputS
     opts = TargetOptions(
         config=spec.config,
         init=spec.init,
-        overrides=parse_set(list(spec.overrides)),
+        overrides=parse_set(list(spec.overrides), f"{spec.option_prefix}set"),
+        option_prefix=spec.option_prefix,
         seed=settings.seed,
         input_shape=spec.input_shape,
         allow_nonfinite=spec.allow_nonfinite,

@@ -441,7 +441,11 @@ def test_cli_gate_covers_both_sides(isolated: Path) -> None:
         (["gpt-12-preln"], "nothing to compare"),
         (["no-such-model", "--vs-init", "fan-in"], "no such file or folder"),
         (["gpt-12-preln", "--vs-dtype", "bf16", "--vs-amp", "bf16"], "autocast"),
-        (["gpt-12-preln", "--vs-init", "bogus"], "--init must be one of"),
+        # B's mistakes name the option typed for B, A's the plain one
+        (["gpt-12-preln", "--vs-init", "bogus"], "--vs-init must be one of"),
+        (["gpt-12-preln", "--vs-set", "n_layers"], "--vs-set expects key=value"),
+        (["gpt-12-preln", "--vs-set", "bogus_key=1"], "--vs-set: unknown key 'bogus_key'"),
+        (["gpt-12-preln", "--set", "bogus_key=1", "--vs-init", "fan-in"], "--set: unknown key"),
     ],
 )
 def test_cli_usage_errors_exit_2(isolated: Path, args: list[str], needle: str) -> None:

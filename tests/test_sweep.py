@@ -317,6 +317,8 @@ def test_gate_trips_on_any_row(isolated: Path) -> None:
         (["mypkg.models:build", "--depth", "2"], "module:callable"),
         (["missing.yaml", "--depth", "2"], "no such file"),
         (["gpt-12-preln", "--depth", "2", "--vs-dtype", "bf16", "--vs-amp", "fp16"], "autocast"),
+        (["gpt-12-preln", "--depth", "2", "--vs-set", "bogus=1"], "--vs-set: unknown key 'bogus'"),
+        (["gpt-12-preln", "--depth", "2", "--set", "bogus=1"], "--set: unknown key 'bogus'"),
     ],
 )
 def test_usage_errors_exit_2(isolated: Path, args: list[str], needle: str) -> None:

@@ -52,7 +52,12 @@ class Side:
             input_shape=input_shape,
             allow_nonfinite=allow_nonfinite,
             at_init=at_init,
+            option_prefix=self.flag(""),
         )
+
+    def flag(self, name: str) -> str:
+        """An option as the user typed it for this side: --set for A, --vs-set for B."""
+        return f"--{name}" if self.tag == "a" else f"--vs-{name}"
 
     def label(self) -> str:
         bits = [self.target]

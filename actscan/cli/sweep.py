@@ -108,10 +108,8 @@ def sweep(
     for s in sides:
         check_precision(s)
     c.check_outputs(fmt, output, json_out, plot)  # fail now, not after a long scan
-    bases = [
-        (s.tag, base_config(target, parse_set(list(s.sets))), parse_set(list(s.sets)))
-        for s in sides
-    ]
+    sets = {s.tag: parse_set(list(s.sets), s.flag("set")) for s in sides}
+    bases = [(s.tag, base_config(target, sets[s.tag], s.flag("set")), sets[s.tag]) for s in sides]
     points = plan(bases, depths, widths, lr_axis)
     by_tag = {s.tag: s for s in sides}
     base_a = bases[0][1]

@@ -263,7 +263,7 @@ def _first_key(values: Mapping[str, Any], keys: Sequence[str]) -> str | None:
     return next((k for k in keys if k in values), None)
 
 
-def base_config(target: str, overrides: Mapping[str, str]) -> BaseConfig:
+def base_config(target: str, overrides: Mapping[str, str], flag: str = "--set") -> BaseConfig:
     """Read TARGET's architecture (a config file or a shipped config name) without
     building it: a sweep rebuilds it at every size, at initialization."""
 
@@ -287,7 +287,7 @@ def base_config(target: str, overrides: Mapping[str, str]) -> BaseConfig:
     if what.kind is Kind.BUILTIN_CONFIG:
         cfg = build_config(data, str(path))
         if overrides:
-            cfg = apply_overrides(cfg, dict(overrides))
+            cfg = apply_overrides(cfg, dict(overrides), flag)
         return BaseConfig("builtin", cfg.to_dict(), "n_layers", "d_model", "n_heads", "d_ff")
     values = {**data, **overrides}
     return BaseConfig(

@@ -265,7 +265,7 @@ def _hf_folder(path: Path, opts: TargetOptions, run: DistRun) -> Resolved:
     if not config_path.is_file():
         raise BadInputError(f"{path}: not a Hugging Face model folder: no {CONFIG_NAME}")
     data = read_config_file(config_path)
-    config = hf_config(data, str(config_path), opts.overrides)
+    config = hf_config(data, str(config_path), opts.overrides, opts.flag("set"))
     files = _weight_files(path)
     cls: Any = model_class(config)  # a transformers model class (`_from_config`)
     try:

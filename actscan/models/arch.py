@@ -323,13 +323,13 @@ def is_actscan_config(data: dict[str, Any]) -> bool:
     return data.get("family") == FAMILY or ("model_type" not in data and "n_layers" in data)
 
 
-def parse_set(items: list[str] | None) -> dict[str, str]:
+def parse_set(items: list[str] | None, flag: str = "--set") -> dict[str, str]:
     """`--set key=value` pairs (repeatable) into a dict; values stay strings until coerced."""
     out: dict[str, str] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set expects key=value, got '{item}'")
+            raise ConfigError(f"{flag} expects key=value, got '{item}'")
         out[key.strip()] = value.strip()
     return out
 
@@ -339,9 +339,9 @@ def apply_overrides(cfg: ArchConfig, overrides: dict[str, Any], where: str = "--
     return build_config(merged, where)
 
 
-def with_init(cfg: ArchConfig, init: str | None) -> ArchConfig:
+def with_init(cfg: ArchConfig, init: str | None, flag: str = "--init") -> ArchConfig:
     if init is None:
         return cfg
     if init not in INITS:
-        raise ConfigError(f"--init must be one of {'|'.join(INITS)}, got '{init}'")
+        raise ConfigError(f"{flag} must be one of {'|'.join(INITS)}, got '{init}'")
     return replace(cfg, init=init)

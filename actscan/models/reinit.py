@@ -84,7 +84,7 @@ def init_unhandled_(
     return out
 
 
-def reinit(model: nn.Module, scheme: str, init_std: float, seed: int) -> None:
+def reinit(model: nn.Module, scheme: str, init_std: float, seed: int, flag: str = "--init") -> None:
     """`--init SCHEME` on a transformers model, with the built-in family's std rules.
 
     Linear (and GPT-2's transposed Conv1D) weights ~ N(0, std(scheme, fan_in, fan_out)),
@@ -96,7 +96,7 @@ def reinit(model: nn.Module, scheme: str, init_std: float, seed: int) -> None:
     """
 
     if scheme not in INITS:
-        raise ConfigError(f"--init must be one of {'|'.join(INITS)}, got '{scheme}'")
+        raise ConfigError(f"{flag} must be one of {'|'.join(INITS)}, got '{scheme}'")
     rule = ArchConfig(init=scheme, init_std=init_std)
     emb_std = {"gpt2": init_std, "small": init_std / 10}.get(scheme, 1.0)
     done: set[int] = set()

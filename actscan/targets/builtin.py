@@ -16,8 +16,8 @@ from actscan.targets.resolved import Resolved, TargetOptions
 def arch_from_mapping(data: dict[str, Any], where: str, opts: TargetOptions) -> ArchConfig:
     cfg = build_config(data, where)
     if opts.overrides:
-        cfg = apply_overrides(cfg, opts.overrides)
-    return with_init(cfg, opts.init)
+        cfg = apply_overrides(cfg, opts.overrides, opts.flag("set"))
+    return with_init(cfg, opts.init, opts.flag("init"))
 
 
 def builtin_shape(cfg: ArchConfig, where: str) -> Shape:

@@ -85,7 +85,7 @@ def resolve_safetensors(path: Path, opts: TargetOptions) -> Resolved:
         return _resolve_hf(path, Path(where), data, opts)
     if opts.init is not None:
         raise UsageError(
-            f"--init re-initializes weights, which would discard {path}'s; "
+            f"{opts.flag('init')} re-initializes weights, which would discard {path}'s; "
             "profile its config instead to see an initialization"
         )
     cfg = arch_from_mapping(data, where, opts)

@@ -124,7 +124,9 @@ def resolve_factory(target: str, opts: TargetOptions) -> Resolved:
             "or (nn.Module, example_inputs)"
         )
     if opts.init is not None or opts.overrides:
-        raise UsageError(f"--init and --set apply to config targets, not to '{target}'")
+        raise UsageError(
+            f"{opts.flag('init')} and {opts.flag('set')} apply to config targets, not to '{target}'"
+        )
     from actscan.measure.prepare import materialize_meta, unwrap_compiled
 
     model, compiled = unwrap_compiled(result)

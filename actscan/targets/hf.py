@@ -66,7 +66,10 @@ _BOOLS = {"true": True, "1": True, "yes": True, "on": True,
 
 
 def hf_config(
-    data: Mapping[str, Any], where: str, overrides: Mapping[str, str] | None = None
+    data: Mapping[str, Any],
+    where: str,
+    overrides: Mapping[str, str] | None = None,
+    flag: str = "--set",
 ) -> Any:
     """A transformers config object from a parsed config.json, offline and without custom code.
 
@@ -104,7 +107,7 @@ def hf_config(
     except Exception as err:  # transformers validates fields with many error types
         raise ConfigError(f"{where}: invalid {model_type} config: {st.first_line(err)}") from None
     if overrides:
-        _apply_overrides(config, overrides, model_type)
+        _apply_overrides(config, overrides, model_type, flag)
     check_domains(config.to_dict(), where)  # --set values too
     if quant := getattr(config, "quantization_config", None):
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else type(quant).__name__
@@ -211,7 +214,9 @@ def config_notes(data: Mapping[str, Any], where: str) -> tuple[str, ...]:
     return ()
 
 
-def _apply_overrides(config: Any, overrides: Mapping[str, str], model_type: str) -> None:
+def _apply_overrides(
+    config: Any, overrides: Mapping[str, str], model_type: str, flag: str = "--set"
+) -> None:
     """`--set key=value` on a transformers config: the value takes the field's type.
     A new depth resizes the config's per-layer lists (`layer_types`, …) unless set too."""
 
@@ -221,16 +226,16 @@ def _apply_overrides(config: Any, overrides: Mapping[str, str], model_type: str)
         if key not in known and not hasattr(config, key):
             near = [k for k in sorted(known) if key.lower() in k.lower()][:5]
             hint = f" (did you mean {', '.join(near)}?)" if near else ""
-            raise ConfigError(f"--set {key}: unknown field for a '{model_type}' config{hint}")
-        value = _coerce(getattr(config, key, None), raw, key)
+            raise ConfigError(f"{flag} {key}: unknown field for a '{model_type}' config{hint}")
+        value = _coerce(getattr(config, key, None), raw, key, flag)
         try:
             setattr(config, key, value)
         except Exception as err:
-            raise ConfigError(f"--set {key}={raw}: {st.first_line(err)}") from None
+            raise ConfigError(f"{flag} {key}={raw}: {st.first_line(err)}") from None
     resize_per_layer(config, depth_before, keep=set(overrides))
 
 
-def _coerce(current: Any, raw: str, key: str) -> Any:
+def _coerce(current: Any, raw: str, key: str, flag: str = "--set") -> Any:
     """String from the command line -> the type the config field already has."""
     text = raw.strip()
     try:
@@ -245,7 +250,9 @@ def _coerce(current: Any, raw: str, key: str) -> Any:
         if isinstance(current, str):
             return text
     except ValueError as err:
-        raise ConfigError(f"--set {key}={raw}: expected {type(current).__name__} ({err})") from None
+        raise ConfigError(
+            f"{flag} {key}={raw}: expected {type(current).__name__} ({err})"
+        ) from None
     if text.lower() in ("none", "null"):
         return None
     try:
@@ -598,7 +605,7 @@ def hf_inputs(opts: TargetOptions, info: ModelInfo, model: nn.Module | None = No
 def resolve_hf_config(path: Path, data: dict[str, Any], opts: TargetOptions) -> Resolved:
     """A Hugging Face config alone: the model at transformers' initialization (or --init)."""
     where = str(path)
-    config = hf_config(data, where, opts.overrides)
+    config = hf_config(data, where, opts.overrides, opts.flag("set"))
     preflight(config, where, opts.plan)
     model = build_hf_model(config, where, seed=opts.seed)
     if opts.init is not None:
@@ -606,7 +613,7 @@ def resolve_hf_config(path: Path, data: dict[str, Any], opts: TargetOptions) -> 
         ok = isinstance(std, int | float) and math.isfinite(std) and std > 0
         from actscan.models.reinit import reinit
 
-        reinit(model, opts.init, float(std) if ok else 0.02, opts.seed)
+        reinit(model, opts.init, float(std) if ok else 0.02, opts.seed, opts.flag("init"))
     info = hf_info(
         model, config, where, at_init=True, init=opts.init, extra={"config_source": where}
     )
@@ -618,7 +625,7 @@ def resolve_hf_config(path: Path, data: dict[str, Any], opts: TargetOptions) -> 
 def _no_init_with_weights(source: str, opts: TargetOptions) -> None:
     if opts.init is not None:
         raise UsageError(
-            f"--init re-initializes weights, which would discard {source}'s; "
+            f"{opts.flag('init')} re-initializes weights, which would discard {source}'s; "
             "profile its config.json instead to see an initialization"
         )
 
@@ -645,7 +652,7 @@ def resolve_folder(path: Path, opts: TargetOptions) -> Resolved:
         )
     _no_init_with_weights(str(path), opts)
     data = read_config_file(config_path)
-    config = hf_config(data, str(config_path), opts.overrides)
+    config = hf_config(data, str(config_path), opts.overrides, opts.flag("set"))
     pickles = sorted(
         (f for f in files if Path(f).suffix.lower() in st.PICKLE_SUFFIXES),
         key=lambda f: (not f.startswith("pytorch_model"), f),
@@ -684,7 +691,7 @@ def resolve_hf_checkpoint(
     """A bare .safetensors file whose architecture is a Hugging Face config (--config or
     config.json beside it). Called by targets/checkpoint.py."""
     _no_init_with_weights(str(path), opts)
-    config = hf_config(data, str(config_path), opts.overrides)
+    config = hf_config(data, str(config_path), opts.overrides, opts.flag("set"))
     tensors = st.load_tensors(path)
     folder = config_path.parent if config_path.name == CONFIG_NAME else None
     return _with_weights(

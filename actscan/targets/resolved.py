@@ -36,6 +36,7 @@ class TargetOptions:
     config: Path | None = None  # --config: architecture for a bare .safetensors
     init: str | None = None
     overrides: dict[str, str] = field(default_factory=dict)  # --set
+    option_prefix: str = "--"  # "--vs-": side B of compare/sweep (messages name --vs-set)
     seed: int = 0
     input_shape: tuple[int, ...] | None = None
     allow_nonfinite: bool = False
@@ -49,3 +50,7 @@ class TargetOptions:
     at_init: bool | None = None
     # what the run will do, for the memory estimate made before building (footprint.py)
     plan: RunPlan = field(default_factory=RunPlan)
+
+    def flag(self, name: str) -> str:
+        """The option as the user typed it: `flag("set")` is --set, or --vs-set for B."""
+        return f"{self.option_prefix}{name}"
