@@ -537,6 +537,33 @@ def test_report_records_the_proof_in_json() -> None:
     assert again.layout == report.layout and again.branches == report.branches
 
 
+def test_compare_shows_what_the_stream_receives_behind_post_branch_norms() -> None:
+    """Gemma 2's stream receives each branch through its post-branch norm: compare pairs
+    those writes (×2 here, where the branch's own output is unchanged), not only the branch."""
+    from rich.console import Console
+
+    from actscan.compare.pairs import compare_reports
+    from actscan.render.compare import branch_table
+
+    model = hf_model("gemma2")
+    a = _profile(model)
+    with torch.no_grad():  # Gemma's norms apply (1 + w): doubling the gain doubles the write
+        w = model.model.layers[0].post_attention_layernorm.weight
+        w.copy_(2 * (1 + w) - 1)
+    cmp = compare_reports(a, _profile(model))
+    first = cmp.branches[0]
+    assert (first.block, first.kind) == (0, "attn")
+    assert first.rms_ratio == pytest.approx(1.0, rel=1e-5)
+    assert first.write_rms_ratio == pytest.approx(2.0, rel=1e-4)
+    assert first.write_ratio_a == pytest.approx(a.branches[0].write_ratio)
+    console = Console(width=200, record=True)
+    table = branch_table(cmp)
+    assert table is not None
+    console.print(table)
+    text = console.export_text()
+    assert "write÷stream A" in text and "×2" in text
+
+
 def test_the_probe_runs_in_eval_mode_and_restores_train_mode() -> None:
     model = hf_model("gpt2").train()  # dropout 0.1 would make every write a fresh tensor
     x = ids()

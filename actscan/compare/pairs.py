@@ -66,6 +66,12 @@ class BranchPair:
     ratio_a: float | None  # branch RMS ÷ entering stream RMS, side A
     ratio_b: float | None
     rms_ratio: float | None  # branch RMS B ÷ A
+    # What the stream receives when that is not the branch's own output (a post-branch
+    # norm or gain, as the layout proof found): its RMS ÷ the entering stream, and B ÷ A.
+    # None on a side whose stream receives the branch itself.
+    write_ratio_a: float | None = None
+    write_ratio_b: float | None = None
+    write_rms_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -308,6 +314,11 @@ def match_branches(a: Report, b: Report) -> tuple[BranchPair, ...]:
                 ratio_a=x.ratio if x else None,
                 ratio_b=y.ratio if y else None,
                 rms_ratio=ratio(x.rms, y.rms) if x and y else None,
+                write_ratio_a=x.write_ratio if x and x.write else None,
+                write_ratio_b=y.write_ratio if y and y.write else None,
+                write_rms_ratio=(
+                    ratio(x.write_rms, y.write_rms) if x and y and x.write and y.write else None
+                ),
             )
         )
     return tuple(out)

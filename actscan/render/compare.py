@@ -95,10 +95,19 @@ def branch_table(cmp: Comparison) -> Table | None:
         title_justify="left",
         pad_edge=False,
     )
-    for col in ("block", "branch", "÷stream A", "÷stream B", "RMS B÷A"):
+    cols = ["block", "branch", "÷stream A", "÷stream B", "RMS B÷A"]
+    # behind a post-branch norm or gain the stream receives the write, not the branch
+    writes = any(b.write_ratio_a is not None or b.write_ratio_b is not None for b in cmp.branches)
+    if writes:
+        cols += ["write÷stream A", "write÷stream B", "write B÷A"]
+    for col in cols:
         t.add_column(col, justify="left" if col == "branch" else "right")
     for b in cmp.branches:
-        t.add_row(str(b.block), b.kind, num(b.ratio_a), num(b.ratio_b), ratio_text(b.rms_ratio))
+        row: list[str | Text] = [str(b.block), b.kind, num(b.ratio_a), num(b.ratio_b)]
+        row.append(ratio_text(b.rms_ratio))
+        if writes:
+            row += [num(b.write_ratio_a), num(b.write_ratio_b), ratio_text(b.write_rms_ratio)]
+        t.add_row(*row)
     return t
 
 
