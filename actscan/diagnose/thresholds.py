@@ -222,8 +222,8 @@ class Thresholds:
     # ---- the first optimizer steps (--steps N) -----------------------------------------
     # Set from training outcomes: docs/calibration-dynamics.md. The ground truth (real text,
     # five families, 300-step runs; fitted on its calibration half only, scored on the
-    # held-out half) sets update-drift-warn, attn-logit-*, log-z-excess and the severity of
-    # adam-epsilon; the rest comes from the earlier synthetic grid (128 tiny runs, 35 that
+    # held-out half) sets update-drift-warn, update-gain-drift-warn, attn-logit-*,
+    # log-z-excess and the severity of adam-epsilon; the rest comes from the earlier synthetic grid (128 tiny runs, 35 that
     # failed to train; "P/R" = precision/recall of the warn against failure; base rate 0.27).
     # update-size: the largest median (over the steps after the first) of a weight matrix's
     # ‖W_t − W_{t−1}‖/‖W_{t−1}‖. Adam moves each coordinate by ≈ lr, so a GPT-2-init
@@ -240,6 +240,17 @@ class Thresholds:
     # ≤ 6.4, the next value 9.4 (a failing run); 7.8 is the geometric midpoint (std-0.2
     # inits move less and are left to attn-logit-growth and logit-drift).
     update_drift_warn: float = 7.8
+    # …or (Adam) when the median norm gain's cumulative movement ‖g_N − g_0‖/‖g_0‖ reaches
+    # this. Gains start at 1 in every init, so their movement is Adam's Σ lr_t × the
+    # update's coherence whatever the matrices' std: it sees the too-large lr of fan-in,
+    # μP and std-0.2 inits whose matrices (std 0.09–0.2) move < 3.5× their norm. Ground
+    # truth (docs/calibration-dynamics.md), calibration half (96 runs): runs that trained
+    # ≤ 0.131, the failing runs above them from 0.184 (no false alarm, R 0.97; the best-F1
+    # cut, 0.127, sits inside the lr-3e-2 cluster at 0.10–0.13 where healthy and failing
+    # runs interleave); 0.155 is the geometric midpoint. In effect a cap on lr × steps
+    # (≈ 4 × 0.04 over 10 steps): it cannot see an lr too large for a wider model, which
+    # fails at lower lrs than the ground truth's widths (64–128) do.
+    update_gain_drift_warn: float = 0.155
     # info: a matrix moving this many times the median matrix's ratio (1/√(2L)-scaled
     # projections sit at √(2L)×, ×7 at 24 layers; ×10 is beyond the usual depth scaling).
     update_outlier: float = 10.0
