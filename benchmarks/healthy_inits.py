@@ -1,6 +1,7 @@
 """Healthy real families at step 0 and over their first 10 steps: no warning is earned.
 
     nice -n 10 python benchmarks/healthy_inits.py [--quick] [--out PATH]
+        [--doc docs/calibration-dynamics.md]
 
 Issue 20's "done means": a healthy transformers Llama / Mistral / Qwen2 at 12–32 layers
 with its own init gets no warn at step 0 or over 10 steps at its usual lr. This builds
@@ -30,7 +31,8 @@ the 32-layer scans near a minute each while the depth (what the growth and step 
 are about) is the families' real one. Vocab is 256 (byte tokens).
 
 Every finding's id and severity go to benchmarks/results/healthy-inits.json, with the
-numbers the step checks judge.
+numbers the step checks judge; `--doc` writes the table between the document's
+<!-- healthy:begin/end --> markers (`--table` rewrites it from the JSON, no scanning).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ground_truth import grid
+from benchmarks.ground_truth.evaluate import write_between
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "healthy-inits.json"
@@ -171,7 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="12 layers, width 256 only")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--doc", type=Path, default=None, help="Markdown to update (markers)")
+    ap.add_argument("--table", action="store_true", help="the table from --out's JSON only")
     args = ap.parse_args(argv)
+    if args.table:
+        rows = json.loads(args.out.read_text())["rows"]
+        text = table(rows)
+        print(text)
+        if args.doc is not None:
+            write_between(args.doc, text, "healthy")
+        return 0
     torch.set_num_threads(1)
     grid_ = [(12, 256)] if args.quick else [(12, 256), (24, 256), (32, 256), (12, 512)]
     rows = []
@@ -182,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(r)
                 found = ", ".join(f"{f['check']}:{f['severity']}" for f in r["findings"])
                 print(
-                    f"{family:8} L={depth:2} d={width} lr={lr:g} warmup={warmup:4} worst={worst(r['findings'])}"
+                    f"{family:8} L={depth:2} d={width} lr={lr:g} warmup={warmup:4} "
+                    f"worst={worst(r['findings'])}"
                     f" loss {r['loss'][0]:.3f}→{r['loss'][1]:.3f} logZ {r['log_z'][0]:.2f}→"
                     f"{r['log_z'][1]:.2f} attn {r['attn_max'][1]:.2f} drift {r['max_drift']:.3g}"
                     f" gains {r['gain_drift_median']:.3g}"
@@ -195,13 +208,44 @@ def main(argv: list[str] | None = None) -> int:
         "schedules": [list(x) for x in SCHEDULES],
         "steps": STEPS,
         "rows": rows,
-        "warned": [r for r in rows if worst(r["findings"]) in ("warn", "error")],
+        "warned": [
+            f"{r['family']}-L{r['depth']}-d{r['width']}/lr{r['lr']:g}/w{r['warmup']}"
+            for r in rows
+            if worst(r["findings"]) in ("warn", "error")
+        ],
     }
+    print(f"{len(data['warned'])} of {len(rows)} scans warned")
     if not args.quick:
         args.out.parent.mkdir(exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"{len(data['warned'])} of {len(rows)} scans warned")
+    if args.doc is not None:
+        write_between(args.doc, table(rows), "healthy")
     return 0
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: one line per scan, what the step checks judge and every finding."""
+
+    def g(x: float | None) -> str:
+        return "–" if x is None else f"{x:.3g}"
+
+    out = [
+        f"{len(rows)} scans; warn or error: "
+        f"{sum(worst(r['findings']) in ('warn', 'error') for r in rows)}.",
+        "",
+        "| family | L | d | params | lr | warmup | loss 0 → 10 | log Z 0 → 10 "
+        "| attn max @10 | matrices' ‖W−W₀‖/‖W₀‖ (median) | gains' (median) | findings |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        found = ", ".join(f"`{f['check']}` {f['severity']}" for f in r["findings"]) or "–"
+        out.append(
+            f"| {r['family']} | {r['depth']} | {r['width']} | {r['n_params'] / 1e6:.1f} M "
+            f"| {r['lr']:g} | {r['warmup']} | {r['loss'][0]:.2f} → {r['loss'][1]:.2f} "
+            f"| {r['log_z'][0]:.2f} → {r['log_z'][1]:.2f} | {g(r['attn_max'][1])} "
+            f"| {g(r['drift_median'])} | {g(r['gain_drift_median'])} | {found} |"
+        )
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

@@ -206,7 +206,9 @@ def sustain(curve: Sequence[tuple[int, str, float]]) -> float | None:
     return late / early
 
 
-def _drift(updates: Sequence[UpdateRecord], kinds: Sequence[str] = MATRIX_KINDS) -> dict[str, float]:
+def _drift(
+    updates: Sequence[UpdateRecord], kinds: Sequence[str] = MATRIX_KINDS
+) -> dict[str, float]:
     """Per parameter of these kinds: ‖W_N − W_0‖/‖W_0‖ after the last finite step (a
     tensor that starts at 0, as Gemma's 1 + w gains, has none)."""
     out: dict[str, float] = {}
@@ -567,7 +569,7 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
                 "train (docs/calibration-dynamics.md). A wider model can fail at a smaller "
                 "movement than this.",
                 f"Lower the learning rate (≈ {n(s.lr * th.update_gain_drift_warn / gains / 2)} "
-                "halves the movement) or add warmup.",
+                "puts the movement at half the threshold) or add warmup.",
             )
         )
     if big:

@@ -223,8 +223,9 @@ class Thresholds:
     # Set from training outcomes: docs/calibration-dynamics.md. The ground truth (real text,
     # five families, 300-step runs; fitted on its calibration half only, scored on the
     # held-out half) sets update-drift-warn, update-gain-drift-warn, attn-logit-*,
-    # log-z-excess and the severity of adam-epsilon; the rest comes from the earlier synthetic grid (128 tiny runs, 35 that
-    # failed to train; "P/R" = precision/recall of the warn against failure; base rate 0.27).
+    # log-z-excess and the severity of adam-epsilon; the rest comes from the earlier
+    # synthetic grid (128 tiny runs, 35 that failed to train; "P/R" = precision/recall of
+    # the warn against failure; base rate 0.27).
     # update-size: the largest median (over the steps after the first) of a weight matrix's
     # ‖W_t − W_{t−1}‖/‖W_{t−1}‖. Adam moves each coordinate by ≈ lr, so a GPT-2-init
     # matrix (std 0.02) moves ≈ lr/0.02 of its norm per step. No run that trained reached
