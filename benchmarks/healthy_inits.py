@@ -180,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         rows = json.loads(args.out.read_text())["rows"]
         text = table(rows)
-        print(text)
         if args.doc is not None:
             write_between(args.doc, text, "healthy")
+        print(text)
         return 0
     torch.set_num_threads(1)
     grid_ = [(12, 256)] if args.quick else [(12, 256), (24, 256), (32, 256), (12, 512)]

@@ -876,7 +876,9 @@ def _any_logits(ctx: CheckContext) -> bool:
 
 
 def _collapsed(d: Dynamics | None, param: str) -> bool:
-    """Did the tensor's gradient start ≥ 1000× above its smallest value over the steps?"""
+    """Did the tensor's gradient start ≥ 1000× above its smallest value over the steps?
+    (The earlier grid's collapsing Post-LN gradients fell by 10⁴–10⁶: the wording's
+    threshold, not a severity's; docs/calibration-dynamics.md.)"""
     u = next((u for u in (d.updates if d else ()) if u.param == param), None)
     gs = [g for g in (u.grad_rms if u else ()) if finite(g)]
     return bool(gs) and positive(gs[0]) and gs[0] >= 1000 * min(gs)
