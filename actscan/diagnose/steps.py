@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import finding, finite, grade, listing, n, positive, skip
-from actscan.diagnose.thresholds import DEFAULT
+from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.records import MATRIX_KINDS, CheckId, Dynamics, Finding, Severity, Skip, UpdateRecord
 
 if TYPE_CHECKING:
@@ -542,36 +542,8 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
                 "halves the movement) or add warmup.",
             )
         )
-    gains = s.gain_drift_median
-    if (
-        not big
-        and not res_has_warn(res)
-        and s.adam
-        and gains is not None
-        and gains >= th.update_gain_drift_warn
-    ):
-        far = sorted(
-            (p for p, x in s.gain_drift.items() if x >= gains), key=lambda p: -s.gain_drift[p]
-        )
-        res.append(
-            finding(
-                CheckId.UPDATE_SIZE,
-                Severity.WARN,
-                far,
-                gains,
-                th.update_gain_drift_warn,
-                f"In {s.steps} step{'s' if s.steps > 1 else ''} at lr {n(s.lr)} the median "
-                f"norm gain moved {pct_(gains)} of its initial value (‖g_N − g_0‖/‖g_0‖; the "
-                f"largest: {pct_(s.gain_drift[far[0]])}, {far[0]}). Gains start at 1 whatever "
-                "the matrices' init, and Adam moves each coordinate by ≈ lr per step, so this "
-                "is the lr × steps the run took, seen where no init scale hides it: every "
-                "run of the ground truth whose gains moved this far this soon failed to "
-                "train (docs/calibration-dynamics.md). A wider model can fail at a smaller "
-                "movement than this.",
-                f"Lower the learning rate (≈ {n(s.lr * th.update_gain_drift_warn / gains / 2)} "
-                "puts the movement at half the threshold) or add warmup.",
-            )
-        )
+    if not big and not res_has_warn(res):
+        res.extend(_gains_moved(s, th))
     if big:
         worst = s.update[big[0]]
         sev, threshold = grade(worst, th.update_ratio_warn, th.update_ratio_error)
@@ -618,6 +590,34 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
             )
         )
     return res
+
+
+def _gains_moved(s: DynStats, th: Thresholds) -> list[Finding]:
+    """update-size's third rule (Adam): the median norm gain moved ≥ update-gain-drift-warn
+    of its initial value, where no init scale hides the lr (docs/calibration-dynamics.md)."""
+    gains = s.gain_drift_median
+    if not s.adam or gains is None or gains < th.update_gain_drift_warn:
+        return []
+    far = sorted((p for p, x in s.gain_drift.items() if x >= gains), key=lambda p: -s.gain_drift[p])
+    return [
+        finding(
+            CheckId.UPDATE_SIZE,
+            Severity.WARN,
+            far,
+            gains,
+            th.update_gain_drift_warn,
+            f"In {s.steps} step{'s' if s.steps > 1 else ''} at lr {n(s.lr)} the median "
+            f"norm gain moved {pct_(gains)} of its initial value (‖g_N − g_0‖/‖g_0‖; the "
+            f"largest: {pct_(s.gain_drift[far[0]])}, {far[0]}). Gains start at 1 whatever "
+            "the matrices' init, and Adam moves each coordinate by ≈ lr per step, so this "
+            "is the lr × steps the run took, seen where no init scale hides it: every "
+            "run of the ground truth whose gains moved this far this soon failed to "
+            "train (docs/calibration-dynamics.md). A wider model can fail at a smaller "
+            "movement than this.",
+            f"Lower the learning rate (≈ {n(s.lr * th.update_gain_drift_warn / gains / 2)} "
+            "puts the movement at half the threshold) or add warmup.",
+        )
+    ]
 
 
 def res_has_warn(res: Sequence[Finding | Skip]) -> bool:
