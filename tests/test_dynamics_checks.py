@@ -331,6 +331,50 @@ def test_update_size_reads_the_cumulative_movement() -> None:
     )
 
 
+def with_gains(d: Dynamics, drift: float, start: float = 1.0) -> Dynamics:
+    """`d` plus a norm gain per block whose ‖g_t − g_0‖/‖g_0‖ reaches `drift` linearly
+    (start 0: a Gemma-style 1 + w gain at w = 0, whose relative movement is undefined)."""
+    gains = tuple(
+        UpdateRecord(
+            param=f"blocks.{b}.norm1.weight",
+            block=b,
+            role="norm",
+            kind="norm-gain",
+            ratio=(drift / STEPS,) * STEPS if start else (None,) * STEPS,
+            grad_rms=(1e-3,) * STEPS,
+            numel=64,
+            drift=tuple(drift * t / STEPS if start else None for t in range(1, STEPS + 1)),
+        )
+        for b in range(N_BLOCKS)
+    )
+    return replace(d, updates=d.updates + gains)
+
+
+def test_update_size_reads_the_norm_gains_movement() -> None:
+    """Matrices under both matrix rules (a large init moves little relative to its norm),
+    but the norm gains, which start at 1 in every init, moved past update-gain-drift-warn:
+    a warning naming the gains; under it, with SGD (the rule is Adam's), or with gains
+    that start at 0 (no relative movement to judge), quiet."""
+    th = DEFAULT.update_gain_drift_warn
+    quiet = dyn(ratio=DEFAULT.update_ratio_warn / 2, drift=DEFAULT.update_drift_warn / 4)
+    moved = findings(with_gains(quiet, th * 2), CheckId.UPDATE_SIZE)
+    assert [f.severity for f in moved] == [Severity.WARN]
+    assert moved[0].value == pytest.approx(th * 2) and moved[0].threshold == th
+    assert all(name.endswith("norm1.weight") for name in moved[0].layers)
+    assert "norm gain" in moved[0].message and "learning rate" in moved[0].hint
+    assert statistics(with_gains(quiet, th * 2)).gain_drift_median == pytest.approx(th * 2)
+    assert not findings(with_gains(quiet, th / 2), CheckId.UPDATE_SIZE)
+    assert not findings(with_gains(quiet, th * 2, start=0.0), CheckId.UPDATE_SIZE)
+    sgd = dyn(ratio=0.05, drift=0.1, optimizer="sgd")
+    assert not findings(with_gains(sgd, th * 2), CheckId.UPDATE_SIZE)
+    # one warning per check: the matrices' own movement, when it fires, is the finding
+    both = findings(
+        with_gains(dyn(ratio=0.05, drift=DEFAULT.update_drift_warn * 2), th * 2),
+        CheckId.UPDATE_SIZE,
+    )
+    assert len(both) == 1 and "median matrix" in both[0].message
+
+
 def test_attn_scores_large_from_the_start_are_info_past_the_cap() -> None:
     """Scores large from the start (a std-0.2 init) that double past the cap are not the
     growth that precedes divergence: info, not an error."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import finding, finite, grade, listing, n, positive, skip
-from actscan.diagnose.thresholds import DEFAULT
+from actscan.diagnose.thresholds import DEFAULT, Thresholds
 from actscan.records import MATRIX_KINDS, CheckId, Dynamics, Finding, Severity, Skip, UpdateRecord
 
 if TYPE_CHECKING:
@@ -90,6 +90,9 @@ class DynStats:
     log_z_excess: float | None = None
     # per matrix parameter: ‖W_N − W_0‖/‖W_0‖ after the last step (UpdateRecord.drift)
     drift: dict[str, float] = field(default_factory=dict)
+    # the same for every norm gain that starts away from 0 (a gain at 1: its relative
+    # movement is Adam's Σ lr_t × the update's coherence, whatever the matrices' init)
+    gain_drift: dict[str, float] = field(default_factory=dict)
     # per parameter: Adam's update per coordinate at the last step ÷ at the first, each ÷
     # its step's lr (UpdateRecord.step_rms): ≈ 0.2–1 while the gradient is above eps, → 0
     # when the update collapsed (the first Adam step is ≈ lr in every coordinate)
@@ -122,6 +125,11 @@ class DynStats:
     def drift_median(self) -> float | None:
         """The median matrix's cumulative movement after the last step."""
         return stats.median(self.drift.values()) if self.drift else None
+
+    @property
+    def gain_drift_median(self) -> float | None:
+        """The median norm gain's cumulative movement after the last step."""
+        return stats.median(self.gain_drift.values()) if self.gain_drift else None
 
     def eps_low(self, ratio: float) -> tuple[list[str], float]:
         """Tensors whose gradient RMS fell to ≤ ratio × eps at some step (smallest
@@ -198,11 +206,15 @@ def sustain(curve: Sequence[tuple[int, str, float]]) -> float | None:
     return late / early
 
 
-def _drift(updates: Sequence[UpdateRecord]) -> dict[str, float]:
+def _drift(
+    updates: Sequence[UpdateRecord], kinds: Sequence[str] = MATRIX_KINDS
+) -> dict[str, float]:
+    """Per parameter of these kinds: ‖W_N − W_0‖/‖W_0‖ after the last finite step (a
+    tensor that starts at 0, as Gemma's 1 + w gains, has none)."""
     out: dict[str, float] = {}
     for u in updates:
         last = [x for x in u.drift if finite(x)]
-        if u.kind in MATRIX_KINDS and last:
+        if u.kind in kinds and last:
             out[u.param] = last[-1]
     return out
 
@@ -281,6 +293,7 @@ def statistics(d: Dynamics, eps_ratio: float = ADAM_EPS_RATIO) -> DynStats:
         numel={u.param: u.numel for u in d.updates},
         log_z_excess=_log_z_excess(d),
         drift=_drift(d.updates),
+        gain_drift=_drift(d.updates, ("norm-gain",)),
         collapse=_collapse(d),
         eps_low_set=frozenset(p for p, r in g_eps.items() if r <= eps_ratio),
     )
@@ -529,6 +542,8 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
                 "halves the movement) or add warmup.",
             )
         )
+    if not big and not res_has_warn(res):
+        res.extend(_gains_moved(s, th))
     if big:
         worst = s.update[big[0]]
         sev, threshold = grade(worst, th.update_ratio_warn, th.update_ratio_error)
@@ -575,6 +590,39 @@ def update_size(ctx: CheckContext) -> list[Finding | Skip]:
             )
         )
     return res
+
+
+def _gains_moved(s: DynStats, th: Thresholds) -> list[Finding]:
+    """update-size's third rule (Adam): the median norm gain moved ≥ update-gain-drift-warn
+    of its initial value, where no init scale hides the lr (docs/calibration-dynamics.md)."""
+    gains = s.gain_drift_median
+    if not s.adam or gains is None or gains < th.update_gain_drift_warn:
+        return []
+    far = sorted((p for p, x in s.gain_drift.items() if x >= gains), key=lambda p: -s.gain_drift[p])
+    return [
+        finding(
+            CheckId.UPDATE_SIZE,
+            Severity.WARN,
+            far,
+            gains,
+            th.update_gain_drift_warn,
+            f"In {s.steps} step{'s' if s.steps > 1 else ''} at lr {n(s.lr)} the median "
+            f"norm gain moved {pct_(gains)} of its initial value (‖g_N − g_0‖/‖g_0‖; the "
+            f"largest: {pct_(s.gain_drift[far[0]])}, {far[0]}). Gains start at 1 whatever "
+            "the matrices' init, and Adam moves each coordinate by ≈ lr per step, so this "
+            "is the lr × steps the run took, seen where no init scale hides it: every "
+            "run of the ground truth whose gains moved this far this soon failed to "
+            "train (docs/calibration-dynamics.md). A wider model can fail at a smaller "
+            "movement than this.",
+            f"Lower the learning rate (≈ {n(s.lr * th.update_gain_drift_warn / gains / 2)} "
+            "puts the movement at half the threshold) or add warmup.",
+        )
+    ]
+
+
+def res_has_warn(res: Sequence[Finding | Skip]) -> bool:
+    """Has an update-size warning been given (the frozen-tensor one aside)?"""
+    return any(isinstance(f, Finding) and f.severity is Severity.WARN and f.value for f in res)
 
 
 def _steps_judged(steps: int) -> str:
@@ -828,7 +876,9 @@ def _any_logits(ctx: CheckContext) -> bool:
 
 
 def _collapsed(d: Dynamics | None, param: str) -> bool:
-    """Did the tensor's gradient start ≥ 1000× above its smallest value over the steps?"""
+    """Did the tensor's gradient start ≥ 1000× above its smallest value over the steps?
+    (The earlier grid's collapsing Post-LN gradients fell by 10⁴–10⁶: the wording's
+    threshold, not a severity's; docs/calibration-dynamics.md.)"""
     u = next((u for u in (d.updates if d else ()) if u.param == param), None)
     gs = [g for g in (u.grad_rms if u else ()) if finite(g)]
     return bool(gs) and positive(gs[0]) and gs[0] >= 1000 * min(gs)

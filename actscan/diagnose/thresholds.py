@@ -222,16 +222,19 @@ class Thresholds:
     # ---- the first optimizer steps (--steps N) -----------------------------------------
     # Set from training outcomes: docs/calibration-dynamics.md. The ground truth (real text,
     # five families, 300-step runs; fitted on its calibration half only, scored on the
-    # held-out half) sets update-drift-warn, attn-logit-*, log-z-excess and the severity of
-    # adam-epsilon; the rest comes from the earlier synthetic grid (128 tiny runs, 35 that
-    # failed to train; "P/R" = precision/recall of the warn against failure; base rate 0.27).
+    # held-out half) sets update-drift-warn, update-gain-drift-warn, attn-logit-*,
+    # log-z-excess and the severity of adam-epsilon; the rest comes from the earlier
+    # synthetic grid (128 tiny runs, 35 that failed to train; "P/R" = precision/recall of
+    # the warn against failure; base rate 0.27).
     # update-size: the largest median (over the steps after the first) of a weight matrix's
     # ‖W_t − W_{t−1}‖/‖W_{t−1}‖. Adam moves each coordinate by ≈ lr, so a GPT-2-init
     # matrix (std 0.02) moves ≈ lr/0.02 of its norm per step. No run that trained reached
-    # 0.19; 0.2 flags 13 runs, all failed (P 1.00, R 0.37).
+    # 0.19; 0.2 flags 13 runs, all failed (P 1.00, R 0.37): docs/calibration-dynamics.md,
+    # "The earlier grid".
     update_ratio_warn: float = 0.2
     # error when a step moves a matrix by its whole norm: the weights are replaced every
-    # step (by construction; the grid's largest was 0.29).
+    # step (by construction; the earlier grid's largest was 0.29,
+    # docs/calibration-dynamics.md).
     update_ratio_error: float = 1.0
     # …or when the median matrix's cumulative movement ‖W_N − W_0‖/‖W_0‖ after the steps
     # reaches this (weights that grow with their updates keep the per-step ratio flat at
@@ -240,13 +243,26 @@ class Thresholds:
     # ≤ 6.4, the next value 9.4 (a failing run); 7.8 is the geometric midpoint (std-0.2
     # inits move less and are left to attn-logit-growth and logit-drift).
     update_drift_warn: float = 7.8
+    # …or (Adam) when the median norm gain's cumulative movement ‖g_N − g_0‖/‖g_0‖ reaches
+    # this. Gains start at 1 in every init, so their movement is Adam's Σ lr_t × the
+    # update's coherence whatever the matrices' std: it sees the too-large lr of fan-in,
+    # μP and std-0.2 inits whose matrices (std 0.09–0.2) move < 3.5× their norm. Ground
+    # truth (docs/calibration-dynamics.md), calibration half (96 runs): runs that trained
+    # ≤ 0.131, the failing runs above them from 0.184 (no false alarm, R 0.97; the best-F1
+    # cut, 0.127, sits inside the lr-3e-2 cluster at 0.10–0.13 where healthy and failing
+    # runs interleave); 0.155 is the geometric midpoint. In effect a cap on lr × steps
+    # (≈ 4 × 0.04 over 10 steps): it cannot see an lr too large for a wider model, which
+    # fails at lower lrs than the ground truth's widths (64–128) do.
+    update_gain_drift_warn: float = 0.155
     # info: a matrix moving this many times the median matrix's ratio (1/√(2L)-scaled
     # projections sit at √(2L)×, ×7 at 24 layers; ×10 is beyond the usual depth scaling).
+    # Set by that argument, not fitted: info only (docs/calibration-dynamics.md).
     update_outlier: float = 10.0
     # amplification (info only: it did not predict failure): after the first update, the
     # probe's change per block in the second half of the stack ÷ in the first half. Post-LN
     # grows linearly (0.91–1.11 measured), Pre-LN saturates (0.27–0.36) and Pre-LN with
-    # 1/√(2L) rises like a logarithm (0.58–0.67).
+    # 1/√(2L) rises like a logarithm (0.58–0.67), on the earlier grid's Post-LN and Pre-LN
+    # stacks (docs/calibration-dynamics.md, which the ground truth does not cover).
     amplification_sustain: float = 0.8
     # …judged only while the first step changes the last block output by at most this
     # (relative): past it every curve saturates and flattens (Post-LN at lr ≥ 1e-2: 0.06–0.5).
@@ -272,7 +288,7 @@ class Thresholds:
     # logit-drift: the largest |log Z_t − log Z_0| over the steps, in nats, reported (info)
     # from this drift on. On the synthetic grid's random tokens ≥ 0.4 flagged 29 runs, 25
     # failed; on real text healthy runs drift further as they learn, so the warning is
-    # judged against the loss (log-z-excess).
+    # judged against the loss (log-z-excess). docs/calibration-dynamics.md has both grids.
     log_z_drift: float = 0.4
     # …a warning only when log Z moved this much more than the loss fell,
     # max_t |log Z_t − log Z_0| − max(0, loss_0 − loss_t): on real text log Z rises as the
@@ -282,16 +298,19 @@ class Thresholds:
     # 6.4 is the geometric midpoint. Below it a drift ≥ log-z-drift is info.
     log_z_excess: float = 6.4
     # adam-epsilon: gradient RMS ÷ eps at or below which Adam's update shrinks (the step is
-    # g/(√v + eps): at ratio 10 it is 91 % of lr, at 1 half).
+    # g/(√v + eps): at ratio 10 it is 91 % of lr, at 1 half; by construction, scored in
+    # docs/calibration-dynamics.md).
     adam_eps_ratio: float = 10.0
     # …warn when the tensors below it hold at least this share of the parameters (fewer:
     # info). A few QK-norm gains of a trained-fine run reached it (share < 1e-3); the runs
-    # whose gradients collapsed had 0.1–92 % (P 1.00, R 0.43).
+    # whose gradients collapsed had 0.1–92 % (P 1.00, R 0.43; docs/calibration-dynamics.md,
+    # "The earlier grid").
     adam_eps_share: float = 0.001
     # …counting only tensors whose update collapsed: Adam's step per coordinate ÷ lr at
     # the last step ≤ this × the first step's (≈ 1: Adam's first step is lr·sign(g)); a
     # gradient at 3–7 × eps still moves ~80 % of lr. A gradient near eps without the
-    # collapse is info: on the ground truth's calibration half it flagged 8 runs, 7 of
+    # collapse is info: on the ground truth's calibration half (docs/calibration-dynamics.md)
+    # it flagged 8 runs, 7 of
     # them failing (P 0.88, R 0.21), and no update collapsed in any run;
     # the collapse's warning rests on the synthetic grid's Post-LN runs below.
     adam_collapse: float = 0.1

@@ -1,7 +1,8 @@
 """Judge the ground truth's stored scans with actscan's current step checks.
 
     python benchmarks/ground_truth/evaluate.py [--runs data/runs.jsonl.gz]
-        [--labels data/labels.json] [--set name=value …] [--markdown]
+        [--labels data/labels.json] [--set name=value …] [--runs-table]
+        [--out docs/calibration-dynamics.md]
 
 Rebuilds each run's Dynamics record from the stored JSON (no training, no scanning),
 runs the dynamics checks of actscan.diagnose (and `overflow`'s divergence findings) with
@@ -223,6 +224,32 @@ def evaluate(
     return out
 
 
+# What the labels say of how an unstable run failed (labels.py: `why`): it blew up (a
+# non-finite or rising loss, or a loss spike), or it trained, but ≥ 0.5 nats worse than
+# the configuration's best lr. Each check targets one mechanism; the labels do not record
+# mechanisms, so the failure's kind is the closest the recall can be split by.
+FAILURES = (
+    ("blew up (diverged or spiked)", lambda why: "diverged" in why or "spike" in why),
+    ("trained worse only", lambda why: why == "worse"),
+)
+
+
+def by_failure(sub: list[dict[str, Any]]) -> list[str]:
+    """Per check: recall over the unstable runs of each kind of failure."""
+    kinds = [
+        (name, [r for r in sub if r["unstable"] and test(r["why"])]) for name, test in FAILURES
+    ]
+    lines = [
+        "| check | " + " | ".join(f"recall: {name}" for name, _ in kinds) + " |",
+        "|---|" + "---|" * len(kinds),
+    ]
+    for check in (*STEP_CHECKS, None):
+        cells = [rate(sum(flagged(r["sevs"], check) for r in rs), len(rs)) for _, rs in kinds]
+        name = f"`{check}`" if check else "**any step check**"
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def table(judged: list[dict[str, Any]], half: str) -> list[str]:
     sub = [r for r in judged if r["half"] == half]
     n_u = sum(r["unstable"] for r in sub)
@@ -242,6 +269,7 @@ def table(judged: list[dict[str, Any]], half: str) -> list[str]:
             f"| {name} | {sum(pred)} | {rate(tp, sum(pred))} | {rate(tp, n_u)} | "
             f"{info if check else '–'} |"
         )
+    lines += ["", *by_failure(sub)]
     best = [r for r in sub if r["is_best"] and not r["unstable"]]
     hit = [r for r in best if flagged(r["sevs"])]
     lines += [
@@ -292,8 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     labels = json.loads(args.labels.read_text())["runs"]
     rows = read_rows(args.runs)
     judged = evaluate(rows, labels, th)
-    text = [crosscheck(rows) + " (both stored to 4 significant digits).", ""]
-    print(text[0])
+    text = [
+        "<!-- written by `python benchmarks/ground_truth/evaluate.py --out "
+        "docs/calibration-dynamics.md`; do not edit by hand -->",
+        "",
+        crosscheck(rows) + " (both stored to 4 significant digits).",
+        "",
+    ]
+    print(text[2])
     for half in args.half or HALVES:
         lines = table(judged, half)
         text += [*lines, ""]
@@ -305,7 +339,20 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"  {r['key']:48s} {'U' if r['unstable'] else '.'} {r['why']:12s} {fired}"
                     )
+    if args.out is not None:
+        write_between(args.out, "\n".join(text).rstrip() + "\n")
     return 0
+
+
+def write_between(path: Path, body: str, marker: str = "ground-truth") -> None:
+    """Replace what lies between `path`'s <!-- marker:begin/end --> lines with `body`."""
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    doc = path.read_text(encoding="utf-8")
+    head, sep, rest = doc.partition(begin)
+    _, sep2, tail = rest.partition(end)
+    if not sep or not sep2:
+        raise SystemExit(f"{path}: no {begin} … {end} markers")
+    path.write_text(f"{head}{begin}\n{body}{end}{tail}", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,14 @@
 For each number a step check judges (actscan.diagnose.steps.statistics), every cut
 between two calibration runs' values is tried as "flag when ≥ cut"; printed per number:
 the cut with the best F1 among those that flag no healthy best-lr run (the "no healthy
-best-lr run flagged at warn" target), with its precision and recall on the calibration
-half, and the geometric midpoint between it and the largest value below it (where the
-shipped threshold goes, so that it does not sit on a calibration run). The held-out half
-is never read here (evaluate.py reports it).
+best-lr run flagged at warn" target; on a tie, the one with fewer false alarms), with its
+precision and recall on the calibration half, and the geometric midpoint between it and
+the largest value below it (where the shipped threshold goes, so that it does not sit on
+a calibration run); and, where it differs, the lowest cut that flags no run that
+trained, with the midpoint to the largest healthy value (the margin-keeping choice where
+the best-F1 cut sits inside a cluster of runs at one lr: `update-gain-drift-warn`).
+Candidates no check judges (`record_numbers`) are printed too. The held-out half is
+never read here (evaluate.py reports it).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ def numbers() -> dict[str, Number]:
         "update_max (per-step median ratio)": lambda s: s.update_max,
         "drift_max ‖W_N−W_0‖/‖W_0‖": lambda s: max(s.drift.values()) if s.drift else None,
         "drift_median": lambda s: s.drift_median,
+        "gain_drift_median (norm gains ‖g_N−g_0‖/‖g_0‖)": lambda s: s.gain_drift_median,
         "attn_last": lambda s: s.attn_last,
         "attn_growth (last ÷ first)": lambda s: s.attn_growth,
         "attn_layer_growth (max over layers)": lambda s: max(
@@ -61,6 +66,42 @@ def numbers() -> dict[str, Number]:
     }
 
 
+def record_numbers() -> dict[str, Callable[[Any], float | None]]:
+    """Candidates no check judges (yet), read from the Dynamics record itself: tried for
+    update-size and logit-drift's recall (docs/calibration-dynamics.md, "Per check")."""
+    from actscan.diagnose.steps import statistics
+
+    def drift_q(d: Any, q: float) -> float | None:
+        xs = sorted(statistics(d).drift.values())
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+    def z_std(d: Any) -> list[float]:
+        return [
+            s.logits.log_z_std
+            for s in d.steps
+            if s.logits and s.logits.log_z_std is not None and math.isfinite(s.logits.log_z_std)
+        ]
+
+    def top_over_z(d: Any) -> float | None:
+        xs = [
+            s.logits.max - s.logits.log_z_mean
+            for s in d.steps[1:]
+            if s.logits and s.logits.max is not None and s.logits.log_z_mean is not None
+        ]
+        xs = [x for x in xs if math.isfinite(x)]
+        return max(xs) if xs else None
+
+    return {
+        "drift_q75 (matrices)": lambda d: drift_q(d, 0.75),
+        "drift_q90 (matrices)": lambda d: drift_q(d, 0.9),
+        "log_z_std_last": lambda d: z_std(d)[-1] if z_std(d) else None,
+        "log_z_std_growth (last ÷ first)": lambda d: (
+            z_std(d)[-1] / z_std(d)[0] if len(z_std(d)) > 1 and z_std(d)[0] > 0 else None
+        ),
+        "top_logit_over_log_z (max after step 0)": top_over_z,
+    }
+
+
 def calibration_table() -> list[dict[str, Any]]:
     from actscan.diagnose.steps import statistics
 
@@ -73,8 +114,10 @@ def calibration_table() -> list[dict[str, Any]]:
         row = rows.get(lab["key"])
         if row is None or "scan" not in row:
             continue
-        s = statistics(dynamics(row))
+        d = dynamics(row)
+        s = statistics(d)
         vals = {name: fn(s) for name, fn in numbers().items()}
+        vals.update({name: fn(d) for name, fn in record_numbers().items()})
         out.append({**lab, "values": vals})
     return out
 
@@ -92,9 +135,24 @@ def best_cut(runs: list[dict[str, Any]], name: str) -> tuple[float, int, int, in
         tp = sum(p and r["unstable"] for p, r in zip(pred, runs, strict=True))
         fp = sum(pred) - tp
         f1 = 2 * tp / (2 * tp + fp + (n_u - tp)) if tp else 0.0
-        if best is None or f1 > best[0]:
+        # on a tie of F1, the cut with fewer false alarms (precision over recall)
+        if best is None or (f1, -fp) > (best[0], -best[3]):
             best = (f1, cut, tp, fp, n_u - tp)
     return None if best is None else (best[1], best[2], best[3], best[4], n_u)
+
+
+def clean_cut(runs: list[dict[str, Any]], name: str) -> tuple[float, float, int, int] | None:
+    """The lowest cut that flags no run that trained (precision 1 on the calibration
+    half): (the smallest unstable value above every healthy one, the largest healthy
+    value, TP, unstable runs). Where the best-F1 cut falls inside a cluster of healthy
+    and unstable runs at the same lr, this one keeps the whole gap as margin."""
+    vals = [(v, r["unstable"]) for r in runs if (v := r["values"][name]) is not None]
+    vals = [(v, u) for v, u in vals if math.isfinite(v)]
+    healthy = max((v for v, u in vals if not u), default=None)
+    above = sorted(v for v, u in vals if u and (healthy is None or v > healthy))
+    if not above or healthy is None:
+        return None
+    return above[0], healthy, len(above), sum(u for _, u in vals)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = calibration_table()
     n_u = sum(r["unstable"] for r in runs)
     print(f"calibration half: {len(runs)} runs, {n_u} unstable")
-    for name in numbers():
+    for name in (*numbers(), *record_numbers()):
         got = best_cut(runs, name)
         if got is None:
             print(f"  {name:55s} no cut")
@@ -122,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
             f" (TP {tp} FP {fp} FN {fn}); below it {max(below) if below else math.nan:.3g},"
             f" midpoint {mid:.3g}"
         )
+        clean = clean_cut(runs, name)
+        if clean is not None and clean[0] != cut:
+            c, h, tp_c, n_c = clean
+            print(
+                f"  {'':55s}   no false alarm: ≥ {c:<8.4g} R {tp_c / n_c:.2f} (TP {tp_c});"
+                f" largest healthy {h:.3g}, midpoint {math.sqrt(c * h) if c > 0 < h else c:.3g}"
+            )
     if args.show:
         for r in sorted(runs, key=lambda r: r["key"]):
             v = " ".join(f"{x:.3g}" if x is not None else "–" for x in r["values"].values())

@@ -1,0 +1,71 @@
+"""The ground truth (benchmarks/ground_truth/): its stored runs, the split, the fit and the
+tables docs/calibration-dynamics.md quotes, re-derived from the stored scans (no training).
+
+- fit.py reads the calibration half only;
+- the fitted step thresholds sit where the calibration half puts them (between the
+  largest value of a run that trained and the failing runs above it);
+- the doc's tables are what evaluate.py prints at the shipped thresholds, so a threshold
+  change that is not re-evaluated fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from actscan.diagnose.thresholds import DEFAULT  # noqa: E402
+from benchmarks.ground_truth import evaluate, fit  # noqa: E402
+
+DOC = ROOT / "docs" / "calibration-dynamics.md"
+
+
+@pytest.fixture(scope="module")
+def calibration() -> list[dict]:
+    return fit.calibration_table()
+
+
+def test_the_fit_reads_the_calibration_half_only(calibration: list[dict]) -> None:
+    labels = json.loads((evaluate.DATA / "labels.json").read_text())["runs"]
+    assert {r["half"] for r in labels} == {"calibration", "heldout"}
+    assert calibration and {r["half"] for r in calibration} == {"calibration"}
+    assert len(calibration) == sum(r["half"] == "calibration" for r in labels)
+
+
+@pytest.mark.parametrize(
+    ("number", "threshold"),
+    [
+        ("drift_median", DEFAULT.update_drift_warn),
+        ("gain_drift_median (norm gains ‖g_N−g_0‖/‖g_0‖)", DEFAULT.update_gain_drift_warn),
+        ("log_z_excess (drift − loss learned)", DEFAULT.log_z_excess),
+    ],
+)
+def test_a_fitted_threshold_flags_no_calibration_run_that_trained(
+    calibration: list[dict], number: str, threshold: float
+) -> None:
+    """Every calibration run above the threshold failed, and some failing run sits
+    between it and the next value: the threshold is the no-false-alarm cut's midpoint."""
+    vals = [(r["values"][number], r["unstable"]) for r in calibration]
+    vals = [(v, u) for v, u in vals if v is not None and math.isfinite(v)]
+    assert all(u for v, u in vals if v >= threshold)
+    healthy = max(v for v, u in vals if not u)
+    above = min(v for v, u in vals if v > healthy)
+    assert healthy < threshold < above
+    assert threshold == pytest.approx(math.sqrt(healthy * above), rel=0.03)
+
+
+def test_the_doc_quotes_the_tables_evaluate_prints(tmp_path: Path) -> None:
+    """`evaluate.py --out` on a copy of the doc leaves it unchanged: the doc's tables are
+    those of the shipped thresholds."""
+    copy = tmp_path / "doc.md"
+    copy.write_text(DOC.read_text(encoding="utf-8"), encoding="utf-8")
+    assert evaluate.main(["--out", str(copy)]) == 0
+    assert copy.read_text(encoding="utf-8") == DOC.read_text(encoding="utf-8"), (
+        "docs/calibration-dynamics.md is stale: run "
+        "python benchmarks/ground_truth/evaluate.py --out docs/calibration-dynamics.md"
+    )
