@@ -239,6 +239,10 @@ class StreamPoint:
     # strided sample of ≤ 4096 values per batch; median of the batches' medians).
     top_values: tuple[TopValue, ...] = ()
     median_abs: float | None = None
+    # The relative gradient token by token: RMS over tokens of RMS(x_t)·RMS(∂L/∂x_t).
+    # Equal to rms·grad_rms where tokens are alike; a token with x ≈ 0 behind a norm (a
+    # zero-initialised class token) gets a huge ∂L/∂x_t that this view weighs by its |x_t|.
+    token_grad_rel: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,161 @@
+"""Verdicts on what healthy families do on purpose (issue 22), each against a planted
+pathology the check must still find. Tiny models built in process (transformers' own
+init, no download)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from helpers import ctx, stream
+from torch import nn
+
+import actscan.measure.recorder as recmod
+from actscan import scan
+from actscan.diagnose import run_checks
+from actscan.measure.recorder import Recorder
+from actscan.records import CheckId, Finding, Severity, StreamPoint
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+
+def _of(findings: Any, check: CheckId) -> list[Finding]:
+    return [f for f in findings if f.check == str(check)]
+
+
+# -- exploding-grad: compare like with like, token by token -----------------------------
+
+
+def _with_tokens(points: tuple[StreamPoint, ...], rel: list[float]) -> tuple[StreamPoint, ...]:
+    from dataclasses import replace
+
+    return tuple(replace(p, token_grad_rel=r) for p, r in zip(points, rel, strict=True))
+
+
+def test_a_gradient_on_near_zero_tokens_is_info_and_a_real_explosion_is_not() -> None:
+    rms = [1.0] * 5
+    grads = [500.0, 40.0, 8.0, 2.0, 1.0]  # ×500 as whole tensors
+    flat = _with_tokens(stream(rms, grads), [1.1, 1.05, 1.0, 1.0, 1.0])
+    f = _of(run_checks(ctx(points=flat)), CheckId.EXPLODING_GRAD)[0]
+    assert f.severity is Severity.INFO and f.value == pytest.approx(1.1)
+    assert "token by token" in f.message and "500× stronger" in f.message
+    every = _with_tokens(stream(rms, grads), grads)  # every token's gradient explodes
+    f = _of(run_checks(ctx(points=every)), CheckId.EXPLODING_GRAD)[0]
+    assert f.severity is Severity.ERROR and f.value == pytest.approx(500)
+    part = _with_tokens(stream(rms, grads), [30.0, 8.0, 3.0, 1.5, 1.0])  # ×30 token by token
+    f = _of(run_checks(ctx(points=part)), CheckId.EXPLODING_GRAD)[0]
+    assert f.severity is Severity.WARN and f.value == pytest.approx(30)
+    assert "token by token ×30" in f.message
+    # no per-token view (an older report, a CNN's feature map): the whole tensors decide
+    f = _of(run_checks(ctx(points=stream(rms, grads))), CheckId.EXPLODING_GRAD)[0]
+    assert f.severity is Severity.ERROR
+
+
+def test_the_token_view_matches_an_independent_computation() -> None:
+    """Σ_t |x_t|²·|g_t|² of the recorder against fp64 copies of x and ∂L/∂x."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 16))
+    seen: dict[str, list[torch.Tensor]] = {"x": [], "g": []}
+
+    def keep(_m: nn.Module, _a: Any, out: torch.Tensor) -> None:
+        seen["x"].append(out.detach().double().clone())
+        out.register_hook(lambda g: seen["g"].append(g.double().clone()))
+
+    handle = model[0].register_forward_hook(keep)
+    targets = list(recmod.iter_named(model, None))
+    params = list(model.parameters())
+    try:
+        with Recorder(targets, tokens=["0"]) as rec:
+            for _ in range(2):
+                x = torch.randn(3, 5, 16)
+                x[:, 0] = 0.0  # a zero token, as a class token enters
+                loss = model(x).square().mean()
+                rec.add_param_grads(
+                    dict(zip(params, torch.autograd.grad(loss, params), strict=True))
+                )
+                rec.end_batch()
+            raw = rec.result(2)
+    finally:
+        handle.remove()
+    want = sum(
+        (x.square().sum(-1) * g.square().sum(-1)).sum().item()
+        for x, g in zip(seen["x"], seen["g"], strict=True)
+    )
+    r = raw["0"]
+    assert r.token_rows == 30 and r.token_grad_sumsq == pytest.approx(want, rel=1e-5)
+    assert raw["1"].token_grad_sumsq is None  # not a stream point: no token view
+
+
+def _deit(zero_tokens: bool = True) -> nn.Module:
+    cfg = transformers.DeiTConfig(
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+        image_size=32,
+        patch_size=8,
+    )
+    torch.manual_seed(0)
+    model = transformers.DeiTModel(cfg).eval()
+    if not zero_tokens:
+        with torch.no_grad():
+            for p in (model.embeddings.cls_token, model.embeddings.distillation_token):
+                p.normal_(0, 0.02)
+            model.embeddings.position_embeddings.normal_(0, 0.02)
+    return model
+
+
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    return next(m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == 4)
+
+
+class _Amplify(torch.autograd.Function):
+    """Identity forward, ×5 backward: a gradient amplified through depth on every token."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return 5 * g
+
+
+def test_deit_zero_class_token_is_not_an_exploding_gradient() -> None:
+    """DeiT initialises its class and distillation tokens (and position table) at 0: at the
+    first block's input they are exactly 0, and LayerNorm (eps 1e-12) hands them a
+    gradient ~1e4× the patches'. As whole tensors that reads ×1e4 (an error before);
+    token by token the gradient is flat through depth."""
+    report = scan(_deit(), batch=2, seq_len=16)
+    first, last = report.stream[0], report.stream[-1]
+    assert first.rms and first.grad_rms and last.rms and last.grad_rms
+    whole = (first.rms * first.grad_rms) / (last.rms * last.grad_rms)
+    assert whole > 100  # what the check judged before
+    assert first.token_grad_rel and last.token_grad_rel
+    assert first.token_grad_rel / last.token_grad_rel < 3
+    found = _of(report.findings, CheckId.EXPLODING_GRAD)
+    assert [f.severity for f in found] == [Severity.INFO]
+    assert "class or distillation" in found[0].message
+    # the same model with small nonzero tokens: nothing to say
+    calm = scan(_deit(zero_tokens=False), batch=2, seq_len=16)
+    assert not _of(calm.findings, CheckId.EXPLODING_GRAD)
+
+
+def test_deit_with_a_gradient_amplified_through_depth_is_still_found() -> None:
+    model = _deit()
+    handles = [
+        layer.register_forward_pre_hook(lambda _m, args: (_Amplify.apply(args[0]), *args[1:]))
+        for layer in list(_blocks(model))[1:]
+    ]
+    try:
+        report = scan(model, batch=2, seq_len=16)
+    finally:
+        for h in handles:
+            h.remove()
+    found = _of(report.findings, CheckId.EXPLODING_GRAD)
+    assert found and found[0].severity is Severity.ERROR, found
+    assert found[0].value is not None and found[0].value > 100
+    assert math.isfinite(found[0].value)
