@@ -159,3 +159,117 @@ def test_deit_with_a_gradient_amplified_through_depth_is_still_found() -> None:
     assert found and found[0].severity is Severity.ERROR, found
     assert found[0].value is not None and found[0].value > 100
     assert math.isfinite(found[0].value)
+
+
+# -- layout: a first block's extra norm, shape changes, convolutions on a transpose -----
+
+
+class _Stack(nn.Module):
+    """Embedding → 4 blocks → head, for scan()."""
+
+    def __init__(self, block: Any, d: int = 32, scale: float = 1.0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(64, d)
+        with torch.no_grad():
+            self.emb.weight.mul_(scale)
+        self.blocks = nn.ModuleList(block(i) for i in range(4))
+        self.head = nn.Linear(self.blocks[-1].width, 64)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(input_ids)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+class _EntryNorm(nn.Module):
+    """RWKV's first block: x ← LN(x) first, then a pre-norm residual from there."""
+
+    def __init__(self, i: int, d: int = 32, square: bool = False) -> None:
+        super().__init__()
+        self.first, self.square, self.width = i == 0, square, d
+        self.pre_ln, self.ln = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            x = self.pre_ln(x)
+        out = x + self.mlp(self.ln(x))
+        return out * out if self.square else out  # planted: the output is no such sum
+
+
+def _layout(report: Any) -> list[Any]:
+    return list(report.layout)
+
+
+def _scan(model: nn.Module) -> Any:
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    return scan(model, inputs=ids)
+
+
+def test_a_first_block_that_normalises_its_input_is_proven() -> None:
+    report = _scan(_Stack(_EntryNorm, scale=1e-4))
+    proofs = _layout(report)
+    assert [p.status for p in proofs] == ["verified"] * 4
+    assert proofs[0].norms == ("blocks.0.pre_ln",) and proofs[1].norms == ()
+    # the ×1e4 jump of a tiny embedding through that norm: info, not "branches too large"
+    jumps = [f for f in _of(report.findings, CheckId.EXP_GROWTH) if "jumps" in f.message]
+    assert [f.severity for f in jumps] == [Severity.INFO], jumps
+    assert "blocks.0.pre_ln" in jumps[0].message
+
+
+def test_a_block_whose_output_is_no_sum_stays_unverified() -> None:
+    def squared(i: int) -> nn.Module:
+        return _EntryNorm(i, square=True)
+
+    proofs = _layout(_scan(_Stack(squared)))
+    assert all(p.status == "unverified" for p in proofs), proofs
+
+
+class _Stage(nn.Module):
+    """A downsampling stage (width d → d/2): no residual add across its boundary."""
+
+    def __init__(self, i: int, d: int = 32) -> None:
+        super().__init__()
+        self.width = d // 2 ** (i + 1)
+        self.down = nn.Linear(d // 2**i, self.width)
+        self.norm = nn.LayerNorm(self.width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.down(x)
+        return y + self.norm(y)
+
+
+def test_a_block_that_changes_the_stream_shape_is_plain() -> None:
+    proofs = _layout(_scan(_Stack(_Stage)))
+    assert [(p.status, p.placement) for p in proofs] == [("verified", "plain")] * 4
+    assert "changes the stream's shape (2×16×32 → 2×16×16)" in proofs[0].note
+
+
+class _PosConv(nn.Module):
+    """data2vec-audio's positional conv layer: conv over a transpose, norm, activation."""
+
+    def __init__(self, i: int, d: int = 32, residual: bool = False) -> None:
+        super().__init__()
+        self.width, self.residual = d, residual
+        self.conv = nn.Conv1d(d, d, 3, padding=1)
+        self.norm = nn.LayerNorm(d)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x.transpose(1, 2)).transpose(1, 2)
+        h = self.act(self.norm(h))
+        return x + h if self.residual else h
+
+
+def test_a_conv_layer_on_a_transpose_is_a_plain_chain_and_with_an_add_is_residual() -> None:
+    proofs = _layout(_scan(_Stack(_PosConv)))
+    assert [(p.status, p.placement) for p in proofs] == [("verified", "plain")] * 4
+    assert "blocks.0.act ← blocks.0.norm ← blocks.0.conv" in proofs[0].note
+
+    def residual(i: int) -> nn.Module:
+        return _PosConv(i, residual=True)
+
+    proofs = _layout(_scan(_Stack(residual)))
+    assert [(p.status, p.placement) for p in proofs] == [("verified", "additive")] * 4

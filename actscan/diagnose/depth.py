@@ -340,6 +340,18 @@ def _jump(ctx: CheckContext, pts: Sequence[StreamPoint]) -> Finding | None:
     jump = known(first.rms) / known(start.rms)
     if jump < th.growth_jump:
         return None
+    renorm = _renormalised(ctx, first)
+    if renorm:
+        message = (
+            f"The {_stream(ctx)}'s RMS jumps ×{n(jump)} inside {_b(ctx, first)}: "
+            f"{n(start.rms)} at {_place(ctx, start)} → {n(first.rms)} at its output; the "
+            f"stream passes {renorm} inside the block (its layout proof), which sets the "
+            f"output's scale whatever the input's: a small embedding, not branches that "
+            f"write far more than the stream."
+        )
+        return finding(
+            CheckId.EXP_GROWTH, Severity.INFO, (first.name,), jump, th.growth_jump, message
+        )
     severity, threshold = grade(jump, th.growth_jump, th.growth_jump_error)
     message = (
         f"The {_stream(ctx)}'s RMS jumps ×{n(jump)} inside {_b(ctx, first)}: "
@@ -354,6 +366,16 @@ def _jump(ctx: CheckContext, pts: Sequence[StreamPoint]) -> Finding | None:
         "embedding is deliberately tiny, scale it up (Gemma multiplies it by √d)."
     )
     return finding(CheckId.EXP_GROWTH, severity, (first.name,), jump, threshold, message, hint)
+
+
+def _renormalised(ctx: CheckContext, p: StreamPoint) -> str:
+    """The norms the stream itself passes through inside p's block (a post-norm block,
+    a first block's extra input norm), as its proof found them; '' when none."""
+    block = next((b for b in ctx.layout.blocks if b.index == p.block), None)
+    proof = block.proof if block is not None else None
+    if proof is None or proof.status != "verified" or not proof.norms:
+        return ""
+    return ", ".join(proof.norms[:2])
 
 
 @per_stream
