@@ -273,3 +273,42 @@ def test_a_conv_layer_on_a_transpose_is_a_plain_chain_and_with_an_add_is_residua
 
     proofs = _layout(_scan(_Stack(residual)))
     assert [(p.status, p.placement) for p in proofs] == [("verified", "additive")] * 4
+
+
+# -- sqrt-growth: post-branch norms whose writes' variances add up -------------------------
+
+
+class _Sandwich(nn.Module):
+    """OLMo 2's block: x + norm(branch(x)), the write a norm's output (gain 1)."""
+
+    def __init__(self, i: int, d: int = 32, aligned: bool = False) -> None:
+        super().__init__()
+        self.width = d
+        self.mlp = nn.Linear(d, d)
+        self.post_norm = nn.LayerNorm(d)
+        if aligned:  # planted: every block writes the same direction: they add linearly
+            with torch.no_grad():
+                self.mlp.weight.zero_()
+                self.mlp.bias.copy_(torch.linspace(-1, 1, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.post_norm(self.mlp(x))
+
+
+def _deep(block: Any, n: int = 25) -> nn.Module:
+    model = _Stack(block, scale=0.02)
+    model.blocks = nn.ModuleList(block(i) for i in range(n))
+    return model
+
+
+def test_post_branch_norm_writes_adding_up_are_info_and_aligned_writes_warn() -> None:
+    found = _of(_scan(_deep(_Sandwich)).findings, CheckId.SQRT_GROWTH)
+    assert found and found[0].severity is Severity.INFO, found
+    assert "writes' variances adding up" in found[0].message
+
+    def aligned(i: int) -> nn.Module:
+        return _Sandwich(i, aligned=True)
+
+    found = _of(_scan(_deep(aligned)).findings, CheckId.SQRT_GROWTH)
+    assert found and found[0].severity in (Severity.WARN, Severity.ERROR), found
+    assert "writes' variances adding up" not in found[0].message

@@ -132,6 +132,36 @@ def _is_exponential(ctx: CheckContext, pts: Sequence[StreamPoint]) -> bool:
     return total is not None and total >= th.exp_gain_warn and sustained(pts, th.exp_sustain)
 
 
+def _writes_add_up(ctx: CheckContext, pts: Sequence[StreamPoint]) -> float | None:
+    """Var(x_last) / (Var(x_0) + Σ Var(write)) when every write into the stream is a
+    norm's output (OLMo 2's post-branch norms) and that ratio is ≤ 2: the growth is the
+    writes' variances adding up (uncorrelated), each bounded by its norm's gain. None
+    otherwise (writes that align add linearly and stay a warning)."""
+    if not post_branch_norms(ctx):
+        return None
+    blocks = [b for b in ctx.layout.blocks if b.branches]
+    if not blocks or any(br.write is None for b in blocks for br in b.branches):
+        return None
+    if any(ctx.layout.role(br.write or "") != "norm" for b in blocks for br in b.branches):
+        return None
+    start = next((p for p in ctx.stream if p.block is None and positive(p.rms)), None)
+    last = pts[-1]
+    rms = {r.name: r.rms for r in ctx.layers}
+    total = known(start.rms) ** 2 if start is not None else 0.0
+    for b in blocks:
+        if last.block is not None and b.index > last.block:
+            break
+        for br in b.branches:
+            w = rms.get(br.write or "")
+            if not finite(w):
+                return None
+            total += known(w) ** 2
+    if total <= 0:
+        return None
+    ratio = known(last.rms) ** 2 / total
+    return ratio if ratio <= 2.0 else None
+
+
 def _first_crossing(pts: Sequence[StreamPoint], ref: float, factor: float) -> StreamPoint | None:
     """First block whose RMS is ≥ factor·ref (factor > 1) or ≤ factor·ref (factor < 1)."""
     for p in pts:
@@ -194,7 +224,17 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
         else ""
     )
     per_root = drift / math.sqrt(L)
-    if severity is Severity.INFO:
+    added = _writes_add_up(ctx, pts)
+    if added is not None:
+        severity, threshold = Severity.INFO, warn_at
+        verdict = (
+            f"×{n(per_root)}·√L over L = {L} blocks, from a small start; every write into "
+            f"this stream is a norm's output (post-branch norms) and its variance at "
+            f"{_b(ctx, last)} is {n(added)}× the embedding's plus all the writes' so far: "
+            f"the writes' variances adding up, each bounded by its norm's gain, not growth "
+            f"beyond them"
+        )
+    elif severity is Severity.INFO:
         verdict = (
             f"×{n(per_root)}·√L over L = {L} blocks, under the ×{n(th.growth_excess)}·√L that "
             f"warns: transformers' own Llama/Mistral/Qwen2 inits drift up to "
@@ -219,7 +259,13 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
     else:
         hint = hint[0].upper() + hint[1:]
     budget = residual_budget(ctx)
-    if budget is not None and budget[2] < th.residual_budget:
+    if added is not None:
+        hint = (
+            "Nothing to fix: post-branch norms bound each write by their gain; the stream "
+            "reaches √(writes) of it whatever the projections. A larger embedding would "
+            "start the stream nearer that scale."
+        )
+    elif budget is not None and budget[2] < th.residual_budget:
         # At init with measurably down-scaled projections, √k growth is the embedding being
         # small next to the branches (a global branch scale cancels behind the norms).
         s, adds = budget[0], budget[1]
