@@ -312,3 +312,25 @@ def test_post_branch_norm_writes_adding_up_are_info_and_aligned_writes_warn() ->
     found = _of(_scan(_deep(aligned)).findings, CheckId.SQRT_GROWTH)
     assert found and found[0].severity in (Severity.WARN, Severity.ERROR), found
     assert "writes' variances adding up" not in found[0].message
+
+
+class _SharedAct(nn.Module):
+    """OpenAI GPT's blocks share one activation module instance: named_modules() lists it
+    once (under block 0), every block runs it."""
+
+    act = nn.GELU()
+
+    def __init__(self, i: int, d: int = 32) -> None:
+        super().__init__()
+        self.width = d
+        self.ln = nn.LayerNorm(d)
+        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.shared = _SharedAct.act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.shared(self.up(self.ln(x))))
+
+
+def test_blocks_sharing_one_module_instance_are_proven() -> None:
+    proofs = _layout(_scan(_Stack(_SharedAct)))
+    assert [(p.status, p.placement) for p in proofs] == [("verified", "additive")] * 4, proofs

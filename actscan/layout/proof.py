@@ -148,7 +148,7 @@ class BlockWatch:
     def __init__(
         self, model: nn.Module, blocks: Sequence[BlockInfo], rows: int | None = PROOF_ROWS
     ) -> None:
-        self.modules = dict(model.named_modules())
+        self.modules = dict(model.named_modules(remove_duplicate=False))
         self.blocks = blocks
         self.rows = rows  # rows kept per vector (None: all of them)
         self.traces: dict[int, _Trace] = {}
@@ -691,7 +691,7 @@ def read_blocks(
     if watch.failed is not None:
         raise watch.failed
     blocks = watch.blocks
-    modules = dict(model.named_modules())
+    modules = dict(model.named_modules(remove_duplicate=False))
     traces = [watch.traces.get(b.index) for b in blocks]
     grams = [t.gram for t in traces if t is not None and t.gram is not None]
     # one device → host transfer for every block's Gram matrix
