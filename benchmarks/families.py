@@ -86,6 +86,11 @@ ARGUED: dict[str, dict[str, str]] = {
     "got_ocr2": {"dead-branch": _SAM_INIT + " (GOT-OCR2's SAM vision tower)"},
     "pp_chart2table": {"dead-branch": _SAM_INIT + " (GOT-OCR2's SAM vision tower)"},
     "blip": {"dead-branch": "BlipVisionConfig defaults initializer_range to 1e-10, as SAM's"},
+    "lfm3_vl": {
+        "dead-branch": "at width 64 the vision tower's gated short convolution multiplies "
+        "three 0.02-std projections (gain 0.02·√64 = 0.16 each) and a 3×3 depthwise conv: "
+        "its write is ~3e-5 of the stream, true at this width (~1e-2 at width 1024)"
+    },
     "mra": {
         "dead-branch": "without its CUDA kernel transformers' mra2_attention returns zeros: "
         "MRA's attention branch truly writes nothing on CPU"
