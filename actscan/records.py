@@ -402,6 +402,9 @@ class BlockProof:
     stream_scale: float | None = None  # fitted coefficient of the stream (DeepNorm α)
     stream: str = "main"
     note: str = ""
+    # plain because the block's output has another shape than its input (a downsampling
+    # stage): the stream's depth checks judge within the blocks between such changes
+    reshaped: bool = False
 
 
 @dataclass(frozen=True)

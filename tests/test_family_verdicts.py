@@ -167,13 +167,13 @@ def test_deit_with_a_gradient_amplified_through_depth_is_still_found() -> None:
 class _Stack(nn.Module):
     """Embedding → 4 blocks → head, for scan()."""
 
-    def __init__(self, block: Any, d: int = 32, scale: float = 1.0) -> None:
+    def __init__(self, block: Any, d: int = 32, scale: float = 1.0, n: int = 4) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.emb = nn.Embedding(64, d)
         with torch.no_grad():
             self.emb.weight.mul_(scale)
-        self.blocks = nn.ModuleList(block(i) for i in range(4))
+        self.blocks = nn.ModuleList(block(i) for i in range(n))
         self.head = nn.Linear(self.blocks[-1].width, 64)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -296,9 +296,7 @@ class _Sandwich(nn.Module):
 
 
 def _deep(block: Any, n: int = 25) -> nn.Module:
-    model = _Stack(block, scale=0.02)
-    model.blocks = nn.ModuleList(block(i) for i in range(n))
-    return model
+    return _Stack(block, scale=0.02, n=n)
 
 
 def test_post_branch_norm_writes_adding_up_are_info_and_aligned_writes_warn() -> None:
@@ -334,3 +332,53 @@ class _SharedAct(nn.Module):
 def test_blocks_sharing_one_module_instance_are_proven() -> None:
     proofs = _layout(_scan(_Stack(_SharedAct)))
     assert [(p.status, p.placement) for p in proofs] == [("verified", "additive")] * 4, proofs
+
+
+# -- depth checks within a stage: never across a change of the stream's shape ----------
+
+
+class _Staged(nn.Module):
+    """Block i downsamples (width ÷2, RMS ×10: a stage change) where i is in `downs`,
+    else adds gain·W x to the stream (gain 3: planted geometric growth)."""
+
+    def __init__(self, i: int, downs: tuple[int, ...], widths: list[int], gain: float) -> None:
+        super().__init__()
+        d_in, d_out = widths[i], widths[i + 1]
+        self.down = i in downs
+        self.width = d_out
+        self.proj = nn.Linear(d_in, d_out, bias=False)
+        self.gain = gain
+        with torch.no_grad():
+            self.proj.weight.normal_(0, (10.0 if self.down else 1.0) / d_in**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) if self.down else x + self.gain * self.proj(x)
+
+
+def _staged(downs: tuple[int, ...], n: int, gain: float) -> nn.Module:
+    widths = [64]
+    for i in range(n):
+        widths.append(widths[-1] // 2 if i in downs else widths[-1])
+    return _Stack(lambda i: _Staged(i, downs, widths, gain), d=64, n=n)
+
+
+DEPTH = (CheckId.SQRT_GROWTH, CheckId.EXP_GROWTH, CheckId.COLLAPSE, CheckId.EXPLODING_GRAD)
+
+
+def test_growth_across_stage_changes_is_not_judged() -> None:
+    """Every other block is a stage change that multiplies the RMS by ×10: ×1e3 'growth'
+    over 8 blocks, none of it through a residual stream of one shape."""
+    report = _scan(_staged(downs=(0, 2, 4, 6), n=8, gain=0.05))
+    proofs = _layout(report)
+    assert [p.reshaped for p in proofs] == [True, False] * 4
+    loud = [f for c in DEPTH for f in _of(report.findings, c) if f.severity is not Severity.INFO]
+    assert not loud, loud
+    assert report.stream[-1].rms / report.stream[0].rms > 100  # what was judged before
+
+
+def test_geometric_growth_inside_a_stage_is_still_found() -> None:
+    report = _scan(_staged(downs=(0,), n=7, gain=3.0))
+    found = _of(report.findings, CheckId.EXP_GROWTH)
+    assert found and found[0].severity is Severity.ERROR, found
+    # judged from the stage's start (block 0's output), not from the embedding
+    assert "blocks.0" not in found[0].layers

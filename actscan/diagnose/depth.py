@@ -77,7 +77,7 @@ def per_stream(check: Check) -> Check:
     @functools.wraps(check)
     def run(ctx: CheckContext) -> list[Finding | Skip]:
         if len(ctx.streams) < 2:
-            return check(ctx)
+            return check(_stage(ctx))
         out: list[Finding | Skip] = []
         skips: dict[str, list[str]] = {}
         for s in ctx.streams:
@@ -88,7 +88,7 @@ def per_stream(check: Check) -> Check:
                 fit=growth_fit(s.points),
                 layout=replace(ctx.layout, blocks=blocks),
             )
-            for item in check(sub):
+            for item in check(_stage(sub)):
                 if isinstance(item, Skip):
                     skips.setdefault(item.check, []).append(f"{s.name} stream: {item.reason}")
                 else:
@@ -97,6 +97,39 @@ def per_stream(check: Check) -> Check:
         return out
 
     return run
+
+
+def _stage(ctx: CheckContext) -> CheckContext:
+    """The stream within one stage: where blocks change the stream's shape (a downsampling
+    stage, a strided convolution, an FPN level: `BlockProof.reshaped`), growth and
+    gradients are not comparable across the change. The longest run of blocks after such
+    a change (the changing block's output is its start), the last of equal runs; the run
+    before the first change keeps the stream's input. Unchanged without reshaping blocks."""
+    blocks = ctx.layout.blocks
+    if not any(b.proof is not None and b.proof.reshaped for b in blocks):
+        return ctx
+    runs: list[list[int]] = [[]]
+    for b in blocks:
+        if b.proof is not None and b.proof.reshaped:
+            runs.append([b.index])
+        else:
+            runs[-1].append(b.index)
+    # a run counts the blocks inside it (its start is a reshaping block's output)
+    size = [len(r) if i == 0 else len(r) - 1 for i, r in enumerate(runs)]
+    best = max(range(len(runs)), key=lambda i: (size[i], i))
+    keep = set(runs[best])
+    start = runs[best][0] if best > 0 else None
+    pts = [p for p in ctx.stream if (p.block is None and best == 0) or p.block in keep]
+    if start is not None and pts:  # the reshaping block's output is the stage's k = 0
+        k0 = pts[0].k
+        pts = [replace(p, k=p.k - k0, block=None if p.block == start else p.block) for p in pts]
+    inside = tuple(b for b in blocks if b.index in keep and b.index != start)
+    return replace(
+        ctx,
+        stream=tuple(pts),
+        fit=growth_fit(pts),
+        layout=replace(ctx.layout, blocks=inside),
+    )
 
 
 def total_gain(ctx: CheckContext, pts: Sequence[StreamPoint]) -> float | None:

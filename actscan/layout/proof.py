@@ -659,6 +659,7 @@ def _reshaped(b: BlockInfo, tr: _Trace, stream: str) -> BlockInfo:
         stream=stream,
         note=f"not a residual block: it changes the stream's shape "
         f"({_shape(tr.shape)} → {_shape(tr.out_shape or ())})",
+        reshaped=True,
     )
     return replace(b, attn=None, mlp=None, adds=1, branches=(), proof=proof)
 
