@@ -303,6 +303,9 @@ class ParamRecord:
     # (1 + w) norms have gain 1 at w = 0); None: read from the weight.
     gain: float | None = None
     gain_std: float | None = None
+    # At init (usage measured): the weight's linear/conv output goes straight into a norm
+    # (conv → BatchNorm): the norm divides its scale out, whatever the weight's std.
+    normed: bool = False
 
 
 @dataclass(frozen=True)

@@ -382,3 +382,36 @@ def test_geometric_growth_inside_a_stage_is_still_found() -> None:
     assert found and found[0].severity is Severity.ERROR, found
     # judged from the stage's start (block 0's output), not from the embedding
     assert "blocks.0" not in found[0].layers
+
+
+# -- init-scale: a weight whose output goes straight into a norm ------------------------
+
+
+class _IntoNorm(nn.Module):
+    """conv → BatchNorm's shape in a token model: x + LN(W x), W at std 1 (8× √(1/64))."""
+
+    def __init__(self, i: int, d: int = 64, normed: bool = True) -> None:
+        super().__init__()
+        self.width, self.normed = d, normed
+        self.proj = nn.Linear(d, d, bias=False)
+        self.norm = nn.LayerNorm(d)
+        with torch.no_grad():
+            self.proj.weight.normal_(0, 1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        return x + (self.norm(h) if self.normed else 0.1 * torch.tanh(h))
+
+
+def test_a_large_weight_straight_into_a_norm_is_info_and_elsewhere_an_error() -> None:
+    found = _of(_scan(_Stack(_IntoNorm, d=64)).findings, CheckId.INIT_SCALE)
+    mine = [f for f in found if "blocks.0.proj" in f.layers]
+    assert [f.severity for f in mine] == [Severity.INFO], found
+    assert "straight into a norm" in mine[0].message
+
+    def bare(i: int) -> nn.Module:
+        return _IntoNorm(i, normed=False)
+
+    found = _of(_scan(_Stack(bare, d=64)).findings, CheckId.INIT_SCALE)
+    mine = [f for f in found if "blocks.0.proj" in f.layers]
+    assert [f.severity for f in mine] == [Severity.ERROR], found
