@@ -415,3 +415,30 @@ def test_a_large_weight_straight_into_a_norm_is_info_and_elsewhere_an_error() ->
     found = _of(_scan(_Stack(bare, d=64)).findings, CheckId.INIT_SCALE)
     mine = [f for f in found if "blocks.0.proj" in f.layers]
     assert [f.severity for f in mine] == [Severity.ERROR], found
+
+
+class _PaddedConv(nn.Module):
+    """MobileNetV1's conv layer: a TF-style pad (functional), conv, norm, activation."""
+
+    def __init__(self, i: int, d: int = 32, add: bool = False) -> None:
+        super().__init__()
+        self.width, self.add = d, add
+        self.conv = nn.Conv1d(d, d, 3)
+        self.norm = nn.LayerNorm(d)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.pad(x.transpose(1, 2), (1, 1))
+        h = self.norm(self.conv(h).transpose(1, 2))
+        return self.act(h + x) if self.add else self.act(h)  # planted: an add inside
+
+
+def test_a_conv_layer_after_a_functional_pad_is_plain_and_an_add_is_not() -> None:
+    proofs = _layout(_scan(_Stack(_PaddedConv)))
+    assert [(p.status, p.placement) for p in proofs] == [("verified", "plain")] * 4, proofs
+
+    def added(i: int) -> nn.Module:
+        return _PaddedConv(i, add=True)
+
+    proofs = _layout(_scan(_Stack(added)))
+    assert all(p.status == "unverified" for p in proofs), proofs

@@ -476,7 +476,8 @@ class _Block:
         """The modules x_out was computed by, last first, when the block is a plain chain
         of modules from x_in (an MLP layer, Conv→BN→ReLU): every tensor on the way is a
         module's output, so no functional op (a residual add) lies between x_in and x_out.
-        Empty when the chain meets a tensor no module produced, or never reaches x_in."""
+        Empty when the chain meets a tensor no module produced (other than the input of
+        the block's first module, computed from x_in alone), or never reaches x_in."""
         by_out: dict[Key, list[_Node]] = {}
         by_view: dict[Key, list[_Node]] = {}
         for node in self.tr.nodes:
@@ -484,6 +485,9 @@ class _Block:
                 by_out.setdefault(node.out_key, []).append(node)
                 by_view.setdefault(_storage(node.out_key), []).append(node)
         start = self.tr.x_in
+        # before the block's first module runs, only the block input exists: what
+        # functional ops compute from it there (a TF-style pad) holds no branch to add
+        opening = min(self.tr.nodes, key=lambda nd: nd.order).in_key if self.tr.nodes else None
         key: Key | None = self.tr.x_out
         chain: list[str] = []
         seen: set[Key] = set()
@@ -491,6 +495,8 @@ class _Block:
             seen.add(key)
             # a view of a module's output (transpose, reshape) is the same values: no add
             producers = by_out.get(key) or by_view.get(_storage(key))
+            if not producers and chain and key == opening:
+                return chain
             if not producers:
                 return []
             first = min(producers, key=lambda nd: nd.order)  # the outermost module
