@@ -91,6 +91,11 @@ ARGUED: dict[str, dict[str, str]] = {
         "three 0.02-std projections (gain 0.02·√64 = 0.16 each) and a 3×3 depthwise conv: "
         "its write is ~3e-5 of the stream, true at this width (~1e-2 at width 1024)"
     },
+    "modernvbert": {
+        "dead-branch": "ModernBERT's init at width 64: a GLU of two 0.02-std projections "
+        "(gain 0.16 each) into an output projection at 0.02/√(2L): the text MLPs write "
+        "~7e-4 of the stream, true at this width (~4e-2 at width 768)"
+    },
     "mra": {
         "dead-branch": "without its CUDA kernel transformers' mra2_attention returns zeros: "
         "MRA's attention branch truly writes nothing on CPU"

@@ -442,3 +442,27 @@ def test_a_conv_layer_after_a_functional_pad_is_plain_and_an_add_is_not() -> Non
 
     proofs = _layout(_scan(_Stack(added)))
     assert all(p.status == "unverified" for p in proofs), proofs
+
+
+# -- the loss of a vision-language masked LM reaches its text --------------------------
+
+
+def test_projection_loss_covers_the_logits_beside_nested_towers() -> None:
+    """ModernVBERT's masked-LM output nests the image tower's outputs and has `logits`
+    for the text: a loss on the nested towers alone left every text block without a
+    gradient (dead-branch error: 'no parameter gradient at all')."""
+    from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+
+    from actscan.measure.inputs import projection_loss
+
+    image = torch.randn(2, 5, 8, requires_grad=True)
+    logits = torch.randn(2, 7, 32, requires_grad=True)
+    out = MaskedLMOutput(logits=logits)
+    out["image_outputs"] = BaseModelOutput(last_hidden_state=image)
+    projection_loss(out).backward()
+    assert image.grad is not None and logits.grad is not None
+    assert bool((logits.grad.abs().sum(-1) > 0).all())
+    # a plain encoder output is unchanged: its own last hidden state only
+    hidden = torch.randn(2, 7, 8, requires_grad=True)
+    projection_loss(BaseModelOutput(last_hidden_state=hidden)).backward()
+    assert hidden.grad is not None
