@@ -239,6 +239,10 @@ class StreamPoint:
     # strided sample of ≤ 4096 values per batch; median of the batches' medians).
     top_values: tuple[TopValue, ...] = ()
     median_abs: float | None = None
+    # The relative gradient token by token: RMS over tokens of RMS(x_t)·RMS(∂L/∂x_t).
+    # Equal to rms·grad_rms where tokens are alike; a token with x ≈ 0 behind a norm (a
+    # zero-initialised class token) gets a huge ∂L/∂x_t that this view weighs by its |x_t|.
+    token_grad_rel: float | None = None
 
 
 @dataclass(frozen=True)
@@ -299,6 +303,9 @@ class ParamRecord:
     # (1 + w) norms have gain 1 at w = 0); None: read from the weight.
     gain: float | None = None
     gain_std: float | None = None
+    # At init (usage measured): the weight's linear/conv output goes straight into a norm
+    # (conv → BatchNorm): the norm divides its scale out, whatever the weight's std.
+    normed: bool = False
 
 
 @dataclass(frozen=True)
@@ -398,6 +405,9 @@ class BlockProof:
     stream_scale: float | None = None  # fitted coefficient of the stream (DeepNorm α)
     stream: str = "main"
     note: str = ""
+    # plain because the block's output has another shape than its input (a downsampling
+    # stage): the stream's depth checks judge within the blocks between such changes
+    reshaped: bool = False
 
 
 @dataclass(frozen=True)

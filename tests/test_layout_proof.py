@@ -572,7 +572,9 @@ def test_the_probe_runs_in_eval_mode_and_restores_train_mode() -> None:
     assert all(m.training for m in model.modules())
 
 
-def test_blocks_that_change_the_stream_shape_are_skipped_silently() -> None:
+def test_blocks_that_change_the_stream_shape_are_plain_and_silent() -> None:
+    """x_in + anything of x_in's shape cannot be x_out: no residual add across the
+    block's boundary (verified plain, with no branches to judge; issue 22)."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Sequential(nn.Linear(8, 16), nn.ReLU()),
@@ -580,8 +582,9 @@ def test_blocks_that_change_the_stream_shape_are_skipped_silently() -> None:
     )
     x = torch.randn(2, 8)
     result = prove_layout(model, detect_layout(model), lambda: model(x[:1]))
-    assert [p.status for p in result.proofs] == ["skipped", "skipped"]
-    assert "shape" in result.proofs[0].note and not result.notes
+    assert [(p.status, p.placement) for p in result.proofs] == [("verified", "plain")] * 2
+    assert "shape (1×8 → 1×16)" in result.proofs[0].note and not result.notes
+    assert not result.layout.blocks[0].branches
 
 
 def _hook_count(model: nn.Module) -> int:

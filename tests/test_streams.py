@@ -154,5 +154,6 @@ def test_single_stream_reports_are_unchanged() -> None:
         "max_abs",
         "top_values",
         "median_abs",
+        "token_grad_rel",
     }
     assert {p["stream"] for p in data["layout"]} == {"main"}

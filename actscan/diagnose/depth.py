@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 REAL_INIT_DRIFT = 2.22
 REAL_INIT_JUMP = 15.7
 POST_LN_JUMP = 35.7
+# exploding-grad judges the ratio token by token (RMS over tokens of RMS(x_t)·RMS(g_t))
+# where it is below the whole tensors' ratio by more than this factor: the gradient then
+# sits on a few tokens (a zero class token behind a norm); alike tokens agree within 1 %.
+CONCENTRATED = 2.0
 
 
 def _place(ctx: CheckContext, p: StreamPoint) -> str:
@@ -73,7 +77,7 @@ def per_stream(check: Check) -> Check:
     @functools.wraps(check)
     def run(ctx: CheckContext) -> list[Finding | Skip]:
         if len(ctx.streams) < 2:
-            return check(ctx)
+            return check(_stage(ctx))
         out: list[Finding | Skip] = []
         skips: dict[str, list[str]] = {}
         for s in ctx.streams:
@@ -84,7 +88,7 @@ def per_stream(check: Check) -> Check:
                 fit=growth_fit(s.points),
                 layout=replace(ctx.layout, blocks=blocks),
             )
-            for item in check(sub):
+            for item in check(_stage(sub)):
                 if isinstance(item, Skip):
                     skips.setdefault(item.check, []).append(f"{s.name} stream: {item.reason}")
                 else:
@@ -93,6 +97,39 @@ def per_stream(check: Check) -> Check:
         return out
 
     return run
+
+
+def _stage(ctx: CheckContext) -> CheckContext:
+    """The stream within one stage: where blocks change the stream's shape (a downsampling
+    stage, a strided convolution, an FPN level: `BlockProof.reshaped`), growth and
+    gradients are not comparable across the change. The longest run of blocks after such
+    a change (the changing block's output is its start), the last of equal runs; the run
+    before the first change keeps the stream's input. Unchanged without reshaping blocks."""
+    blocks = ctx.layout.blocks
+    if not any(b.proof is not None and b.proof.reshaped for b in blocks):
+        return ctx
+    runs: list[list[int]] = [[]]
+    for b in blocks:
+        if b.proof is not None and b.proof.reshaped:
+            runs.append([b.index])
+        else:
+            runs[-1].append(b.index)
+    # a run counts the blocks inside it (its start is a reshaping block's output)
+    size = [len(r) if i == 0 else len(r) - 1 for i, r in enumerate(runs)]
+    best = max(range(len(runs)), key=lambda i: (size[i], i))
+    keep = set(runs[best])
+    start = runs[best][0] if best > 0 else None
+    pts = [p for p in ctx.stream if (p.block is None and best == 0) or p.block in keep]
+    if start is not None and pts:  # the reshaping block's output is the stage's k = 0
+        k0 = pts[0].k
+        pts = [replace(p, k=p.k - k0, block=None if p.block == start else p.block) for p in pts]
+    inside = tuple(b for b in blocks if b.index in keep and b.index != start)
+    return replace(
+        ctx,
+        stream=tuple(pts),
+        fit=growth_fit(pts),
+        layout=replace(ctx.layout, blocks=inside),
+    )
 
 
 def total_gain(ctx: CheckContext, pts: Sequence[StreamPoint]) -> float | None:
@@ -126,6 +163,36 @@ def _is_exponential(ctx: CheckContext, pts: Sequence[StreamPoint]) -> bool:
     total = total_gain(ctx, pts)
     th = ctx.thresholds
     return total is not None and total >= th.exp_gain_warn and sustained(pts, th.exp_sustain)
+
+
+def _writes_add_up(ctx: CheckContext, pts: Sequence[StreamPoint]) -> float | None:
+    """Var(x_last) / (Var(x_0) + Σ Var(write)) when every write into the stream is a
+    norm's output (OLMo 2's post-branch norms) and that ratio is ≤ 2: the growth is the
+    writes' variances adding up (uncorrelated), each bounded by its norm's gain. None
+    otherwise (writes that align add linearly and stay a warning)."""
+    if not post_branch_norms(ctx):
+        return None
+    blocks = [b for b in ctx.layout.blocks if b.branches]
+    if not blocks or any(br.write is None for b in blocks for br in b.branches):
+        return None
+    if any(ctx.layout.role(br.write or "") != "norm" for b in blocks for br in b.branches):
+        return None
+    start = next((p for p in ctx.stream if p.block is None and positive(p.rms)), None)
+    last = pts[-1]
+    rms = {r.name: r.rms for r in ctx.layers}
+    total = known(start.rms) ** 2 if start is not None else 0.0
+    for b in blocks:
+        if last.block is not None and b.index > last.block:
+            break
+        for br in b.branches:
+            w = rms.get(br.write or "")
+            if not finite(w):
+                return None
+            total += known(w) ** 2
+    if total <= 0:
+        return None
+    ratio = known(last.rms) ** 2 / total
+    return ratio if ratio <= 2.0 else None
 
 
 def _first_crossing(pts: Sequence[StreamPoint], ref: float, factor: float) -> StreamPoint | None:
@@ -190,7 +257,17 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
         else ""
     )
     per_root = drift / math.sqrt(L)
-    if severity is Severity.INFO:
+    added = _writes_add_up(ctx, pts)
+    if added is not None:
+        severity, threshold = Severity.INFO, warn_at
+        verdict = (
+            f"×{n(per_root)}·√L over L = {L} blocks, from a small start; every write into "
+            f"this stream is a norm's output (post-branch norms) and its variance at "
+            f"{_b(ctx, last)} is {n(added)}× the embedding's plus all the writes' so far: "
+            f"the writes' variances adding up, each bounded by its norm's gain, not growth "
+            f"beyond them"
+        )
+    elif severity is Severity.INFO:
         verdict = (
             f"×{n(per_root)}·√L over L = {L} blocks, under the ×{n(th.growth_excess)}·√L that "
             f"warns: transformers' own Llama/Mistral/Qwen2 inits drift up to "
@@ -215,7 +292,13 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
     else:
         hint = hint[0].upper() + hint[1:]
     budget = residual_budget(ctx)
-    if budget is not None and budget[2] < th.residual_budget:
+    if added is not None:
+        hint = (
+            "Nothing to fix: post-branch norms bound each write by their gain; the stream "
+            "reaches √(writes) of it whatever the projections. A larger embedding would "
+            "start the stream nearer that scale."
+        )
+    elif budget is not None and budget[2] < th.residual_budget:
         # At init with measurably down-scaled projections, √k growth is the embedding being
         # small next to the branches (a global branch scale cancels behind the norms).
         s, adds = budget[0], budget[1]
@@ -336,6 +419,18 @@ def _jump(ctx: CheckContext, pts: Sequence[StreamPoint]) -> Finding | None:
     jump = known(first.rms) / known(start.rms)
     if jump < th.growth_jump:
         return None
+    renorm = _renormalised(ctx, first)
+    if renorm:
+        message = (
+            f"The {_stream(ctx)}'s RMS jumps ×{n(jump)} inside {_b(ctx, first)}: "
+            f"{n(start.rms)} at {_place(ctx, start)} → {n(first.rms)} at its output; the "
+            f"stream passes {renorm} inside the block (its layout proof), which sets the "
+            f"output's scale whatever the input's: a small embedding, not branches that "
+            f"write far more than the stream."
+        )
+        return finding(
+            CheckId.EXP_GROWTH, Severity.INFO, (first.name,), jump, th.growth_jump, message
+        )
     severity, threshold = grade(jump, th.growth_jump, th.growth_jump_error)
     message = (
         f"The {_stream(ctx)}'s RMS jumps ×{n(jump)} inside {_b(ctx, first)}: "
@@ -350,6 +445,16 @@ def _jump(ctx: CheckContext, pts: Sequence[StreamPoint]) -> Finding | None:
         "embedding is deliberately tiny, scale it up (Gemma multiplies it by √d)."
     )
     return finding(CheckId.EXP_GROWTH, severity, (first.name,), jump, threshold, message, hint)
+
+
+def _renormalised(ctx: CheckContext, p: StreamPoint) -> str:
+    """The norms the stream itself passes through inside p's block (a post-norm block,
+    a first block's extra input norm), as its proof found them; '' when none."""
+    block = next((b for b in ctx.layout.blocks if b.index == p.block), None)
+    proof = block.proof if block is not None else None
+    if proof is None or proof.status != "verified" or not proof.norms:
+        return ""
+    return ", ".join(proof.norms[:2])
 
 
 @per_stream
@@ -413,7 +518,13 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
             )
         ]
     if ratio >= th.grad_ratio_warn:
-        severity, threshold = grade(ratio, th.grad_ratio_warn, th.grad_ratio_error)
+        tok = _token_ratio(first, last)
+        if tok is not None and tok < th.grad_ratio_warn:
+            return [_concentrated(ctx, first, last, ratio, tok, where)]
+        if tok is not None and tok > ratio / CONCENTRATED:
+            tok = None  # tokens alike: the whole tensors' ratio, as measured
+        judged = ratio if tok is None else tok
+        severity, threshold = grade(judged, th.grad_ratio_warn, th.grad_ratio_error)
         cross = next(
             (
                 p
@@ -425,7 +536,8 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
         message = (
             f"The gradient reaching {where} is {n(ratio)}× stronger than at "
             f"{_b(ctx, last)}'s output, relative to the activations (RMS(∂L/∂x)·RMS(x): "
-            f"{n(r[0])} vs {n(top)}); it passes ×{n(th.grad_ratio_warn)} at {_place(ctx, cross)}."
+            f"{n(r[0])} vs {n(top)}); it passes ×{n(th.grad_ratio_warn)} at {_place(ctx, cross)}"
+            + (f"; token by token ×{n(tok)}." if tok is not None else ".")
         )
         scaling = (
             "the post-branch norms' gains"
@@ -442,10 +554,50 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
                 CheckId.EXPLODING_GRAD,
                 severity,
                 (cross.name, last.name),
-                ratio,
+                judged,
                 threshold,
                 message,
                 hint,
             )
         ]
     return []
+
+
+def _token_ratio(first: StreamPoint, last: StreamPoint) -> float | None:
+    """The relative gradient's ratio token by token (RMS over tokens of RMS(x_t)·RMS(g_t)),
+    first point vs last; None where either was not measured."""
+    a, b = first.token_grad_rel, last.token_grad_rel
+    return a / b if positive(a) and positive(b) else None
+
+
+def _concentrated(
+    ctx: CheckContext, first: StreamPoint, last: StreamPoint, ratio: float, tok: float, where: str
+) -> Finding:
+    """exploding-grad at info: the whole tensors' ratio is past the threshold, token by
+    token it is not. Behind a per-token norm ∂L/∂x_t ∝ 1/|x_t|: a token that enters at
+    x ≈ 0 (a zero-initialised class or distillation token, a register) gets a huge
+    gradient that its tiny |x_t| cancels; RMS(∂L/∂x)·RMS(x) pairs that gradient with the
+    other tokens' activations."""
+    message = (
+        f"The gradient reaching {where} is {n(ratio)}× stronger than at "
+        f"{_b(ctx, last)}'s output as whole tensors (RMS(∂L/∂x)·RMS(x)), but only ×{n(tok)} "
+        f"token by token (RMS over tokens of RMS(x_t)·RMS(∂L/∂x_t): {n(first.token_grad_rel)} "
+        f"vs {n(last.token_grad_rel)}): the gradient sits on tokens whose activation there is "
+        f"~0 (behind a norm ∂L/∂x_t ∝ 1/|x_t|: a zero-initialised class or distillation "
+        f"token), not an amplification through depth."
+    )
+    hint = (
+        "Nothing to fix through depth. A token initialised at exactly 0 meets its first norm "
+        "at |x| ≈ √eps: its parameter's gradient is ~1/√eps (with eps 1e-12, 10⁶× the rest); "
+        "Adam normalises it, SGD does not: initialise such tokens small but nonzero "
+        "(trunc-normal std 0.02)."
+    )
+    return finding(
+        CheckId.EXPLODING_GRAD,
+        Severity.INFO,
+        (first.name, last.name),
+        tok,
+        ctx.thresholds.grad_ratio_warn,
+        message,
+        hint,
+    )

@@ -8,6 +8,7 @@ import math
 import re
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import (
@@ -53,7 +54,11 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
     def ratio(p: ParamRecord) -> float:
         return p.std * math.sqrt(known(p.fan_in))  # std / √(1/fan_in)
 
-    big = [p for p in weights if ratio(p) >= th.init_scale_high]
+    high = [p for p in weights if ratio(p) >= th.init_scale_high]
+    big = [p for p in high if not p.normed]
+    normed = [p for p in high if p.normed]
+    if normed:
+        out.append(_normed(normed, ratio))
     if big:
         groups = _groups(big)
         worst_key = max(groups, key=lambda k: max(ratio(p) for p in groups[k]))
@@ -116,6 +121,27 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
     out.extend(_residual_budget(ctx))
     out.extend(_gains_and_biases(ctx))
     return out
+
+
+def _normed(params: list[ParamRecord], ratio: Callable[[ParamRecord], float]) -> Finding:
+    """Weights above the fan-in rule whose output goes straight into a norm (conv →
+    BatchNorm, torchvision's ResNet init: He with fan-out): the norm divides any scale
+    out of its input, so the forward sees none of it. Info, with the number."""
+    groups = _groups(params)
+    w = max(params, key=ratio)
+    return finding(
+        CheckId.INIT_SCALE,
+        Severity.INFO,
+        sorted({p.module for p in params}),
+        ratio(w),
+        None,
+        f"{pattern(w.name)} has std {n(w.std)} = {n(ratio(w))}× the fan-in rule "
+        f"√(1/{w.fan_in}), but its output goes straight into a norm, which divides that "
+        f"scale out ({len(groups)} weight group{'s' if len(groups) > 1 else ''} like it: "
+        f"{listing(list(groups), 3)}): the forward pass sees none of it.",
+        "Nothing to fix for the forward pass; with plain SGD a large weight learns "
+        "slower relative to its size (Adam normalises the step).",
+    )
 
 
 def _residual_budget(ctx: CheckContext) -> list[Finding]:

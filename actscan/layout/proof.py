@@ -82,6 +82,16 @@ def _key(t: torch.Tensor) -> Key:
         return ("id", id(t))
 
 
+def _storage(k: Key) -> Key:
+    """The storage a tensor key views and its size: equal for a tensor and its transpose
+    or reshape (the same values), different for anything computed from it."""
+    return k if k[0] == "id" else (k[0], k[1], math.prod(k[2]))
+
+
+def _is_view(k: Key, of: Key) -> bool:
+    return k == of or (k[0] != "id" and _storage(k) == _storage(of))
+
+
 def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         yield obj
@@ -128,6 +138,7 @@ class _Trace:
     dtype: torch.dtype | None = None
     gram: torch.Tensor | None = None
     note: str = ""
+    out_shape: tuple[int, ...] | None = None  # set when the block changes the shape
 
 
 class BlockWatch:
@@ -137,7 +148,7 @@ class BlockWatch:
     def __init__(
         self, model: nn.Module, blocks: Sequence[BlockInfo], rows: int | None = PROOF_ROWS
     ) -> None:
-        self.modules = dict(model.named_modules())
+        self.modules = dict(model.named_modules(remove_duplicate=False))
         self.blocks = blocks
         self.rows = rows  # rows kept per vector (None: all of them)
         self.traces: dict[int, _Trace] = {}
@@ -223,8 +234,11 @@ class BlockWatch:
             if tr is None or tr.block != index or not tr.shape:
                 return
             y = _first_float(out)
-            if y is None or tuple(y.shape) != tr.shape:  # x_out must match x_in exactly
+            if y is None:
+                tr.note = "the block returned no tensor"
+            elif tuple(y.shape) != tr.shape:  # x_out must match x_in exactly
                 tr.note = "the block changes the stream's shape"
+                tr.out_shape = tuple(y.shape)
             else:
                 tr.x_out = self._store(tr, y)
                 tr.dtype = y.dtype
@@ -316,6 +330,17 @@ class _Block:
             and self.a(n.in_key) != self.a(tr.x_in)
             and n.out_key in self.idx
         ]
+        # Norms of the block input itself where the stream continues from their output
+        # (x ← LN(x) first: RWKV's first block's pre_ln; MiniMax's residual is its input
+        # norm's output). Tried only after every hypothesis from x_in itself fails.
+        self.entry_norms = [
+            n
+            for n in nodes
+            if is_norm(modules[n.name])
+            and n.in_key in self.idx
+            and self.a(n.in_key) == self.a(tr.x_in)
+            and n.out_key in self.idx
+        ][:2]
 
     @overload
     def a(self, k: Key) -> Key: ...
@@ -417,6 +442,13 @@ class _Block:
                 yield _Hypothesis(sub, (), fitted)
                 for ns in norm_sets:
                     yield _Hypothesis(sub, ns, fitted)
+        # the stream restarts at a norm of the block input (a first block's extra norm)
+        for entry in self.entry_norms:
+            for fitted in (False, True):
+                for sub in subsets:
+                    yield _Hypothesis(sub, (entry,), fitted)
+                    for ns in norm_sets:
+                        yield _Hypothesis(sub, (entry, *ns), fitted)
 
     def search(self, tol: float) -> _Outcome | None:
         """Subsets (≤ 3) of every stream-shaped output, unit coefficients, vectorised."""
@@ -444,23 +476,33 @@ class _Block:
         """The modules x_out was computed by, last first, when the block is a plain chain
         of modules from x_in (an MLP layer, Conv→BN→ReLU): every tensor on the way is a
         module's output, so no functional op (a residual add) lies between x_in and x_out.
-        Empty when the chain meets a tensor no module produced, or never reaches x_in."""
+        Empty when the chain meets a tensor no module produced (other than the input of
+        the block's first module, computed from x_in alone), or never reaches x_in."""
         by_out: dict[Key, list[_Node]] = {}
+        by_view: dict[Key, list[_Node]] = {}
         for node in self.tr.nodes:
             if node.out_key is not None:
                 by_out.setdefault(node.out_key, []).append(node)
+                by_view.setdefault(_storage(node.out_key), []).append(node)
+        start = self.tr.x_in
+        # before the block's first module runs, only the block input exists: what
+        # functional ops compute from it there (a TF-style pad) holds no branch to add
+        opening = min(self.tr.nodes, key=lambda nd: nd.order).in_key if self.tr.nodes else None
         key: Key | None = self.tr.x_out
         chain: list[str] = []
         seen: set[Key] = set()
-        while key is not None and key != self.tr.x_in and key not in seen:
+        while key is not None and not _is_view(key, start) and key not in seen:
             seen.add(key)
-            producers = by_out.get(key)
+            # a view of a module's output (transpose, reshape) is the same values: no add
+            producers = by_out.get(key) or by_view.get(_storage(key))
+            if not producers and chain and key == opening:
+                return chain
             if not producers:
                 return []
             first = min(producers, key=lambda nd: nd.order)  # the outermost module
             chain.append(first.name)
             key = first.in_key
-        return chain if key == self.tr.x_in else []
+        return chain if key is not None and _is_view(key, start) else []
 
     # -- naming ------------------------------------------------------------------------
     def _weighted(self, name: str) -> bool:
@@ -608,6 +650,30 @@ def _plain(b: BlockInfo, chain: list[str], tol: float, stream: str) -> BlockInfo
     return replace(b, attn=None, mlp=None, adds=1, branches=(), proof=proof)
 
 
+def _reshaped(b: BlockInfo, tr: _Trace, stream: str) -> BlockInfo:
+    """A block whose output has another shape than its input (a downsampling stage, a
+    strided convolution, a patch merge) is no residual add across its boundary: x_in +
+    anything of x_in's shape cannot be x_out. Verified as plain, with no branches to
+    judge; residual blocks inside it are not proven (the layout did not name them)."""
+    proof = BlockProof(
+        block=b.index,
+        name=b.name,
+        status="verified",
+        residual=None,
+        tolerance=None,
+        placement="plain",
+        stream=stream,
+        note=f"not a residual block: it changes the stream's shape "
+        f"({_shape(tr.shape)} → {_shape(tr.out_shape or ())})",
+        reshaped=True,
+    )
+    return replace(b, attn=None, mlp=None, adds=1, branches=(), proof=proof)
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "×".join(str(d) for d in shape)
+
+
 def prove_blocks(
     model: nn.Module,
     blocks: Sequence[BlockInfo],
@@ -632,7 +698,7 @@ def read_blocks(
     if watch.failed is not None:
         raise watch.failed
     blocks = watch.blocks
-    modules = dict(model.named_modules())
+    modules = dict(model.named_modules(remove_duplicate=False))
     traces = [watch.traces.get(b.index) for b in blocks]
     grams = [t.gram for t in traces if t is not None and t.gram is not None]
     # one device → host transfer for every block's Gram matrix
@@ -641,6 +707,9 @@ def read_blocks(
     roles: dict[str, str] = {}
     offset = 0
     for b, tr in zip(blocks, traces, strict=True):
+        if tr is not None and tr.out_shape is not None:
+            out.append(_reshaped(b, tr, stream or b.stream))
+            continue
         if tr is None or tr.gram is None:
             why = "the block did not run in the probe pass" if tr is None else tr.note
             out.append(_unverified(b, "skipped", why, stream=stream or b.stream))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -43,16 +44,19 @@ _FUSED = {
     "_transformer_encoder_layer_fwd", "bilinear", "lstm", "gru", "rnn_tanh", "rnn_relu",
     "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
 }  # fmt: skip
+# Norm calls: a linear/conv output that enters one directly is "normed" (its weight's
+# scale cancels: conv → BatchNorm, linear → LayerNorm).
+_NORMS = {"batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm"}
 # Every name the spy reads: any other call passes straight through (most calls of a
 # forward, and every call of the hooks sharing the pass: views, reductions, copies).
-_WATCHED = frozenset().union(GEMM_NAMES, _CONV, _CONV_T, _EMBED, _FUSED)
+_WATCHED = frozenset().union(GEMM_NAMES, _CONV, _CONV_T, _EMBED, _FUSED, _NORMS)
 
 
 @dataclass(frozen=True)
 class ParamUse:
     """How one parameter entered the forward pass (its first use of each kind)."""
 
-    op: str  # "matmul" | "conv" | "embedding" | "bias"
+    op: str  # "matmul" | "conv" | "embedding" | "bias" | "normed" (output into a norm)
     fan_in: int | None = None  # size the call contracts over (matmul/conv weights)
     fan_out: int | None = None
 
@@ -63,6 +67,10 @@ class Usage:
 
     uses: dict[str, tuple[ParamUse, ...]] = field(default_factory=dict)
     norm_inputs: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def normed(self, name: str) -> bool:
+        """Whether the parameter's linear/conv output went straight into a norm."""
+        return any(u.op == "normed" for u in self.uses.get(name, ()))
 
     def role(self, name: str) -> ParamUse | None:
         """The use that decides what a parameter is: embedding > matmul/conv > bias."""
@@ -91,6 +99,8 @@ class _Spy(TorchFunctionMode):
         super().__init__()
         self.owner = owner
         self.uses: dict[str, list[ParamUse]] = {}
+        # id of a linear/conv output → (the output, its weight's name), while alive
+        self.outputs: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
 
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: Sequence[Any] = (), kwargs: Any = None
@@ -100,7 +110,25 @@ class _Spy(TorchFunctionMode):
         if name in _WATCHED and self.owner:
             with contextlib.suppress(Exception):  # never let bookkeeping break the pass
                 self._note(name, list(args), kwargs)
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if (name == "linear" or name in _CONV) and self.owner:
+            with contextlib.suppress(Exception):
+                self._keep(args, kwargs, out)
+        return out
+
+    def _keep(self, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
+        """Remember a linear/conv output and its weight, to see whether a norm reads it."""
+        w = args[1] if len(args) > 1 else kwargs.get("weight")
+        pname = self._param(w) if isinstance(w, torch.Tensor) else None
+        if pname is not None and isinstance(out, torch.Tensor):
+            self.outputs[id(out)] = (weakref.ref(out), pname)
+
+    def _normed(self, x: Any) -> None:
+        held = self.outputs.get(id(x)) if isinstance(x, torch.Tensor) else None
+        if held is not None and held[0]() is x:
+            got = self.uses.setdefault(held[1], [])
+            if all(u.op != "normed" for u in got):
+                got.append(ParamUse("normed"))
 
     def _param(self, t: Any) -> str | None:
         key = _storage_key(t)
@@ -121,6 +149,9 @@ class _Spy(TorchFunctionMode):
         def arg(i: int, key: str) -> Any:
             return args[i] if len(args) > i else kwargs.get(key)
 
+        if name in _NORMS:
+            self._normed(arg(0, "input"))
+            return
         gemm = parse_gemm(name, args, kwargs)
         if gemm is not None:
             # linear: its weight alone (the input is never a parameter's use as a matmul)

@@ -149,7 +149,9 @@ def next_token_loss(output: Any, ids: torch.Tensor) -> torch.Tensor:
 
 def _hidden_states(output: Any) -> list[torch.Tensor]:
     """Every tower's `last_hidden_state`: the output's own, else those of the outputs it
-    nests (a two-tower model's `text_model_output` and `vision_model_output`)."""
+    nests (a two-tower model's `text_model_output` and `vision_model_output`), with the
+    output's own per-position `logits` where it has them beside nested towers (a
+    vision-language masked LM: its text reaches only the logits)."""
     own = getattr(output, "last_hidden_state", None)
     if isinstance(own, torch.Tensor):
         return [own]
@@ -159,6 +161,9 @@ def _hidden_states(output: Any) -> list[torch.Tensor]:
         inner = getattr(value, "last_hidden_state", None)
         if isinstance(inner, torch.Tensor) and inner.is_floating_point():
             found.append(inner)
+    logits = output.get("logits") if isinstance(output, dict) and found else None
+    if isinstance(logits, torch.Tensor) and logits.is_floating_point() and logits.dim() >= 3:
+        found.append(logits)
     return found
 
 

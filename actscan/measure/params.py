@@ -118,6 +118,7 @@ def param_records(
                 nonfinite=int(bad),
                 gain=gain[0] if gain else None,
                 gain_std=gain[1] if gain else None,
+                normed=usage is not None and kind == "weight" and usage.normed(full),
             )
         )
     return tuple(out)

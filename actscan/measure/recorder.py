@@ -38,6 +38,9 @@ instrumented step costs little more than reading each activation a few times:
   evenly spaced rows (≤ `_SUB` values): per channel how many values exceed `HIT_RMS` × the
   sample's RMS, and the median |x| of a strided sample of those (≤ `_SUB_MEDIAN`). Batches merge
   on the device (concat + topk; medians and counts stacked), read in the one transfer.
+  With backward on, their gradient's row norms meet the forward's row norms of the same
+  tokens: Σ_t |x_t|²·|g_t|² (the per-token relative gradient, free: both norms are
+  computed anyway).
 Limits: values above ~1.8e19 overflow the fp32 squares (the variance reads inf), as
 they did with Welford in fp32; flushing denormals to zero (torch.set_flush_denormal)
 makes subnormals count as zeros.
@@ -125,6 +128,10 @@ class RawStats:
     shape: tuple[int, ...] = ()
     median_abs: float | None = None
     channel_hits: tuple[float, ...] | None = None
+    # Stream points with backward on: Σ over the tokens (rows of the last dim) of all
+    # batches of |x_t|²·|g_t|², and the tokens counted.
+    token_grad_sumsq: float | None = None
+    token_rows: int = 0
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
@@ -169,6 +176,8 @@ class Recorder:
         "_uf": "sum",
         "_guf": "sum",
         "_gnumel": "sum",  # host list
+        "_tsq": "sum",  # stream points: Σ_t |x_t|²·|g_t|² (token by token)
+        "_trows": "sum",  # host list: the tokens counted in _tsq
         "_amax": "max",
         "_chan": "channels",  # per-channel (amax, amin): MAX of amax and of -amin
         "_rep_g": "sum",  # gradients of replicated outputs (list of tensors), summed whole
@@ -209,6 +218,8 @@ class Recorder:
         self._gsq, self._pgsq = zeros(), zeros()
         self._calls = [0] * m
         self._gnumel = [0] * m
+        self._tsq = zeros()
+        self._trows = [0] * m
         self._order: list[int] = [-1] * m
         self._seen = 0
         # running per-channel (amax, amin) of each module, while its width is constant
@@ -265,6 +276,10 @@ class Recorder:
         # The last gradient reduced: (weakref, version, row norms). A residual add passes
         # one gradient tensor to both its inputs (block output and branch output).
         self._last_g: tuple[Any, ...] | None = None
+        # Stream points: the forward's per-token row norms of a recorded output, keyed by
+        # id of its gradient hook's module list; this batch's (modules, Σ_t |x_t|²|g_t|²).
+        self._x_rows: dict[int, tuple[list[int], torch.Tensor]] = {}
+        self._t_pend: list[tuple[list[int], torch.Tensor]] = []
 
     def _buffer(self, key: tuple[torch.dtype, torch.device], slot: int, n: int) -> torch.Tensor:
         """The first n elements of a preallocated scratch (grown if ever too small)."""
@@ -304,9 +319,11 @@ class Recorder:
         if not counted:
             del self._pend[start:]  # the extremes stay: MAX of equal values
         mods = [i]
-        if self.backward and t.requires_grad and torch.is_grad_enabled():
+        if self._hooked(t):
             hook = self._rep_grad_hook if rep else self._grad_hook
             self._grad_hooks.tensor(t, partial(hook, mods))
+            if not rep and i in self._tok_ix:
+                self._keep_rows(i, t, mods, start)
         self._last = (weakref.ref(t), t._version, start, len(self._pend), hi, lo, per_channel, mods)
         self._update_channels(i, hi, lo, per_channel)
 
@@ -459,10 +476,32 @@ class Recorder:
 
     def _repeat(self, i: int, last: tuple[Any, ...]) -> None:
         """Module i returned the tensor just reduced for another module: reuse it."""
-        _, _, start, stop, hi, lo, per_channel, grad_mods = last
+        t, _, start, stop, hi, lo, per_channel, grad_mods = last
         self._pend += [(i, *e[1:]) for e in self._pend[start:stop]]
         self._update_channels(i, hi, lo, per_channel)
         grad_mods.append(i)  # used only if a gradient hook was registered for it
+        out = t()
+        if i in self._tok_ix and out is not None and self._hooked(out) and out.dim() >= 2:
+            self._keep_rows(i, out, grad_mods, start)
+
+    def _hooked(self, t: torch.Tensor) -> bool:
+        """Whether t's gradient is measured."""
+        return self.backward and t.requires_grad and torch.is_grad_enabled()
+
+    def _keep_rows(self, i: int, t: torch.Tensor, mods: list[int], start: int) -> None:
+        """Keep the per-token row norms of stream point i's output (queued by `_reduce`
+        from `start`) for its gradient hook; only where rows are tokens: (tokens, channels)
+        or (batch, tokens, channels), not a feature map (batch, channels, height, width)."""
+        if t.dim() not in (2, 3) or t.shape[-1] > _MAX_CHANNELS:
+            return
+        key = id(mods)
+        held = self._x_rows.get(key)
+        if held is not None:
+            held[0].append(i)
+            return
+        rows = [e[3] for e in self._pend[start:] if e[0] == i]
+        if rows:
+            self._x_rows[key] = ([i], rows[0] if len(rows) == 1 else torch.cat(rows))
 
     def _count_underflow(self, i: int, t: torch.Tensor) -> None:
         """Queue the count of values nonzero but below fp16's smallest normal (no sync)."""
@@ -504,6 +543,12 @@ class Recorder:
             self._gnumel[i] += numel
         self._g_mods.append(mods)
         self._g_rows.append(rows)
+        held = self._x_rows.get(id(mods))
+        if held is not None and held[1].numel() == rows.numel() and grad.shape[-1] <= _MAX_CHANNELS:
+            prod = (held[1].to(_ACC) * rows.reshape(-1).to(_ACC)).square().sum()
+            self._t_pend.append((held[0], prod))
+            for i in held[0]:
+                self._trows[i] += rows.numel()
 
     def _rep_grad_hook(self, mods: list[int], grad: torch.Tensor) -> None:
         """A replicated output's gradient: kept whole (small: a position table) for the
@@ -595,6 +640,10 @@ class Recorder:
             gidx = [i for mods in self._g_mods for i in mods]
             src = [k for k, mods in enumerate(self._g_mods) for _ in mods]
             self._gsq.index_add_(0, _ix(gidx, dev), gsq[_ix(src, dev)])
+        if self._t_pend:
+            tidx = [i for mods, _ in self._t_pend for i in mods]
+            tsq = torch.stack([q for mods, q in self._t_pend for _ in mods]).to(dev, _ACC)
+            self._tsq.index_add_(0, _ix(tidx, dev), tsq)
         self._merge_underflow()
         self._reset_pending()
         self._grad_hooks.remove()  # the batch's backward ran: its handles go, not pile up
@@ -655,14 +704,15 @@ class Recorder:
                 self._pgsq,
                 self._uf.to(_ACC),
                 self._guf.to(_ACC),
+                self._tsq,
             ]
         ).flatten()
         tok_parts, tok_layout = self._token_parts()
         flat = torch.cat([head, *summaries, *blocks, *tok_parts]).cpu().tolist()  # the one transfer
-        n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq, uf, guf = (
-            flat[k * m : (k + 1) * m] for k in range(10)
+        n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq, uf, guf, tsq = (
+            flat[k * m : (k + 1) * m] for k in range(11)
         )
-        pos = 10 * m
+        pos = 11 * m
         summary: list[dict[str, Any]] = [{} for _ in range(m)]
         for members in groups.values():
             k = len(members)
@@ -699,6 +749,8 @@ class Recorder:
                 if self._has_params[i] and self.backward
                 else None,
                 order=self._order[i],
+                token_grad_sumsq=tsq[i] if self._trows[i] else None,
+                token_rows=self._trows[i],
                 **summary[i],
                 **views.get(i, {}),
             )
@@ -755,6 +807,7 @@ class Recorder:
                 underflow=int(uf[i]) if self.underflow else None,
                 grad_underflow=int(guf[i]) if self.underflow and self._gnumel[i] else None,
                 grad_sumsq=unscaled(r.grad_sumsq),
+                token_grad_sumsq=unscaled(r.token_grad_sumsq),
                 param_grad_sumsq=unscaled(r.param_grad_sumsq),
             )
             for i, (name, r) in enumerate(out.items())
