@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from actscan.errors import UsageError
+from actscan.measure.audio_text import audio_text_source
 from actscan.measure.inputs import (
     Batch,
     InputSource,
@@ -33,7 +34,12 @@ from actscan.measure.inputs import (
 )
 from actscan.measure.recorder import first_tensor
 from actscan.measure.vision_text import config_int as _int
-from actscan.measure.vision_text import vision_text_source
+from actscan.measure.vision_text import (
+    forward_params,
+    patch_grid,
+    patch_sequence,
+    vision_text_source,
+)
 from actscan.records import ModelInfo
 
 __all__ = [
@@ -206,7 +212,24 @@ def hf_input_source(
         )
         if both is not None:
             return both
+        heard = audio_text_source(
+            model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ
+        )
+        if heard is not None:
+            return heard
     name = _main_input(model)
+    if input_shape is None and name == "input_ids" and "input_ids" not in forward_params(model):
+        towers = _tower_source(model, batch=batch, seed=seed)
+        if towers is not None:
+            return towers
+    if input_shape is None and name == "pixel_values" and "spatial_shapes" in forward_params(model):
+        config_: Any = model.config
+
+        def sequences(i: int) -> Batch:
+            gen = torch.Generator().manual_seed(seed * 100_003 + i)
+            return Batch(kwargs=patch_sequence(config_, batch, gen))
+
+        return sequences
     if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
         return None
     config: Any = model.config  # a transformers config: its fields vary by family
@@ -252,6 +275,46 @@ def hf_input_source(
         return Batch(kwargs=kwargs)
 
     return source
+
+
+def _required(model: nn.Module) -> list[str]:
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.default is p.empty and p.kind in kinds]
+
+
+def _tower_source(model: nn.Module, *, batch: int, seed: int) -> InputSource | None:
+    """Inputs for a vision tower that inherits `main_input_name = "input_ids"` from its
+    parent class but takes none: its forward's required arguments say what it takes.
+    Images as `pixel_values` (SmolVLM's, Idefics 3's towers), or Qwen-VL-style flattened
+    patches with their grid (`hidden_states`/`pixel_values` + `grid_thw`)."""
+    required = _required(model)
+    config: Any = model.config  # a transformers config: its fields vary by family
+    if "grid_thw" in required and {"hidden_states", "pixel_values"} & set(required):
+        key = "hidden_states" if "hidden_states" in required else "pixel_values"
+        if set(required) - {key, "grid_thw"}:
+            return None
+
+        def patches(i: int) -> Batch:
+            gen = torch.Generator().manual_seed(seed * 100_003 + i)
+            flat, grid = patch_grid(config, batch, gen)
+            return Batch(kwargs={key: flat, "grid_thw": grid})
+
+        return patches
+    if required == ["pixel_values"]:
+        shape = _main_shape(model, "pixel_values", batch, None)
+
+        def images(i: int) -> Batch:
+            gen = torch.Generator().manual_seed(seed * 100_003 + i)
+            return Batch(kwargs={"pixel_values": torch.randn(*shape, generator=gen)})
+
+        return images
+    return None
 
 
 def learned_positions(model: nn.Module) -> tuple[str, int] | None:
@@ -365,7 +428,8 @@ def batch_size(source: InputSource) -> int:
 def seq_len_of(source: InputSource) -> int:
     """The second dim of batch 0's main tensor; 0 for images and audio (no tokens)."""
     b = source(0)
-    if b.token_ids is None and {"pixel_values", "input_values", "input_features"} & set(b.kwargs):
+    media = {"pixel_values", "input_values", "input_features", "grid_thw"}
+    if b.token_ids is None and media & set(b.kwargs):
         return 0  # images and audio have no sequence of tokens; RunInfo.inputs says what
     shape = first_shape(b)
     return shape[1] if len(shape) >= 2 else 0
@@ -380,12 +444,18 @@ def describe_batch(batch: Batch) -> str | None:
     "2 clips of 16000 samples", "2 clips of 80×3000 features", "2×8 decoder tokens"."""
     kw = batch.kwargs
     parts: list[str] = []
-    for name in ("pixel_values", "input_values", "input_features"):
+    grid = kw.get("image_grid_thw", kw.get("grid_thw"))
+    for name in ("pixel_values", "hidden_states", "input_values", "input_features"):
         t = kw.get(name)
         if isinstance(t, torch.Tensor) and t.dim() >= 2:
             n = t.shape[0]
-            grid = kw.get("image_grid_thw")
-            if name == "pixel_values" and isinstance(grid, torch.Tensor) and grid.dim() == 2:
+            if name == "hidden_states" and not isinstance(grid, torch.Tensor):
+                continue
+            if (
+                isinstance(grid, torch.Tensor)
+                and grid.dim() == 2
+                and name in ("pixel_values", "hidden_states")
+            ):
                 parts.append(f"{grid.shape[0]} images as {n} patches of {_dims(t)}")
             elif name == "pixel_values":
                 parts.append(f"{n} images {_dims(t)}")

@@ -26,12 +26,21 @@ from torch import nn
 
 from actscan.measure.inputs import Batch, random_tokens
 
-__all__ = ["config_int", "vision_text_source"]
+__all__ = [
+    "config_int",
+    "feature_rows",
+    "forward_params",
+    "patch_grid",
+    "patch_sequence",
+    "text_config",
+    "text_ids",
+    "vision_text_source",
+]
 
 DEFAULT_IMAGE = 224
 
 
-def _params(model: nn.Module) -> set[str]:
+def forward_params(model: nn.Module) -> set[str]:
     try:
         return set(inspect.signature(model.forward).parameters)
     except (TypeError, ValueError):
@@ -47,7 +56,7 @@ def config_int(config: Any, *names: str) -> int | None:
     return None
 
 
-def _text_config(config: Any) -> Any:
+def text_config(config: Any) -> Any:
     get = getattr(config, "get_text_config", None)
     if callable(get):
         try:
@@ -61,7 +70,7 @@ def _special_ids(config: Any, vocab: int) -> set[int]:
     """Every token id the configs name (image, video, audio, boi/eoi, pad...): random text
     must not hit one, or it would read as a placeholder."""
     ids: set[int] = set()
-    for cfg in (config, _text_config(config)):
+    for cfg in (config, text_config(config)):
         for key, value in vars(cfg).items():
             named = "token" in key or key.endswith("_id")
             if named and isinstance(value, int) and not isinstance(value, bool) and value < vocab:
@@ -69,8 +78,8 @@ def _special_ids(config: Any, vocab: int) -> set[int]:
     return ids
 
 
-def _text_ids(config: Any, batch: int, seq: int, seed: int, index: int) -> torch.Tensor | None:
-    text = _text_config(config)
+def text_ids(config: Any, batch: int, seq: int, seed: int, index: int) -> torch.Tensor | None:
+    text = text_config(config)
     vocab = config_int(text, "vocab_size") or config_int(config, "vocab_size")
     if vocab is None:
         return None
@@ -83,7 +92,7 @@ def _text_ids(config: Any, batch: int, seq: int, seed: int, index: int) -> torch
 
 
 def _image_token(config: Any) -> int | None:
-    for cfg in (config, _text_config(config)):
+    for cfg in (config, text_config(config)):
         for name in ("image_token_id", "image_token_index"):
             value = getattr(cfg, name, None)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -107,6 +116,35 @@ def _square(value: Any) -> int | None:
     return None
 
 
+def patch_grid(vision: Any, batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen-VL-style flattened patches for `batch` images and their (t, h, w) grid: one
+    frame of 2·merge × 2·merge patches each, every patch C × T × P × P values (the
+    channels, the temporal patch and the patch side the vision config names)."""
+    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
+    patch = config_int(vision, "patch_size", "spatial_patch_size") or 14
+    temporal = config_int(vision, "temporal_patch_size") or 1  # a still image: one frame
+    merge = config_int(vision, "spatial_merge_size") or 2
+    side = 2 * merge
+    grid = torch.tensor([[1, side, side]] * batch)
+    flat = torch.randn(batch * side * side, channels * temporal * patch * patch, generator=gen)
+    return flat, grid
+
+
+def patch_sequence(vision: Any, batch: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """SigLIP 2 (NaFlex)-style inputs: each image a sequence of flattened C × P × P
+    patches with its (h, w) patch grid and a mask of every patch (none is padding); a
+    4 × 4 grid, even for a 2 × 2 pixel unshuffle behind the tower."""
+    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
+    patch = config_int(vision, "patch_size") or 16
+    side = 4
+    flat = torch.randn(batch, side * side, channels * patch * patch, generator=gen)
+    return {
+        "pixel_values": flat,
+        "spatial_shapes": torch.tensor([[side, side]] * batch),
+        "pixel_attention_mask": torch.ones(batch, side * side, dtype=torch.long),
+    }
+
+
 def _images(
     model: nn.Module, batch: int, seed: int, index: int, nested: bool = False, sizes: bool = False
 ) -> dict[str, torch.Tensor]:
@@ -117,14 +155,11 @@ def _images(
     vision = _vision_config(config) or config
     channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
     gen = torch.Generator().manual_seed(seed * 100_003 + index + 7)
-    if "image_grid_thw" in _params(model):
-        patch = config_int(vision, "patch_size", "spatial_patch_size") or 14
-        temporal = config_int(vision, "temporal_patch_size") or 2
-        merge = config_int(vision, "spatial_merge_size") or 2
-        side = 2 * merge
-        grid = torch.tensor([[1, side, side]] * batch)
-        flat = torch.randn(batch * side * side, channels * temporal * patch * patch, generator=gen)
+    if "image_grid_thw" in forward_params(model):
+        flat, grid = patch_grid(vision, batch, gen)
         return {"pixel_values": flat, "image_grid_thw": grid}
+    if "spatial_shapes" in forward_params(model):
+        return patch_sequence(vision, batch, gen)
     size = (
         _square(getattr(vision, "image_size", None))
         or _square(getattr(config, "image_size", None))
@@ -132,7 +167,7 @@ def _images(
     )
     pixels = torch.randn(batch, channels, size, size, generator=gen)
     out = {"pixel_values": pixels.unsqueeze(1) if nested else pixels}
-    if "pixel_attention_mask" in _params(model):  # every pixel is real (no padding)
+    if "pixel_attention_mask" in forward_params(model):  # every pixel is real (no padding)
         rows = out["pixel_values"].shape[:-3]
         out["pixel_attention_mask"] = torch.ones((*rows, size, size), dtype=torch.bool)
     if sizes:
@@ -140,7 +175,7 @@ def _images(
     return out
 
 
-def _feature_rows(out: Any, width: int | None) -> int | None:
+def feature_rows(out: Any, width: int | None) -> int | None:
     """How many text positions `get_image_features`' output fills: its rows of the text
     width (the check transformers' placeholder mask makes)."""
     pooled = getattr(out, "pooler_output", None)
@@ -169,7 +204,7 @@ def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, b
         get = getattr(getattr(model, "model", None), "get_image_features", None)
     if not callable(get):
         return None
-    width = config_int(_text_config(model.config), "hidden_size")
+    width = config_int(text_config(model.config), "hidden_size")
     for nested, sizes in ((False, False), (True, False), (False, True), (True, True)):
         images = _images(model, batch, seed, 0, nested, sizes)
         try:
@@ -177,7 +212,7 @@ def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, b
                 out = get(**images)
         except Exception:
             continue
-        rows = _feature_rows(out, width)
+        rows = feature_rows(out, width)
         if rows is not None:
             return rows, nested, sizes
     return None
@@ -189,10 +224,10 @@ def vision_text_source(
     """Images and token ids for a two-tower or vision-language model, or None when the
     model is neither (its forward takes no `pixel_values` beside `input_ids`)."""
     config: Any = getattr(model, "config", None)
-    params = _params(model)
+    params = forward_params(model)
     if config is None or not {"input_ids", "pixel_values"} <= params:
         return None
-    text = _text_config(config)
+    text = text_config(config)
     limit = config_int(text, "max_position_embeddings")
     seq = seq_len or min(default_seq, limit or default_seq)
     image_token = _image_token(config)
@@ -201,7 +236,7 @@ def vision_text_source(
             return None
 
         def two_tower(i: int) -> Batch:
-            ids = _text_ids(config, batch, seq, seed, i)
+            ids = text_ids(config, batch, seq, seed, i)
             assert ids is not None  # checked below, before the source is returned
             kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
             kw.update(_images(model, batch, seed, i))
@@ -209,7 +244,7 @@ def vision_text_source(
                 kw["return_loss"] = False
             return Batch(kwargs=kw)
 
-        return two_tower if _text_ids(config, 1, 1, seed, 0) is not None else None
+        return two_tower if text_ids(config, 1, 1, seed, 0) is not None else None
 
     counted = _count_image_tokens(model, batch, seed)
     if counted is None or counted[0] % batch:
@@ -217,7 +252,7 @@ def vision_text_source(
     per_image, nested, sizes = counted[0] // batch, counted[1], counted[2]
 
     def vlm(i: int) -> Batch:
-        ids = _text_ids(config, batch, seq, seed, i)
+        ids = text_ids(config, batch, seq, seed, i)
         assert ids is not None
         ids = torch.cat([torch.full((batch, per_image), image_token), ids], dim=1)
         kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -228,4 +263,4 @@ def vision_text_source(
             kw["mm_token_type_ids"] = (ids == image_token).long()
         return Batch(kwargs=kw)
 
-    return vlm if _text_ids(config, 1, 1, seed, 0) is not None else None
+    return vlm if text_ids(config, 1, 1, seed, 0) is not None else None
