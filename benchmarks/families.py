@@ -70,6 +70,7 @@ MROPE: dict[str, list[int]] = {
     "glm4v_moe_text": [2, 3, 3],
     "glm_ocr_text": [2, 3, 3],
     "glm_image_text": [2, 3, 3],
+    "paddleocr_vl_text": [2, 3, 3],
 }
 
 # Findings argued true on a type's healthy tiny init (check id -> why), or a reason a
@@ -136,10 +137,57 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
     level: a vision-language model names its image token at the top, its vocabulary in
     `text_config`) beyond the smallest new vocabulary inside it, one distinct id each."""
     out = _shrink(d)
+    _scale_pinpoints(d, out)
+    _feature_layers(d, out)
     vocabs = [v for v in _vocabs(out) if v <= VOCAB]
     if vocabs:
         _move_ids(d, out, min(vocabs), [min(vocabs) - 1])
     return out
+
+
+def _image_sides(d: dict[str, Any]) -> list[int]:
+    found = [v for k, v in d.items() if k == "image_size" and type(v) is int and v > 0]
+    for v in d.values():
+        if isinstance(v, dict):
+            found += _image_sides(v)
+    return found
+
+
+def _scale_pinpoints(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """LLaVA-NeXT's `image_grid_pinpoints` are whole multiples of the vision tower's
+    image side: kept so at the shrunk side (336 → 32: [336, 672] → [32, 64])."""
+    points = d.get("image_grid_pinpoints")
+    sides = [s for s in _image_sides(d) if s > IMAGE]
+    if not (isinstance(points, list) and sides):
+        return
+    side = max(sides)
+    out["image_grid_pinpoints"] = [
+        [max(1, round(v / side)) * IMAGE for v in p] if isinstance(p, list) else p for p in points
+    ]
+
+
+def _feature_layers(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """A vision-language model's `vision_feature_layer(s)` index the vision tower's hidden
+    states (depth + 1 of them, negative from the end): kept inside the shrunk tower, those
+    that fall outside dropped (the last one kept when none is left)."""
+    vision = out.get("vision_config")
+    if not isinstance(vision, dict):
+        return
+    depth = next((v for k, v in vision.items() if _LAYERS.search(k) and type(v) is int), None)
+    if not depth:
+        return
+    states = depth + 1
+
+    def inside(x: int) -> bool:
+        return -states <= x < states
+
+    for key, v in d.items():
+        if "feature_layer" not in str(key):
+            continue
+        if type(v) is int and not inside(v):
+            out[key] = -1
+        elif isinstance(v, list) and all(type(x) is int for x in v):
+            out[key] = [x for x in v if inside(x)] or [-1]
 
 
 def _move_ids(d: dict[str, Any], out: dict[str, Any], vocab: int, top: list[int]) -> None:

@@ -299,10 +299,13 @@ def _tower_source(model: nn.Module, *, batch: int, seed: int) -> InputSource | N
         key = "hidden_states" if "hidden_states" in required else "pixel_values"
         if set(required) - {key, "grid_thw"}:
             return None
+        form = _runs(model, key, config)
+        if form is None:
+            return None
 
         def patches(i: int) -> Batch:
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
-            flat, grid = patch_grid(config, batch, gen)
+            flat, grid = patch_grid(config, batch, gen, form)
             return Batch(kwargs={key: flat, "grid_thw": grid})
 
         return patches
@@ -314,6 +317,20 @@ def _tower_source(model: nn.Module, *, batch: int, seed: int) -> InputSource | N
             return Batch(kwargs={"pixel_values": torch.randn(*shape, generator=gen)})
 
         return images
+    return None
+
+
+def _runs(model: nn.Module, key: str, config: Any) -> str | None:
+    """The first patch form (`patch_grid`) the tower's forward runs on, one image, no
+    gradients."""
+    for form in ("flat", "conv", "seq"):
+        flat, grid = patch_grid(config, 1, torch.Generator().manual_seed(0), form)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                model(**{key: flat, "grid_thw": grid})
+        except Exception:
+            continue
+        return form
     return None
 
 

@@ -116,18 +116,35 @@ def _square(value: Any) -> int | None:
     return None
 
 
-def patch_grid(vision: Any, batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen-VL-style flattened patches for `batch` images and their (t, h, w) grid: one
-    frame of 2·merge × 2·merge patches each, every patch C × T × P × P values (the
-    channels, the temporal patch and the patch side the vision config names)."""
+def patch_grid(
+    vision: Any, batch: int, gen: torch.Generator, form: str = "flat"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen-VL-style patches for `batch` images and their (t, h, w) grid: one frame of
+    2·merge × 2·merge patches each, every patch C × T × P × P values (the channels, the
+    temporal patch and the patch side the vision config names). `form`: "flat" (one row
+    per patch), "conv" (each patch C × P × P, for a tower whose first layer is a conv
+    over patches), "seq" (one sequence of every patch, 1 × N × C × P × P)."""
     channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
     patch = config_int(vision, "patch_size", "spatial_patch_size") or 14
-    temporal = config_int(vision, "temporal_patch_size") or 1  # a still image: one frame
-    merge = config_int(vision, "spatial_merge_size") or 2
-    side = 2 * merge
+    temporal = config_int(vision, "temporal_patch_size", "patch_temporal") or 1  # one frame
+    merge = config_int(vision, "spatial_merge_size", "merge_size") or _first(
+        getattr(vision, "merge_kernel_size", None)
+    )
+    side = 2 * (merge or 2)
     grid = torch.tensor([[1, side, side]] * batch)
-    flat = torch.randn(batch * side * side, channels * temporal * patch * patch, generator=gen)
+    n = batch * side * side
+    flat = torch.randn(n, channels * temporal * patch * patch, generator=gen)
+    if form == "conv":
+        flat = flat.view(n, channels * temporal, patch, patch)
+    elif form == "seq":
+        flat = flat.view(1, n, channels * temporal, patch, patch)
     return flat, grid
+
+
+def _first(value: Any) -> int | None:
+    if isinstance(value, list | tuple) and value and isinstance(value[0], int):
+        return int(value[0])
+    return None
 
 
 def patch_sequence(vision: Any, batch: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -145,33 +162,82 @@ def patch_sequence(vision: Any, batch: int, gen: torch.Generator) -> dict[str, t
     }
 
 
-def _images(
-    model: nn.Module, batch: int, seed: int, index: int, nested: bool = False, sizes: bool = False
-) -> dict[str, torch.Tensor]:
-    """`pixel_values` (and Qwen-VL's `image_grid_thw`, LLaVA-NeXT/Mistral 3's
-    `image_sizes`, with `sizes`) for `batch` images; `nested`: one image per sample as
-    (batch, 1, C, H, W), the layout Idefics-like models take."""
+def _pinpoint(config: Any, size: int) -> tuple[int, int] | None:
+    """LLaVA-NeXT's "anyres": the smallest of the config's `image_grid_pinpoints` that
+    tiles whole images of the tower's side (an image of that size is cut into those
+    tiles plus one resized base view)."""
+    points = getattr(config, "image_grid_pinpoints", None)
+    if not isinstance(points, list | tuple):
+        return None
+    fits = [
+        (int(p[0]), int(p[1]))
+        for p in points
+        if isinstance(p, list | tuple)
+        and len(p) == 2
+        and all(isinstance(v, int) and v > 0 and v % size == 0 for v in p)
+    ]
+    return min(fits, key=lambda p: p[0] * p[1]) if fits else None
+
+
+def _layouts(model: nn.Module) -> tuple[str, ...]:
+    """The image layouts to try, in order, for the model's forward."""
+    params = forward_params(model)
+    if "image_grid_thw" in params:
+        return ("flat", "conv", "seq")
+    if "spatial_shapes" in params:
+        return ("naflex",)
+    if "image_sizes" in params and _pinpoint(model.config, _image_side(model)):
+        return ("anyres", "plain", "nested")
+    return ("plain", "nested", "sizes", "nested+sizes", "tiles")
+
+
+def _image_side(model: nn.Module) -> int:
     config: Any = model.config  # a transformers config: its fields vary by family
     vision = _vision_config(config) or config
-    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
-    gen = torch.Generator().manual_seed(seed * 100_003 + index + 7)
-    if "image_grid_thw" in forward_params(model):
-        flat, grid = patch_grid(vision, batch, gen)
-        return {"pixel_values": flat, "image_grid_thw": grid}
-    if "spatial_shapes" in forward_params(model):
-        return patch_sequence(vision, batch, gen)
-    size = (
+    return (
         _square(getattr(vision, "image_size", None))
         or _square(getattr(config, "image_size", None))
         or DEFAULT_IMAGE
     )
-    pixels = torch.randn(batch, channels, size, size, generator=gen)
-    out = {"pixel_values": pixels.unsqueeze(1) if nested else pixels}
-    if "pixel_attention_mask" in forward_params(model):  # every pixel is real (no padding)
+
+
+def _images(
+    model: nn.Module, batch: int, seed: int, index: int, layout: str = "plain"
+) -> dict[str, torch.Tensor]:
+    """`pixel_values` (and what goes with them) for `batch` images in `layout`: "plain"
+    (batch, C, H, W); "nested": one image per sample as (batch, 1, C, H, W), the layout
+    Idefics-like models take; "tiles": nested with a mask per tile (Granite Docling), not
+    per pixel; "sizes": with `image_sizes`; "anyres": LLaVA-NeXT's tiles
+    of a pinpoint-sized image and its base view; Qwen-VL's patches with their
+    `image_grid_thw` ("flat", "conv", "seq", `patch_grid`); "naflex": `patch_sequence`."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    params = forward_params(model)
+    vision = _vision_config(config) or config
+    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
+    gen = torch.Generator().manual_seed(seed * 100_003 + index + 7)
+    if layout in ("flat", "conv", "seq"):
+        flat, grid = patch_grid(vision, batch, gen, layout)
+        out = {"pixel_values": flat, "image_grid_thw": grid}
+        if "image_merge_sizes" in params:
+            merge = int(grid[0, 1]) // 2
+            out["image_merge_sizes"] = torch.full((batch,), merge, dtype=torch.long)
+        return out
+    if layout == "naflex":
+        return patch_sequence(vision, batch, gen)
+    size = _image_side(model)
+    views = 1
+    point = _pinpoint(config, size) if layout == "anyres" else None
+    if point is not None:
+        views = 1 + (point[0] // size) * (point[1] // size)
+    pixels = torch.randn(batch, views, channels, size, size, generator=gen)
+    nested = layout in ("nested", "nested+sizes", "anyres", "tiles")
+    out = {"pixel_values": pixels if nested else pixels[:, 0]}
+    if "pixel_attention_mask" in params:  # every pixel (or tile) is real: no padding
         rows = out["pixel_values"].shape[:-3]
-        out["pixel_attention_mask"] = torch.ones((*rows, size, size), dtype=torch.bool)
-    if sizes:
-        out["image_sizes"] = torch.tensor([[size, size]] * batch)
+        pixel = () if layout == "tiles" else (size, size)
+        out["pixel_attention_mask"] = torch.ones((*rows, *pixel), dtype=torch.bool)
+    if layout in ("sizes", "nested+sizes") or point is not None:
+        out["image_sizes"] = torch.tensor([list(point or (size, size))] * batch)
     return out
 
 
@@ -195,18 +261,17 @@ def feature_rows(out: Any, width: int | None) -> int | None:
     return sum(t.numel() // t.shape[-1] for t in tensors if t.dim() >= 1)
 
 
-def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, bool, bool] | None:
-    """Placeholders the batch's images fill, from the model's own vision path, and
-    the layout it took (nested (batch, 1, C, H, W), with `image_sizes`); None when no
-    layout runs."""
+def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, str] | None:
+    """Placeholders the batch's images fill, from the model's own vision path, and the
+    layout it took (`_images`); None when no layout runs."""
     get = getattr(model, "get_image_features", None)
     if not callable(get):  # some keep it on the inner model (DeepSeek-VL's `model`)
         get = getattr(getattr(model, "model", None), "get_image_features", None)
     if not callable(get):
         return None
     width = config_int(text_config(model.config), "hidden_size")
-    for nested, sizes in ((False, False), (True, False), (False, True), (True, True)):
-        images = _images(model, batch, seed, 0, nested, sizes)
+    for layout in _layouts(model):
+        images = _images(model, batch, seed, 0, layout)
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 out = get(**images)
@@ -214,7 +279,7 @@ def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, b
             continue
         rows = feature_rows(out, width)
         if rows is not None:
-            return rows, nested, sizes
+            return rows, layout
     return None
 
 
@@ -239,7 +304,7 @@ def vision_text_source(
             ids = text_ids(config, batch, seq, seed, i)
             assert ids is not None  # checked below, before the source is returned
             kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-            kw.update(_images(model, batch, seed, i))
+            kw.update(_images(model, batch, seed, i, _layouts(model)[0]))
             if "return_loss" in params:
                 kw["return_loss"] = False
             return Batch(kwargs=kw)
@@ -249,14 +314,14 @@ def vision_text_source(
     counted = _count_image_tokens(model, batch, seed)
     if counted is None or counted[0] % batch:
         return None
-    per_image, nested, sizes = counted[0] // batch, counted[1], counted[2]
+    per_image, layout = counted[0] // batch, counted[1]
 
     def vlm(i: int) -> Batch:
         ids = text_ids(config, batch, seq, seed, i)
         assert ids is not None
         ids = torch.cat([torch.full((batch, per_image), image_token), ids], dim=1)
         kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        kw.update(_images(model, batch, seed, i, nested, sizes))
+        kw.update(_images(model, batch, seed, i, layout))
         if "token_type_ids" in params:  # PaliGemma/Gemma 3: 0 on image and prompt tokens
             kw["token_type_ids"] = torch.zeros_like(ids)
         if "mm_token_type_ids" in params:  # Qwen-VL's M-RoPE: 1 on image tokens
