@@ -117,7 +117,7 @@ def _shrink_int(key: str, v: int) -> int:
         return min(v, HIDDEN)
     if key == "vocab_size":
         return min(v, VOCAB)
-    if key == "image_size":
+    if key in ("image_size", "crop_size"):
         return min(v, IMAGE)
     if key == "patch_size":
         return min(v, PATCH)

@@ -96,32 +96,125 @@ def _samples_for_frames(config: Any, frames: int) -> int:
     return length
 
 
-def _main_shape(model: nn.Module, name: str, batch: int, seq_len: int | None) -> tuple[int, ...]:
-    """The shape of the main input for `name`, read off the config; UsageError if it
-    cannot be (the user then passes --input-shape)."""
+MELS = ("num_mel_bins", "feature_size", "input_feat_per_channel", "input_feat_size")
+MELS_DEEP = (*MELS, "feature_projection_input_dim", "input_dim")
+FRAMES = 128  # mel frames when the config fixes none: a multiple of any subsampling factor
+
+
+def _deep_int(config: Any, names: tuple[str, ...], depth: int = 3) -> int | None:
+    """The first of `names` the config or a sub-config of it (depth first) holds: an
+    ASR model keeps its mel bins in `encoder_config`."""
+    found = _int(config, *names)
+    if found is not None or depth == 0:
+        return found
+    for key, sub in vars(config).items():
+        if key.endswith("_config") and hasattr(sub, "to_dict"):
+            found = _deep_int(sub, names, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _main_shapes(
+    model: nn.Module, name: str, batch: int, seq_len: int | None
+) -> list[tuple[int, ...]]:
+    """The shapes the main input `name` may have, read off the config, most likely first
+    (one where the config settles it; `_main_shape` probes the model when several)."""
     config: Any = model.config  # a transformers config: its fields vary by family
-    kind = type(model).__name__
     if name == "pixel_values":
         # CNN backbones (ResNet, RegNet) name no image size: they take any, and were
         # trained at ImageNet's 224 on RGB, the defaults of their image processors.
         size = _pair(getattr(config, "image_size", None)) or (DEFAULT_IMAGE, DEFAULT_IMAGE)
         channels = _int(config, "num_channels") or 3
-        return (batch, channels, *size)
-    elif name == "input_values":
-        return (batch, _samples_for_frames(config, seq_len or DEFAULT_FRAMES))
-    elif name == "input_features":
-        mels = _int(config, "num_mel_bins", "feature_size", "input_feat_per_channel")
+        return [(batch, channels, *size)]
+    if name == "input_values":
+        return [(batch, _samples_for_frames(config, seq_len or DEFAULT_FRAMES))]
+    if name == "input_features":
+        mels = _int(config, *MELS)
         positions = _int(config, "max_source_positions")
         if mels and positions and hasattr(config, "num_mel_bins"):
             # Whisper-like: the encoder's two stride-1/2 convs map 2·P frames to P positions,
             # and the model refuses any other length.
-            return (batch, mels, 2 * positions)
+            return [(batch, mels, 2 * positions)]
+        mels = mels or _deep_int(config, MELS_DEEP)
         if mels:
-            return (batch, seq_len or DEFAULT_SEQ, mels)
-    raise UsageError(
-        f"cannot build inputs for {kind} (its main input is '{name}'): pass --input-shape "
-        "with that input's full shape, batch first"
-    )
+            frames = seq_len or FRAMES
+            return [(batch, frames, mels), (batch, mels, frames)]
+    if name == "pixel_values_videos":
+        side = _pair(getattr(config, "image_size", None)) or _pair(
+            getattr(config, "crop_size", None)
+        )
+        channels = _int(config, "num_channels", "in_chans") or 3
+        tubelet = getattr(config, "tubelet_size", None)  # frames per patch: 2, or [t, h, w]
+        if isinstance(tubelet, list | tuple) and tubelet and isinstance(tubelet[0], int):
+            tubelet = tubelet[0]
+        per_patch = tubelet if isinstance(tubelet, int) and tubelet > 0 else 1
+        fixed = _int(config, "num_frames", "frames_per_clip")
+        # the fewest frames first (two patches deep): a fixed count (learned positions) next
+        frames = list(dict.fromkeys(f for f in (2 * per_patch, fixed) if f))
+        if side:
+            return [(batch, f, channels, *side) for f in frames]
+    if name == "past_values":
+        context = _int(config, "context_length")
+        patch = _int(config, "patch_length") or 1
+        if context:
+            if context > 1024:  # a long-context forecaster takes shorter series
+                context = 8 * patch
+            channels = _int(config, "num_input_channels")
+            shapes = [(batch, context, channels)] if channels else []
+            return [*shapes, (batch, context)]
+    return []
+
+
+def _main_shape(
+    model: nn.Module,
+    name: str,
+    batch: int,
+    seq_len: int | None,
+    extra: Callable[[int], dict[str, torch.Tensor]] | None = None,
+) -> tuple[int, ...]:
+    """The shape of the main input for `name`: the config's, or the first of its
+    candidates one forward pass (one row, eval mode, no gradients; `extra` adds the
+    decoder's inputs) accepts; UsageError if the config says none (the user then passes
+    --input-shape)."""
+    shapes = _main_shapes(model, name, batch, seq_len)
+    if not shapes:
+        raise UsageError(
+            f"cannot build inputs for {type(model).__name__} (its main input is '{name}'): "
+            "pass --input-shape with that input's full shape, batch first"
+        )
+    if len(shapes) == 1:
+        return shapes[0]
+    for shape in shapes:
+        kwargs = {name: torch.randn(1, *shape[1:]), **(extra(1) if extra else {})}
+        if _runs_on(model, kwargs):
+            return shape
+    return shapes[0]  # none runs: the model's own error then says why
+
+
+def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | None:
+    """The frame count of mel features whose forward takes a frame mask (`attention_mask`
+    beside `input_features`, not Whisper's fixed 2·P frames), else None."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    if name != "input_features" or "attention_mask" not in forward_params(model):
+        return None
+    if _int(config, "max_source_positions") and hasattr(config, "num_mel_bins"):
+        return None
+    mels = _int(config, *MELS) or _deep_int(config, MELS_DEEP)
+    if len(shape) != 3:
+        return None
+    return shape[1] if shape[2] == mels else shape[2]
+
+
+def _runs_on(model: nn.Module, kwargs: dict[str, Any]) -> bool:
+    from actscan.measure.state import eval_mode
+
+    try:
+        with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(**kwargs)
+    except Exception:
+        return False
+    return True
 
 
 def _tokens(vocab: int, batch: int, seq: int, seed: int, index: int) -> torch.Tensor:
@@ -233,6 +326,7 @@ def hf_input_source(
     if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
         return None
     config: Any = model.config  # a transformers config: its fields vary by family
+    vocab: int | None = None
     if name == "input_ids":
         if input_shape is not None:
             raise UsageError(
@@ -245,13 +339,6 @@ def hf_input_source(
         seq = seq_len or min(DEFAULT_SEQ, _int(config, "max_position_embeddings") or DEFAULT_SEQ)
         _check_positions(model, seq, ("max_position_embeddings", "n_positions"), "positions")
         shape: tuple[int, ...] = (batch, seq)
-    else:
-        shape = (
-            tuple(input_shape)
-            if input_shape is not None
-            else _main_shape(model, name, batch, seq_len)
-        )
-        vocab = None
     dec_seq = 0
     if _is_encoder_decoder(model):
         dec_seq = seq_len or min(
@@ -261,6 +348,18 @@ def hf_input_source(
         _check_positions(
             model, dec_seq, ("max_target_positions", "max_position_embeddings"), "decoder tokens"
         )
+    if name != "input_ids":
+
+        def decoder(rows: int) -> dict[str, torch.Tensor]:
+            return _decoder_batch(model, rows, dec_seq, seed, 0) if dec_seq else {}
+
+        shape = (
+            tuple(input_shape)
+            if input_shape is not None
+            else _main_shape(model, name, batch, seq_len, decoder)
+        )
+
+    frames = _frames_axis(model, name, shape) if input_shape is None else None
 
     def source(i: int) -> Batch:
         kwargs: dict[str, Any] = {}
@@ -270,6 +369,8 @@ def hf_input_source(
         else:
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
             kwargs = {name: torch.randn(*shape, generator=gen)}
+            if frames:  # every frame is real: the mask an RNN-T/TDT loss reads lengths from
+                kwargs["attention_mask"] = torch.ones(shape[0], frames, dtype=torch.long)
         if dec_seq:
             kwargs.update(_decoder_batch(model, shape[0], dec_seq, seed, i))
         return Batch(kwargs=kwargs)
@@ -446,6 +547,7 @@ def seq_len_of(source: InputSource) -> int:
     """The second dim of batch 0's main tensor; 0 for images and audio (no tokens)."""
     b = source(0)
     media = {"pixel_values", "input_values", "input_features", "grid_thw"}
+    media |= {"pixel_values_videos", "past_values"}
     if b.token_ids is None and media & set(b.kwargs):
         return 0  # images and audio have no sequence of tokens; RunInfo.inputs says what
     shape = first_shape(b)
@@ -458,11 +560,13 @@ def _dims(t: torch.Tensor) -> str:
 
 def describe_batch(batch: Batch) -> str | None:
     """What one batch holds, in words for the header: "2×16 tokens", "2 images 3×32×32",
-    "2 clips of 16000 samples", "2 clips of 80×3000 features", "2×8 decoder tokens"."""
+    "2 clips of 16000 samples", "2 clips of 80×3000 features", "2×8 decoder tokens",
+    "2 videos 4×3×32×32", "2 series of 32×1 values"."""
     kw = batch.kwargs
     parts: list[str] = []
     grid = kw.get("image_grid_thw", kw.get("grid_thw"))
-    for name in ("pixel_values", "hidden_states", "input_values", "input_features"):
+    media = ("pixel_values", "hidden_states", "pixel_values_videos", "input_values")
+    for name in (*media, "input_features", "past_values"):
         t = kw.get(name)
         if isinstance(t, torch.Tensor) and t.dim() >= 2:
             n = t.shape[0]
@@ -476,6 +580,10 @@ def describe_batch(batch: Batch) -> str | None:
                 parts.append(f"{grid.shape[0]} images as {n} patches of {_dims(t)}")
             elif name == "pixel_values":
                 parts.append(f"{n} images {_dims(t)}")
+            elif name == "pixel_values_videos":
+                parts.append(f"{n} videos {_dims(t)}")
+            elif name == "past_values":
+                parts.append(f"{n} series of {_dims(t)} values")
             elif name == "input_values":
                 parts.append(f"{n} clips of {_dims(t)} samples")
             else:
