@@ -237,7 +237,10 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     depth_from: int | None = None
     for key, v in d.items():
-        if isinstance(v, dict) and str(key).endswith(("config", "rope_parameters", "rope_scaling")):
+        configish = isinstance(v, dict) and "model_type" in v  # EncoderDecoder's `encoder`
+        if configish or (
+            isinstance(v, dict) and str(key).endswith(("config", "rope_parameters", "rope_scaling"))
+        ):
             out[key] = _shrink(v)
         elif isinstance(v, int) and not isinstance(v, bool):
             out[key] = _shrink_int(key, v)

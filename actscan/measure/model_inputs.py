@@ -44,6 +44,7 @@ from actscan.records import ModelInfo
 
 __all__ = [
     "ChosenInputs",
+    "cannot_invent",
     "check_positions",
     "choose_inputs",
     "describe_batch",
@@ -68,7 +69,13 @@ def takes_token_ids(model: nn.Module) -> bool:
 
 
 def _is_encoder_decoder(model: nn.Module) -> bool:
-    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+    """A model with a token (or spectrogram) decoder to feed: the config says encoder-
+    decoder and the forward takes decoder inputs. DETR-like detectors say encoder-decoder
+    too, but their decoder runs on learned queries: they take the encoder's input only."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return False
+    params = forward_params(model)
+    return not params or bool({"decoder_input_ids", "decoder_input_values"} & params)
 
 
 def _pair(value: Any) -> tuple[int, int] | None:
@@ -123,9 +130,15 @@ def _main_shapes(
     config: Any = model.config  # a transformers config: its fields vary by family
     if name == "pixel_values":
         # CNN backbones (ResNet, RegNet) name no image size: they take any, and were
-        # trained at ImageNet's 224 on RGB, the defaults of their image processors.
-        size = _pair(getattr(config, "image_size", None)) or (DEFAULT_IMAGE, DEFAULT_IMAGE)
-        channels = _int(config, "num_channels") or 3
+        # trained at ImageNet's 224 on RGB, the defaults of their image processors. An
+        # encoder-decoder (Donut, Nougat) names its encoder's in the encoder's config.
+        vision = _sub(config, "vision_config", "encoder_config", "encoder")
+        size = (
+            _pair(getattr(config, "image_size", None))
+            or _pair(getattr(vision, "image_size", None))
+            or (DEFAULT_IMAGE, DEFAULT_IMAGE)
+        )
+        channels = _int(config, "num_channels") or _int(vision, "num_channels") or 3
         return [(batch, channels, *size)]
     if name == "input_values":
         return [(batch, _samples_for_frames(config, seq_len or DEFAULT_FRAMES))]
@@ -166,6 +179,15 @@ def _main_shapes(
     return []
 
 
+def _sub(config: Any, *names: str) -> Any:
+    """The first of the named sub-configs the config holds, else None."""
+    for name in names:
+        sub = getattr(config, name, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            return sub
+    return None
+
+
 def _main_shape(
     model: nn.Module,
     name: str,
@@ -177,6 +199,9 @@ def _main_shape(
     candidates one forward pass (one row, eval mode, no gradients; `extra` adds the
     decoder's inputs) accepts; UsageError if the config says none (the user then passes
     --input-shape)."""
+    built = {name, "attention_mask", "decoder_input_ids", "decoder_input_values", "labels"}
+    if set(_required(model)) - built:  # one --input-shape cannot give the others
+        raise UsageError(cannot_invent(model))
     shapes = _main_shapes(model, name, batch, seq_len)
     if not shapes:
         raise UsageError(
@@ -241,10 +266,19 @@ def _decoder_batch(
     config: Any = model.config  # a transformers config: its fields vary by family
     if _takes(model, "decoder_input_values") and not _takes(model, "decoder_input_ids"):
         return _spectrogram_batch(config, batch, seq, seed, index)
-    vocab = _int(config, "vocab_size")
-    start = getattr(config, "decoder_start_token_id", None)
-    if start is None:
-        start = getattr(config, "pad_token_id", None)
+    decoder = _decoder_config(config)
+    vocab = _int(config, "vocab_size") or _int(decoder, "vocab_size")
+    start = None
+    for cfg, key in (
+        (config, "decoder_start_token_id"),
+        (config, "pad_token_id"),
+        (decoder, "decoder_start_token_id"),
+        (decoder, "bos_token_id"),
+        (decoder, "pad_token_id"),
+    ):
+        start = getattr(cfg, key, None)
+        if isinstance(start, int) and not isinstance(start, bool):
+            break
     if vocab is None or not isinstance(start, int):
         raise UsageError(
             f"cannot build decoder inputs for {type(model).__name__}: its config has no "
@@ -258,6 +292,18 @@ def _decoder_batch(
     labels = _tokens(vocab, batch, seq, seed + 1, index)
     decoder_ids = torch.cat([torch.full((batch, 1), start), labels[:, :-1]], dim=1)
     return {"decoder_input_ids": decoder_ids, "labels": labels}
+
+
+def _decoder_config(config: Any) -> Any:
+    """The decoder's own config (VisionEncoderDecoder's `decoder`, a text config), else
+    the config itself."""
+    get = getattr(config, "get_text_config", None)
+    if callable(get):
+        try:
+            return get(decoder=True)
+        except (TypeError, ValueError, AttributeError):
+            pass
+    return getattr(config, "decoder", None) or config
 
 
 def _takes(model: nn.Module, name: str) -> bool:
@@ -333,7 +379,10 @@ def hf_input_source(
                 f"--input-shape gives a float tensor, but this {config.model_type} model takes "
                 "token ids (use --batch and --seq-len)"
             )
-        vocab = _int(config, "vocab_size")
+        # an encoder-decoder of two configs (EncoderDecoderModel, Florence-2, Dia) keeps
+        # its encoder's vocabulary in the encoder's or the text config
+        text = _sub(config, "encoder", "text_config", "encoder_config")
+        vocab = _int(config, "vocab_size") or _int(text, "vocab_size")
         if vocab is None:
             raise UsageError(f"cannot build token ids for {type(model).__name__}: no vocab_size")
         seq = seq_len or min(DEFAULT_SEQ, _int(config, "max_position_embeddings") or DEFAULT_SEQ)
@@ -435,6 +484,39 @@ def _runs(model: nn.Module, key: str, config: Any) -> str | None:
     return None
 
 
+# forward arguments that are options, caches or targets, not inputs to invent
+_NOT_INPUTS = {"self", "labels", "return_dict", "return_loss", "use_cache", "cache"}
+_NOT_INPUTS |= {"past_key_values", "output_attentions", "output_hidden_states"}
+_NOT_INPUTS |= {"cache_position", "position_ids", "inputs_embeds", "logits_to_keep"}
+
+
+def cannot_invent(model: nn.Module) -> str:
+    """The refusal when no inputs can be invented: the model's class, the inputs its
+    forward takes (the required ones, else its first few), and what the caller can pass:
+    `inputs=` in Python; on the CLI a `module:function` target returning
+    (model, inputs), or --input-shape when a single float tensor is all it takes."""
+    import inspect
+
+    kind = type(model).__name__
+    try:
+        params = [
+            p
+            for p in inspect.signature(model.forward).parameters.values()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in _NOT_INPUTS
+        ]
+    except (TypeError, ValueError):
+        params = []
+    required = [p.name for p in params if p.default is p.empty]
+    shown = required or [p.name for p in params if "mask" not in p.name][:4]
+    takes = f": its forward takes {', '.join(shown)}" if shown else ""
+    single = len(required) == 1 or (not required and len(shown) == 1)
+    shape = ", or --input-shape for its one float input" if single else ""
+    return (
+        f"cannot invent inputs for {kind}{takes}; pass them as inputs= (Python), or on the CLI "
+        f"as a module:function target that returns (model, inputs){shape}"
+    )
+
+
 def learned_positions(model: nn.Module) -> tuple[str, int] | None:
     """(config field, limit) when the model has a learned position table of that many rows
     (BERT's `max_position_embeddings`, GPT-2's `n_positions`): longer inputs cannot run.
@@ -516,9 +598,7 @@ def choose_inputs(
             as_kwargs=info.family != "actscan-gpt",
         )
     else:
-        raise UsageError(
-            "cannot invent inputs for this model: pass inputs= (or --input-shape on the CLI)"
-        )
+        raise UsageError(cannot_invent(model))
     task_loss = default_loss(info.task, info.vocab_size)
 
     def loss_of(out: Any, b: Batch) -> torch.Tensor:

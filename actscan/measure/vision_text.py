@@ -101,7 +101,7 @@ def _image_token(config: Any) -> int | None:
 
 
 def _vision_config(config: Any) -> Any:
-    for name in ("vision_config", "image_config", "vision_tower_config"):
+    for name in ("vision_config", "image_config", "vision_tower_config", "backbone_config"):
         sub = getattr(config, name, None)
         if sub is not None:
             return sub
