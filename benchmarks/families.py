@@ -256,6 +256,16 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
             out[key][0] += HEAD_DIM // 2 - sum(out[key])
         elif key == "depths" and isinstance(v, list) and all(isinstance(x, int) for x in v):
             out[key] = [min(x, 2) for x in v]
+        elif (
+            _HEADS.search(str(key))
+            and isinstance(v, list)
+            and v
+            and all(type(x) is int and x > 0 for x in v)
+        ):
+            # per-stage heads (Swin's [3, 6, 12, 24], PVT's [1, 2, 5, 8]) over the shrunk
+            # power-of-two stage widths: each the largest power of two within it, so
+            # every stage's width divides by its heads
+            out[key] = [1 << (x.bit_length() - 1) for x in v]
         else:
             out[key] = v
     if depth_from is not None:
