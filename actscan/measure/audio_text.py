@@ -39,7 +39,8 @@ from actscan.measure.vision_text import (
 __all__ = ["audio_text_source"]
 
 SAMPLES = 16_000  # one second at 16 kHz, the rate of nearly every speech checkpoint
-FRAMES = 128  # about a second of 10 ms mel frames, a multiple of any subsampling factor
+# two seconds of 10 ms mel frames: a whole number of 8× subsampling and of 100-frame windows
+FRAMES = 200
 AUDIO_INPUTS = ("input_features", "input_values")
 MASKS = ("input_features_mask", "feature_attention_mask", "audio_attention_mask", "padding_mask")
 MELS = ("num_mel_bins", "feature_size", "input_dim", "n_mels", "num_mels")

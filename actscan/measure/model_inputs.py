@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from actscan.errors import UsageError
-from actscan.measure.audio_text import audio_text_source
+from actscan.measure.audio_text import FRAMES, audio_text_source
 from actscan.measure.inputs import (
     Batch,
     InputSource,
@@ -105,7 +105,6 @@ def _samples_for_frames(config: Any, frames: int) -> int:
 
 MELS = ("num_mel_bins", "feature_size", "input_feat_per_channel", "input_feat_size")
 MELS_DEEP = (*MELS, "feature_projection_input_dim", "input_dim")
-FRAMES = 128  # mel frames when the config fixes none: a multiple of any subsampling factor
 
 
 def _deep_int(config: Any, names: tuple[str, ...], depth: int = 3) -> int | None:
