@@ -83,7 +83,7 @@ ARGUED: dict[str, dict[str, str]] = {}
 _LAYERS = re.compile(r"(^|_)(num_hidden_layers|n_layers?|num_layers|layers|depth)$")
 _HEADS = re.compile(r"(^|_)(num_attention_heads|n_heads?|num_heads|attention_heads)$")
 _KV = re.compile(r"(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num)$")
-_HEAD_DIM = re.compile(r"(^|_)(head_dim|attention_head_dim|kv_channels|head_size)$")
+_HEAD_DIM = re.compile(r"(^|_)(head_dim|attention_head_dim|kv_channels|head_size|d_head)$")
 _HIDDEN = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim|dim|model_dim|d_embed|hidden_dim)$")
 _FFN = re.compile(
     r"(intermediate_size|ffn_dim|^d_ff$|^d_inner$|^n_inner$|mlp_dim|ffn_hidden_size|"
@@ -219,16 +219,47 @@ def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
         for kv in _ints(d, _KV):
             if d[kv] and d[heads] % d[kv] == 0:
                 out[kv] = max(1, out[heads] // (d[heads] // d[kv]))
-    if heads and hidden and head_dim:
-        product = d[heads] * d[head_dim]
+    pairs = _head_pairs(d)
+    if not pairs and heads and head_dim:
+        pairs = [(heads, head_dim)]
+    for h, hd in pairs if hidden else []:
+        product = d[h] * d[hd]
         if product % d[hidden] == 0 and product != d[hidden]:
-            out[heads] = max(1, product // d[hidden] * out[hidden] // out[head_dim])
+            out[h] = max(1, product // d[hidden] * out[hidden] // out[hd])
+    for key, v in d.items():  # a head dim the config leaves to the model (None): derived
+        if v is None and _HEAD_DIM.search(str(key)) and key in out and heads and hidden:
+            out[key] = out[hidden] // out[heads]
     per_head = out[head_dim] if head_dim else None
     if per_head is None and heads and hidden:
         per_head = out[hidden] // out[heads]
     for key in ("rotary_dim", "rotary_emb_dim"):
         if type(d.get(key)) is int and per_head:
             out[key] = min(out[key], per_head)
+
+
+def _head_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
+    """(heads, head dim) keys named with the same prefix: `num_attention_heads`/`head_dim`,
+    Bamba's `mamba_n_heads`/`mamba_d_head` (whose product is expand × hidden)."""
+    pairs = []
+    for hd in _ints(d, _HEAD_DIM):
+        match = _HEAD_DIM.search(hd)
+        prefix = hd[: match.start(2)] if match else ""
+        for h in _ints(d, _HEADS):
+            if not _KV.search(h) and h.startswith(prefix) and _HEADS.fullmatch(h[len(prefix) :]):
+                pairs.append((h, hd))
+                break
+    return pairs
+
+
+def _run_lengths(v: Any, depth_from: int, new: int) -> Any:
+    """GPT-Neo's `attention_types`, [[pattern, repeats], ...] covering every layer: one
+    pattern repeated over the new depth."""
+    if not (isinstance(v, list) and v and all(isinstance(x, list) and len(x) == 2 for x in v)):
+        return v
+    if sum(len(p) * n for p, n in v if isinstance(p, list) and type(n) is int) != depth_from:
+        return v
+    pattern = v[0][0]
+    return [[pattern, max(1, new // len(pattern))]]
 
 
 def _shrink(d: dict[str, Any]) -> dict[str, Any]:
@@ -271,7 +302,9 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
     if depth_from is not None:
         new = next(out[k] for k in out if _LAYERS.search(k) and d[k] == depth_from)
         for key, v in d.items():
-            if isinstance(v, list | str) and len(v) == depth_from and "layer" in key:
+            if key == "attention_types":
+                out[key] = _run_lengths(v, depth_from, new)
+            elif isinstance(v, list | str) and len(v) == depth_from and "layer" in key:
                 out[key] = v[:new]
             elif (
                 isinstance(v, list)

@@ -68,6 +68,14 @@ def _audio_token(config: Any) -> int | None:
     return None
 
 
+def _declares_audio_token(config: Any) -> bool:
+    return any(
+        name in vars(cfg)
+        for cfg in (config, text_config(config))
+        for name in ("audio_token_id", "audio_token_index")
+    )
+
+
 def _candidates(name: str, config: Any, batch: int, seed: int) -> Iterator[dict[str, Any]]:
     """The audio input in each layout the config allows (with its frame count)."""
     audio = _audio_config(config)
@@ -177,8 +185,8 @@ def audio_text_source(
         return None
     token = _audio_token(config)
     if token is None:
-        if _audio_config(config) is config:
-            return None
+        if _audio_config(config) is config or _declares_audio_token(config):
+            return None  # no second tower, or a placeholder the config leaves unset
         probe = text_ids(config, 1, seq, seed, 0)
         found = _layout(model, name, 1, seed, probe)
         if found is None:

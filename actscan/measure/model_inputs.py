@@ -23,6 +23,7 @@ from torch import nn
 
 from actscan.errors import UsageError
 from actscan.measure.audio_text import FRAMES, audio_text_source
+from actscan.measure.audio_text import MASKS as AUDIO_MASKS
 from actscan.measure.inputs import (
     Batch,
     InputSource,
@@ -149,9 +150,9 @@ def _main_shapes(
             # and the model refuses any other length.
             return [(batch, mels, 2 * positions)]
         mels = mels or _deep_int(config, MELS_DEEP)
-        if mels:
-            frames = seq_len or FRAMES
-            return [(batch, frames, mels), (batch, mels, frames)]
+        if mels:  # --seq-len frames first, else (or if the model refuses them) FRAMES
+            counts = dict.fromkeys(f for f in (seq_len, FRAMES) if f)
+            return [s for f in counts for s in ((batch, f, mels), (batch, mels, f))]
     if name == "pixel_values_videos":
         side = _pair(getattr(config, "image_size", None)) or _pair(
             getattr(config, "crop_size", None)
@@ -199,6 +200,7 @@ def _main_shape(
     decoder's inputs) accepts; UsageError if the config says none (the user then passes
     --input-shape)."""
     built = {name, "attention_mask", "decoder_input_ids", "decoder_input_values", "labels"}
+    built |= set(AUDIO_MASKS) if name == "input_features" else set()
     if set(_required(model)) - built:  # one --input-shape cannot give the others
         raise UsageError(cannot_invent(model))
     shapes = _main_shapes(model, name, batch, seq_len)
@@ -209,25 +211,35 @@ def _main_shape(
         )
     if len(shapes) == 1:
         return shapes[0]
+    masks = _frame_masks(model, name)
     for shape in shapes:
         kwargs = {name: torch.randn(1, *shape[1:]), **(extra(1) if extra else {})}
+        frames = _frames_axis(model, name, shape)
+        kwargs.update({m: torch.ones(1, frames, dtype=torch.long) for m in masks if frames})
         if _runs_on(model, kwargs):
             return shape
     return shapes[0]  # none runs: the model's own error then says why
 
 
 def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | None:
-    """The frame count of mel features whose forward takes a frame mask (`attention_mask`
-    beside `input_features`, not Whisper's fixed 2·P frames), else None."""
+    """The frame count of mel features (frames × mels or mels × frames), else None."""
     config: Any = model.config  # a transformers config: its fields vary by family
-    if name != "input_features" or "attention_mask" not in forward_params(model):
-        return None
-    if _int(config, "max_source_positions") and hasattr(config, "num_mel_bins"):
+    if name != "input_features" or len(shape) != 3:
         return None
     mels = _int(config, *MELS) or _deep_int(config, MELS_DEEP)
-    if len(shape) != 3:
-        return None
     return shape[1] if shape[2] == mels else shape[2]
+
+
+def _frame_masks(model: nn.Module, name: str) -> list[str]:
+    """The frame masks to give mel features: those the forward requires
+    (`input_features_mask`), and `attention_mask` where it takes one (not Whisper's fixed
+    2·P frames, which need none)."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    masks = [m for m in AUDIO_MASKS if m in _required(model)]
+    whisper = _int(config, "max_source_positions") and hasattr(config, "num_mel_bins")
+    if "attention_mask" in forward_params(model) and not whisper:
+        masks.append("attention_mask")
+    return masks
 
 
 def _runs_on(model: nn.Module, kwargs: dict[str, Any]) -> bool:
@@ -356,7 +368,9 @@ def hf_input_source(
         if heard is not None:
             return heard
     name = _main_input(model)
-    if input_shape is None and name == "input_ids" and "input_ids" not in forward_params(model):
+    inherited = name == "input_ids" and "input_ids" not in forward_params(model)
+    gridded = name == "pixel_values" and bool(set(_GRIDS) & set(_required(model)))
+    if input_shape is None and (inherited or gridded):
         towers = _tower_source(model, batch=batch, seed=seed)
         if towers is not None:
             return towers
@@ -408,6 +422,7 @@ def hf_input_source(
         )
 
     frames = _frames_axis(model, name, shape) if input_shape is None else None
+    masks = _frame_masks(model, name) if frames else []
 
     def source(i: int) -> Batch:
         kwargs: dict[str, Any] = {}
@@ -417,8 +432,8 @@ def hf_input_source(
         else:
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
             kwargs = {name: torch.randn(*shape, generator=gen)}
-            if frames:  # every frame is real: the mask an RNN-T/TDT loss reads lengths from
-                kwargs["attention_mask"] = torch.ones(shape[0], frames, dtype=torch.long)
+            for mask in masks:  # every frame is real (an RNN-T loss reads lengths off it)
+                kwargs[mask] = torch.ones(shape[0], frames or 0, dtype=torch.long)
         if dec_seq:
             kwargs.update(_decoder_batch(model, shape[0], dec_seq, seed, i))
         return Batch(kwargs=kwargs)
@@ -437,25 +452,32 @@ def _required(model: nn.Module) -> list[str]:
     return [p.name for p in params if p.default is p.empty and p.kind in kinds]
 
 
+_GRIDS = ("grid_thw", "image_grid_thw")
+_MERGES = ("merge_sizes", "image_merge_sizes")
+
+
 def _tower_source(model: nn.Module, *, batch: int, seed: int) -> InputSource | None:
-    """Inputs for a vision tower that inherits `main_input_name = "input_ids"` from its
-    parent class but takes none: its forward's required arguments say what it takes.
-    Images as `pixel_values` (SmolVLM's, Idefics 3's towers), or Qwen-VL-style flattened
-    patches with their grid (`hidden_states`/`pixel_values` + `grid_thw`)."""
+    """Inputs for a vision tower from its forward's required arguments: images as
+    `pixel_values` for one that inherits `main_input_name = "input_ids"` from its parent
+    class but takes none (SmolVLM's, Idefics 3's towers), or Qwen-VL-style patches with
+    their grid (`hidden_states`/`pixel_values` + `grid_thw`, and the merge size where
+    the forward asks for it) in the first form the tower runs on."""
     required = _required(model)
     config: Any = model.config  # a transformers config: its fields vary by family
-    if "grid_thw" in required and {"hidden_states", "pixel_values"} & set(required):
-        key = "hidden_states" if "hidden_states" in required else "pixel_values"
-        if set(required) - {key, "grid_thw"}:
+    grid_key = next((g for g in _GRIDS if g in required), None)
+    key = next((k for k in ("hidden_states", "pixel_values") if k in required), None)
+    if grid_key and key:
+        merge_key = next((m for m in _MERGES if m in required), None)
+        if set(required) - {key, grid_key, merge_key}:
             return None
-        form = _runs(model, key, config)
-        if form is None:
+        found = _runs(model, key, grid_key, merge_key, config)
+        if found is None:
             return None
+        form = found
 
         def patches(i: int) -> Batch:
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
-            flat, grid = patch_grid(config, batch, gen, form)
-            return Batch(kwargs={key: flat, "grid_thw": grid})
+            return Batch(kwargs=_patches(config, batch, gen, form, key, grid_key, merge_key))
 
         return patches
     if required == ["pixel_values"]:
@@ -469,17 +491,33 @@ def _tower_source(model: nn.Module, *, batch: int, seed: int) -> InputSource | N
     return None
 
 
-def _runs(model: nn.Module, key: str, config: Any) -> str | None:
+def _patches(
+    config: Any,
+    batch: int,
+    gen: torch.Generator,
+    form: str,
+    key: str,
+    grid_key: str,
+    merge_key: str | None,
+) -> dict[str, torch.Tensor]:
+    flat, grid = patch_grid(config, batch, gen, form)
+    out = {key: flat, grid_key: grid}
+    if merge_key:  # the 2·merge × 2·merge grid merges merge × merge patches into one
+        out[merge_key] = torch.full((batch,), int(grid[0, 1]) // 2, dtype=torch.long)
+    return out
+
+
+def _runs(
+    model: nn.Module, key: str, grid_key: str, merge_key: str | None, config: Any
+) -> str | None:
     """The first patch form (`patch_grid`) the tower's forward runs on, one image, no
     gradients."""
     for form in ("flat", "conv", "seq"):
-        flat, grid = patch_grid(config, 1, torch.Generator().manual_seed(0), form)
-        try:
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                model(**{key: flat, "grid_thw": grid})
-        except Exception:
-            continue
-        return form
+        kwargs = _patches(
+            config, 1, torch.Generator().manual_seed(0), form, key, grid_key, merge_key
+        )
+        if _runs_on(model, kwargs):
+            return form
     return None
 
 
