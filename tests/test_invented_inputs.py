@@ -175,3 +175,44 @@ def test_a_refusal_names_what_the_forward_takes_and_what_to_pass() -> None:
     assert "\n" not in line
     assert "TimesFmModel" in line and "past_values_padding, freq" in line
     assert "inputs=" in line and "module:function" in line
+
+
+def test_a_gridded_tower_gets_its_merge_sizes_and_a_required_frame_mask() -> None:
+    """VideoLLaMA 3's tower requires patches, their grid and the merge size; Qwen3-ASR's
+    encoder requires a frame mask beside its features and a whole number of its
+    100-frame windows: all from the forward's required arguments and the config."""
+    tower = _tiny("video_llama_3_vision")
+    kw = _batch(tower)
+    assert set(kw) == {"pixel_values", "grid_thw", "merge_sizes"}
+    assert (kw["grid_thw"][:, 1] == 2 * kw["merge_sizes"]).all()
+    with torch.no_grad():
+        tower(**kw)
+    encoder = _tiny("qwen3_asr_encoder")
+    kw = _batch(encoder)
+    feats, mask = kw["input_features"], kw["input_features_mask"]
+    assert feats.shape[-1] % 100 == 0 and mask.shape == (2, feats.shape[-1])
+    with torch.no_grad():
+        encoder(**kw)
+
+
+def test_the_matrix_keeps_what_configs_validate_when_it_shrinks_them() -> None:
+    """The generic shrink keeps each relation a config checks: Mamba heads × head dim =
+    expand × hidden under a prefix (Bamba), a head dim the config leaves None derived
+    (Ministral), GPT-Neo's attention pattern over the new depth, per-stage heads that
+    divide each stage width (Swin), LLaVA-NeXT's pinpoints as multiples of the shrunk
+    tower side, and VipLLaVA's feature layers inside the shrunk tower."""
+    bamba = families.tiny_config("bamba")
+    assert bamba.mamba_n_heads * bamba.mamba_d_head == bamba.mamba_expand * bamba.hidden_size
+    ministral = families.tiny_config("ministral")
+    assert ministral.head_dim * ministral.num_attention_heads == ministral.hidden_size
+    neo = families.tiny_config("gpt_neo")
+    assert len(neo.attention_layers) == neo.num_layers == families.LAYERS
+    swin = families.tiny_config("swin")
+    widths = [swin.embed_dim * 2**i for i in range(len(swin.depths))]
+    assert all(w % h == 0 for w, h in zip(widths, swin.num_heads, strict=True))
+    nxt = families.tiny_config("llava_next")
+    side = nxt.vision_config.image_size
+    assert all(v % side == 0 for p in nxt.image_grid_pinpoints for v in p)
+    vip = families.tiny_config("vipllava")
+    states = vip.vision_config.num_hidden_layers + 1
+    assert all(-states <= i < states for i in vip.vision_feature_layers)

@@ -34,6 +34,7 @@ from actscan.measure.inputs import (
     user_source,
 )
 from actscan.measure.recorder import first_tensor
+from actscan.measure.state import eval_mode
 from actscan.measure.vision_text import config_int as _int
 from actscan.measure.vision_text import (
     forward_params,
@@ -243,8 +244,6 @@ def _frame_masks(model: nn.Module, name: str) -> list[str]:
 
 
 def _runs_on(model: nn.Module, kwargs: dict[str, Any]) -> bool:
-    from actscan.measure.state import eval_mode
-
     try:
         with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
             model(**kwargs)
