@@ -174,8 +174,8 @@ def _main_shapes(
         if context:
             if context > 1024:  # a long-context forecaster takes shorter series
                 context = 8 * patch
-            channels = _int(config, "num_input_channels")
-            shapes = [(batch, context, channels)] if channels else []
+            series = _int(config, "num_input_channels")
+            shapes = [(batch, context, series)] if series else []
             return [*shapes, (batch, context)]
     return []
 
