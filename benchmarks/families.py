@@ -113,7 +113,7 @@ def _shrink_int(key: str, v: int) -> int:
         return min(v, 2)
     if key.endswith("tokens_per_image"):  # pooled from the patch grid: at most its size
         return min(v, (IMAGE // PATCH) ** 2 // 4)
-    if key in ("projection_size", "projection_dim"):
+    if key in ("projection_size", "projection_dim", "codebook_dim"):
         return min(v, HIDDEN)
     if key == "vocab_size":
         return min(v, VOCAB)

@@ -140,9 +140,20 @@ def _main_shapes(
             or (DEFAULT_IMAGE, DEFAULT_IMAGE)
         )
         channels = _int(config, "num_channels") or _int(vision, "num_channels") or 3
-        return [(batch, channels, *size)]
+        frames = _int(config, "num_frames") or _int(vision, "num_frames")
+        image = (batch, channels, *size)
+        # a video model (ViViT, VideoMAE, TimeSformer) names its clip's frame count
+        return [(batch, frames, channels, *size), image] if frames else [image]
     if name == "input_values":
-        return [(batch, _samples_for_frames(config, seq_len or DEFAULT_FRAMES))]
+        # a waveform, mono or with the codec's channel axis (EnCodec, DAC, Mimi); one
+        # second, else a whole number of a long hop (19 200 = 10 × 1 920 = 6 × 3 200)
+        samples = _samples_for_frames(config, seq_len or DEFAULT_FRAMES)
+        channels = _int(config, "audio_channels", "channels") or 1
+        return [
+            shape
+            for n in dict.fromkeys((samples, 19_200))
+            for shape in ((batch, n), (batch, channels, n))
+        ]
     if name == "input_features":
         mels = _int(config, *MELS)
         positions = _int(config, "max_source_positions")

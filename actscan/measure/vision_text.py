@@ -188,6 +188,9 @@ def _layouts(model: nn.Module) -> tuple[str, ...]:
         return ("naflex",)
     if "image_sizes" in params and _pinpoint(model.config, _image_side(model)):
         return ("anyres", "plain", "nested")
+    vision = _vision_config(model.config) or model.config
+    if config_int(vision, "num_frames") or config_int(model.config, "num_frames"):
+        return ("video", "plain", "nested")
     return ("plain", "nested", "sizes", "nested+sizes", "tiles")
 
 
@@ -206,10 +209,11 @@ def _images(
 ) -> dict[str, torch.Tensor]:
     """`pixel_values` (and what goes with them) for `batch` images in `layout`: "plain"
     (batch, C, H, W); "nested": one image per sample as (batch, 1, C, H, W), the layout
-    Idefics-like models take; "tiles": nested with a mask per tile (Granite Docling), not
-    per pixel; "sizes": with `image_sizes`; "anyres": LLaVA-NeXT's tiles
-    of a pinpoint-sized image and its base view; Qwen-VL's patches with their
-    `image_grid_thw` ("flat", "conv", "seq", `patch_grid`); "naflex": `patch_sequence`."""
+    Idefics-like models take; "video": (batch, frames, C, H, W); "tiles": nested with a
+    mask per tile (Granite Docling), not per pixel; "sizes": with `image_sizes`;
+    "anyres": LLaVA-NeXT's tiles of a pinpoint-sized image and its base view; Qwen-VL's
+    patches with their `image_grid_thw` ("flat", "conv", "seq", `patch_grid`);
+    "naflex": `patch_sequence`."""
     config: Any = model.config  # a transformers config: its fields vary by family
     params = forward_params(model)
     vision = _vision_config(config) or config
@@ -230,7 +234,9 @@ def _images(
     if point is not None:
         views = 1 + (point[0] // size) * (point[1] // size)
     pixels = torch.randn(batch, views, channels, size, size, generator=gen)
-    nested = layout in ("nested", "nested+sizes", "anyres", "tiles")
+    if layout == "video":  # X-CLIP: a clip of the frames the vision config names
+        views = config_int(vision, "num_frames") or config_int(config, "num_frames") or 1
+    nested = layout in ("nested", "nested+sizes", "anyres", "tiles", "video")
     out = {"pixel_values": pixels if nested else pixels[:, 0]}
     if "pixel_attention_mask" in params:  # every pixel (or tile) is real: no padding
         rows = out["pixel_values"].shape[:-3]
