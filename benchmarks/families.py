@@ -90,7 +90,8 @@ _FFN = re.compile(
     r"^inner_dim$|intermediate_dim)$"
 )
 _EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
-_TOPK = re.compile(r"^(num_experts_per_tok|top_k|moe_topk|num_selected_experts)$")
+_TOPK = re.compile(r"^(num_experts_per_tok|top_k|moe_topk|moe_k|num_selected_experts)$")
+_GROUPS = re.compile(r"^(n_group|num_expert_group)$")  # expert groups (DeepSeek-V3 routing)
 _TOKEN = re.compile(r"(token_id|token_index|_token)$")
 
 
@@ -111,6 +112,10 @@ def _shrink_int(key: str, v: int) -> int:
         return min(v, 4)
     if _TOPK.search(key):
         return min(v, 2)
+    if _GROUPS.search(key):  # 2 groups of the 4 experts, 1 of them picked: 2 ≥ top-k
+        return min(v, 2)
+    if key == "topk_group":
+        return min(v, 1)
     if key.endswith("tokens_per_image"):  # pooled from the patch grid: at most its size
         return min(v, (IMAGE // PATCH) ** 2 // 4)
     if key in ("projection_size", "projection_dim", "codebook_dim"):
@@ -226,6 +231,10 @@ def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
         product = d[h] * d[hd]
         if product % d[hidden] == 0 and product != d[hidden]:
             out[h] = max(1, product // d[hidden] * out[hidden] // out[hd])
+    experts = next(iter(_ints(d, _EXPERTS)), None)
+    for key, v in d.items():  # a top-k the config leaves None beside experts: 2 of them
+        if v is None and _TOPK.search(str(key)) and key in out and experts:
+            out[key] = 2
     for key, v in d.items():  # a head dim the config leaves to the model (None): derived
         if v is None and _HEAD_DIM.search(str(key)) and key in out and heads and hidden:
             out[key] = out[hidden] // out[heads]
