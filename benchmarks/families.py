@@ -260,6 +260,36 @@ def _head_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
     return pairs
 
 
+def _every_kind(v: list[Any], new: int) -> list[Any]:
+    """A per-layer list cut to the new depth, keeping every kind of layer the full list
+    has (a hybrid's few attention layers among linear ones): a kind the cut lost takes
+    the last place not holding another kind that appears once."""
+    out = list(v[:new])
+    missing = [k for k in dict.fromkeys(x for x in v if isinstance(x, str)) if k not in out]
+    place = new - 1
+    for kind in missing:
+        while place > 0 and out.count(out[place]) == 1:
+            place -= 1
+        if place <= 0:
+            break
+        out[place] = kind
+        place -= 1
+    return out
+
+
+def _period_offsets(d: dict[str, Any], out: dict[str, Any], new: int) -> None:
+    """Jamba's `attn_layer_period`/`attn_layer_offset` (layer i is attention when
+    i % period == offset): the period within the new depth, the offset inside it."""
+    for key, period in d.items():
+        if not (str(key).endswith("_period") and type(period) is int and period > new):
+            continue
+        offset_key = str(key)[: -len("period")] + "offset"
+        offset = d.get(offset_key)
+        out[key] = new
+        if type(offset) is int:
+            out[offset_key] = min(offset, new - 1)
+
+
 def _run_lengths(v: Any, depth_from: int, new: int) -> Any:
     """GPT-Neo's `attention_types`, [[pattern, repeats], ...] covering every layer: one
     pattern repeated over the new depth."""
@@ -310,10 +340,13 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
             out[key] = v
     if depth_from is not None:
         new = next(out[k] for k in out if _LAYERS.search(k) and d[k] == depth_from)
+        _period_offsets(d, out, new)
         for key, v in d.items():
             if key == "attention_types":
                 out[key] = _run_lengths(v, depth_from, new)
-            elif isinstance(v, list | str) and len(v) == depth_from and "layer" in key:
+            elif isinstance(v, list) and len(v) == depth_from and "layer" in key:
+                out[key] = _every_kind(v, new)
+            elif isinstance(v, str) and len(v) == depth_from and "layer" in key:
                 out[key] = v[:new]
             elif (
                 isinstance(v, list)

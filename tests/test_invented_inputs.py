@@ -216,3 +216,41 @@ def test_the_matrix_keeps_what_configs_validate_when_it_shrinks_them() -> None:
     vip = families.tiny_config("vipllava")
     states = vip.vision_config.num_hidden_layers + 1
     assert all(-states <= i < states for i in vip.vision_feature_layers)
+
+
+def test_invented_batches_ask_for_no_cache_and_a_hybrid_runs() -> None:
+    """A profiled pass is a training pass: invented batches carry use_cache=False, and
+    Bamba (all Mamba layers at this depth, whose cache holds no attention layer and so
+    cannot be built) runs instead of raising."""
+    from actscan import scan
+    from actscan.measure.model_inputs import choose_inputs
+    from actscan.targets.hf import hf_info
+
+    model = _tiny("bamba")
+    info = hf_info(model, model.config, "bamba", at_init=True, init=None)
+    chosen = choose_inputs(model, info, None, None, batch=2, seq_len=8, seed=0)
+    assert chosen.source(0).kwargs.get("use_cache") is False
+    report = scan(model, batch=2, seq_len=8)
+    assert report.run.inputs == "2×8 tokens"
+    own = {"input_ids": torch.zeros(2, 8, dtype=torch.long)}
+    mine = choose_inputs(model, info, own, None, batch=2, seq_len=8, seed=0)
+    assert "use_cache" not in mine.source(0).kwargs  # the caller's inputs go as given
+
+
+def test_the_shrink_keeps_routing_groups_and_every_kind_of_layer() -> None:
+    """DeepSeek-V3 routes among expert groups: as many groups as the shrunk experts
+    allow, top-k within the picked groups; a hybrid's per-layer kinds (Kimi-Linear's one
+    full-attention layer in four) survive the cut to four layers; Jamba's attention
+    period fits inside the new depth."""
+    ds = families.tiny_config("deepseek_v3")
+    assert ds.n_routed_experts % ds.n_group == 0
+    assert ds.topk_group * ds.n_routed_experts // ds.n_group >= ds.num_experts_per_tok
+    kimi = families.tiny_config("kimi_linear")
+    full = transformers.AutoConfig.for_model("kimi_linear")
+    assert set(kimi.layer_types) == set(full.layer_types)
+    assert len(kimi.layer_types) == kimi.num_hidden_layers
+    jamba = families.tiny_config("jamba")
+    assert any(
+        i % jamba.attn_layer_period == jamba.attn_layer_offset
+        for i in range(jamba.num_hidden_layers)
+    )

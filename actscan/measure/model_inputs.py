@@ -646,6 +646,8 @@ def choose_inputs(
         )
     else:
         raise UsageError(cannot_invent(model))
+    if inputs is None and "use_cache" in forward_params(model):
+        source = _without_cache(source)
     task_loss = default_loss(info.task, info.vocab_size)
 
     def loss_of(out: Any, b: Batch) -> torch.Tensor:
@@ -654,6 +656,18 @@ def choose_inputs(
     return ChosenInputs(
         source, loss_of, seq, describe_loss(info.task, source(0), caller=loss_fn is not None)
     )
+
+
+def _without_cache(source: InputSource) -> InputSource:
+    """Invented batches ask for no key/value cache (`use_cache=False`): a profiled pass
+    is a training pass, never decoded from, and a hybrid whose cache holds no attention
+    layer (Jamba, Bamba, Granite-MoE-Hybrid at small depth) refuses to build one."""
+
+    def wrapped(i: int) -> Batch:
+        b = source(i)
+        return Batch(args=b.args, kwargs={**b.kwargs, "use_cache": False})
+
+    return wrapped
 
 
 def first_shape(b: Batch) -> tuple[int, ...]:
