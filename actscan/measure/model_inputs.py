@@ -176,9 +176,9 @@ def _main_shapes(
         per_patch = tubelet if isinstance(tubelet, int) and tubelet > 0 else 1
         fixed = _int(config, "num_frames", "frames_per_clip")
         # the fewest frames first (two patches deep): a fixed count (learned positions) next
-        frames = list(dict.fromkeys(f for f in (2 * per_patch, fixed) if f))
+        clips = list(dict.fromkeys(f for f in (2 * per_patch, fixed) if f))
         if side:
-            return [(batch, f, channels, *side) for f in frames]
+            return [(batch, f, channels, *side) for f in clips]
     if name == "past_values":
         context = _int(config, "context_length")
         patch = _int(config, "patch_length") or 1
