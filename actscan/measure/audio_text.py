@@ -30,6 +30,7 @@ from torch import nn
 from actscan.measure.inputs import Batch
 from actscan.measure.vision_text import (
     config_int,
+    deep_config_int,
     feature_rows,
     forward_params,
     text_config,
@@ -43,7 +44,9 @@ SAMPLES = 16_000  # one second at 16 kHz, the rate of nearly every speech checkp
 FRAMES = 200
 AUDIO_INPUTS = ("input_features", "input_values")
 MASKS = ("input_features_mask", "feature_attention_mask", "audio_attention_mask", "padding_mask")
-MELS = ("num_mel_bins", "feature_size", "input_dim", "n_mels", "num_mels")
+# where a config (or a sub-config of it) keeps its mel bins
+MELS: tuple[str, ...] = ("num_mel_bins", "feature_size", "input_feat_per_channel")
+MELS += ("input_feat_size", "feature_projection_input_dim", "input_dim", "n_mels", "num_mels")
 SUB_CONFIGS = ("audio_config", "encoder_config", "speech_config", "audio_encoder_config")
 
 
@@ -87,7 +90,7 @@ def _candidates(name: str, config: Any, batch: int, seed: int) -> Iterator[dict[
             yield {name: wave}
             yield {name: wave.view(batch, 1, samples).expand(batch, channels, samples)}
         return
-    mels = _deep_int(audio, MELS) or _deep_int(config, MELS)
+    mels = deep_config_int(audio, MELS) or deep_config_int(config, MELS)
     if mels is None:
         return
     fixed = [
@@ -103,19 +106,6 @@ def _candidates(name: str, config: Any, batch: int, seed: int) -> Iterator[dict[
         yield {name: feats, "frames": frames}
         yield {name: feats.transpose(1, 2).contiguous(), "frames": frames}
         yield {name: feats.transpose(1, 2).unsqueeze(1).contiguous(), "frames": frames}
-
-
-def _deep_int(config: Any, names: tuple[str, ...], depth: int = 3) -> int | None:
-    """The first of `names` the config or a sub-config of it (depth first) holds."""
-    found = config_int(config, *names)
-    if found is not None or depth == 0:
-        return found
-    for key, sub in vars(config).items():
-        if key.endswith("_config") and hasattr(sub, "to_dict"):
-            found = _deep_int(sub, names, depth - 1)
-            if found is not None:
-                return found
-    return None
 
 
 def _named(fn: Callable[..., Any] | None) -> set[str]:

@@ -24,6 +24,7 @@ from torch import nn
 from actscan.errors import UsageError
 from actscan.measure.audio_text import FRAMES, audio_text_source
 from actscan.measure.audio_text import MASKS as AUDIO_MASKS
+from actscan.measure.audio_text import MELS as MELS_DEEP
 from actscan.measure.inputs import (
     Batch,
     InputSource,
@@ -37,6 +38,7 @@ from actscan.measure.recorder import first_tensor
 from actscan.measure.state import eval_mode
 from actscan.measure.vision_text import config_int as _int
 from actscan.measure.vision_text import (
+    deep_config_int,
     forward_params,
     patch_grid,
     patch_sequence,
@@ -105,22 +107,7 @@ def _samples_for_frames(config: Any, frames: int) -> int:
     return length
 
 
-MELS = ("num_mel_bins", "feature_size", "input_feat_per_channel", "input_feat_size")
-MELS_DEEP = (*MELS, "feature_projection_input_dim", "input_dim")
-
-
-def _deep_int(config: Any, names: tuple[str, ...], depth: int = 3) -> int | None:
-    """The first of `names` the config or a sub-config of it (depth first) holds: an
-    ASR model keeps its mel bins in `encoder_config`."""
-    found = _int(config, *names)
-    if found is not None or depth == 0:
-        return found
-    for key, sub in vars(config).items():
-        if key.endswith("_config") and hasattr(sub, "to_dict"):
-            found = _deep_int(sub, names, depth - 1)
-            if found is not None:
-                return found
-    return None
+MELS = MELS_DEEP[:4]  # the top-level names: a sub-config's are searched past them
 
 
 def _main_shapes(
@@ -161,7 +148,7 @@ def _main_shapes(
             # Whisper-like: the encoder's two stride-1/2 convs map 2·P frames to P positions,
             # and the model refuses any other length.
             return [(batch, mels, 2 * positions)]
-        mels = mels or _deep_int(config, MELS_DEEP)
+        mels = mels or deep_config_int(config, MELS_DEEP)
         if mels:  # --seq-len frames first, else (or if the model refuses them) FRAMES
             counts = dict.fromkeys(f for f in (seq_len, FRAMES) if f)
             return [s for f in counts for s in ((batch, f, mels), (batch, mels, f))]
@@ -238,7 +225,7 @@ def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | N
     config: Any = model.config  # a transformers config: its fields vary by family
     if name != "input_features" or len(shape) != 3:
         return None
-    mels = _int(config, *MELS) or _deep_int(config, MELS_DEEP)
+    mels = _int(config, *MELS) or deep_config_int(config, MELS_DEEP)
     return shape[1] if shape[2] == mels else shape[2]
 
 

@@ -28,6 +28,7 @@ from actscan.measure.inputs import Batch, random_tokens
 
 __all__ = [
     "config_int",
+    "deep_config_int",
     "feature_rows",
     "forward_params",
     "patch_grid",
@@ -53,6 +54,20 @@ def config_int(config: Any, *names: str) -> int | None:
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
+    return None
+
+
+def deep_config_int(config: Any, names: tuple[str, ...], depth: int = 3) -> int | None:
+    """The first of `names` the config or a sub-config of it (depth first) holds: an ASR
+    model keeps its mel bins in `encoder_config`, a speech LM deeper still."""
+    found = config_int(config, *names)
+    if found is not None or depth == 0:
+        return found
+    for key, sub in vars(config).items():
+        if key.endswith("_config") and hasattr(sub, "to_dict"):
+            found = deep_config_int(sub, names, depth - 1)
+            if found is not None:
+                return found
     return None
 
 
