@@ -70,6 +70,7 @@ MROPE: dict[str, list[int]] = {
     "glm4v_moe_text": [2, 3, 3],
     "glm_ocr_text": [2, 3, 3],
     "glm_image_text": [2, 3, 3],
+    "paddleocr_vl_text": [2, 3, 3],
 }
 
 # Findings argued true on a type's healthy tiny init (check id -> why), or a reason a
@@ -108,14 +109,15 @@ ARGUED: dict[str, dict[str, str]] = {
 _LAYERS = re.compile(r"(^|_)(num_hidden_layers|n_layers?|num_layers|layers|depth)$")
 _HEADS = re.compile(r"(^|_)(num_attention_heads|n_heads?|num_heads|attention_heads)$")
 _KV = re.compile(r"(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num)$")
-_HEAD_DIM = re.compile(r"(^|_)(head_dim|attention_head_dim|kv_channels|head_size)$")
+_HEAD_DIM = re.compile(r"(^|_)(head_dim|attention_head_dim|kv_channels|head_size|d_head)$")
 _HIDDEN = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim|dim|model_dim|d_embed|hidden_dim)$")
 _FFN = re.compile(
     r"(intermediate_size|ffn_dim|^d_ff$|^d_inner$|^n_inner$|mlp_dim|ffn_hidden_size|"
     r"^inner_dim$|intermediate_dim)$"
 )
 _EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
-_TOPK = re.compile(r"^(num_experts_per_tok|top_k|moe_topk|num_selected_experts)$")
+_TOPK = re.compile(r"^(num_experts_per_tok|top_k|moe_topk|moe_k|num_selected_experts)$")
+_GROUPS = re.compile(r"^(n_group|num_expert_group)$")  # expert groups (DeepSeek-V3 routing)
 _TOKEN = re.compile(r"(token_id|token_index|_token)$")
 
 
@@ -136,13 +138,17 @@ def _shrink_int(key: str, v: int) -> int:
         return min(v, 4)
     if _TOPK.search(key):
         return min(v, 2)
+    if _GROUPS.search(key):  # 2 groups of the 4 experts, 1 of them picked: 2 ≥ top-k
+        return min(v, 2)
+    if key == "topk_group":
+        return min(v, 1)
     if key.endswith("tokens_per_image"):  # pooled from the patch grid: at most its size
         return min(v, (IMAGE // PATCH) ** 2 // 4)
-    if key in ("projection_size", "projection_dim"):
+    if key in ("projection_size", "projection_dim", "codebook_dim"):
         return min(v, HIDDEN)
     if key == "vocab_size":
         return min(v, VOCAB)
-    if key == "image_size":
+    if key in ("image_size", "crop_size"):
         return min(v, IMAGE)
     if key == "patch_size":
         return min(v, PATCH)
@@ -162,10 +168,57 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
     level: a vision-language model names its image token at the top, its vocabulary in
     `text_config`) beyond the smallest new vocabulary inside it, one distinct id each."""
     out = _shrink(d)
+    _scale_pinpoints(d, out)
+    _feature_layers(d, out)
     vocabs = [v for v in _vocabs(out) if v <= VOCAB]
     if vocabs:
         _move_ids(d, out, min(vocabs), [min(vocabs) - 1])
     return out
+
+
+def _image_sides(d: dict[str, Any]) -> list[int]:
+    found = [v for k, v in d.items() if k == "image_size" and type(v) is int and v > 0]
+    for v in d.values():
+        if isinstance(v, dict):
+            found += _image_sides(v)
+    return found
+
+
+def _scale_pinpoints(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """LLaVA-NeXT's `image_grid_pinpoints` are whole multiples of the vision tower's
+    image side: kept so at the shrunk side (336 → 32: [336, 672] → [32, 64])."""
+    points = d.get("image_grid_pinpoints")
+    sides = [s for s in _image_sides(d) if s > IMAGE]
+    if not (isinstance(points, list) and sides):
+        return
+    side = max(sides)
+    out["image_grid_pinpoints"] = [
+        [max(1, round(v / side)) * IMAGE for v in p] if isinstance(p, list) else p for p in points
+    ]
+
+
+def _feature_layers(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """A vision-language model's `vision_feature_layer(s)` index the vision tower's hidden
+    states (depth + 1 of them, negative from the end): kept inside the shrunk tower, those
+    that fall outside dropped (the last one kept when none is left)."""
+    vision = out.get("vision_config")
+    if not isinstance(vision, dict):
+        return
+    depth = next((v for k, v in vision.items() if _LAYERS.search(k) and type(v) is int), None)
+    if not depth:
+        return
+    states = depth + 1
+
+    def inside(x: int) -> bool:
+        return -states <= x < states
+
+    for key, v in d.items():
+        if "feature_layer" not in str(key):
+            continue
+        if type(v) is int and not inside(v):
+            out[key] = -1
+        elif isinstance(v, list) and all(type(x) is int for x in v):
+            out[key] = [x for x in v if inside(x)] or [-1]
 
 
 def _move_ids(d: dict[str, Any], out: dict[str, Any], vocab: int, top: list[int]) -> None:
@@ -197,10 +250,20 @@ def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
         for kv in _ints(d, _KV):
             if d[kv] and d[heads] % d[kv] == 0:
                 out[kv] = max(1, out[heads] // (d[heads] // d[kv]))
-    if heads and hidden and head_dim:
-        product = d[heads] * d[head_dim]
+    pairs = _head_pairs(d)
+    if not pairs and heads and head_dim:
+        pairs = [(heads, head_dim)]
+    for h, hd in pairs if hidden else []:
+        product = d[h] * d[hd]
         if product % d[hidden] == 0 and product != d[hidden]:
-            out[heads] = max(1, product // d[hidden] * out[hidden] // out[head_dim])
+            out[h] = max(1, product // d[hidden] * out[hidden] // out[hd])
+    experts = next(iter(_ints(d, _EXPERTS)), None)
+    for key, v in d.items():  # a top-k the config leaves None beside experts: 2 of them
+        if v is None and _TOPK.search(str(key)) and key in out and experts:
+            out[key] = 2
+    for key, v in d.items():  # a head dim the config leaves to the model (None): derived
+        if v is None and _HEAD_DIM.search(str(key)) and key in out and heads and hidden:
+            out[key] = out[hidden] // out[heads]
     per_head = out[head_dim] if head_dim else None
     if per_head is None and heads and hidden:
         per_head = out[hidden] // out[heads]
@@ -209,13 +272,71 @@ def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
             out[key] = min(out[key], per_head)
 
 
+def _head_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
+    """(heads, head dim) keys named with the same prefix: `num_attention_heads`/`head_dim`,
+    Bamba's `mamba_n_heads`/`mamba_d_head` (whose product is expand × hidden)."""
+    pairs = []
+    for hd in _ints(d, _HEAD_DIM):
+        match = _HEAD_DIM.search(hd)
+        prefix = hd[: match.start(2)] if match else ""
+        for h in _ints(d, _HEADS):
+            if not _KV.search(h) and h.startswith(prefix) and _HEADS.fullmatch(h[len(prefix) :]):
+                pairs.append((h, hd))
+                break
+    return pairs
+
+
+def _every_kind(v: list[Any], new: int) -> list[Any]:
+    """A per-layer list cut to the new depth, keeping every kind of layer the full list
+    has (a hybrid's few attention layers among linear ones): a kind the cut lost takes
+    the last place not holding another kind that appears once."""
+    out = list(v[:new])
+    missing = [k for k in dict.fromkeys(x for x in v if isinstance(x, str)) if k not in out]
+    place = new - 1
+    for kind in missing:
+        while place > 0 and out.count(out[place]) == 1:
+            place -= 1
+        if place <= 0:
+            break
+        out[place] = kind
+        place -= 1
+    return out
+
+
+def _period_offsets(d: dict[str, Any], out: dict[str, Any], new: int) -> None:
+    """Jamba's `attn_layer_period`/`attn_layer_offset` (layer i is attention when
+    i % period == offset): the period within the new depth, the offset inside it."""
+    for key, period in d.items():
+        if not (str(key).endswith("_period") and type(period) is int and period > new):
+            continue
+        offset_key = str(key)[: -len("period")] + "offset"
+        offset = d.get(offset_key)
+        out[key] = new
+        if type(offset) is int:
+            out[offset_key] = min(offset, new - 1)
+
+
+def _run_lengths(v: Any, depth_from: int, new: int) -> Any:
+    """GPT-Neo's `attention_types`, [[pattern, repeats], ...] covering every layer: one
+    pattern repeated over the new depth."""
+    if not (isinstance(v, list) and v and all(isinstance(x, list) and len(x) == 2 for x in v)):
+        return v
+    if sum(len(p) * n for p, n in v if isinstance(p, list) and type(n) is int) != depth_from:
+        return v
+    pattern = v[0][0]
+    return [[pattern, max(1, new // len(pattern))]]
+
+
 def _shrink(d: dict[str, Any]) -> dict[str, Any]:
     """Size-like ints capped, per-layer lists cut to the new depth, layer indices kept
     below it (sub-configs recursively)."""
     out: dict[str, Any] = {}
     depth_from: int | None = None
     for key, v in d.items():
-        if isinstance(v, dict) and str(key).endswith(("config", "rope_parameters", "rope_scaling")):
+        configish = isinstance(v, dict) and "model_type" in v  # EncoderDecoder's `encoder`
+        if configish or (
+            isinstance(v, dict) and str(key).endswith(("config", "rope_parameters", "rope_scaling"))
+        ):
             out[key] = _shrink(v)
         elif isinstance(v, int) and not isinstance(v, bool):
             out[key] = _shrink_int(key, v)
@@ -231,12 +352,27 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
             out[key][0] += HEAD_DIM // 2 - sum(out[key])
         elif key == "depths" and isinstance(v, list) and all(isinstance(x, int) for x in v):
             out[key] = [min(x, 2) for x in v]
+        elif (
+            _HEADS.search(str(key))
+            and isinstance(v, list)
+            and v
+            and all(type(x) is int and x > 0 for x in v)
+        ):
+            # per-stage heads (Swin's [3, 6, 12, 24], PVT's [1, 2, 5, 8]) over the shrunk
+            # power-of-two stage widths: each the largest power of two within it, so
+            # every stage's width divides by its heads
+            out[key] = [1 << (x.bit_length() - 1) for x in v]
         else:
             out[key] = v
     if depth_from is not None:
         new = next(out[k] for k in out if _LAYERS.search(k) and d[k] == depth_from)
+        _period_offsets(d, out, new)
         for key, v in d.items():
-            if isinstance(v, list | str) and len(v) == depth_from and "layer" in key:
+            if key == "attention_types":
+                out[key] = _run_lengths(v, depth_from, new)
+            elif isinstance(v, list) and len(v) == depth_from and "layer" in key:
+                out[key] = _every_kind(v, new)
+            elif isinstance(v, str) and len(v) == depth_from and "layer" in key:
                 out[key] = v[:new]
             elif (
                 isinstance(v, list)

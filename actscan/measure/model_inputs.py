@@ -22,6 +22,9 @@ import torch
 from torch import nn
 
 from actscan.errors import UsageError
+from actscan.measure.audio_text import FRAMES, audio_text_source
+from actscan.measure.audio_text import MASKS as AUDIO_MASKS
+from actscan.measure.audio_text import MELS as MELS_DEEP
 from actscan.measure.inputs import (
     Batch,
     InputSource,
@@ -32,12 +35,20 @@ from actscan.measure.inputs import (
     user_source,
 )
 from actscan.measure.recorder import first_tensor
+from actscan.measure.state import eval_mode
 from actscan.measure.vision_text import config_int as _int
-from actscan.measure.vision_text import vision_text_source
+from actscan.measure.vision_text import (
+    deep_config_int,
+    forward_params,
+    patch_grid,
+    patch_sequence,
+    vision_text_source,
+)
 from actscan.records import ModelInfo
 
 __all__ = [
     "ChosenInputs",
+    "cannot_invent",
     "check_positions",
     "choose_inputs",
     "describe_batch",
@@ -62,7 +73,13 @@ def takes_token_ids(model: nn.Module) -> bool:
 
 
 def _is_encoder_decoder(model: nn.Module) -> bool:
-    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+    """A model with a token (or spectrogram) decoder to feed: the config says encoder-
+    decoder and the forward takes decoder inputs. DETR-like detectors say encoder-decoder
+    too, but their decoder runs on learned queries: they take the encoder's input only."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return False
+    params = forward_params(model)
+    return not params or bool({"decoder_input_ids", "decoder_input_values"} & params)
 
 
 def _pair(value: Any) -> tuple[int, int] | None:
@@ -90,32 +107,147 @@ def _samples_for_frames(config: Any, frames: int) -> int:
     return length
 
 
-def _main_shape(model: nn.Module, name: str, batch: int, seq_len: int | None) -> tuple[int, ...]:
-    """The shape of the main input for `name`, read off the config; UsageError if it
-    cannot be (the user then passes --input-shape)."""
+MELS = MELS_DEEP[:4]  # the top-level names: a sub-config's are searched past them
+
+
+def _main_shapes(
+    model: nn.Module, name: str, batch: int, seq_len: int | None
+) -> list[tuple[int, ...]]:
+    """The shapes the main input `name` may have, read off the config, most likely first
+    (one where the config settles it; `_main_shape` probes the model when several)."""
     config: Any = model.config  # a transformers config: its fields vary by family
-    kind = type(model).__name__
     if name == "pixel_values":
         # CNN backbones (ResNet, RegNet) name no image size: they take any, and were
-        # trained at ImageNet's 224 on RGB, the defaults of their image processors.
-        size = _pair(getattr(config, "image_size", None)) or (DEFAULT_IMAGE, DEFAULT_IMAGE)
-        channels = _int(config, "num_channels") or 3
-        return (batch, channels, *size)
-    elif name == "input_values":
-        return (batch, _samples_for_frames(config, seq_len or DEFAULT_FRAMES))
-    elif name == "input_features":
-        mels = _int(config, "num_mel_bins", "feature_size", "input_feat_per_channel")
+        # trained at ImageNet's 224 on RGB, the defaults of their image processors. An
+        # encoder-decoder (Donut, Nougat) names its encoder's in the encoder's config.
+        vision = _sub(config, "vision_config", "encoder_config", "encoder")
+        size = (
+            _pair(getattr(config, "image_size", None))
+            or _pair(getattr(vision, "image_size", None))
+            or (DEFAULT_IMAGE, DEFAULT_IMAGE)
+        )
+        channels = _int(config, "num_channels") or _int(vision, "num_channels") or 3
+        frames = _int(config, "num_frames") or _int(vision, "num_frames")
+        image = (batch, channels, *size)
+        # a video model (ViViT, VideoMAE, TimeSformer) names its clip's frame count
+        return [(batch, frames, channels, *size), image] if frames else [image]
+    if name == "input_values":
+        # a waveform, mono or with the codec's channel axis (EnCodec, DAC, Mimi); one
+        # second, else a whole number of a long hop (19 200 = 10 × 1 920 = 6 × 3 200)
+        samples = _samples_for_frames(config, seq_len or DEFAULT_FRAMES)
+        channels = _int(config, "audio_channels", "channels") or 1
+        return [
+            shape
+            for n in dict.fromkeys((samples, 19_200))
+            for shape in ((batch, n), (batch, channels, n))
+        ]
+    if name == "input_features":
+        mels = _int(config, *MELS)
         positions = _int(config, "max_source_positions")
         if mels and positions and hasattr(config, "num_mel_bins"):
             # Whisper-like: the encoder's two stride-1/2 convs map 2·P frames to P positions,
             # and the model refuses any other length.
-            return (batch, mels, 2 * positions)
-        if mels:
-            return (batch, seq_len or DEFAULT_SEQ, mels)
-    raise UsageError(
-        f"cannot build inputs for {kind} (its main input is '{name}'): pass --input-shape "
-        "with that input's full shape, batch first"
-    )
+            return [(batch, mels, 2 * positions)]
+        mels = mels or deep_config_int(config, MELS_DEEP)
+        if mels:  # --seq-len frames first, else (or if the model refuses them) FRAMES
+            counts = dict.fromkeys(f for f in (seq_len, FRAMES) if f)
+            return [s for f in counts for s in ((batch, f, mels), (batch, mels, f))]
+    if name == "pixel_values_videos":
+        side = _pair(getattr(config, "image_size", None)) or _pair(
+            getattr(config, "crop_size", None)
+        )
+        channels = _int(config, "num_channels", "in_chans") or 3
+        tubelet = getattr(config, "tubelet_size", None)  # frames per patch: 2, or [t, h, w]
+        if isinstance(tubelet, list | tuple) and tubelet and isinstance(tubelet[0], int):
+            tubelet = tubelet[0]
+        per_patch = tubelet if isinstance(tubelet, int) and tubelet > 0 else 1
+        fixed = _int(config, "num_frames", "frames_per_clip")
+        # the fewest frames first (two patches deep): a fixed count (learned positions) next
+        clips = list(dict.fromkeys(f for f in (2 * per_patch, fixed) if f))
+        if side:
+            return [(batch, f, channels, *side) for f in clips]
+    if name == "past_values":
+        context = _int(config, "context_length")
+        patch = _int(config, "patch_length") or 1
+        if context:
+            if context > 1024:  # a long-context forecaster takes shorter series
+                context = 8 * patch
+            series = _int(config, "num_input_channels")
+            shapes = [(batch, context, series)] if series else []
+            return [*shapes, (batch, context)]
+    return []
+
+
+def _sub(config: Any, *names: str) -> Any:
+    """The first of the named sub-configs the config holds, else None."""
+    for name in names:
+        sub = getattr(config, name, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            return sub
+    return None
+
+
+def _main_shape(
+    model: nn.Module,
+    name: str,
+    batch: int,
+    seq_len: int | None,
+    extra: Callable[[int], dict[str, torch.Tensor]] | None = None,
+) -> tuple[int, ...]:
+    """The shape of the main input for `name`: the config's, or the first of its
+    candidates one forward pass (one row, eval mode, no gradients; `extra` adds the
+    decoder's inputs) accepts; UsageError if the config says none (the user then passes
+    --input-shape)."""
+    built = {name, "attention_mask", "decoder_input_ids", "decoder_input_values", "labels"}
+    built |= set(AUDIO_MASKS) if name == "input_features" else set()
+    if set(_required(model)) - built:  # one --input-shape cannot give the others
+        raise UsageError(cannot_invent(model))
+    shapes = _main_shapes(model, name, batch, seq_len)
+    if not shapes:
+        raise UsageError(
+            f"cannot build inputs for {type(model).__name__} (its main input is '{name}'): "
+            "pass --input-shape with that input's full shape, batch first"
+        )
+    if len(shapes) == 1:
+        return shapes[0]
+    masks = _frame_masks(model, name)
+    for shape in shapes:
+        kwargs = {name: torch.randn(1, *shape[1:]), **(extra(1) if extra else {})}
+        frames = _frames_axis(model, name, shape)
+        kwargs.update({m: torch.ones(1, frames, dtype=torch.long) for m in masks if frames})
+        if _runs_on(model, kwargs):
+            return shape
+    return shapes[0]  # none runs: the model's own error then says why
+
+
+def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | None:
+    """The frame count of mel features (frames × mels or mels × frames), else None."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    if name != "input_features" or len(shape) != 3:
+        return None
+    mels = _int(config, *MELS) or deep_config_int(config, MELS_DEEP)
+    return shape[1] if shape[2] == mels else shape[2]
+
+
+def _frame_masks(model: nn.Module, name: str) -> list[str]:
+    """The frame masks to give mel features: those the forward requires
+    (`input_features_mask`), and `attention_mask` where it takes one (not Whisper's fixed
+    2·P frames, which need none)."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    masks = [m for m in AUDIO_MASKS if m in _required(model)]
+    whisper = _int(config, "max_source_positions") and hasattr(config, "num_mel_bins")
+    if "attention_mask" in forward_params(model) and not whisper:
+        masks.append("attention_mask")
+    return masks
+
+
+def _runs_on(model: nn.Module, kwargs: dict[str, Any]) -> bool:
+    try:
+        with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(**kwargs)
+    except Exception:
+        return False
+    return True
 
 
 def _tokens(vocab: int, batch: int, seq: int, seed: int, index: int) -> torch.Tensor:
@@ -142,10 +274,19 @@ def _decoder_batch(
     config: Any = model.config  # a transformers config: its fields vary by family
     if _takes(model, "decoder_input_values") and not _takes(model, "decoder_input_ids"):
         return _spectrogram_batch(config, batch, seq, seed, index)
-    vocab = _int(config, "vocab_size")
-    start = getattr(config, "decoder_start_token_id", None)
-    if start is None:
-        start = getattr(config, "pad_token_id", None)
+    decoder = _decoder_config(config)
+    vocab = _int(config, "vocab_size") or _int(decoder, "vocab_size")
+    start = None
+    for cfg, key in (
+        (config, "decoder_start_token_id"),
+        (config, "pad_token_id"),
+        (decoder, "decoder_start_token_id"),
+        (decoder, "bos_token_id"),
+        (decoder, "pad_token_id"),
+    ):
+        start = getattr(cfg, key, None)
+        if isinstance(start, int) and not isinstance(start, bool):
+            break
     if vocab is None or not isinstance(start, int):
         raise UsageError(
             f"cannot build decoder inputs for {type(model).__name__}: its config has no "
@@ -159,6 +300,18 @@ def _decoder_batch(
     labels = _tokens(vocab, batch, seq, seed + 1, index)
     decoder_ids = torch.cat([torch.full((batch, 1), start), labels[:, :-1]], dim=1)
     return {"decoder_input_ids": decoder_ids, "labels": labels}
+
+
+def _decoder_config(config: Any) -> Any:
+    """The decoder's own config (VisionEncoderDecoder's `decoder`, a text config), else
+    the config itself."""
+    get = getattr(config, "get_text_config", None)
+    if callable(get):
+        try:
+            return get(decoder=True)
+        except (TypeError, ValueError, AttributeError):
+            pass
+    return getattr(config, "decoder", None) or config
 
 
 def _takes(model: nn.Module, name: str) -> bool:
@@ -206,29 +359,45 @@ def hf_input_source(
         )
         if both is not None:
             return both
+        heard = audio_text_source(
+            model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ
+        )
+        if heard is not None:
+            return heard
     name = _main_input(model)
+    inherited = name == "input_ids" and "input_ids" not in forward_params(model)
+    gridded = name == "pixel_values" and bool(set(_GRIDS) & set(_required(model)))
+    if input_shape is None and (inherited or gridded):
+        towers = _tower_source(model, batch=batch, seed=seed)
+        if towers is not None:
+            return towers
+    if input_shape is None and name == "pixel_values" and "spatial_shapes" in forward_params(model):
+        config_: Any = model.config
+
+        def sequences(i: int) -> Batch:
+            gen = torch.Generator().manual_seed(seed * 100_003 + i)
+            return Batch(kwargs=patch_sequence(config_, batch, gen))
+
+        return sequences
     if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
         return None
     config: Any = model.config  # a transformers config: its fields vary by family
+    vocab: int | None = None
     if name == "input_ids":
         if input_shape is not None:
             raise UsageError(
                 f"--input-shape gives a float tensor, but this {config.model_type} model takes "
                 "token ids (use --batch and --seq-len)"
             )
-        vocab = _int(config, "vocab_size")
+        # an encoder-decoder of two configs (EncoderDecoderModel, Florence-2, Dia) keeps
+        # its encoder's vocabulary in the encoder's or the text config
+        text = _sub(config, "encoder", "text_config", "encoder_config")
+        vocab = _int(config, "vocab_size") or _int(text, "vocab_size")
         if vocab is None:
             raise UsageError(f"cannot build token ids for {type(model).__name__}: no vocab_size")
         seq = seq_len or min(DEFAULT_SEQ, _int(config, "max_position_embeddings") or DEFAULT_SEQ)
         _check_positions(model, seq, ("max_position_embeddings", "n_positions"), "positions")
         shape: tuple[int, ...] = (batch, seq)
-    else:
-        shape = (
-            tuple(input_shape)
-            if input_shape is not None
-            else _main_shape(model, name, batch, seq_len)
-        )
-        vocab = None
     dec_seq = 0
     if _is_encoder_decoder(model):
         dec_seq = seq_len or min(
@@ -238,6 +407,19 @@ def hf_input_source(
         _check_positions(
             model, dec_seq, ("max_target_positions", "max_position_embeddings"), "decoder tokens"
         )
+    if name != "input_ids":
+
+        def decoder(rows: int) -> dict[str, torch.Tensor]:
+            return _decoder_batch(model, rows, dec_seq, seed, 0) if dec_seq else {}
+
+        shape = (
+            tuple(input_shape)
+            if input_shape is not None
+            else _main_shape(model, name, batch, seq_len, decoder)
+        )
+
+    frames = _frames_axis(model, name, shape) if input_shape is None else None
+    masks = _frame_masks(model, name) if frames else []
 
     def source(i: int) -> Batch:
         kwargs: dict[str, Any] = {}
@@ -247,11 +429,126 @@ def hf_input_source(
         else:
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
             kwargs = {name: torch.randn(*shape, generator=gen)}
+            for mask in masks:  # every frame is real (an RNN-T loss reads lengths off it)
+                kwargs[mask] = torch.ones(shape[0], frames or 0, dtype=torch.long)
         if dec_seq:
             kwargs.update(_decoder_batch(model, shape[0], dec_seq, seed, i))
         return Batch(kwargs=kwargs)
 
     return source
+
+
+def _required(model: nn.Module) -> list[str]:
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.default is p.empty and p.kind in kinds]
+
+
+_GRIDS = ("grid_thw", "image_grid_thw")
+_MERGES = ("merge_sizes", "image_merge_sizes")
+
+
+def _tower_source(model: nn.Module, *, batch: int, seed: int) -> InputSource | None:
+    """Inputs for a vision tower from its forward's required arguments: images as
+    `pixel_values` for one that inherits `main_input_name = "input_ids"` from its parent
+    class but takes none (SmolVLM's, Idefics 3's towers), or Qwen-VL-style patches with
+    their grid (`hidden_states`/`pixel_values` + `grid_thw`, and the merge size where
+    the forward asks for it) in the first form the tower runs on."""
+    required = _required(model)
+    config: Any = model.config  # a transformers config: its fields vary by family
+    grid_key = next((g for g in _GRIDS if g in required), None)
+    key = next((k for k in ("hidden_states", "pixel_values") if k in required), None)
+    if grid_key and key:
+        merge_key = next((m for m in _MERGES if m in required), None)
+        if set(required) - {key, grid_key, merge_key}:
+            return None
+        found = _runs(model, key, grid_key, merge_key, config)
+        if found is None:
+            return None
+        form = found
+
+        def patches(i: int) -> Batch:
+            gen = torch.Generator().manual_seed(seed * 100_003 + i)
+            return Batch(kwargs=_patches(config, batch, gen, form, key, grid_key, merge_key))
+
+        return patches
+    if required == ["pixel_values"]:
+        shape = _main_shape(model, "pixel_values", batch, None)
+
+        def images(i: int) -> Batch:
+            gen = torch.Generator().manual_seed(seed * 100_003 + i)
+            return Batch(kwargs={"pixel_values": torch.randn(*shape, generator=gen)})
+
+        return images
+    return None
+
+
+def _patches(
+    config: Any,
+    batch: int,
+    gen: torch.Generator,
+    form: str,
+    key: str,
+    grid_key: str,
+    merge_key: str | None,
+) -> dict[str, torch.Tensor]:
+    flat, grid = patch_grid(config, batch, gen, form)
+    out = {key: flat, grid_key: grid}
+    if merge_key:  # the 2·merge × 2·merge grid merges merge × merge patches into one
+        out[merge_key] = torch.full((batch,), int(grid[0, 1]) // 2, dtype=torch.long)
+    return out
+
+
+def _runs(
+    model: nn.Module, key: str, grid_key: str, merge_key: str | None, config: Any
+) -> str | None:
+    """The first patch form (`patch_grid`) the tower's forward runs on, one image, no
+    gradients."""
+    for form in ("flat", "conv", "seq"):
+        kwargs = _patches(
+            config, 1, torch.Generator().manual_seed(0), form, key, grid_key, merge_key
+        )
+        if _runs_on(model, kwargs):
+            return form
+    return None
+
+
+# forward arguments that are options, caches or targets, not inputs to invent
+_NOT_INPUTS = {"self", "labels", "return_dict", "return_loss", "use_cache", "cache"}
+_NOT_INPUTS |= {"past_key_values", "output_attentions", "output_hidden_states"}
+_NOT_INPUTS |= {"cache_position", "position_ids", "inputs_embeds", "logits_to_keep"}
+
+
+def cannot_invent(model: nn.Module) -> str:
+    """The refusal when no inputs can be invented: the model's class, the inputs its
+    forward takes (the required ones, else its first few), and what the caller can pass:
+    `inputs=` in Python; on the CLI a `module:function` target returning
+    (model, inputs), or --input-shape when a single float tensor is all it takes."""
+    import inspect
+
+    kind = type(model).__name__
+    try:
+        params = [
+            p
+            for p in inspect.signature(model.forward).parameters.values()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in _NOT_INPUTS
+        ]
+    except (TypeError, ValueError):
+        params = []
+    required = [p.name for p in params if p.default is p.empty]
+    shown = required or [p.name for p in params if "mask" not in p.name][:4]
+    takes = f": its forward takes {', '.join(shown)}" if shown else ""
+    single = len(required) == 1 or (not required and len(shown) == 1)
+    shape = ", or --input-shape for its one float input" if single else ""
+    return (
+        f"cannot invent inputs for {kind}{takes}; pass them as inputs= (Python), or on the CLI "
+        f"as a module:function target that returns (model, inputs){shape}"
+    )
 
 
 def learned_positions(model: nn.Module) -> tuple[str, int] | None:
@@ -335,9 +632,9 @@ def choose_inputs(
             as_kwargs=info.family != "actscan-gpt",
         )
     else:
-        raise UsageError(
-            "cannot invent inputs for this model: pass inputs= (or --input-shape on the CLI)"
-        )
+        raise UsageError(cannot_invent(model))
+    if inputs is None and "use_cache" in forward_params(model):
+        source = _without_cache(source)
     task_loss = default_loss(info.task, info.vocab_size)
 
     def loss_of(out: Any, b: Batch) -> torch.Tensor:
@@ -346,6 +643,18 @@ def choose_inputs(
     return ChosenInputs(
         source, loss_of, seq, describe_loss(info.task, source(0), caller=loss_fn is not None)
     )
+
+
+def _without_cache(source: InputSource) -> InputSource:
+    """Invented batches ask for no key/value cache (`use_cache=False`): a profiled pass
+    is a training pass, never decoded from, and a hybrid whose cache holds no attention
+    layer (Jamba, Bamba, Granite-MoE-Hybrid at small depth) refuses to build one."""
+
+    def wrapped(i: int) -> Batch:
+        b = source(i)
+        return Batch(args=b.args, kwargs={**b.kwargs, "use_cache": False})
+
+    return wrapped
 
 
 def first_shape(b: Batch) -> tuple[int, ...]:
@@ -365,7 +674,9 @@ def batch_size(source: InputSource) -> int:
 def seq_len_of(source: InputSource) -> int:
     """The second dim of batch 0's main tensor; 0 for images and audio (no tokens)."""
     b = source(0)
-    if b.token_ids is None and {"pixel_values", "input_values", "input_features"} & set(b.kwargs):
+    media = {"pixel_values", "input_values", "input_features", "grid_thw"}
+    media |= {"pixel_values_videos", "past_values"}
+    if b.token_ids is None and media & set(b.kwargs):
         return 0  # images and audio have no sequence of tokens; RunInfo.inputs says what
     shape = first_shape(b)
     return shape[1] if len(shape) >= 2 else 0
@@ -377,18 +688,30 @@ def _dims(t: torch.Tensor) -> str:
 
 def describe_batch(batch: Batch) -> str | None:
     """What one batch holds, in words for the header: "2×16 tokens", "2 images 3×32×32",
-    "2 clips of 16000 samples", "2 clips of 80×3000 features", "2×8 decoder tokens"."""
+    "2 clips of 16000 samples", "2 clips of 80×3000 features", "2×8 decoder tokens",
+    "2 videos 4×3×32×32", "2 series of 32×1 values"."""
     kw = batch.kwargs
     parts: list[str] = []
-    for name in ("pixel_values", "input_values", "input_features"):
+    grid = kw.get("image_grid_thw", kw.get("grid_thw"))
+    media = ("pixel_values", "hidden_states", "pixel_values_videos", "input_values")
+    for name in (*media, "input_features", "past_values"):
         t = kw.get(name)
         if isinstance(t, torch.Tensor) and t.dim() >= 2:
             n = t.shape[0]
-            grid = kw.get("image_grid_thw")
-            if name == "pixel_values" and isinstance(grid, torch.Tensor) and grid.dim() == 2:
+            if name == "hidden_states" and not isinstance(grid, torch.Tensor):
+                continue
+            if (
+                isinstance(grid, torch.Tensor)
+                and grid.dim() == 2
+                and name in ("pixel_values", "hidden_states")
+            ):
                 parts.append(f"{grid.shape[0]} images as {n} patches of {_dims(t)}")
             elif name == "pixel_values":
                 parts.append(f"{n} images {_dims(t)}")
+            elif name == "pixel_values_videos":
+                parts.append(f"{n} videos {_dims(t)}")
+            elif name == "past_values":
+                parts.append(f"{n} series of {_dims(t)} values")
             elif name == "input_values":
                 parts.append(f"{n} clips of {_dims(t)} samples")
             else:

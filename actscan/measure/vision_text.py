@@ -26,12 +26,22 @@ from torch import nn
 
 from actscan.measure.inputs import Batch, random_tokens
 
-__all__ = ["config_int", "vision_text_source"]
+__all__ = [
+    "config_int",
+    "deep_config_int",
+    "feature_rows",
+    "forward_params",
+    "patch_grid",
+    "patch_sequence",
+    "text_config",
+    "text_ids",
+    "vision_text_source",
+]
 
 DEFAULT_IMAGE = 224
 
 
-def _params(model: nn.Module) -> set[str]:
+def forward_params(model: nn.Module) -> set[str]:
     try:
         return set(inspect.signature(model.forward).parameters)
     except (TypeError, ValueError):
@@ -47,7 +57,21 @@ def config_int(config: Any, *names: str) -> int | None:
     return None
 
 
-def _text_config(config: Any) -> Any:
+def deep_config_int(config: Any, names: tuple[str, ...], depth: int = 3) -> int | None:
+    """The first of `names` the config or a sub-config of it (depth first) holds: an ASR
+    model keeps its mel bins in `encoder_config`, a speech LM deeper still."""
+    found = config_int(config, *names)
+    if found is not None or depth == 0:
+        return found
+    for key, sub in vars(config).items():
+        if key.endswith("_config") and hasattr(sub, "to_dict"):
+            found = deep_config_int(sub, names, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def text_config(config: Any) -> Any:
     get = getattr(config, "get_text_config", None)
     if callable(get):
         try:
@@ -61,7 +85,7 @@ def _special_ids(config: Any, vocab: int) -> set[int]:
     """Every token id the configs name (image, video, audio, boi/eoi, pad...): random text
     must not hit one, or it would read as a placeholder."""
     ids: set[int] = set()
-    for cfg in (config, _text_config(config)):
+    for cfg in (config, text_config(config)):
         for key, value in vars(cfg).items():
             named = "token" in key or key.endswith("_id")
             if named and isinstance(value, int) and not isinstance(value, bool) and value < vocab:
@@ -69,8 +93,8 @@ def _special_ids(config: Any, vocab: int) -> set[int]:
     return ids
 
 
-def _text_ids(config: Any, batch: int, seq: int, seed: int, index: int) -> torch.Tensor | None:
-    text = _text_config(config)
+def text_ids(config: Any, batch: int, seq: int, seed: int, index: int) -> torch.Tensor | None:
+    text = text_config(config)
     vocab = config_int(text, "vocab_size") or config_int(config, "vocab_size")
     if vocab is None:
         return None
@@ -83,7 +107,7 @@ def _text_ids(config: Any, batch: int, seq: int, seed: int, index: int) -> torch
 
 
 def _image_token(config: Any) -> int | None:
-    for cfg in (config, _text_config(config)):
+    for cfg in (config, text_config(config)):
         for name in ("image_token_id", "image_token_index"):
             value = getattr(cfg, name, None)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -92,7 +116,7 @@ def _image_token(config: Any) -> int | None:
 
 
 def _vision_config(config: Any) -> Any:
-    for name in ("vision_config", "image_config", "vision_tower_config"):
+    for name in ("vision_config", "image_config", "vision_tower_config", "backbone_config"):
         sub = getattr(config, name, None)
         if sub is not None:
             return sub
@@ -107,40 +131,138 @@ def _square(value: Any) -> int | None:
     return None
 
 
-def _images(
-    model: nn.Module, batch: int, seed: int, index: int, nested: bool = False, sizes: bool = False
-) -> dict[str, torch.Tensor]:
-    """`pixel_values` (and Qwen-VL's `image_grid_thw`, LLaVA-NeXT/Mistral 3's
-    `image_sizes`, with `sizes`) for `batch` images; `nested`: one image per sample as
-    (batch, 1, C, H, W), the layout Idefics-like models take."""
+def patch_grid(
+    vision: Any, batch: int, gen: torch.Generator, form: str = "flat"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen-VL-style patches for `batch` images and their (t, h, w) grid: one frame of
+    2·merge × 2·merge patches each, every patch C × T × P × P values (the channels, the
+    temporal patch and the patch side the vision config names). `form`: "flat" (one row
+    per patch), "conv" (each patch C × P × P, for a tower whose first layer is a conv
+    over patches), "seq" (one sequence of every patch, 1 × N × C × P × P)."""
+    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
+    patch = config_int(vision, "patch_size", "spatial_patch_size") or 14
+    temporal = config_int(vision, "temporal_patch_size", "patch_temporal") or 1  # one frame
+    merge = config_int(vision, "spatial_merge_size", "merge_size") or _first(
+        getattr(vision, "merge_kernel_size", None)
+    )
+    side = 2 * (merge or 2)
+    grid = torch.tensor([[1, side, side]] * batch)
+    n = batch * side * side
+    flat = torch.randn(n, channels * temporal * patch * patch, generator=gen)
+    if form == "conv":
+        flat = flat.view(n, channels * temporal, patch, patch)
+    elif form == "seq":
+        flat = flat.view(1, n, channels * temporal, patch, patch)
+    return flat, grid
+
+
+def _first(value: Any) -> int | None:
+    if isinstance(value, list | tuple) and value and isinstance(value[0], int):
+        return int(value[0])
+    return None
+
+
+def patch_sequence(vision: Any, batch: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """SigLIP 2 (NaFlex)-style inputs: each image a sequence of flattened C × P × P
+    patches with its (h, w) patch grid and a mask of every patch (none is padding); a
+    4 × 4 grid, even for a 2 × 2 pixel unshuffle behind the tower."""
+    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
+    patch = config_int(vision, "patch_size") or 16
+    side = 4
+    flat = torch.randn(batch, side * side, channels * patch * patch, generator=gen)
+    return {
+        "pixel_values": flat,
+        "spatial_shapes": torch.tensor([[side, side]] * batch),
+        "pixel_attention_mask": torch.ones(batch, side * side, dtype=torch.long),
+    }
+
+
+def _pinpoint(config: Any, size: int) -> tuple[int, int] | None:
+    """LLaVA-NeXT's "anyres": the smallest of the config's `image_grid_pinpoints` that
+    tiles whole images of the tower's side (an image of that size is cut into those
+    tiles plus one resized base view)."""
+    points = getattr(config, "image_grid_pinpoints", None)
+    if not isinstance(points, list | tuple):
+        return None
+    fits = [
+        (int(p[0]), int(p[1]))
+        for p in points
+        if isinstance(p, list | tuple)
+        and len(p) == 2
+        and all(isinstance(v, int) and v > 0 and v % size == 0 for v in p)
+    ]
+    return min(fits, key=lambda p: p[0] * p[1]) if fits else None
+
+
+def _layouts(model: nn.Module) -> tuple[str, ...]:
+    """The image layouts to try, in order, for the model's forward."""
+    params = forward_params(model)
+    if "image_grid_thw" in params:
+        return ("flat", "conv", "seq")
+    if "spatial_shapes" in params:
+        return ("naflex",)
+    if "image_sizes" in params and _pinpoint(model.config, _image_side(model)):
+        return ("anyres", "plain", "nested")
+    vision = _vision_config(model.config) or model.config
+    if config_int(vision, "num_frames") or config_int(model.config, "num_frames"):
+        return ("video", "plain", "nested")
+    return ("plain", "nested", "sizes", "nested+sizes", "tiles")
+
+
+def _image_side(model: nn.Module) -> int:
     config: Any = model.config  # a transformers config: its fields vary by family
     vision = _vision_config(config) or config
-    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
-    gen = torch.Generator().manual_seed(seed * 100_003 + index + 7)
-    if "image_grid_thw" in _params(model):
-        patch = config_int(vision, "patch_size", "spatial_patch_size") or 14
-        temporal = config_int(vision, "temporal_patch_size") or 2
-        merge = config_int(vision, "spatial_merge_size") or 2
-        side = 2 * merge
-        grid = torch.tensor([[1, side, side]] * batch)
-        flat = torch.randn(batch * side * side, channels * temporal * patch * patch, generator=gen)
-        return {"pixel_values": flat, "image_grid_thw": grid}
-    size = (
+    return (
         _square(getattr(vision, "image_size", None))
         or _square(getattr(config, "image_size", None))
         or DEFAULT_IMAGE
     )
-    pixels = torch.randn(batch, channels, size, size, generator=gen)
-    out = {"pixel_values": pixels.unsqueeze(1) if nested else pixels}
-    if "pixel_attention_mask" in _params(model):  # every pixel is real (no padding)
+
+
+def _images(
+    model: nn.Module, batch: int, seed: int, index: int, layout: str = "plain"
+) -> dict[str, torch.Tensor]:
+    """`pixel_values` (and what goes with them) for `batch` images in `layout`: "plain"
+    (batch, C, H, W); "nested": one image per sample as (batch, 1, C, H, W), the layout
+    Idefics-like models take; "video": (batch, frames, C, H, W); "tiles": nested with a
+    mask per tile (Granite Docling), not per pixel; "sizes": with `image_sizes`;
+    "anyres": LLaVA-NeXT's tiles of a pinpoint-sized image and its base view; Qwen-VL's
+    patches with their `image_grid_thw` ("flat", "conv", "seq", `patch_grid`);
+    "naflex": `patch_sequence`."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    params = forward_params(model)
+    vision = _vision_config(config) or config
+    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
+    gen = torch.Generator().manual_seed(seed * 100_003 + index + 7)
+    if layout in ("flat", "conv", "seq"):
+        flat, grid = patch_grid(vision, batch, gen, layout)
+        out = {"pixel_values": flat, "image_grid_thw": grid}
+        if "image_merge_sizes" in params:
+            merge = int(grid[0, 1]) // 2
+            out["image_merge_sizes"] = torch.full((batch,), merge, dtype=torch.long)
+        return out
+    if layout == "naflex":
+        return patch_sequence(vision, batch, gen)
+    size = _image_side(model)
+    views = 1
+    point = _pinpoint(config, size) if layout == "anyres" else None
+    if point is not None:
+        views = 1 + (point[0] // size) * (point[1] // size)
+    pixels = torch.randn(batch, views, channels, size, size, generator=gen)
+    if layout == "video":  # X-CLIP: a clip of the frames the vision config names
+        views = config_int(vision, "num_frames") or config_int(config, "num_frames") or 1
+    nested = layout in ("nested", "nested+sizes", "anyres", "tiles", "video")
+    out = {"pixel_values": pixels if nested else pixels[:, 0]}
+    if "pixel_attention_mask" in params:  # every pixel (or tile) is real: no padding
         rows = out["pixel_values"].shape[:-3]
-        out["pixel_attention_mask"] = torch.ones((*rows, size, size), dtype=torch.bool)
-    if sizes:
-        out["image_sizes"] = torch.tensor([[size, size]] * batch)
+        pixel = () if layout == "tiles" else (size, size)
+        out["pixel_attention_mask"] = torch.ones((*rows, *pixel), dtype=torch.bool)
+    if layout in ("sizes", "nested+sizes") or point is not None:
+        out["image_sizes"] = torch.tensor([list(point or (size, size))] * batch)
     return out
 
 
-def _feature_rows(out: Any, width: int | None) -> int | None:
+def feature_rows(out: Any, width: int | None) -> int | None:
     """How many text positions `get_image_features`' output fills: its rows of the text
     width (the check transformers' placeholder mask makes)."""
     pooled = getattr(out, "pooler_output", None)
@@ -160,26 +282,25 @@ def _feature_rows(out: Any, width: int | None) -> int | None:
     return sum(t.numel() // t.shape[-1] for t in tensors if t.dim() >= 1)
 
 
-def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, bool, bool] | None:
-    """Placeholders the batch's images fill, from the model's own vision path, and
-    the layout it took (nested (batch, 1, C, H, W), with `image_sizes`); None when no
-    layout runs."""
+def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, str] | None:
+    """Placeholders the batch's images fill, from the model's own vision path, and the
+    layout it took (`_images`); None when no layout runs."""
     get = getattr(model, "get_image_features", None)
     if not callable(get):  # some keep it on the inner model (DeepSeek-VL's `model`)
         get = getattr(getattr(model, "model", None), "get_image_features", None)
     if not callable(get):
         return None
-    width = config_int(_text_config(model.config), "hidden_size")
-    for nested, sizes in ((False, False), (True, False), (False, True), (True, True)):
-        images = _images(model, batch, seed, 0, nested, sizes)
+    width = config_int(text_config(model.config), "hidden_size")
+    for layout in _layouts(model):
+        images = _images(model, batch, seed, 0, layout)
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 out = get(**images)
         except Exception:
             continue
-        rows = _feature_rows(out, width)
+        rows = feature_rows(out, width)
         if rows is not None:
-            return rows, nested, sizes
+            return rows, layout
     return None
 
 
@@ -189,10 +310,10 @@ def vision_text_source(
     """Images and token ids for a two-tower or vision-language model, or None when the
     model is neither (its forward takes no `pixel_values` beside `input_ids`)."""
     config: Any = getattr(model, "config", None)
-    params = _params(model)
+    params = forward_params(model)
     if config is None or not {"input_ids", "pixel_values"} <= params:
         return None
-    text = _text_config(config)
+    text = text_config(config)
     limit = config_int(text, "max_position_embeddings")
     seq = seq_len or min(default_seq, limit or default_seq)
     image_token = _image_token(config)
@@ -201,31 +322,31 @@ def vision_text_source(
             return None
 
         def two_tower(i: int) -> Batch:
-            ids = _text_ids(config, batch, seq, seed, i)
+            ids = text_ids(config, batch, seq, seed, i)
             assert ids is not None  # checked below, before the source is returned
             kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-            kw.update(_images(model, batch, seed, i))
+            kw.update(_images(model, batch, seed, i, _layouts(model)[0]))
             if "return_loss" in params:
                 kw["return_loss"] = False
             return Batch(kwargs=kw)
 
-        return two_tower if _text_ids(config, 1, 1, seed, 0) is not None else None
+        return two_tower if text_ids(config, 1, 1, seed, 0) is not None else None
 
     counted = _count_image_tokens(model, batch, seed)
     if counted is None or counted[0] % batch:
         return None
-    per_image, nested, sizes = counted[0] // batch, counted[1], counted[2]
+    per_image, layout = counted[0] // batch, counted[1]
 
     def vlm(i: int) -> Batch:
-        ids = _text_ids(config, batch, seq, seed, i)
+        ids = text_ids(config, batch, seq, seed, i)
         assert ids is not None
         ids = torch.cat([torch.full((batch, per_image), image_token), ids], dim=1)
         kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        kw.update(_images(model, batch, seed, i, nested, sizes))
+        kw.update(_images(model, batch, seed, i, layout))
         if "token_type_ids" in params:  # PaliGemma/Gemma 3: 0 on image and prompt tokens
             kw["token_type_ids"] = torch.zeros_like(ids)
         if "mm_token_type_ids" in params:  # Qwen-VL's M-RoPE: 1 on image tokens
             kw["mm_token_type_ids"] = (ids == image_token).long()
         return Batch(kwargs=kw)
 
-    return vlm if _text_ids(config, 1, 1, seed, 0) is not None else None
+    return vlm if text_ids(config, 1, 1, seed, 0) is not None else None

@@ -1,0 +1,256 @@
+"""Inputs invented from a model's own description (issue 22), one mechanism per test, each
+on a tiny model built with transformers' own init: the model's forward accepting the
+batch is the independent check (transformers raises when placeholders and features
+disagree, or a shape is wrong). The tiny configs come from the breadth matrix's generic
+shrink (benchmarks/families.py), not from per-model tables."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from actscan.errors import UsageError  # noqa: E402
+from actscan.measure.inputs import Batch  # noqa: E402
+from actscan.measure.model_inputs import describe_batch, hf_input_source  # noqa: E402
+from benchmarks import families  # noqa: E402
+
+TYPES = families.model_types()
+
+
+def _tiny(model_type: str) -> Any:
+    model = families.build(model_type, TYPES[model_type])
+    return model.eval()
+
+
+def _batch(model: Any, batch: int = 2, seq_len: int | None = 8) -> dict[str, Any]:
+    source = hf_input_source(model, batch=batch, seq_len=seq_len, seed=0)
+    assert source is not None
+    return dict(source(0).kwargs)
+
+
+@pytest.mark.parametrize(
+    "model_type", [pytest.param("glmasr", marks=pytest.mark.slow), "qwen3_asr"]
+)
+def test_an_audio_language_model_gets_as_many_audio_tokens_as_its_clips_fill(
+    model_type: str,
+) -> None:
+    """GLM-ASR and Qwen3-ASR name an audio placeholder: the text holds one per feature
+    their own get_audio_features gives for the clips, of the audio config's mel bins
+    (GLM-ASR is Whisper-like: 2 × max_source_positions frames)."""
+    model = _tiny(model_type)
+    kw = _batch(model)
+    audio = model.config.audio_config
+    feats = kw["input_features"]
+    assert feats.shape[0] == 2 and feats.shape[1] == audio.num_mel_bins
+    if model_type == "glmasr":
+        assert feats.shape[2] == 2 * audio.max_position_embeddings
+    with torch.no_grad():
+        rows = model.get_audio_features(feats, kw["input_features_mask"]).pooler_output
+    n = rows.numel() // model.config.text_config.hidden_size  # transformers checks numel
+    per_clip = (kw["input_ids"] == model.config.audio_token_id).sum(dim=1)
+    assert (per_clip == n // 2).all() and per_clip[0] > 0
+    assert kw["input_ids"].shape[1] == per_clip[0] + 8
+    with torch.no_grad():
+        out = model(**kw)  # raises if placeholders and features disagree
+    assert out.logits.shape[:2] == kw["input_ids"].shape
+    frames = "×".join(str(d) for d in feats.shape[1:])
+    assert describe_batch(Batch(kwargs=kw)) == (
+        f"2 clips of {frames} features + 2×{8 + n // 2} tokens"
+    )
+
+
+def test_an_audio_path_that_masks_its_own_output_gets_no_frame_mask() -> None:
+    """Granite Speech's `input_features_mask` selects projected features, not frames:
+    its get_audio_features names no mask, so none is given and every feature counts;
+    frames × mels is the layout its encoder runs on."""
+    model = _tiny("granite_speech")
+    kw = _batch(model)
+    assert "input_features_mask" not in kw
+    assert kw["input_features"].shape[-1] == model.config.encoder_config.input_dim
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_a_two_tower_audio_model_gets_text_and_a_waveform() -> None:
+    """PE-Audio takes token ids and a waveform, no placeholder token: both towers' inputs,
+    the waveform's layout (a channel axis) the first its forward runs on."""
+    model = _tiny("pe_audio")
+    kw = _batch(model)
+    assert kw["input_ids"].shape == (2, 8)
+    assert kw["input_values"].shape[0] == 2 and kw["input_values"].shape[-1] == 16_000
+    with torch.no_grad():
+        model(**kw)
+
+
+@pytest.mark.parametrize(("model_type", "dims"), [("qwen2_5_vl_vision", 2), ("kimi_k25_vision", 4)])
+def test_a_vision_tower_that_inherits_input_ids_gets_its_patches(
+    model_type: str, dims: int
+) -> None:
+    """Qwen-VL-style towers say `main_input_name = "input_ids"` (their parent's) but
+    require patches and their grid: flattened rows (Qwen2.5-VL) or C × P × P patches for a
+    conv patch embedding (Kimi-K2.5), whichever the tower runs on."""
+    model = _tiny(model_type)
+    kw = _batch(model)
+    patches = kw.get("hidden_states", kw.get("pixel_values"))
+    assert patches is not None and patches.dim() == dims
+    grid = kw["grid_thw"]
+    assert grid.shape == (2, 3) and int(grid.prod(dim=1).sum()) == patches.shape[0]
+    with torch.no_grad():
+        model(**kw)
+    text = describe_batch(Batch(kwargs=kw))
+    assert text is not None and text.startswith("2 images as 32 patches")
+
+
+def test_naflex_patch_sequences_with_their_spatial_shapes() -> None:
+    """SigLIP 2's forward takes `spatial_shapes`: each image a sequence of C × P × P
+    patches with its (h, w) grid and a mask of every patch."""
+    model = _tiny("siglip2_vision_model")
+    kw = _batch(model)
+    c, p = model.config.num_channels, model.config.patch_size
+    assert tuple(kw["pixel_values"].shape) == (2, 16, c * p * p)
+    assert kw["spatial_shapes"].tolist() == [[4, 4], [4, 4]]
+    assert kw["pixel_attention_mask"].shape == (2, 16)
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_llava_next_gets_the_tiles_its_pinpoints_cut_an_image_into() -> None:
+    """LLaVA-NeXT's "anyres": an image the size of the smallest pinpoint is cut into
+    tiles of the tower's side plus one base view; image_sizes says the size."""
+    model = _tiny("llava_next")
+    side = model.config.vision_config.image_size
+    kw = _batch(model)
+    h, w = kw["image_sizes"][0].tolist()
+    assert [h, w] in [list(p) for p in model.config.image_grid_pinpoints]
+    assert tuple(kw["pixel_values"].shape) == (2, 1 + (h // side) * (w // side), 3, side, side)
+    with torch.no_grad():
+        model(**kw)  # raises if the placeholders do not match the tiles' features
+
+
+@pytest.mark.parametrize(
+    ("model_type", "name", "rank"),
+    [
+        ("parakeet_ctc", "input_features", 3),
+        ("patchtst", "past_values", 3),
+        ("vjepa2", "pixel_values_videos", 5),
+    ],
+)
+def test_the_main_input_shape_comes_from_the_config_and_a_probe(
+    model_type: str, name: str, rank: int
+) -> None:
+    """Mel bins kept in a sub-config (Parakeet's encoder_config), a time series' context
+    and channels, a video's frames (two tubelets): the candidates the config allows, the
+    first one the model runs on."""
+    model = _tiny(model_type)
+    kw = _batch(model, seq_len=None)
+    assert kw[name].dim() == rank
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_a_detector_that_says_encoder_decoder_gets_no_decoder_ids() -> None:
+    """RT-DETR's config says is_encoder_decoder, but its decoder runs on learned queries:
+    it gets images only, not decoder token ids it has no vocabulary for."""
+    model = _tiny("rt_detr")
+    kw = _batch(model)
+    assert set(kw) == {"pixel_values"}
+
+
+def test_a_refusal_names_what_the_forward_takes_and_what_to_pass() -> None:
+    """TimesFM requires padding and a frequency beside its series: one --input-shape
+    cannot give them, so the line names them and the CLI's way to pass inputs."""
+    model = _tiny("timesfm")
+    with pytest.raises(UsageError) as err:
+        hf_input_source(model, batch=2, seq_len=None, seed=0)
+    line = str(err.value)
+    assert "\n" not in line
+    assert "TimesFmModel" in line and "past_values_padding, freq" in line
+    assert "inputs=" in line and "module:function" in line
+
+
+def test_a_gridded_tower_gets_its_merge_sizes_and_a_required_frame_mask() -> None:
+    """VideoLLaMA 3's tower requires patches, their grid and the merge size; Qwen3-ASR's
+    encoder requires a frame mask beside its features and a whole number of its
+    100-frame windows: all from the forward's required arguments and the config."""
+    tower = _tiny("video_llama_3_vision")
+    kw = _batch(tower)
+    assert set(kw) == {"pixel_values", "grid_thw", "merge_sizes"}
+    assert (kw["grid_thw"][:, 1] == 2 * kw["merge_sizes"]).all()
+    with torch.no_grad():
+        tower(**kw)
+    encoder = _tiny("qwen3_asr_encoder")
+    kw = _batch(encoder)
+    feats, mask = kw["input_features"], kw["input_features_mask"]
+    assert feats.shape[-1] % 100 == 0 and mask.shape == (2, feats.shape[-1])
+    with torch.no_grad():
+        encoder(**kw)
+
+
+def test_the_matrix_keeps_what_configs_validate_when_it_shrinks_them() -> None:
+    """The generic shrink keeps each relation a config checks: Mamba heads × head dim =
+    expand × hidden under a prefix (Bamba), a head dim the config leaves None derived
+    (Ministral), GPT-Neo's attention pattern over the new depth, per-stage heads that
+    divide each stage width (Swin), LLaVA-NeXT's pinpoints as multiples of the shrunk
+    tower side, and VipLLaVA's feature layers inside the shrunk tower."""
+    bamba = families.tiny_config("bamba")
+    assert bamba.mamba_n_heads * bamba.mamba_d_head == bamba.mamba_expand * bamba.hidden_size
+    ministral = families.tiny_config("ministral")
+    assert ministral.head_dim * ministral.num_attention_heads == ministral.hidden_size
+    neo = families.tiny_config("gpt_neo")
+    assert len(neo.attention_layers) == neo.num_layers == families.LAYERS
+    swin = families.tiny_config("swin")
+    widths = [swin.embed_dim * 2**i for i in range(len(swin.depths))]
+    assert all(w % h == 0 for w, h in zip(widths, swin.num_heads, strict=True))
+    nxt = families.tiny_config("llava_next")
+    side = nxt.vision_config.image_size
+    assert all(v % side == 0 for p in nxt.image_grid_pinpoints for v in p)
+    vip = families.tiny_config("vipllava")
+    states = vip.vision_config.num_hidden_layers + 1
+    assert all(-states <= i < states for i in vip.vision_feature_layers)
+
+
+def test_invented_batches_ask_for_no_cache_and_a_hybrid_runs() -> None:
+    """A profiled pass is a training pass: invented batches carry use_cache=False, and
+    Bamba (all Mamba layers at this depth, whose cache holds no attention layer and so
+    cannot be built) runs instead of raising."""
+    from actscan import scan
+    from actscan.measure.model_inputs import choose_inputs
+    from actscan.targets.hf import hf_info
+
+    model = _tiny("bamba")
+    info = hf_info(model, model.config, "bamba", at_init=True, init=None)
+    chosen = choose_inputs(model, info, None, None, batch=2, seq_len=8, seed=0)
+    assert chosen.source(0).kwargs.get("use_cache") is False
+    report = scan(model, batch=2, seq_len=8)
+    assert report.run.inputs == "2×8 tokens"
+    own = {"input_ids": torch.zeros(2, 8, dtype=torch.long)}
+    mine = choose_inputs(model, info, own, None, batch=2, seq_len=8, seed=0)
+    assert "use_cache" not in mine.source(0).kwargs  # the caller's inputs go as given
+
+
+def test_the_shrink_keeps_routing_groups_and_every_kind_of_layer() -> None:
+    """DeepSeek-V3 routes among expert groups: as many groups as the shrunk experts
+    allow, top-k within the picked groups; a hybrid's per-layer kinds (Kimi-Linear's one
+    full-attention layer in four) survive the cut to four layers; Jamba's attention
+    period fits inside the new depth."""
+    ds = families.tiny_config("deepseek_v3")
+    assert ds.n_routed_experts % ds.n_group == 0
+    assert ds.topk_group * ds.n_routed_experts // ds.n_group >= ds.num_experts_per_tok
+    kimi = families.tiny_config("kimi_linear")
+    full = transformers.AutoConfig.for_model("kimi_linear")
+    assert set(kimi.layer_types) == set(full.layer_types)
+    assert len(kimi.layer_types) == kimi.num_hidden_layers
+    jamba = families.tiny_config("jamba")
+    assert any(
+        i % jamba.attn_layer_period == jamba.attn_layer_offset
+        for i in range(jamba.num_hidden_layers)
+    )
