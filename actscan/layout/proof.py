@@ -635,6 +635,17 @@ def _unverified(
 
 def _plain(b: BlockInfo, chain: list[str], tol: float, stream: str) -> BlockInfo:
     """A block without a residual add: verified as plain, with no branches to judge."""
+    note = (
+        f"no residual add: the output is computed by {' ← '.join(chain[:4])}"
+        + (" ← …" if len(chain) > 4 else "")
+        + " from the block's input"
+    )
+    return _verified_plain(b, stream, note, tol)
+
+
+def _verified_plain(
+    b: BlockInfo, stream: str, note: str, tol: float | None, reshaped: bool = False
+) -> BlockInfo:
     proof = BlockProof(
         block=b.index,
         name=b.name,
@@ -643,9 +654,8 @@ def _plain(b: BlockInfo, chain: list[str], tol: float, stream: str) -> BlockInfo
         tolerance=tol,
         placement="plain",
         stream=stream,
-        note=f"no residual add: the output is computed by {' ← '.join(chain[:4])}"
-        + (" ← …" if len(chain) > 4 else "")
-        + " from the block's input",
+        note=note,
+        reshaped=reshaped,
     )
     return replace(b, attn=None, mlp=None, adds=1, branches=(), proof=proof)
 
@@ -655,19 +665,11 @@ def _reshaped(b: BlockInfo, tr: _Trace, stream: str) -> BlockInfo:
     strided convolution, a patch merge) is no residual add across its boundary: x_in +
     anything of x_in's shape cannot be x_out. Verified as plain, with no branches to
     judge; residual blocks inside it are not proven (the layout did not name them)."""
-    proof = BlockProof(
-        block=b.index,
-        name=b.name,
-        status="verified",
-        residual=None,
-        tolerance=None,
-        placement="plain",
-        stream=stream,
-        note=f"not a residual block: it changes the stream's shape "
-        f"({_shape(tr.shape)} → {_shape(tr.out_shape or ())})",
-        reshaped=True,
+    note = (
+        "not a residual block: it changes the stream's shape "
+        f"({_shape(tr.shape)} → {_shape(tr.out_shape or ())})"
     )
-    return replace(b, attn=None, mlp=None, adds=1, branches=(), proof=proof)
+    return _verified_plain(b, stream, note, None, reshaped=True)
 
 
 def _shape(shape: Sequence[int]) -> str:

@@ -33,6 +33,7 @@ from actscan.measure.vision_text import (
     deep_config_int,
     feature_rows,
     forward_params,
+    placeholder_token,
     text_config,
     text_ids,
 )
@@ -60,15 +61,6 @@ def _audio_config(config: Any) -> Any:
         if named and hasattr(sub, "to_dict"):
             return sub
     return config
-
-
-def _audio_token(config: Any) -> int | None:
-    for cfg in (config, text_config(config)):
-        for name in ("audio_token_id", "audio_token_index"):
-            value = getattr(cfg, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                return value
-    return None
 
 
 def _declares_audio_token(config: Any) -> bool:
@@ -173,7 +165,7 @@ def audio_text_source(
     seq = seq_len or min(default_seq, limit or default_seq)
     if text_ids(config, 1, 1, seed, 0) is None:
         return None
-    token = _audio_token(config)
+    token = placeholder_token(config, "audio")
     if token is None:
         if _audio_config(config) is config or _declares_audio_token(config):
             return None  # no second tower, or a placeholder the config leaves unset

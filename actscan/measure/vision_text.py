@@ -106,9 +106,11 @@ def text_ids(config: Any, batch: int, seq: int, seed: int, index: int) -> torch.
     return ids
 
 
-def _image_token(config: Any) -> int | None:
+def placeholder_token(config: Any, kind: str) -> int | None:
+    """The id of the `kind` ("image", "audio") placeholder the text carries, from the
+    config or its text config (`<kind>_token_id` or `<kind>_token_index`)."""
     for cfg in (config, text_config(config)):
-        for name in ("image_token_id", "image_token_index"):
+        for name in (f"{kind}_token_id", f"{kind}_token_index"):
             value = getattr(cfg, name, None)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
                 return value
@@ -316,7 +318,7 @@ def vision_text_source(
     text = text_config(config)
     limit = config_int(text, "max_position_embeddings")
     seq = seq_len or min(default_seq, limit or default_seq)
-    image_token = _image_token(config)
+    image_token = placeholder_token(config, "image")
     if image_token is None:
         if _vision_config(config) is None:
             return None
