@@ -55,6 +55,10 @@ def score_findings(ctx: CheckContext) -> list[Finding]:
         return (h.score_std or 0.0) / freeze(r.keys) if finite(h.score_std) else 0.0
 
     hot = _hits(ctx, lambda r, h: r.keys >= 2 and factor(r, h) >= th.logit_freeze)
+    spread = [(r, h) for r, h in hot if _spread(th.attn_entropy_low, factor(r, h), h)]
+    hot = [(r, h) for r, h in hot if not _spread(th.attn_entropy_low, factor(r, h), h)]
+    if spread and not hot:
+        out.append(_spread_finding(ctx, spread, factor))
     if hot:
         rec, head = max(hot, key=lambda x: factor(*x))
         worst = factor(rec, head)
@@ -110,6 +114,44 @@ def score_findings(ctx: CheckContext) -> list[Finding]:
             )
         )
     return out
+
+
+# Normalised entropy of a softmax over T Gaussian scores of std m·√(2 ln T) (20 000 draws
+# each, docs/checks.md "logit-scale"): at m = 1 it is 0.73 (T = 2), 0.52 (16), 0.46 (64),
+# 0.37 (1024); at m = 2 at most 0.49 at any T ≥ 2. √(2 ln T) is the freezing point of
+# T → ∞; over few keys scores past it still spread. Below this multiple the measured
+# entropy decides whether the head is near one-hot; at and above it the std alone does.
+FINITE_KEYS_BAND = 2.0
+
+
+def _spread(low: float, factor: float, h: HeadRecord) -> bool:
+    """A head past the freezing point whose measured entropy says it is not near one-hot:
+    inside the finite-size band, spread over at least √T of its keys."""
+    return factor < FINITE_KEYS_BAND and finite(h.entropy) and known(h.entropy) >= low
+
+
+def _spread_finding(
+    ctx: CheckContext, spread: Sequence[Hit], factor: Callable[[AttentionRecord, HeadRecord], float]
+) -> Finding:
+    """logit-scale at info: score std past √(2 ln T) over few keys, heads still spread."""
+    th = ctx.thresholds
+    rec, head = max(spread, key=lambda x: factor(*x))
+    low = min(known(h.entropy) for _, h in spread)
+    return finding(
+        CheckId.LOGIT_SCALE,
+        Severity.INFO,
+        _layers(spread),
+        factor(rec, head),
+        th.logit_freeze,
+        f"Attention scores have std up to {n(head.score_std)} at {rec.name} head {head.head} "
+        f"over T = {rec.keys} keys, {n(factor(rec, head))}× √(2 ln T) = {n(freeze(rec.keys))} "
+        f"({len(spread)} head{'s' if len(spread) > 1 else ''}: {heads_text(spread)}), but their "
+        f"measured normalised entropy is ≥ {n(low)} (at least √T of the keys): √(2 ln T) is "
+        f"the freezing point of many keys, and over {rec.keys} keys scores this large still "
+        f"spread (below ×{n(FINITE_KEYS_BAND)} of it the entropy, not the std, says one-hot).",
+        "Nothing to fix at this sequence length; attn-entropy judges the heads' spread. "
+        "Rerun with a longer --seq-len to judge the scale over as many keys as training sees.",
+    )
 
 
 def attn_entropy(ctx: CheckContext) -> list[Finding | Skip]:

@@ -265,6 +265,10 @@ def dead_branch(ctx: CheckContext) -> list[Finding | Skip]:
     out.extend(small)
     if not rest:
         return out
+    like, rest = _like_siblings(ctx, branches, rest)
+    out.extend(like)
+    if not rest:
+        return out
     stuck = [
         b
         for b in rest
@@ -388,3 +392,68 @@ def _uniformly_small(
         )
         rest = [b for b in rest if all(b is not s for s in small)]
     return out, rest
+
+
+def _pattern(name: str) -> str:
+    """'encoder.layers.3.self_attn' → 'encoder.layers.*.self_attn': the same branch in
+    every block (one stream, one stage)."""
+    return re.sub(r"\.\d+(?=\.|$)", ".*", name)
+
+
+def _learns(b: _Branch, ctx: CheckContext) -> bool:
+    """Alive by its gradient and with a non-zero parameter gradient (when measured)."""
+    th = ctx.thresholds
+    grad_ok = b.grad_ratio is None or b.grad_ratio > th.dead_branch_ratio
+    return grad_ok and not (ctx.run.backward and b.rec.param_grad_norm == 0)
+
+
+def _like_siblings(
+    ctx: CheckContext, branches: list[_Branch], rest: list[_Branch]
+) -> tuple[list[Finding], list[_Branch]]:
+    """At init, a branch under dead-branch-ratio that writes as much as the same branch
+    of the other blocks (its siblings: the same module path but for the block index)
+    is the init's scale there, not an accident: the threshold sits inside the spread
+    the init gives them (Longformer's encoder attention at width 64: 8.6e-4 of the
+    stream in one block, ~1e-3 in its siblings; FocalNet's modulation, whose depthwise
+    convolutions at std 0.02 multiply to ~2e-4, in every block). An accident silences
+    one block against its siblings: a zeroed projection writes exactly 0, a 1e-3-scaled
+    one sits orders of magnitude below their median. Info with the numbers; a branch
+    at 0, more than dead-branch-spread below its siblings' median, without siblings,
+    or without a gradient stays a finding."""
+    th = ctx.thresholds
+    if not ctx.info.at_init:
+        return [], rest
+    groups: dict[str, list[_Branch]] = {}
+    for b in branches:
+        groups.setdefault(_pattern(b.rec.name), []).append(b)
+    like: list[tuple[_Branch, float, float]] = []  # (branch, its ratio, siblings' median)
+    for b in rest:
+        siblings = groups.get(_pattern(b.rec.name), [])
+        ratios = sorted(s.ratio for s in siblings if s.ratio is not None)
+        if len(siblings) < 2 or len(ratios) != len(siblings) or b.ratio is None:
+            continue
+        median = ratios[len(ratios) // 2]
+        if b.ratio > 0 and b.ratio >= median / max(th.dead_branch_spread, 1.0) and _learns(b, ctx):
+            like.append((b, b.ratio, median))
+    if not like:
+        return [], rest
+    lo = min(r for _, r, _ in like)
+    medians = [m for _, _, m in like]
+    names = sorted({_pattern(b.rec.name) for b, _, _ in like})
+    finding_ = finding(
+        CheckId.DEAD_BRANCH,
+        Severity.INFO,
+        [b.rec.name for b, _, _ in like],
+        lo,
+        th.dead_branch_ratio,
+        f"{len(like)} branch{'es' if len(like) > 1 else ''} write under "
+        f"{n(th.dead_branch_ratio)} of the stream's RMS at init (lowest {n(lo)}), as much as "
+        f"the same branch of the other blocks does (within ×{n(th.dead_branch_spread)} of "
+        f"their median, {n(min(medians))}–{n(max(medians))}), through non-zero weights that "
+        f"get gradients: the init's scale ({listing(names, 3)}), not a dead branch.",
+        "Nothing to fix if the small init is deliberate: these branches learn from step 0. "
+        "If they should start alive, initialize the output projections larger (std "
+        "√(1/fan_in) times 1/√(2L)).",
+    )
+    kept = [b for b in rest if all(b is not x for x, _, _ in like)]
+    return [finding_], kept

@@ -66,6 +66,13 @@ def dead_units(ctx: CheckContext) -> list[Finding | Skip]:
     if not hits:
         return []
     hits.sort(key=lambda h: h[0].order)
+    out: list[Finding | Skip] = []
+    explained = [(r, f, why) for r, f in hits if (why := _input_cause(r, ctx.layers))]
+    if explained:
+        out.append(_explained(explained, th.dead_units_warn))
+        hits = [(r, f) for r, f in hits if all(r is not e for e, _, _ in explained)]
+        if not hits:
+            return out
     worst, frac = max(hits, key=lambda h: h[1])
     severity, threshold = grade(frac, th.dead_units_warn, th.dead_units_error)
     rows = worst.numel * max(ctx.run.batches, 1) // worst.n_channels if worst.n_channels else 0
@@ -93,10 +100,51 @@ def dead_units(ctx: CheckContext) -> list[Finding | Skip]:
         "init, He init √(2/fan_in)), lower the learning rate, or use GELU/SiLU/leaky ReLU."
     )
     return [
+        *out,
         finding(
             CheckId.DEAD_UNITS, severity, [r.name for r, _ in hits], frac, threshold, message, hint
-        )
+        ),
     ]
+
+
+def _input_cause(act: LayerRecord, layers: tuple[LayerRecord, ...]) -> str:
+    """Why an activation's zero channels say nothing about its init, from what was
+    measured: its input is exactly 0 everywhere (nothing reaches the units), or every
+    unit is zero on every row or on none (the rows do not vary: with varying, centred
+    pre-activations a live ReLU unit is zero on about half of them). '' otherwise."""
+    pre = feeding(act, layers)
+    if pre is not None and pre.max_abs == 0:
+        return (
+            f"its input {pre.name} is exactly 0 on every row: nothing reaches these units (an "
+            f"input that is 0 here, such as a one-position table, or zeroed weights upstream)"
+        )
+    width, dead, zeros = act.n_channels, act.dead_channels, act.zero_frac
+    if not (width and dead is not None and zeros is not None and 0 < dead < width):
+        return ""
+    if abs(zeros - dead / width) > 1e-6:
+        return ""
+    return (
+        "every unit is zero on every row or on none: its input's rows do not vary (the same "
+        "invented value on every token, such as default ids), so which units fire is one "
+        "pattern, not the init's"
+    )
+
+
+def _explained(hits: list[tuple[LayerRecord, float, str]], warn_at: float) -> Finding:
+    """dead-units at info: zero channels that the measured input explains."""
+    worst, frac, why = max(hits, key=lambda h: h[1])
+    per_layer = [f"{r.name} {pct(f)}" for r, f, _ in hits]
+    return finding(
+        CheckId.DEAD_UNITS,
+        Severity.INFO,
+        [r.name for r, _, _ in hits],
+        frac,
+        warn_at,
+        f"{worst.name}: {worst.dead_channels}/{worst.n_channels} channels ({pct(frac)}) are "
+        f"zero on every token, but {why} ({listing(per_layer, 4)}). Not dead units: they "
+        f"are judged on inputs that vary.",
+        "Feed real inputs (--input, or the model's own auxiliary ids) to judge these units.",
+    )
 
 
 def _has_channels(ctx: CheckContext) -> bool:

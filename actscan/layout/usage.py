@@ -29,7 +29,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from actscan.layout.detect import is_norm
-from actscan.measure.gemms import GEMM_NAMES, parse_gemm
+from actscan.measure.gemms import GEMM_NAMES, Operand, parse_gemm
 from actscan.measure.gemms import storage_key as _storage_key
 from actscan.measure.hooks import HookSet
 from actscan.measure.recorder import first_tensor
@@ -145,6 +145,17 @@ class _Spy(TorchFunctionMode):
         if all(u.op != use.op for u in got):
             got.append(use)
 
+    def _contracted(self, o: Operand, operands: Sequence[Operand], op: str) -> ParamUse:
+        """A matmul weight, or a table: a parameter contracted against weights that are
+        ≥ 0 and sum to 1 over the contraction (an interpolation, a one-hot selection:
+        SigLIP 2 resizes its position table so) is read as a mixture of its rows, whose
+        std is at most the table's own: no fan-in rule applies, as for an embedding."""
+        if op != "linear" and len(operands) == 2 and self._param(o.tensor) is not None:
+            other = operands[1] if operands[0] is o else operands[0]
+            if _convex(other):
+                return ParamUse("embedding")
+        return ParamUse("matmul", o.fan_in, o.fan_out)
+
     def _note(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
         def arg(i: int, key: str) -> Any:
             return args[i] if len(args) > i else kwargs.get(key)
@@ -158,7 +169,7 @@ class _Spy(TorchFunctionMode):
             operands = gemm.operands[-1:] if gemm.op == "linear" else gemm.operands[::-1]
             for o in operands:
                 if gemm.op != "einsum" or o.fan_in > 1:
-                    self._add(o.tensor, ParamUse("matmul", o.fan_in, o.fan_out))
+                    self._add(o.tensor, self._contracted(o, gemm.operands, gemm.op))
             for bias in gemm.biases:
                 self._add(bias, ParamUse("bias"))
         elif name in _CONV or name in _CONV_T:
@@ -187,6 +198,17 @@ class _Spy(TorchFunctionMode):
             for t in (*args, *kwargs.values()):
                 if isinstance(t, torch.Tensor) and t.is_floating_point():
                     self._add(t, ParamUse("embedding"))
+
+
+def _convex(o: Operand) -> bool:
+    """Whether an operand's values are ≥ 0 and sum to 1 over its contracted dims."""
+    t = o.tensor
+    if not (t.is_floating_point() and o.contract and t.numel()):
+        return False
+    t = t.detach().float()
+    if bool((t < 0).any()):
+        return False
+    return bool(((t.sum(dim=o.contract) - 1).abs() <= 1e-4).all())
 
 
 def _owners(model: nn.Module) -> Owners:

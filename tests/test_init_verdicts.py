@@ -1,0 +1,194 @@
+"""Verdicts on healthy library inits (issue 22, "judge what a family does on purpose"):
+each mechanism quiets a healthy case and still finds the planted pathology at its old
+severity."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+from helpers import act, branch_layers, ctx, flat_stream, only
+from torch import nn
+
+from actscan import scan
+from actscan.diagnose import run_checks
+from actscan.records import AttentionRecord, HeadRecord, Severity
+
+# -- dead-branch: a branch that writes as much as its siblings ---------------------------
+
+
+def _dead(layers: list[Any], at_init: bool = True) -> list[Any]:
+    found = run_checks(ctx(points=flat_stream(4), layers=layers, at_init=at_init))
+    return only(found, "dead-branch")
+
+
+def test_a_branch_under_the_threshold_like_its_siblings_is_the_init_scale() -> None:
+    """Longformer's encoder attention at width 64: 8.6e-4 of the stream in one block,
+    ~1.1e-3 in the others. The threshold cuts through the init's own spread."""
+    small = {f"blocks.{i}.attn": dict(rms=1.1e-3) for i in range(4)}
+    small["blocks.3.attn"] = dict(rms=8.6e-4)
+    (f,) = _dead(branch_layers(4, **small))
+    assert f.severity is Severity.INFO and f.layers == ("blocks.3.attn",)
+    assert "blocks.*.attn" in f.message and "8.60e-04" in f.message
+    # the same numbers in a checkpoint are what training produced: a warning
+    (f,) = _dead(branch_layers(4, **small), at_init=False)
+    assert f.severity is Severity.WARN
+
+
+def test_a_branch_far_below_its_siblings_or_at_zero_is_still_dead() -> None:
+    scaled = {f"blocks.{i}.attn": dict(rms=1.1e-3) for i in range(4)}
+    scaled["blocks.3.attn"] = dict(rms=1.1e-6)  # planted: one block scaled by 1e-3
+    (f,) = _dead(branch_layers(4, **scaled))
+    assert f.severity is Severity.WARN and f.layers == ("blocks.3.attn",)
+    zeroed = {**scaled, "blocks.3.attn": dict(rms=0.0)}
+    (f,) = _dead(branch_layers(4, **zeroed))
+    assert f.severity is Severity.WARN and f.value == 0
+    stuck = {**scaled, "blocks.3.attn": dict(rms=8.6e-4, param_grad_norm=0.0)}
+    (f,) = _dead(branch_layers(4, **stuck))
+    assert f.severity is Severity.ERROR
+
+
+# -- dead-units: zero channels that the input explains ------------------------------------
+
+
+def _units(layers: list[Any]) -> list[Any]:
+    return only(run_checks(ctx(layers=layers)), "dead-units")
+
+
+def test_units_on_an_input_that_does_not_vary_are_info() -> None:
+    """MarkupLM's xpath embedding on the default (constant) xpath ids: each unit fires on
+    every token or on none, 50% of them none."""
+    pattern = act("emb.xpath.act", 512, zero_frac=0.5)
+    (f,) = _units([pattern])
+    assert f.severity is Severity.INFO and "do not vary" in f.message
+    # planted: the same fraction with live units zero on some rows (a shifted bias)
+    shifted = act("emb.xpath.act", 512, zero_frac=0.7)
+    (f,) = _units([shifted])
+    assert f.severity is Severity.ERROR
+
+
+def test_units_whose_input_is_exactly_zero_are_info_and_a_negative_bias_is_an_error() -> None:
+    """SwinV2's position-bias MLP over a 1×1 window: its relative-coordinate table is 0."""
+    from helpers import rec
+
+    def layers(mean: float, top: float) -> list[Any]:
+        pre = rec("blocks.0.cpb.0", n_channels=1024, mean=mean, std=0.0, max_abs=top, order=1)
+        return [pre, act("blocks.0.cpb.1", 1024, zero_frac=1.0, order=2)]
+
+    (f,) = _units(layers(0.0, 0.0))
+    assert f.severity is Severity.INFO and "exactly 0" in f.message
+    (f,) = _units(layers(-5.0, 5.5))  # planted: an up-projection bias of −5
+    assert f.severity is Severity.ERROR
+
+
+class _XPath(nn.Module):
+    """An embedding of an auxiliary id (MarkupLM's xpath) through Linear → ReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.tok = nn.Embedding(64, 32)
+        self.aux = nn.Embedding(8, 32)
+        self.inner = nn.Linear(32, 128)
+        self.act = nn.ReLU()
+        self.out = nn.Linear(128, 32)
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, ids: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+        return self.head(self.tok(ids) + self.out(self.act(self.inner(self.aux(aux)))))
+
+
+def _scan_xpath(aux: torch.Tensor) -> Any:
+    ids = torch.randint(0, 64, (4, 64), generator=torch.Generator().manual_seed(0))
+    return scan(_XPath(), inputs={"ids": ids, "aux": aux})
+
+
+def test_a_constant_auxiliary_id_is_named_and_varying_ids_are_quiet() -> None:
+    found = only(_scan_xpath(torch.zeros(4, 64, dtype=torch.long)).findings, "dead-units")
+    assert [f.severity for f in found] == [Severity.INFO] and "do not vary" in found[0].message
+    varied = torch.randint(0, 8, (4, 64), generator=torch.Generator().manual_seed(1))
+    assert not only(_scan_xpath(varied).findings, "dead-units")
+
+
+# -- logit-scale: past √(2 ln T) over few keys, the measured entropy decides ---------------
+
+
+def _heads(std: float, entropy: float, keys: int) -> AttentionRecord:
+    heads = tuple(
+        HeadRecord(head=i, score_max=3.0, score_std=std, entropy=entropy, sink=0.1)
+        for i in range(2)
+    )
+    return AttentionRecord(
+        name="l.0", block=0, heads=heads, queries=keys, keys=keys, mean_keys=keys, kv_heads=2
+    )
+
+
+def _logit(rec: AttentionRecord) -> list[Any]:
+    return only(run_checks(replace(ctx(at_init=True), attention=(rec,))), "logit-scale")
+
+
+def _softmax_entropy(std: float, keys: int) -> float:
+    torch.manual_seed(0)
+    p = (torch.randn(20000, keys) * std).softmax(-1)
+    return float((-(p * p.clamp_min(1e-30).log()).sum(-1) / math.log(keys)).mean())
+
+
+def test_scores_past_the_freezing_point_over_two_keys_still_spread_and_are_info() -> None:
+    """An audio encoder's 2 subsampled frames: std 1.09 × √(2 ln 2), entropy 0.84."""
+    f0 = math.sqrt(2 * math.log(2))
+    e = _softmax_entropy(1.09 * f0, 2)  # what such scores give, measured independently
+    assert e > 0.5
+    (f,) = _logit(_heads(1.09 * f0, e, 2))
+    assert f.severity is Severity.INFO and "entropy" in f.message
+
+
+def test_sharp_heads_past_the_freezing_point_still_warn() -> None:
+    f0 = math.sqrt(2 * math.log(16))
+    e = _softmax_entropy(1.6 * f0, 16)  # MuseGlimmer's QK-norm temperature at 16 keys
+    assert e < 0.5
+    (f,) = _logit(_heads(1.6 * f0, e, 16))
+    assert f.severity is Severity.WARN
+    # past the finite-size band the std alone decides, whatever entropy is recorded
+    (f,) = _logit(_heads(2.0 * math.sqrt(2 * math.log(64)), 1.0, 64))
+    assert f.severity is Severity.WARN
+
+
+# -- init-scale: a table read by interpolation is no matmul weight --------------------------
+
+
+def test_an_interpolated_position_table_is_a_table_and_a_matmul_weight_is_not() -> None:
+    """SigLIP 2 resizes its position table with bilinear weights (≥ 0, rows summing to 1)
+    @ table: a mixture of the table's rows, whose std is the table's own."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.Siglip2VisionConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_patches=256,
+        patch_size=8,
+    )
+    torch.manual_seed(0)
+    model = transformers.Siglip2VisionModel(cfg)
+    report = scan(model, batch=2, seq_len=16)
+    table = next(p for p in report.params if p.name == "embeddings.position_embedding.weight")
+    assert table.kind == "embedding" and table.std == pytest.approx(64**-0.5, rel=0.05)
+    assert not [f for f in only(report.findings, "init-scale") if f.severity is not Severity.INFO]
+
+    class Mixed(nn.Module):  # planted: the same table multiplied by signed activations
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(64, 256)
+            self.table = nn.Parameter(torch.randn(256, 64))  # std 1 over fan-in 256: ×16
+            self.head = nn.Linear(64, 64)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.emb(ids) @ self.table)
+
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    found = only(scan(Mixed(), inputs=ids).findings, "init-scale")
+    assert any(f.severity is Severity.ERROR and "table" in f.message for f in found), found
