@@ -81,6 +81,12 @@ _SAM_INIT = (
     "loaded): every vision weight is ~1e-10 at init, so its branches truly write ~1e-17 "
     "of the stream"
 )
+_FLAT_002 = (
+    "{what} is not shrunk by the generic tiny config: a flat 0.02 over that fan-in is "
+    "1.8–2.2× √(1/fan_in), the planted case of tests/test_calibration.py (flat 0.02 at "
+    "width 2048 warns); true at this width"
+)
+_PE_DAC = "its DAC encoder's conv fan-in 12288"
 ARGUED: dict[str, dict[str, str]] = {
     "sam_vision_model": {"dead-branch": _SAM_INIT},
     "sam_hq_vision_model": {"dead-branch": _SAM_INIT},
@@ -96,6 +102,45 @@ ARGUED: dict[str, dict[str, str]] = {
         "dead-branch": "ModernBERT's init at width 64: a GLU of two 0.02-std projections "
         "(gain 0.16 each) into an output projection at 0.02/√(2L): the text MLPs write "
         "~7e-4 of the stream, true at this width (~4e-2 at width 768)"
+    },
+    "cpmant": {
+        c: "CpmAntConfig defaults init_std to 1.0 (its weights are meant to be loaded): "
+        "every matrix at std 1 is the planted 'every weight at std 1' case (tests/"
+        "test_family_matrix.py), and the stream truly jumps ×3e3 inside block 0"
+        for c in ("init-scale", "exp-growth", "exploding-grad", "logit-scale")
+    },
+    "ctrl": {"init-scale": _FLAT_002.format(what="CTRL's dff = 8192")},
+    "xlm": {"init-scale": _FLAT_002.format(what="XLM's emb_dim = 2048 (FFN 4 × 2048)")},
+    "flaubert": {"init-scale": _FLAT_002.format(what="FlauBERT's emb_dim = 2048 (FFN 8192)")},
+    "deepseek_v4": {"init-scale": _FLAT_002.format(what="DeepSeek-V4's o_b_proj fan-in 8192")},
+    "dac": {"init-scale": _FLAT_002.format(what="DAC's encoder conv1 fan-in 8192")},
+    "pe_audio_encoder": {"init-scale": _FLAT_002.format(what=_PE_DAC)},
+    "pe_audio": {"init-scale": _FLAT_002.format(what=_PE_DAC)},
+    "funnel": {
+        "logit-scale": "Funnel's embeddings are N(0, 1) when initializer_std is None, tied to "
+        "the head: logits of std √64 = 8, the planted case of tests/test_calibration.py "
+        "(tied unit-variance embedding); true of this init"
+    },
+    "mt5": {
+        "logit-scale": "mT5's untied lm_head is initialised at std factor·1.0 with no d^-1/2 "
+        "on the decoder output (only tied T5 heads get it): logits of std √d = 8, the "
+        "planted unit-variance head; true of this init"
+    },
+    "minicpm3": {
+        c: "MiniCPM3Config defaults initializer_range to 0.1 (5× the usual 0.02): "
+        "q_b_proj over fan-in 768 gives queries of std 2.8, and the scores truly are sharp "
+        "at init (normalised entropy 0.34–0.5 over 9 keys)"
+        for c in ("init-scale", "logit-scale", "attn-entropy")
+    },
+    "muse_glimmer_text": {
+        "init-scale": "its (1 + w) RMSNorms get w = 1 from transformers' default norm init "
+        "(no model-specific init): every effective gain is truly 2",
+        **{
+            c: "qk_scale_factor 3.87 on scale-free QK-normed queries makes the score std "
+            "3.87 at any width, past √(2 ln T) = 2.35 at 16 keys (entropy 0.26–0.48): true "
+            "at this length, under it only past ~1800 keys"
+            for c in ("logit-scale", "attn-entropy")
+        },
     },
     "mra": {
         "dead-branch": "without its CUDA kernel transformers' mra2_attention returns zeros: "
