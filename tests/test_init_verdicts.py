@@ -192,3 +192,35 @@ def test_an_interpolated_position_table_is_a_table_and_a_matmul_weight_is_not() 
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
     found = only(scan(Mixed(), inputs=ids).findings, "init-scale")
     assert any(f.severity is Severity.ERROR and "table" in f.message for f in found), found
+
+
+# -- init-scale: the output head's scale is its logits' --------------------------------
+
+
+class _Headed(nn.Module):
+    """Pop2Piano's (T5's tied) head: a std-1 head behind a d^-1/2 rescale of its input."""
+
+    def __init__(self, rescale: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(64, 64)
+        self.body = nn.Linear(64, 64)
+        self.norm = nn.LayerNorm(64)
+        self.head = nn.Linear(64, 256, bias=False)
+        nn.init.normal_(self.head.weight, 0.0, 1.0)  # 8× √(1/64)
+        self.rescale = rescale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.body(self.emb(ids)))
+        return self.head(x * 64**-0.5 if self.rescale else x)
+
+
+def test_a_large_head_whose_logits_are_unit_scale_is_info_and_frozen_logits_still_warn() -> None:
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    calm = scan(_Headed(rescale=True), inputs=ids).findings
+    (f,) = only(calm, "init-scale")
+    assert f.severity is Severity.INFO and "output head" in f.message
+    assert not only(calm, "logit-scale")
+    hot = scan(_Headed(rescale=False), inputs=ids).findings  # planted: logits of std 8
+    (f,) = only(hot, "logit-scale")
+    assert f.severity is Severity.WARN and f.layers == ("head",)

@@ -55,7 +55,8 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
         return p.std * math.sqrt(known(p.fan_in))  # std / √(1/fan_in)
 
     high = [p for p in weights if ratio(p) >= th.init_scale_high]
-    big = [p for p in high if not p.normed]
+    heads = [p for p in high if not p.normed and p.role == "head" and _is_last(ctx, p.module)]
+    big = [p for p in high if not p.normed and all(p is not h for h in heads)]
     normed = [p for p in high if p.normed]
     if normed:
         out.append(_normed(normed, ratio))
@@ -97,6 +98,9 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
                 hint,
             )
         )
+
+    if heads:
+        out.append(_head(ctx, heads, ratio))
 
     small = [p for p in weights if ratio(p) <= th.init_scale_low and p.name not in out_proj]
     if small:
@@ -141,6 +145,43 @@ def _normed(params: list[ParamRecord], ratio: Callable[[ParamRecord], float]) ->
         f"{listing(list(groups), 3)}): the forward pass sees none of it.",
         "Nothing to fix for the forward pass; with plain SGD a large weight learns "
         "slower relative to its size (Adam normalises the step).",
+    )
+
+
+def _is_last(ctx: CheckContext, module: str) -> bool:
+    """No other recorded module runs after `module` (its own children aside): it is the
+    model's output, read by the loss only."""
+    rec = next((r for r in ctx.layers if r.name == module), None)
+    if rec is None:
+        return False
+    return all(o.order <= rec.order or o.name.startswith(module + ".") for o in ctx.layers)
+
+
+def _head(
+    ctx: CheckContext, params: list[ParamRecord], ratio: Callable[[ParamRecord], float]
+) -> Finding:
+    """Weights of the output head above the fan-in rule: nothing reads their output but
+    the loss, so their scale compounds nowhere; what it does is the logits' scale, which
+    logit-scale measures (Pop2Piano's std-1 head behind T5's d^-1/2 rescale gives logits
+    of std 1). Info, with the measured logit std."""
+    w = max(params, key=ratio)
+    rec = next((r for r in ctx.layers if r.name == w.module), None)
+    logits = (
+        f"; its logits measure std {n(rec.std)} over {rec.n_channels} outcomes"
+        if rec is not None and rec.std is not None and rec.n_channels
+        else ""
+    )
+    return finding(
+        CheckId.INIT_SCALE,
+        Severity.INFO,
+        sorted({p.module for p in params}),
+        ratio(w),
+        ctx.thresholds.init_scale_high,
+        f"{pattern(w.name)} has std {n(w.std)} = {n(ratio(w))}× the fan-in rule "
+        f"√(1/{w.fan_in}), but it is the output head: no layer reads its output, so the "
+        f"scale compounds nowhere{logits} (logit-scale judges them against √(2 ln V)).",
+        "Nothing to fix unless logit-scale reports the logits: a head's init is judged by "
+        "what it gives.",
     )
 
 
