@@ -142,6 +142,11 @@ ARGUED: dict[str, dict[str, str]] = {
             for c in ("logit-scale", "attn-entropy")
         },
     },
+    "mobilevit": {
+        "init-scale": "transformers' MobileViT init draws BatchNorm2d gains from N(0, "
+        "initializer_range = 0.02), not 1: every effective gain truly is ~0 (mean −0.002, "
+        "std 0.022)"
+    },
     "mra": {
         "dead-branch": "without its CUDA kernel transformers' mra2_attention returns zeros: "
         "MRA's attention branch truly writes nothing on CPU"

@@ -224,3 +224,38 @@ def test_a_large_head_whose_logits_are_unit_scale_is_info_and_frozen_logits_stil
     hot = scan(_Headed(rescale=False), inputs=ids).findings  # planted: logits of std 8
     (f,) = only(hot, "logit-scale")
     assert f.severity is Severity.WARN and f.layers == ("head",)
+
+
+# -- init-scale: He's fan-out rule on a squeeze-excite bottleneck -------------------------
+
+
+class _SqueezeExcite(nn.Module):
+    """RegNet's SE gate: pool → 1×1 reduce → ReLU → 1×1 expand → sigmoid, × the input."""
+
+    def __init__(self, reduce_std: float | None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(64, 128)
+        self.reduce = nn.Conv1d(128, 16, 1)
+        self.expand = nn.Conv1d(16, 128, 1)
+        for conv in (self.reduce, self.expand):
+            nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+        if reduce_std is not None:  # planted: a reduce conv at std 1 (11× √(1/128))
+            nn.init.normal_(self.reduce.weight, 0.0, reduce_std)
+        self.head = nn.Linear(128, 64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids).transpose(1, 2)
+        gate = torch.sigmoid(self.expand(torch.relu(self.reduce(x.mean(-1, keepdim=True)))))
+        return self.head((x * gate).transpose(1, 2))
+
+
+def test_he_fan_out_on_a_bottleneck_is_info_and_a_unit_std_reduce_is_an_error() -> None:
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    found = only(scan(_SqueezeExcite(None), inputs=ids).findings, "init-scale")
+    mine = [f for f in found if "reduce" in f.layers]
+    assert [f.severity for f in mine] == [Severity.INFO] and "fan-out" in mine[0].message
+    assert mine[0].value == pytest.approx(math.sqrt(2 * 128 / 16), rel=0.1)
+    found = only(scan(_SqueezeExcite(1.0), inputs=ids).findings, "init-scale")
+    mine = [f for f in found if "reduce" in f.layers]
+    assert [f.severity for f in mine] == [Severity.ERROR], found

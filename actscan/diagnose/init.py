@@ -56,10 +56,14 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
 
     high = [p for p in weights if ratio(p) >= th.init_scale_high]
     heads = [p for p in high if not p.normed and p.role == "head" and _is_last(ctx, p.module)]
-    big = [p for p in high if not p.normed and all(p is not h for h in heads)]
+    fan_out = [p for p in high if not p.normed and _he_fan_out(p)]
+    apart = {id(p) for p in (*heads, *fan_out)}
+    big = [p for p in high if not p.normed and id(p) not in apart]
     normed = [p for p in high if p.normed]
     if normed:
         out.append(_normed(normed, ratio))
+    if fan_out:
+        out.append(_fan_out(fan_out, ratio))
     if big:
         groups = _groups(big)
         worst_key = max(groups, key=lambda k: max(ratio(p) for p in groups[k]))
@@ -145,6 +149,39 @@ def _normed(params: list[ParamRecord], ratio: Callable[[ParamRecord], float]) ->
         f"{listing(list(groups), 3)}): the forward pass sees none of it.",
         "Nothing to fix for the forward pass; with plain SGD a large weight learns "
         "slower relative to its size (Adam normalises the step).",
+    )
+
+
+def _he_fan_out(p: ParamRecord) -> bool:
+    """std = √(2/fan_out) within sampling error: Kaiming's mode='fan_out' (torchvision's
+    ResNet/RegNet convolutions), a classical rule of its own."""
+    if not p.fan_out or not p.fan_in or p.fan_out >= p.fan_in:
+        return False
+    tol = max(0.05, 2 / math.sqrt(2 * max(math.prod(p.shape), 1)))
+    return abs(p.std / math.sqrt(2 / p.fan_out) - 1) <= tol
+
+
+def _fan_out(params: list[ParamRecord], ratio: Callable[[ParamRecord], float]) -> Finding:
+    """Weights at He's fan-out rule on a reducing layer: He et al. (2015) show that either
+    mode keeps one pass's variance, fan-out the backward's; the forward gain is the
+    layer's fan_in/fan_out, which the layer expanding back (a squeeze-excite bottleneck,
+    RegNet's) returns. Info, with the number."""
+    groups = _groups(params)
+    w = max(params, key=ratio)
+    return finding(
+        CheckId.INIT_SCALE,
+        Severity.INFO,
+        sorted({p.module for p in params}),
+        ratio(w),
+        None,
+        f"{pattern(w.name)} has std {n(w.std)} = {n(ratio(w))}× the fan-in rule "
+        f"√(1/{w.fan_in}), which is He's fan-out rule √(2/{w.fan_out}) (Kaiming "
+        f"mode='fan_out', torchvision's ResNet init; {len(groups)} weight "
+        f"group{'s' if len(groups) > 1 else ''} like it: {listing(list(groups), 3)}): it "
+        f"keeps the backward pass's variance; the forward gain {n(ratio(w) ** 2)} is the "
+        f"layer's reduction, returned by the layer that expands back.",
+        "Nothing to fix for a bottleneck pair; a reducing layer with nothing expanding after "
+        "it grows the forward by fan_in/fan_out: use mode='fan_in' there.",
     )
 
 
