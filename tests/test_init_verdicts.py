@@ -259,3 +259,50 @@ def test_he_fan_out_on_a_bottleneck_is_info_and_a_unit_std_reduce_is_an_error() 
     found = only(scan(_SqueezeExcite(1.0), inputs=ids).findings, "init-scale")
     mine = [f for f in found if "reduce" in f.layers]
     assert [f.severity for f in mine] == [Severity.ERROR], found
+
+
+# -- outlier-channels: channels scaled by a module's own time-scale parameters -------------
+
+
+class _Decay(nn.Module):
+    """A gated recurrence's decay rate (Bailing's forget gate): per channel
+    −5·σ(exp(A_log)·(W x + dt_bias)), dt log-uniform over [1e-3, 1e-1] and A uniform over
+    [1, 16] by design: channel scales spread over orders of magnitude."""
+
+    def __init__(self, d: int = 256, designed: bool = True) -> None:
+        super().__init__()
+        self.f_proj = nn.Linear(d, d, bias=False)
+        nn.init.normal_(self.f_proj.weight, 0.0, 0.02)
+        gen = torch.Generator().manual_seed(0)
+        dt = torch.exp(torch.empty(d).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
+        bias = dt + torch.log(-torch.expm1(-dt))  # softplus⁻¹(dt)
+        a_log = torch.empty(d).uniform_(1.0, 16.0, generator=gen).log()
+        if designed:
+            self.A_log, self.dt_bias = nn.Parameter(a_log), nn.Parameter(bias)
+        else:  # planted: the same channel scales as constants no parameter owns
+            self.register_buffer("A_log", a_log)
+            self.register_buffer("dt_bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # Bailing's "safe gate" form
+        return -5 * torch.sigmoid(self.A_log.exp() * (self.f_proj(x) + self.dt_bias))
+
+
+class _Recurrent(nn.Module):
+    def __init__(self, designed: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(64, 256)
+        self.gate = _Decay(designed=designed)
+        self.head = nn.Linear(256, 64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(ids) * torch.exp(self.gate(self.emb(ids))))
+
+
+def test_channels_scaled_by_their_own_time_scales_are_info_and_otherwise_not() -> None:
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    found = only(scan(_Recurrent(designed=True), inputs=ids).findings, "outlier-channels")
+    assert [f.severity for f in found] == [Severity.INFO], found
+    assert "dt_bias" in found[0].message and found[0].layers == ("gate",)
+    found = only(scan(_Recurrent(designed=False), inputs=ids).findings, "outlier-channels")
+    assert found and found[0].severity in (Severity.WARN, Severity.ERROR), found

@@ -205,6 +205,37 @@ def token_local(ctx: CheckContext) -> set[tuple[int | None, int]]:
     return out
 
 
+def _scaled_by_own_parameters(ctx: CheckContext) -> dict[str, list[str]]:
+    """Module → its per-channel parameters that enter no contraction ("structured": an
+    SSM's A_log and dt_bias, which set each channel's time scale, log-uniform over two
+    orders of magnitude on purpose). Such a module's channels differ by design."""
+    out: dict[str, list[str]] = {}
+    for p in ctx.params:
+        if p.kind == "structured" and len(p.shape) == 1 and p.shape[0] > 1:
+            out.setdefault(p.module, []).append(p.name.rsplit(".", 1)[-1])
+    return out
+
+
+def _designed(hits: list[LayerRecord], scaled: dict[str, list[str]], ratio_at: float) -> Finding:
+    """outlier-channels at info: at init, outlier channels of a module whose own
+    per-channel parameters scale its channels."""
+    worst = max(hits, key=lambda r: known(r.channel_max_ratio))
+    return finding(
+        CheckId.OUTLIER_CHANNELS,
+        Severity.INFO,
+        [r.name for r in hits],
+        worst.channel_max_ratio,
+        ratio_at,
+        f"At init, {worst.name}'s channels differ by up to {n(worst.channel_max_ratio)}× "
+        f"the median channel's max (channels {listing([str(c) for c in worst.outlier_channels], 6)}"
+        f"; {len(hits)} such module{'s' if len(hits) > 1 else ''}), set by its own "
+        f"per-channel parameters ({', '.join(scaled[worst.name])}: an SSM's or gated "
+        f"recurrence's time scales, spread on purpose), not by an outlier feature.",
+        "Keep such tensors (decay rates, gates) out of per-tensor activation quantization; "
+        "nothing to fix in the init.",
+    )
+
+
 def outlier_channels(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
     if not _has_channels(ctx):
@@ -223,8 +254,14 @@ def outlier_channels(ctx: CheckContext) -> list[Finding | Skip]:
         and positive(r.max_abs)
         and not all((r.n_channels, c) in local for c in r.outlier_channels)
     ]
+    out: list[Finding | Skip] = []
+    scaled = _scaled_by_own_parameters(ctx)
+    designed = [r for r in hits if r.name in scaled] if ctx.info.at_init else []
+    if designed:
+        out.append(_designed(designed, scaled, th.outlier_ratio))
+        hits = [r for r in hits if r.name not in scaled]
     if not hits:
-        return []
+        return out
     hits.sort(key=lambda r: r.order)
     groups = _channel_groups(hits)
     worst = max(hits, key=lambda r: known(r.channel_max_ratio))
@@ -262,6 +299,7 @@ def outlier_channels(ctx: CheckContext) -> list[Finding | Skip]:
     if hits[0].role == "embed" or hits[0].type == "StreamInput":
         hint += " Here the channel starts at the embedding: check that column's values."
     return [
+        *out,
         finding(
             CheckId.OUTLIER_CHANNELS,
             severity,
@@ -270,5 +308,5 @@ def outlier_channels(ctx: CheckContext) -> list[Finding | Skip]:
             threshold,
             message,
             hint,
-        )
+        ),
     ]
