@@ -142,6 +142,16 @@ ARGUED: dict[str, dict[str, str]] = {
             for c in ("logit-scale", "attn-entropy")
         },
     },
+    "pp_formulanet": {
+        "dead-branch": _SAM_INIT + " (PP-FormulaNet's vision config, initializer_range "
+        "1e-10): its encoder output is ~1e-9, so the decoder's cross-attention truly reads "
+        "zeros (k/v exactly 0, no gradient to q/k)"
+    },
+    "switch_transformers": {
+        "init-scale": "transformers initialises the Switch router at std factor·1.0 (8.5× "
+        "√(1/64)), where the Switch paper draws it at √(0.1/fan_in): router logits of std "
+        "~8, near one-hot routing at init, as the finding says"
+    },
     "mobilevit": {
         "init-scale": "transformers' MobileViT init draws BatchNorm2d gains from N(0, "
         "initializer_range = 0.02), not 1: every effective gain truly is ~0 (mean −0.002, "

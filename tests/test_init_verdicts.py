@@ -306,3 +306,12 @@ def test_channels_scaled_by_their_own_time_scales_are_info_and_otherwise_not() -
     assert "dt_bias" in found[0].message and found[0].layers == ("gate",)
     found = only(scan(_Recurrent(designed=False), inputs=ids).findings, "outlier-channels")
     assert found and found[0].severity in (Severity.WARN, Severity.ERROR), found
+
+
+def test_half_dead_over_one_row_is_chance_and_over_32_rows_an_error() -> None:
+    """Switch Transformers' expert that received one token: 68 of 128 ReLU units zero on
+    it, what one row of centred pre-activations gives (½)."""
+    (f,) = _units([act("blocks.0.mlp.experts.expert_2.act", 68, width=128, rows=1)])
+    assert f.severity is Severity.INFO and "2^-1 = 50%" in f.message
+    (f,) = _units([act("blocks.0.mlp.experts.expert_2.act", 68, width=128, rows=32)])
+    assert f.severity is Severity.ERROR

@@ -77,7 +77,16 @@ def dead_units(ctx: CheckContext) -> list[Finding | Skip]:
     severity, threshold = grade(frac, th.dead_units_warn, th.dead_units_error)
     rows = worst.numel * max(ctx.run.batches, 1) // worst.n_channels if worst.n_channels else 0
     few = ""
-    if rows < th.dead_units_min_rows and severity is Severity.WARN:
+    chance = 2.0 ** -min(rows, 1074)  # a centred unit is zero on all N rows with 2^-N
+    if severity is Severity.ERROR and chance >= th.dead_units_warn:
+        severity = Severity.INFO  # chance alone: an expert that received a token or two
+        few = (
+            f" Only {rows} row{'s' if rows != 1 else ''} per channel were seen (an expert "
+            f"that received {rows} token{'s' if rows != 1 else ''}): a healthy centred unit "
+            f"is zero on all of them with probability 2^-{rows} = {pct(chance)}, so this "
+            f"fraction is chance; rerun with more --batch/--seq-len/--batches to judge."
+        )
+    elif rows < th.dead_units_min_rows and severity is Severity.WARN:
         severity = Severity.INFO  # weak evidence: a rarely-firing unit looks dead
         few = (
             f" Only {rows} rows per channel were seen (a unit that fires on fewer than "
