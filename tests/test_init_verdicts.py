@@ -315,3 +315,16 @@ def test_half_dead_over_one_row_is_chance_and_over_32_rows_an_error() -> None:
     assert f.severity is Severity.INFO and "2^-1 = 50%" in f.message
     (f,) = _units([act("blocks.0.mlp.experts.expert_2.act", 68, width=128, rows=32)])
     assert f.severity is Severity.ERROR
+
+
+def test_a_small_kernel_at_he_is_he_within_sampling_error_and_std_2_is_not() -> None:
+    """VITS's 1-channel convolutions: 64 values drawn at He's √(2/1) read std 1.61."""
+    from helpers import param
+
+    def init(std: float) -> list[Any]:
+        params = [param("flows.2.conv_pre.weight", std, fan_in=1, fan_out=64)]
+        return only(run_checks(ctx(params=params, at_init=True)), "init-scale")
+
+    assert not init(1.61)  # He's 1.41 within 2 standard errors of a 64-value estimate
+    (f,) = init(2.9)  # planted: twice He
+    assert f.severity is Severity.WARN and f.value == pytest.approx(2.9)
