@@ -328,3 +328,37 @@ def test_a_small_kernel_at_he_is_he_within_sampling_error_and_std_2_is_not() -> 
     assert not init(1.61)  # He's 1.41 within 2 standard errors of a 64-value estimate
     (f,) = init(2.9)  # planted: twice He
     assert f.severity is Severity.WARN and f.value == pytest.approx(2.9)
+
+
+# -- init-scale: a bias on an output no activation reads is a prior ------------------------
+
+
+class _Classifier(nn.Module):
+    """RetinaNet/RF-DETR's class head: bias −log((1 − π)/π) = −4.6 at π = 0.01 on logits
+    no activation reads; planted: the same bias on an MLP's up-projection before a ReLU."""
+
+    def __init__(self, before_relu: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(64, 64)
+        self.up = nn.Linear(64, 128)
+        self.act = nn.ReLU()
+        self.down = nn.Linear(128, 64)
+        self.cls = nn.Linear(64, 8)
+        target = self.up if before_relu else self.cls
+        nn.init.constant_(target.bias, -math.log(99.0))
+        self.before_relu = before_relu
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        return self.cls(x + self.down(self.act(self.up(x))))
+
+
+def test_a_class_prior_is_info_and_the_same_bias_before_a_relu_warns() -> None:
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    found = only(scan(_Classifier(False), inputs=ids).findings, "init-scale")
+    bias = [f for f in found if "Biases" in f.message]
+    assert [f.severity for f in bias] == [Severity.INFO] and "prior" in bias[0].message
+    found = only(scan(_Classifier(True), inputs=ids).findings, "init-scale")
+    bias = [f for f in found if "Biases" in f.message]
+    assert [f.severity for f in bias] == [Severity.WARN] and bias[0].layers == ("up",)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from actscan.diagnose.common import (
     branch_projections,
+    feeding,
     finding,
     grade,
     known,
@@ -161,6 +162,27 @@ def _sampling_floor(p: ParamRecord) -> float:
     return max(0.0, 1 - 2 / math.sqrt(2 * count))
 
 
+def _priors(shifted: list[tuple[ParamRecord, float]]) -> Finding:
+    """Biases far from 0 on outputs that feed no activation: nothing is pushed off a
+    ReLU or into a saturated range; such a bias is a prior the family chose (RetinaNet's
+    class prior −log((1 − π)/π) = −4.6 at π = 0.01, Deformable DETR's grid of sampling
+    offsets). Info, with the number."""
+    b, sigma = max(shifted, key=lambda t: t[1])
+    groups = sorted({pattern(p.name) for p, _ in shifted})
+    return finding(
+        CheckId.INIT_SCALE,
+        Severity.INFO,
+        [p.module for p, _ in shifted],
+        sigma,
+        None,
+        f"Biases are not 0 at init: {pattern(b.name)} has mean {n(b.mean)}, {n(sigma)}σ of "
+        f"its layer's output ({listing(groups, 3)}), but no activation reads that output: "
+        f"a prior (a class prior −log((1 − π)/π), a grid of offsets), not a shifted "
+        f"pre-activation.",
+        "Nothing to fix if the prior is deliberate (RetinaNet's −4.6 at π = 0.01).",
+    )
+
+
 def _he_fan_out(p: ParamRecord) -> bool:
     """std = √(2/fan_out) within sampling error: Kaiming's mode='fan_out' (torchvision's
     ResNet/RegNet convolutions), a classical rule of its own."""
@@ -303,6 +325,18 @@ def _gains_and_biases(ctx: CheckContext) -> list[Finding]:
         sigma = size / (w.std * math.sqrt(known(w.fan_in))) if w is not None and has_w else size
         if sigma >= th.init_bias_sigma:
             shifted.append((p, sigma))
+    feeds_act = {
+        pre.name for r in ctx.layers if r.role == "act" and (pre := feeding(r, ctx.layers))
+    }
+    recorded = {r.name for r in ctx.layers}
+    priors = [
+        (p, s)
+        for p, s in shifted
+        if p.module in weight_of and p.module in recorded and p.module not in feeds_act
+    ]
+    if priors:
+        out.append(_priors(priors))
+        shifted = [(p, s) for p, s in shifted if all(p is not q for q, _ in priors)]
     if shifted:
         b, sigma = max(shifted, key=lambda t: t[1])
         groups = sorted({pattern(p.name) for p, _ in shifted})
