@@ -130,7 +130,7 @@ def _shrink_int(key: str, v: int) -> int:
         return min(v, HEAD_DIM)
     if _LAYERS.search(key):
         return min(v, LAYERS)
-    if _HIDDEN.search(key) or key.endswith("hidden_size"):
+    if _HIDDEN.search(key) or "hidden_size" in key:  # Gemma 4's hidden_size_per_layer_input
         return min(v, HIDDEN)
     if _FFN.search(key):
         return min(v, FFN)
@@ -142,11 +142,13 @@ def _shrink_int(key: str, v: int) -> int:
         return min(v, 2)
     if key == "topk_group":
         return min(v, 1)
+    if key == "num_groups":  # a GroupNorm's groups: within the narrowest shrunk stage
+        return min(v, 4)
     if key.endswith("tokens_per_image"):  # pooled from the patch grid: at most its size
         return min(v, (IMAGE // PATCH) ** 2 // 4)
     if key in ("projection_size", "projection_dim", "codebook_dim"):
         return min(v, HIDDEN)
-    if key == "vocab_size":
+    if key == "vocab_size" or key.startswith("vocab_size_"):  # vocab_size_per_layer_input
         return min(v, VOCAB)
     if key in ("image_size", "crop_size"):
         return min(v, IMAGE)
@@ -168,12 +170,51 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
     level: a vision-language model names its image token at the top, its vocabulary in
     `text_config`) beyond the smallest new vocabulary inside it, one distinct id each."""
     out = _shrink(d)
+    _same_widths(d, out, _widths(d, out))
     _scale_pinpoints(d, out)
     _feature_layers(d, out)
     vocabs = [v for v in _vocabs(out) if v <= VOCAB]
     if vocabs:
         _move_ids(d, out, min(vocabs), [min(vocabs) - 1])
     return out
+
+
+# sizes (and conv groups: a depthwise conv's `upsample_groups` = its width) kept equal to a width
+_DIMLIKE = re.compile(r"(_dim|_size|_channels|_features|_groups)$")
+_NOT_WIDTH = re.compile(
+    r"(vocab|codebook|position|window|image|patch|kernel|chunk|length|batch|stride)"
+)
+
+
+def _widths(d: dict[str, Any], out: dict[str, Any]) -> dict[int, int]:
+    """Every width of the config and its sub-configs: full size -> shrunk size."""
+    found: dict[int, int] = {}
+    for key in _ints(d, _HIDDEN) + [k for k in _ints(d, _DIMLIKE) if k.endswith("hidden_size")]:
+        if type(out.get(key)) is int and out[key] != d[key]:
+            found[d[key]] = out[key]
+    for key, v in d.items():
+        if isinstance(v, dict) and isinstance(out.get(key), dict):
+            found.update(_widths(v, out[key]))
+    return found
+
+
+def _same_widths(d: dict[str, Any], out: dict[str, Any], widths: dict[int, int]) -> None:
+    """A size the full config sets equal to a width (of any of its configs: an adapter's
+    `adapter_in_dim`/`adapter_out_dim`, a flow head's `condition_dim` = the backbone's
+    width) that the name-based caps left alone: given the new width, so the configs'
+    equality checks hold (sub-configs recursively)."""
+    for key, v in d.items():
+        sub = out.get(key)
+        if isinstance(v, dict) and isinstance(sub, dict):
+            _same_widths(v, sub, widths)
+        elif (
+            type(v) is int
+            and v in widths
+            and sub == v
+            and _DIMLIKE.search(str(key))
+            and not _NOT_WIDTH.search(str(key))
+        ):
+            out[key] = widths[v]
 
 
 def _image_sides(d: dict[str, Any]) -> list[int]:
@@ -264,6 +305,12 @@ def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
     for key, v in d.items():  # a head dim the config leaves to the model (None): derived
         if v is None and _HEAD_DIM.search(str(key)) and key in out and heads and hidden:
             out[key] = out[hidden] // out[heads]
+    # MLA: a head dim the full config makes the sum of its no-rope and rope parts stays so
+    parts = ("qk_nope_head_dim", "qk_rope_head_dim")
+    if all(type(d.get(p)) is int for p in ("head_dim", *parts)) and d["head_dim"] == sum(
+        d[p] for p in parts
+    ):
+        out["head_dim"] = sum(out[p] for p in parts)
     per_head = out[head_dim] if head_dim else None
     if per_head is None and heads and hidden:
         per_head = out[hidden] // out[heads]
@@ -385,7 +432,38 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
                 kept = [x for x in v if x < new]
                 out[key] = kept or [new - 1]
     _keep_relations(d, out)
+    if isinstance(d.get("per_layer_config"), dict):
+        out["per_layer_config"] = _per_layer_config(d, out, depth_from)
     return out
+
+
+def _per_layer_config(d: dict[str, Any], out: dict[str, Any], depth_from: int | None) -> Any:
+    """transformers 5's heterogeneous configs (`per_layer_config`: layer index -> the fields
+    that layer overrides, Gemma 4's wider full-attention heads): each new layer takes the
+    overrides of an old layer of its kind (`layer_types`, as cut by `_every_kind`), shrunk
+    as the whole config is (the global fields beside them, for the relations kept)."""
+    overrides = {int(k): v for k, v in d["per_layer_config"].items() if isinstance(v, dict)}
+    old_kinds, new_kinds = d.get("layer_types"), out.get("layer_types")
+    depth = depth_from or len(old_kinds or ()) or (max(overrides, default=-1) + 1)
+    new = len(new_kinds) if isinstance(new_kinds, list) else min(depth, LAYERS)
+    glob = {k: v for k, v in d.items() if k != "per_layer_config"}
+    result: dict[str, dict[str, Any]] = {}
+    for i in range(new):
+        source = i
+        if isinstance(old_kinds, list) and isinstance(new_kinds, list) and len(old_kinds) == depth:
+            kind = new_kinds[i]
+            if old_kinds[i] != kind and kind in old_kinds:
+                source = len(old_kinds) - 1 - old_kinds[::-1].index(kind)
+        if source in overrides:
+            shrunk = _shrink({**glob, **overrides[source]})
+            # the override's own fields, and any a relation re-derived (an MLA head dim)
+            moved = {
+                k
+                for k, v in shrunk.items()
+                if _HEAD_DIM.search(k) and type(v) is int and v != out.get(k, v)
+            }
+            result[str(i)] = {k: shrunk[k] for k in set(overrides[source]) | moved}
+    return result
 
 
 # --------------------------------------------------------------------------- enumeration
@@ -438,6 +516,15 @@ def _fields(config: Any) -> set[str] | None:
     return set(params) - {"self", "kwargs"}
 
 
+def _global_attr(config: Any, key: str) -> Any:
+    """`getattr` that reads a heterogeneous config's global value of a per-layer field
+    (plain getattr raises AmbiguousGlobalPerLayerAttributeError there)."""
+    read = getattr(config, "_getattr_without_heterogeneous_validation", None)
+    if callable(read):
+        return read(key, None)
+    return getattr(config, key, None)
+
+
 def _declared(config: Any, data: dict[str, Any]) -> dict[str, Any]:
     """Only the fields a config declares (at every level): what its __init__ derives from
     them (DeepSeek's qk_head_dim, a default head_dim) is derived again from the shrunk
@@ -445,7 +532,7 @@ def _declared(config: Any, data: dict[str, Any]) -> dict[str, Any]:
     names = _fields(config)
     out: dict[str, Any] = {}
     for key, value in data.items():
-        sub = getattr(config, key, None) if isinstance(key, str) else None
+        sub = _global_attr(config, key) if isinstance(key, str) else None
         if isinstance(value, dict) and hasattr(sub, "to_dict"):
             value = {**_declared(sub, value), "model_type": getattr(sub, "model_type", None)}
             value = {k: v for k, v in value.items() if v is not None or k != "model_type"}
@@ -454,11 +541,25 @@ def _declared(config: Any, data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _config_of(cls: Any, config: Any) -> Any:
+    """The config `cls` is defined over: a head the mappings list for a multimodal type but
+    built on one of its sub-configs (Emu3ForCausalLM on Emu3TextConfig, MusicGen's
+    decoder) gets that sub-config, as `from_pretrained` would give it."""
+    want = getattr(cls, "config_class", None)
+    if not isinstance(want, type) or isinstance(config, want):
+        return config
+    for key in getattr(config, "sub_configs", None) or {}:
+        sub = getattr(config, key, None)
+        if isinstance(sub, want):
+            return sub
+    return config
+
+
 def build(model_type: str, cls_name: str) -> torch.nn.Module:
     import transformers
 
     cls = getattr(transformers, cls_name)
-    config = tiny_config(model_type)
+    config = _config_of(cls, tiny_config(model_type))
     with contextlib.suppress(AttributeError, TypeError):
         config._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -472,7 +573,7 @@ def build(model_type: str, cls_name: str) -> torch.nn.Module:
 class Row:
     model_type: str
     cls: str
-    status: str  # clean | loud | refused | model-error | crash | no-build | slow
+    status: str  # clean | loud | refused | model-error | crash | no-build | needs-package | slow
     exit: int | None = None
     seconds: float = 0.0
     params: int = 0
@@ -514,8 +615,21 @@ def _deadline(seconds: float) -> Iterator[None]:
 
 
 def _line(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}".strip().splitlines()[0]
-    return text[:200]
+    """The error's first non-empty line (transformers' ImportErrors start with a newline)."""
+    lines = [line for line in f"{type(err).__name__}: {err}".splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        lines[0] = f"{lines[0]} {lines[1].strip()}"
+    return lines[0][:200]
+
+
+_REQUIRES = re.compile(r"requires the (\S+) library")
+
+
+def _missing_package(err: ImportError) -> str | None:
+    """The optional package a class needs and this environment lacks (transformers'
+    requires_backends: timm, torchvision, natten, detectron2, ...), as one line."""
+    found = _REQUIRES.findall(str(err)) or ([err.name] if err.name else [])
+    return f"needs {', '.join(dict.fromkeys(found))} (not installed here)" if found else None
 
 
 def _layout(report: Any) -> str:
@@ -551,7 +665,9 @@ def run_one(model_type: str, cls_name: str) -> Row:
         row.seconds = time.perf_counter() - t0
         return row
     except Exception as err:
-        row.reason = _line(err)
+        missing = _missing_package(err) if isinstance(err, ImportError) else None
+        row.status = "needs-package" if missing else row.status
+        row.reason = missing or _line(err)
         row.seconds = time.perf_counter() - t0
         return row
     row.params = sum(p.numel() for p in model.parameters())
@@ -601,8 +717,16 @@ def run_one(model_type: str, cls_name: str) -> Row:
 # --------------------------------------------------------------------------- the document
 
 
+UNBUILT = ("no-build", "needs-package")  # rows never scanned: counted apart from the tried
+
+
 def markdown(rows: list[Row]) -> str:
-    tried = [r for r in rows if r.status != "no-build"]
+    tried = [r for r in rows if r.status not in UNBUILT]
+    needs = [r for r in rows if r.status == "needs-package"]
+    packages: dict[str, int] = {}
+    for r in needs:
+        name = r.reason.removeprefix("needs ").split(" (")[0]
+        packages[name] = packages.get(name, 0) + 1
     clean = [r for r in tried if r.clean]
     argued = [r for r in clean if r.argued]
     by: dict[str, int] = {}
@@ -620,8 +744,10 @@ def markdown(rows: list[Row]) -> str:
         f"**{len(clean)} of {len(tried)} types clean** "
         f"({100 * len(clean) / max(1, len(tried)):.1f} %): "
         + ", ".join(f"{n} {s}" for s, n in sorted(by.items()))
-        + f"; {len(rows) - len(tried)} more types do not build from a generically shrunk "
-        f"config (listed at the end). {len(argued)} of the clean types do get a warn/error "
+        + f"; {len(rows) - len(tried) - len(needs)} more types do not build from a generically "
+        f"shrunk config, and {len(needs)} need an optional package not installed here ("
+        + ", ".join(f"{p}: {n}" for p, n in sorted(packages.items()))
+        + f") (both listed at the end). {len(argued)} of the clean types do get a warn/error "
         "finding that is argued true of the library's own init (the *argued* rows, each "
         "with its measured reason).",
         "",
@@ -641,11 +767,14 @@ def markdown(rows: list[Row]) -> str:
             f"| {r.model_type} | {r.cls} | {r.status} | {r.seconds:.1f} | {r.inputs} | "
             f"{r.layout} | {why} |"
         )
-    lines += ["", "## Types that do not build tiny", ""]
-    lines += ["| type | class | reason |", "|---|---|---|"]
-    for r in rows:
-        if r.status == "no-build":
-            lines.append(f"| {r.model_type} | {r.cls} | {r.reason.replace('|', '/')[:160]} |")
+    for title, status in (
+        ("Types that do not build tiny", "no-build"),
+        ("Types that need an optional package", "needs-package"),
+    ):
+        lines += ["", f"## {title}", "", "| type | class | reason |", "|---|---|---|"]
+        for r in rows:
+            if r.status == status:
+                lines.append(f"| {r.model_type} | {r.cls} | {r.reason.replace('|', '/')[:160]} |")
     return "\n".join(lines) + "\n"
 
 
@@ -687,9 +816,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.json:
             args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
-    tried = [r for r in rows if r.status != "no-build"]
+    tried = [r for r in rows if r.status not in UNBUILT]
     clean = sum(r.clean for r in tried)
-    print(f"{clean}/{len(tried)} clean, {len(rows) - len(tried)} not built", flush=True)
+    needs = sum(r.status == "needs-package" for r in rows)
+    print(
+        f"{clean}/{len(tried)} clean, {len(rows) - len(tried) - needs} not built, "
+        f"{needs} need a package",
+        flush=True,
+    )
     if args.write_docs:
         (ROOT / "docs" / "families.md").write_text(markdown(rows))
     if args.baseline:

@@ -44,6 +44,8 @@ def test_each_type_runs_clean(model_type: str, request: pytest.FixtureRequest) -
     if model_type in BASELINE:
         request.applymarker(pytest.mark.xfail(reason=BASELINE[model_type], strict=False))
     row = families.run_one(model_type, TYPES[model_type])
+    if row.status == "needs-package":  # an optional package this environment lacks
+        pytest.skip(row.reason)
     assert row.exit in (None, 0, 1, 2), (row.status, row.reason)
     assert row.status == "clean", (row.status, row.layout, row.findings or row.reason)
 
