@@ -60,7 +60,27 @@ HEADS_ORDER = (
 )
 
 # Overrides where the generic shrink gives a config the model cannot build; each says why.
-OVERRIDES: dict[str, dict[str, Any]] = {}
+# Merged into the tiny config (nested dicts merged key by key).
+_KINDS = ["conv", "full_attention", "conv", "full_attention"]
+OVERRIDES: dict[str, dict[str, Any]] = {
+    # defaults that leave None what every checkpoint sets and the model reads
+    "lfm2_moe": {"layer_types": _KINDS},  # conv/attention kinds, as LFM2's checkpoints
+    "deepseek_ocr2": {"text_config": {"mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]}},
+    "diffusion_gemma": {
+        "text_config": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 64}
+    },
+    "chameleon": {"vocabulary_map": {"<image>": 8}},  # the tokenizer's map, read by the model
+    # fields this transformers' model reads but its config class no longer declares
+    # (checkpoints saved by older versions carry them)
+    "dbrx": {"attn_config": {"rope_theta": 10000.0}},
+    "moonshine_streaming": {"num_key_value_heads": HEADS},
+    "t5gemma2_encoder": {"text_config": {"dropout_rate": 0.0}},
+    # KV sharing needs each layer kind among the cache-producing layers: 1 of 4 layers shares
+    "gemma3n_text": {
+        "num_kv_shared_layers": 1,
+        "layer_types": ["sliding_attention", "full_attention"] + ["sliding_attention"] * 2,
+    },
+}
 # M-RoPE text models whose modeling code falls back to sections for a 128-wide head when
 # the config names none: sections for the tiny head (they sum to HEAD_DIM/2).
 MROPE: dict[str, list[int]] = {
@@ -295,9 +315,10 @@ def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
     if not pairs and heads and head_dim:
         pairs = [(heads, head_dim)]
     for h, hd in pairs if hidden else []:
-        product = d[h] * d[hd]
-        if product % d[hidden] == 0 and product != d[hidden]:
+        product = d[h] * d[hd]  # 0 where a head dim is unused (GLM-5's MLA head_dim 0)
+        if product and out[hd] and product % d[hidden] == 0 and product != d[hidden]:
             out[h] = max(1, product // d[hidden] * out[hidden] // out[hd])
+    _fill_unset(d, out, heads)
     experts = next(iter(_ints(d, _EXPERTS)), None)
     for key, v in d.items():  # a top-k the config leaves None beside experts: 2 of them
         if v is None and _TOPK.search(str(key)) and key in out and experts:
@@ -319,6 +340,21 @@ def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
             out[key] = min(out[key], per_head)
 
 
+# Fields a default config leaves None that its model needs (real checkpoints set them):
+# the value a tiny model takes. Key/value heads left None are the query heads (MHA).
+UNSET: dict[str, int] = {"vocab_size": VOCAB, "prediction_length": 4}
+
+
+def _fill_unset(d: dict[str, Any], out: dict[str, Any], heads: str | None) -> None:
+    for key, v in d.items():
+        if v is not None or key not in out:
+            continue
+        if key in UNSET:
+            out[key] = UNSET[key]
+        elif _KV.search(str(key)) and heads:
+            out[key] = out[heads]
+
+
 def _head_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
     """(heads, head dim) keys named with the same prefix: `num_attention_heads`/`head_dim`,
     Bamba's `mamba_n_heads`/`mamba_d_head` (whose product is expand × hidden)."""
@@ -331,6 +367,15 @@ def _head_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
                 pairs.append((h, hd))
                 break
     return pairs
+
+
+def _per_layer_values(v: Any, depth: int) -> bool:
+    """A list of one number per layer (`depth` > LAYERS, so no stage list of 4)."""
+    return (
+        isinstance(v, list)
+        and len(v) == depth
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+    )
 
 
 def _every_kind(v: list[Any], new: int) -> list[Any]:
@@ -419,6 +464,10 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
                 out[key] = _run_lengths(v, depth_from, new)
             elif isinstance(v, list) and len(v) == depth_from and "layer" in key:
                 out[key] = _every_kind(v, new)
+            elif _per_layer_values(v, depth_from):
+                # one value per layer under a field's own name (Gemma 3n's intermediate_size
+                # and activation_sparsity_pattern): cut to the new depth, sizes capped
+                out[key] = [_shrink_int(key, x) if type(x) is int else x for x in v[:new]]
             elif isinstance(v, str) and len(v) == depth_from and "layer" in key:
                 out[key] = v[:new]
             elif (
@@ -487,10 +536,18 @@ def tiny_config(model_type: str) -> Any:
 
     base = transformers.AutoConfig.for_model(model_type)
     data = _declared(base, shrink(base.to_dict()))
-    data.update(OVERRIDES.get(model_type, {}))
+    _merge(data, OVERRIDES.get(model_type, {}))
     _set_mrope(data, model_type)
     data.pop("model_type", None)
     return type(base).from_dict(data)
+
+
+def _merge(data: dict[str, Any], override: dict[str, Any]) -> None:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            _merge(data[key], value)
+        else:
+            data[key] = value
 
 
 def _set_mrope(data: dict[str, Any], model_type: str | None) -> None:
