@@ -168,7 +168,7 @@ def _shrink_int(key: str, v: int) -> int:
         return min(v, (IMAGE // PATCH) ** 2 // 4)
     if key in ("projection_size", "projection_dim", "codebook_dim"):
         return min(v, HIDDEN)
-    if key == "vocab_size" or key.startswith("vocab_size_"):  # vocab_size_per_layer_input
+    if "vocab" in key:  # vocab_size_per_layer_input, BLT's encoder_hash_byte_group_vocab
         return min(v, VOCAB)
     if key in ("image_size", "crop_size"):
         return min(v, IMAGE)
@@ -273,13 +273,20 @@ def _feature_layers(d: dict[str, Any], out: dict[str, Any]) -> None:
     def inside(x: int) -> bool:
         return -states <= x < states
 
-    for key, v in d.items():
-        if "feature_layer" not in str(key):
-            continue
-        if type(v) is int and not inside(v):
-            out[key] = -1
-        elif isinstance(v, list) and all(type(x) is int for x in v):
-            out[key] = [x for x in v if inside(x)] or [-1]
+    # at the top, or in a sibling of the tower (Molmo 2's adapter_config)
+    places = [(d, out)] + [
+        (v, out[k])
+        for k, v in d.items()
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "vision_config"
+    ]
+    for full, small in places:
+        for key, v in full.items():
+            if "feature_layer" not in str(key):
+                continue
+            if type(v) is int and not inside(v):
+                small[key] = -1
+            elif isinstance(v, list) and all(type(x) is int for x in v):
+                small[key] = [x for x in v if inside(x)] or [-1]
 
 
 def _move_ids(d: dict[str, Any], out: dict[str, Any], vocab: int, top: list[int]) -> None:
@@ -318,6 +325,7 @@ def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
         product = d[h] * d[hd]  # 0 where a head dim is unused (GLM-5's MLA head_dim 0)
         if product and out[hd] and product % d[hidden] == 0 and product != d[hidden]:
             out[h] = max(1, product // d[hidden] * out[hidden] // out[hd])
+    _inner_widths(d, out, pairs)
     _fill_unset(d, out, heads)
     experts = next(iter(_ints(d, _EXPERTS)), None)
     for key, v in d.items():  # a top-k the config leaves None beside experts: 2 of them
@@ -367,6 +375,21 @@ def _head_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
                 pairs.append((h, hd))
                 break
     return pairs
+
+
+def _inner_widths(d: dict[str, Any], out: dict[str, Any], pairs: list[tuple[str, str]]) -> None:
+    """An inner width named with a (heads, head dim) pair's prefix that the full config
+    sets to their product (Falcon-H1's `mamba_d_ssm` = `mamba_n_heads` × `mamba_d_head`):
+    the product of the shrunk pair. Unprefixed pairs are left out (a plain product of
+    attention heads matches too many unrelated fields, max_position_embeddings among them)."""
+    for h, hd in pairs:
+        match = _HEAD_DIM.search(hd)
+        prefix = hd[: match.start(2)] if match else ""
+        if not prefix:
+            continue
+        for key in _ints(d, re.compile("^" + re.escape(prefix))):
+            if key not in (h, hd) and d[key] and d[key] == d[h] * d[hd]:
+                out[key] = out[h] * out[hd]
 
 
 def _per_layer_values(v: Any, depth: int) -> bool:
@@ -467,7 +490,8 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
             elif _per_layer_values(v, depth_from):
                 # one value per layer under a field's own name (Gemma 3n's intermediate_size
                 # and activation_sparsity_pattern): cut to the new depth, sizes capped
-                out[key] = [_shrink_int(key, x) if type(x) is int else x for x in v[:new]]
+                kept = out[key][:new]  # as the first pass shrank it (Swin2SR's depths)
+                out[key] = [_shrink_int(key, x) if type(x) is int else x for x in kept]
             elif isinstance(v, str) and len(v) == depth_from and "layer" in key:
                 out[key] = v[:new]
             elif (
@@ -566,7 +590,9 @@ def _fields(config: Any) -> set[str] | None:
 
     cls = type(config)
     if dataclasses.is_dataclass(cls):
-        return {f.name for f in dataclasses.fields(cls)}
+        # and the names `attribute_map` stores fields under (Inkling's vision n_layers)
+        aliases = getattr(cls, "attribute_map", None) or {}
+        return {f.name for f in dataclasses.fields(cls)} | set(aliases.values())
     params = inspect.signature(cls.__init__).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()) and len(params) <= 3:
         return None  # no declared fields to go by
