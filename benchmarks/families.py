@@ -377,6 +377,9 @@ def _head_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
     return pairs
 
 
+_INNER = re.compile(r"(_d_|_dim$|_size$)")
+
+
 def _inner_widths(d: dict[str, Any], out: dict[str, Any], pairs: list[tuple[str, str]]) -> None:
     """An inner width named with a (heads, head dim) pair's prefix that the full config
     sets to their product (Falcon-H1's `mamba_d_ssm` = `mamba_n_heads` × `mamba_d_head`):
@@ -387,8 +390,10 @@ def _inner_widths(d: dict[str, Any], out: dict[str, Any], pairs: list[tuple[str,
         prefix = hd[: match.start(2)] if match else ""
         if not prefix:
             continue
-        for key in _ints(d, re.compile("^" + re.escape(prefix))):
-            if key not in (h, hd) and d[key] and d[key] == d[h] * d[hd]:
+        for key in _ints(d, _INNER):  # a width by its name (not Ax-K2's index_topk)
+            if not key.startswith(prefix) or key in (h, hd):
+                continue
+            if d[key] and d[key] == d[h] * d[hd]:
                 out[key] = out[h] * out[hd]
 
 
