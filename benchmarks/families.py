@@ -136,7 +136,7 @@ _FFN = re.compile(
     r"^inner_dim$|intermediate_dim)$"
 )
 _EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
-_TOPK = re.compile(r"^(num_experts_per_tok|top_k|moe_topk|moe_k|num_selected_experts)$")
+_TOPK = re.compile(r"^(num_experts_per_tok(en)?|top_k|moe_topk|moe_k|num_selected_experts)$")
 _GROUPS = re.compile(r"^(n_group|num_expert_group)$")  # expert groups (DeepSeek-V3 routing)
 _TOKEN = re.compile(r"(token_id|token_index|_token)$")
 
@@ -541,7 +541,26 @@ def _per_layer_config(d: dict[str, Any], out: dict[str, Any], depth_from: int | 
                 if _HEAD_DIM.search(k) and type(v) is int and v != out.get(k, v)
             }
             result[str(i)] = {k: shrunk[k] for k in set(overrides[source]) | moved}
+            _keep_apart(result[str(i)], overrides[source], glob, out)
     return result
+
+
+def _keep_apart(
+    layer: dict[str, Any], full: dict[str, Any], glob: dict[str, Any], out: Any
+) -> None:
+    """An override the caps made equal to the global value (Gemma 4's 512-wide heads and
+    the 256 of the others both capped at 16) would vanish: one that is a whole multiple or
+    divisor of the global value keeps that ratio to the shrunk global value instead."""
+    for key, o in full.items():
+        g, small = glob.get(key), out.get(key)
+        if not (type(o) is int and type(g) is int and type(small) is int and 0 < o != g):
+            continue
+        if layer.get(key) != small:
+            continue
+        if o % g == 0:
+            layer[key] = small * (o // g)
+        elif g % o == 0:
+            layer[key] = max(1, small // (g // o))
 
 
 # --------------------------------------------------------------------------- enumeration
