@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from actscan.errors import BadInputError
 from actscan.targets.footprint import Shape, elements, safe_int
-from actscan.targets.hf_layers import DEPTH_KEYS, depth_of, resize_per_layer
+from actscan.targets.hf_layers import DEPTH_KEYS, config_value, depth_of, resize_per_layer
 from actscan.targets.weights import mismatch_error
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def _stacks(one: Sequence[str], two: Sequence[str]) -> dict[str, int]:
 
 def _facts(config: Any) -> dict[str, int | None]:
     def first(*names: str) -> int | None:
-        return next((v for n in names if (v := safe_int(getattr(config, n, None)))), None)
+        return next((v for n in names if (v := safe_int(config_value(config, n)))), None)
 
     return {
         "d_model": first("hidden_size", "n_embd", "d_model", "dim"),
