@@ -62,6 +62,9 @@ HEADS_ORDER = (
 # Overrides where the generic shrink gives a config the model cannot build; each says why.
 # Merged into the tiny config (nested dicts merged key by key).
 _KINDS = ["conv", "full_attention", "conv", "full_attention"]
+_COMPASS_ROPE = {
+    "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+}
 OVERRIDES: dict[str, dict[str, Any]] = {
     # defaults that leave None what every checkpoint sets and the model reads
     "lfm2_moe": {"layer_types": _KINDS},  # conv/attention kinds, as LFM2's checkpoints
@@ -75,6 +78,18 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "dbrx": {"attn_config": {"rope_theta": 10000.0}},
     "moonshine_streaming": {"num_key_value_heads": HEADS},
     "t5gemma2_encoder": {"text_config": {"dropout_rate": 0.0}},
+    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+    # the default's rope_parameters name no layer kind, and its M-RoPE sections fit a
+    # 128-wide head: one per kind, sections for the tiny head
+    "cohere_compass_text": {"rope_parameters": _COMPASS_ROPE},
+    "cohere_compass": {"text_config": {"rope_parameters": _COMPASS_ROPE}},
+    # its LM head asserts is_decoder; the axial position widths must add up to the width
+    # and the axial shape multiply to the scanned length (16 tokens, as training requires)
+    "reformer": {
+        "is_decoder": True,
+        "axial_pos_embds_dim": [16, HIDDEN - 16],
+        "axial_pos_shape": [4, 4],
+    },
     # KV sharing needs each layer kind among the cache-producing layers: 1 of 4 layers shares
     "gemma3n_text": {
         "num_kv_shared_layers": 1,
@@ -436,6 +451,25 @@ def _period_offsets(d: dict[str, Any], out: dict[str, Any], new: int) -> None:
             out[offset_key] = min(offset, new - 1)
 
 
+def _layer_groups(d: dict[str, Any], out: dict[str, Any], depth_from: int, new: int) -> None:
+    """Layer counts that add up to the depth (Dory's input, recurrent and output layers,
+    16 + 40 + 16 = 72): shared out over the new depth in proportion, at least one each."""
+    keys = [k for k in _ints(d, _LAYERS) if d[k] != depth_from and d[k] > 0]
+    if len(keys) < 2 or len(keys) > new or sum(d[k] for k in keys) != depth_from:
+        return
+    shares = {k: max(1, d[k] * new // depth_from) for k in keys}
+    by_size = sorted(keys, key=lambda k: -d[k])
+    i = 0
+    while sum(shares.values()) != new:
+        key = by_size[i % len(by_size)]
+        if sum(shares.values()) < new:
+            shares[key] += 1
+        elif shares[key] > 1:
+            shares[key] -= 1
+        i += 1
+    out.update(shares)
+
+
 def _run_lengths(v: Any, depth_from: int, new: int) -> Any:
     """GPT-Neo's `attention_types`, [[pattern, repeats], ...] covering every layer: one
     pattern repeated over the new depth."""
@@ -487,6 +521,7 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
     if depth_from is not None:
         new = next(out[k] for k in out if _LAYERS.search(k) and d[k] == depth_from)
         _period_offsets(d, out, new)
+        _layer_groups(d, out, depth_from, new)
         for key, v in d.items():
             if key == "attention_types":
                 out[key] = _run_lengths(v, depth_from, new)
