@@ -62,6 +62,13 @@ HEADS_ORDER = (
 # Overrides where the generic shrink gives a config the model cannot build; each says why.
 # Merged into the tiny config (nested dicts merged key by key).
 _KINDS = ["conv", "full_attention", "conv", "full_attention"]
+_QSA = {
+    "indexer_n_heads": HEADS,
+    "indexer_kv_heads": 1,  # the only count its config accepts
+    "indexer_head_dim": HEAD_DIM,
+    "indexer_budget": 8,
+    "indexer_compress_ratio": 2,
+}
 _COMPASS_ROPE = {
     "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
 }
@@ -79,6 +86,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "moonshine_streaming": {"num_key_value_heads": HEADS},
     "t5gemma2_encoder": {"text_config": {"dropout_rate": 0.0}},
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+    # its validator ties the adaptor's intermediate size to a quarter of the text width
+    "fun_asr_nano": {"adaptor_config": {"intermediate_size": HIDDEN // 4}},
+    # its full-attention layers always build the QSA indexer the default leaves unset
+    "qwen4_exp_text": _QSA,
+    "qwen4_exp": {"text_config": _QSA},
     # the default's rope_parameters name no layer kind, and its M-RoPE sections fit a
     # 128-wide head: one per kind, sections for the tiny head
     "cohere_compass_text": {"rope_parameters": _COMPASS_ROPE},
@@ -346,8 +358,10 @@ def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
     for key, v in d.items():  # a top-k the config leaves None beside experts: 2 of them
         if v is None and _TOPK.search(str(key)) and key in out and experts:
             out[key] = 2
-    for key, v in d.items():  # a head dim the config leaves to the model (None): derived
-        if v is None and _HEAD_DIM.search(str(key)) and key in out and heads and hidden:
+    # the attention head dim the config leaves to the model (None): derived. A prefixed
+    # one left None (Qwen4-Exp's indexer_head_dim) is a feature left off: stays None
+    for key, v in d.items():
+        if v is None and _HEAD_DIM.match(str(key)) and key in out and heads and hidden:
             out[key] = out[hidden] // out[heads]
     # MLA: a head dim the full config makes the sum of its no-rope and rope parts stays so
     parts = ("qk_nope_head_dim", "qk_rope_head_dim")
@@ -545,9 +559,39 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
                 kept = [x for x in v if x < new]
                 out[key] = kept or [new - 1]
     _keep_relations(d, out)
+    _stage_channels(d, out)
     if isinstance(d.get("per_layer_config"), dict):
         out["per_layer_config"] = _per_layer_config(d, out, depth_from)
     return out
+
+
+_CHANNEL_LISTS = re.compile(r"(channels|features|dims)$")
+
+
+def _stage_channels(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """Per-stage channel lists that end at (hold) the width (EfficientLoFTR's
+    `out_features` [64, 64, 128, 256] with hidden_size 256, its nested per-block channel
+    lists): divided by the factor the width was, so the last stage is the new width. Only
+    multiples of the factor are divided (3 RGB or 1 grey input channels stay)."""
+    hidden = next(iter(_ints(d, _HIDDEN)), None)
+    if not hidden or not (0 < out[hidden] < d[hidden]) or d[hidden] % out[hidden]:
+        return
+    factor = d[hidden] // out[hidden]
+
+    def flat(v: Any) -> list[Any]:
+        return [y for x in v for y in flat(x)] if isinstance(v, list) else [v]
+
+    def scale(v: Any) -> Any:
+        if isinstance(v, list):
+            return [scale(x) for x in v]
+        return v // factor if type(v) is int and v % factor == 0 else v
+
+    for key, v in d.items():
+        if not (isinstance(v, list) and _CHANNEL_LISTS.search(str(key))):
+            continue
+        values = flat(v)
+        if all(type(x) is int for x in values) and d[hidden] in values:
+            out[key] = scale(v)
 
 
 def _per_layer_config(d: dict[str, Any], out: dict[str, Any], depth_from: int | None) -> Any:
