@@ -60,7 +60,54 @@ HEADS_ORDER = (
 )
 
 # Overrides where the generic shrink gives a config the model cannot build; each says why.
-OVERRIDES: dict[str, dict[str, Any]] = {}
+# Merged into the tiny config (nested dicts merged key by key).
+_KINDS = ["conv", "full_attention", "conv", "full_attention"]
+_QSA = {
+    "indexer_n_heads": HEADS,
+    "indexer_kv_heads": 1,  # the only count its config accepts
+    "indexer_head_dim": HEAD_DIM,
+    "indexer_budget": 8,
+    "indexer_compress_ratio": 2,
+}
+_COMPASS_ROPE = {
+    "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+}
+OVERRIDES: dict[str, dict[str, Any]] = {
+    # defaults that leave None what every checkpoint sets and the model reads
+    "lfm2_moe": {"layer_types": _KINDS},  # conv/attention kinds, as LFM2's checkpoints
+    "deepseek_ocr2": {"text_config": {"mlp_layer_types": ["dense", "sparse", "sparse", "sparse"]}},
+    "diffusion_gemma": {
+        "text_config": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 64}
+    },
+    "chameleon": {"vocabulary_map": {"<image>": 8}},  # the tokenizer's map, read by the model
+    # fields this transformers' model reads but its config class no longer declares
+    # (checkpoints saved by older versions carry them)
+    "dbrx": {"attn_config": {"rope_theta": 10000.0}},
+    "moonshine_streaming": {"num_key_value_heads": HEADS},
+    "t5gemma2_encoder": {"text_config": {"dropout_rate": 0.0}},
+    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+    # its validator ties the adaptor's intermediate size to a quarter of the text width
+    "fun_asr_nano": {"adaptor_config": {"intermediate_size": HIDDEN // 4}},
+    # its full-attention layers always build the QSA indexer the default leaves unset
+    "qwen4_exp_text": _QSA,
+    "qwen4_exp": {"text_config": _QSA},
+    # the default's rope_parameters name no layer kind, and its M-RoPE sections fit a
+    # 128-wide head: one per kind, sections for the tiny head
+    "cohere_compass_text": {"rope_parameters": _COMPASS_ROPE},
+    "cohere_compass": {"text_config": {"rope_parameters": _COMPASS_ROPE}},
+    # its LM head asserts is_decoder; the axial position widths must add up to the width
+    # and the axial shape multiply to the scanned length (16 tokens, as training requires)
+    "reformer": {
+        "is_decoder": True,
+        "axial_pos_embds_dim": [16, HIDDEN - 16],
+        "axial_pos_shape": [4, 4],
+    },
+    # KV sharing needs each layer kind among the cache-producing layers: 1 of 4 layers shares
+    "gemma3n_text": {
+        "num_kv_shared_layers": 1,
+        "layer_types": ["sliding_attention", "full_attention"] + ["sliding_attention"] * 2,
+    },
+}
 # M-RoPE text models whose modeling code falls back to sections for a 128-wide head when
 # the config names none: sections for the tiny head (they sum to HEAD_DIM/2).
 MROPE: dict[str, list[int]] = {
@@ -176,7 +223,7 @@ _FFN = re.compile(
     r"^inner_dim$|intermediate_dim)$"
 )
 _EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts)$")
-_TOPK = re.compile(r"^(num_experts_per_tok|top_k|moe_topk|moe_k|num_selected_experts)$")
+_TOPK = re.compile(r"^(num_experts_per_tok(en)?|top_k|moe_topk|moe_k|num_selected_experts)$")
 _GROUPS = re.compile(r"^(n_group|num_expert_group)$")  # expert groups (DeepSeek-V3 routing)
 _TOKEN = re.compile(r"(token_id|token_index|_token)$")
 
@@ -190,7 +237,7 @@ def _shrink_int(key: str, v: int) -> int:
         return min(v, HEAD_DIM)
     if _LAYERS.search(key):
         return min(v, LAYERS)
-    if _HIDDEN.search(key) or key.endswith("hidden_size"):
+    if _HIDDEN.search(key) or "hidden_size" in key:  # Gemma 4's hidden_size_per_layer_input
         return min(v, HIDDEN)
     if _FFN.search(key):
         return min(v, FFN)
@@ -202,11 +249,13 @@ def _shrink_int(key: str, v: int) -> int:
         return min(v, 2)
     if key == "topk_group":
         return min(v, 1)
+    if key == "num_groups":  # a GroupNorm's groups: within the narrowest shrunk stage
+        return min(v, 4)
     if key.endswith("tokens_per_image"):  # pooled from the patch grid: at most its size
         return min(v, (IMAGE // PATCH) ** 2 // 4)
     if key in ("projection_size", "projection_dim", "codebook_dim"):
         return min(v, HIDDEN)
-    if key == "vocab_size":
+    if "vocab" in key:  # vocab_size_per_layer_input, BLT's encoder_hash_byte_group_vocab
         return min(v, VOCAB)
     if key in ("image_size", "crop_size"):
         return min(v, IMAGE)
@@ -228,12 +277,51 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
     level: a vision-language model names its image token at the top, its vocabulary in
     `text_config`) beyond the smallest new vocabulary inside it, one distinct id each."""
     out = _shrink(d)
+    _same_widths(d, out, _widths(d, out))
     _scale_pinpoints(d, out)
     _feature_layers(d, out)
     vocabs = [v for v in _vocabs(out) if v <= VOCAB]
     if vocabs:
         _move_ids(d, out, min(vocabs), [min(vocabs) - 1])
     return out
+
+
+# sizes (and conv groups: a depthwise conv's `upsample_groups` = its width) kept equal to a width
+_DIMLIKE = re.compile(r"(_dim|_size|_channels|_features|_groups)$")
+_NOT_WIDTH = re.compile(
+    r"(vocab|codebook|position|window|image|patch|kernel|chunk|length|batch|stride)"
+)
+
+
+def _widths(d: dict[str, Any], out: dict[str, Any]) -> dict[int, int]:
+    """Every width of the config and its sub-configs: full size -> shrunk size."""
+    found: dict[int, int] = {}
+    for key in _ints(d, _HIDDEN) + [k for k in _ints(d, _DIMLIKE) if k.endswith("hidden_size")]:
+        if type(out.get(key)) is int and out[key] != d[key]:
+            found[d[key]] = out[key]
+    for key, v in d.items():
+        if isinstance(v, dict) and isinstance(out.get(key), dict):
+            found.update(_widths(v, out[key]))
+    return found
+
+
+def _same_widths(d: dict[str, Any], out: dict[str, Any], widths: dict[int, int]) -> None:
+    """A size the full config sets equal to a width (of any of its configs: an adapter's
+    `adapter_in_dim`/`adapter_out_dim`, a flow head's `condition_dim` = the backbone's
+    width) that the name-based caps left alone: given the new width, so the configs'
+    equality checks hold (sub-configs recursively)."""
+    for key, v in d.items():
+        sub = out.get(key)
+        if isinstance(v, dict) and isinstance(sub, dict):
+            _same_widths(v, sub, widths)
+        elif (
+            type(v) is int
+            and v in widths
+            and sub == v
+            and _DIMLIKE.search(str(key))
+            and not _NOT_WIDTH.search(str(key))
+        ):
+            out[key] = widths[v]
 
 
 def _image_sides(d: dict[str, Any]) -> list[int]:
@@ -272,13 +360,20 @@ def _feature_layers(d: dict[str, Any], out: dict[str, Any]) -> None:
     def inside(x: int) -> bool:
         return -states <= x < states
 
-    for key, v in d.items():
-        if "feature_layer" not in str(key):
-            continue
-        if type(v) is int and not inside(v):
-            out[key] = -1
-        elif isinstance(v, list) and all(type(x) is int for x in v):
-            out[key] = [x for x in v if inside(x)] or [-1]
+    # at the top, or in a sibling of the tower (Molmo 2's adapter_config)
+    places = [(d, out)] + [
+        (v, out[k])
+        for k, v in d.items()
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "vision_config"
+    ]
+    for full, small in places:
+        for key, v in full.items():
+            if "feature_layer" not in str(key):
+                continue
+            if type(v) is int and not inside(v):
+                small[key] = -1
+            elif isinstance(v, list) and all(type(x) is int for x in v):
+                small[key] = [x for x in v if inside(x)] or [-1]
 
 
 def _move_ids(d: dict[str, Any], out: dict[str, Any], vocab: int, top: list[int]) -> None:
@@ -314,22 +409,47 @@ def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
     if not pairs and heads and head_dim:
         pairs = [(heads, head_dim)]
     for h, hd in pairs if hidden else []:
-        product = d[h] * d[hd]
-        if product % d[hidden] == 0 and product != d[hidden]:
+        product = d[h] * d[hd]  # 0 where a head dim is unused (GLM-5's MLA head_dim 0)
+        if product and out[hd] and product % d[hidden] == 0 and product != d[hidden]:
             out[h] = max(1, product // d[hidden] * out[hidden] // out[hd])
+    _inner_widths(d, out, pairs)
+    _fill_unset(d, out, heads)
     experts = next(iter(_ints(d, _EXPERTS)), None)
     for key, v in d.items():  # a top-k the config leaves None beside experts: 2 of them
         if v is None and _TOPK.search(str(key)) and key in out and experts:
             out[key] = 2
-    for key, v in d.items():  # a head dim the config leaves to the model (None): derived
-        if v is None and _HEAD_DIM.search(str(key)) and key in out and heads and hidden:
+    # the attention head dim the config leaves to the model (None): derived. A prefixed
+    # one left None (Qwen4-Exp's indexer_head_dim) is a feature left off: stays None
+    for key, v in d.items():
+        if v is None and _HEAD_DIM.match(str(key)) and key in out and heads and hidden:
             out[key] = out[hidden] // out[heads]
+    # MLA: a head dim the full config makes the sum of its no-rope and rope parts stays so
+    parts = ("qk_nope_head_dim", "qk_rope_head_dim")
+    if all(type(d.get(p)) is int for p in ("head_dim", *parts)) and d["head_dim"] == sum(
+        d[p] for p in parts
+    ):
+        out["head_dim"] = sum(out[p] for p in parts)
     per_head = out[head_dim] if head_dim else None
     if per_head is None and heads and hidden:
         per_head = out[hidden] // out[heads]
     for key in ("rotary_dim", "rotary_emb_dim"):
         if type(d.get(key)) is int and per_head:
             out[key] = min(out[key], per_head)
+
+
+# Fields a default config leaves None that its model needs (real checkpoints set them):
+# the value a tiny model takes. Key/value heads left None are the query heads (MHA).
+UNSET: dict[str, int] = {"vocab_size": VOCAB, "prediction_length": 4}
+
+
+def _fill_unset(d: dict[str, Any], out: dict[str, Any], heads: str | None) -> None:
+    for key, v in d.items():
+        if v is not None or key not in out:
+            continue
+        if key in UNSET:
+            out[key] = UNSET[key]
+        elif _KV.search(str(key)) and heads:
+            out[key] = out[heads]
 
 
 def _head_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
@@ -344,6 +464,35 @@ def _head_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
                 pairs.append((h, hd))
                 break
     return pairs
+
+
+_INNER = re.compile(r"(_d_|_dim$|_size$)")
+
+
+def _inner_widths(d: dict[str, Any], out: dict[str, Any], pairs: list[tuple[str, str]]) -> None:
+    """An inner width named with a (heads, head dim) pair's prefix that the full config
+    sets to their product (Falcon-H1's `mamba_d_ssm` = `mamba_n_heads` × `mamba_d_head`):
+    the product of the shrunk pair. Unprefixed pairs are left out (a plain product of
+    attention heads matches too many unrelated fields, max_position_embeddings among them)."""
+    for h, hd in pairs:
+        match = _HEAD_DIM.search(hd)
+        prefix = hd[: match.start(2)] if match else ""
+        if not prefix:
+            continue
+        for key in _ints(d, _INNER):  # a width by its name (not Ax-K2's index_topk)
+            if not key.startswith(prefix) or key in (h, hd):
+                continue
+            if d[key] and d[key] == d[h] * d[hd]:
+                out[key] = out[h] * out[hd]
+
+
+def _per_layer_values(v: Any, depth: int) -> bool:
+    """A list of one number per layer (`depth` > LAYERS, so no stage list of 4)."""
+    return (
+        isinstance(v, list)
+        and len(v) == depth
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+    )
 
 
 def _every_kind(v: list[Any], new: int) -> list[Any]:
@@ -374,6 +523,25 @@ def _period_offsets(d: dict[str, Any], out: dict[str, Any], new: int) -> None:
         out[key] = new
         if type(offset) is int:
             out[offset_key] = min(offset, new - 1)
+
+
+def _layer_groups(d: dict[str, Any], out: dict[str, Any], depth_from: int, new: int) -> None:
+    """Layer counts that add up to the depth (Dory's input, recurrent and output layers,
+    16 + 40 + 16 = 72): shared out over the new depth in proportion, at least one each."""
+    keys = [k for k in _ints(d, _LAYERS) if d[k] != depth_from and d[k] > 0]
+    if len(keys) < 2 or len(keys) > new or sum(d[k] for k in keys) != depth_from:
+        return
+    shares = {k: max(1, d[k] * new // depth_from) for k in keys}
+    by_size = sorted(keys, key=lambda k: -d[k])
+    i = 0
+    while sum(shares.values()) != new:
+        key = by_size[i % len(by_size)]
+        if sum(shares.values()) < new:
+            shares[key] += 1
+        elif shares[key] > 1:
+            shares[key] -= 1
+        i += 1
+    out.update(shares)
 
 
 def _run_lengths(v: Any, depth_from: int, new: int) -> Any:
@@ -427,11 +595,17 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
     if depth_from is not None:
         new = next(out[k] for k in out if _LAYERS.search(k) and d[k] == depth_from)
         _period_offsets(d, out, new)
+        _layer_groups(d, out, depth_from, new)
         for key, v in d.items():
             if key == "attention_types":
                 out[key] = _run_lengths(v, depth_from, new)
             elif isinstance(v, list) and len(v) == depth_from and "layer" in key:
                 out[key] = _every_kind(v, new)
+            elif _per_layer_values(v, depth_from):
+                # one value per layer under a field's own name (Gemma 3n's intermediate_size
+                # and activation_sparsity_pattern): cut to the new depth, sizes capped
+                kept = out[key][:new]  # as the first pass shrank it (Swin2SR's depths)
+                out[key] = [_shrink_int(key, x) if type(x) is int else x for x in kept]
             elif isinstance(v, str) and len(v) == depth_from and "layer" in key:
                 out[key] = v[:new]
             elif (
@@ -445,7 +619,87 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
                 kept = [x for x in v if x < new]
                 out[key] = kept or [new - 1]
     _keep_relations(d, out)
+    _stage_channels(d, out)
+    if isinstance(d.get("per_layer_config"), dict):
+        out["per_layer_config"] = _per_layer_config(d, out, depth_from)
     return out
+
+
+_CHANNEL_LISTS = re.compile(r"(channels|features|dims)$")
+
+
+def _stage_channels(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """Per-stage channel lists that end at (hold) the width (EfficientLoFTR's
+    `out_features` [64, 64, 128, 256] with hidden_size 256, its nested per-block channel
+    lists): divided by the factor the width was, so the last stage is the new width. Only
+    multiples of the factor are divided (3 RGB or 1 grey input channels stay)."""
+    hidden = next(iter(_ints(d, _HIDDEN)), None)
+    if not hidden or not (0 < out[hidden] < d[hidden]) or d[hidden] % out[hidden]:
+        return
+    factor = d[hidden] // out[hidden]
+
+    def flat(v: Any) -> list[Any]:
+        return [y for x in v for y in flat(x)] if isinstance(v, list) else [v]
+
+    def scale(v: Any) -> Any:
+        if isinstance(v, list):
+            return [scale(x) for x in v]
+        return v // factor if type(v) is int and v % factor == 0 else v
+
+    for key, v in d.items():
+        if not (isinstance(v, list) and _CHANNEL_LISTS.search(str(key))):
+            continue
+        values = flat(v)
+        if all(type(x) is int for x in values) and d[hidden] in values:
+            out[key] = scale(v)
+
+
+def _per_layer_config(d: dict[str, Any], out: dict[str, Any], depth_from: int | None) -> Any:
+    """transformers 5's heterogeneous configs (`per_layer_config`: layer index -> the fields
+    that layer overrides, Gemma 4's wider full-attention heads): each new layer takes the
+    overrides of an old layer of its kind (`layer_types`, as cut by `_every_kind`), shrunk
+    as the whole config is (the global fields beside them, for the relations kept)."""
+    overrides = {int(k): v for k, v in d["per_layer_config"].items() if isinstance(v, dict)}
+    old_kinds, new_kinds = d.get("layer_types"), out.get("layer_types")
+    depth = depth_from or len(old_kinds or ()) or (max(overrides, default=-1) + 1)
+    new = len(new_kinds) if isinstance(new_kinds, list) else min(depth, LAYERS)
+    glob = {k: v for k, v in d.items() if k != "per_layer_config"}
+    result: dict[str, dict[str, Any]] = {}
+    for i in range(new):
+        source = i
+        if isinstance(old_kinds, list) and isinstance(new_kinds, list) and len(old_kinds) == depth:
+            kind = new_kinds[i]
+            if old_kinds[i] != kind and kind in old_kinds:
+                source = len(old_kinds) - 1 - old_kinds[::-1].index(kind)
+        if source in overrides:
+            shrunk = _shrink({**glob, **overrides[source]})
+            # the override's own fields, and any a relation re-derived (an MLA head dim)
+            moved = {
+                k
+                for k, v in shrunk.items()
+                if _HEAD_DIM.search(k) and type(v) is int and v != out.get(k, v)
+            }
+            result[str(i)] = {k: shrunk[k] for k in set(overrides[source]) | moved}
+            _keep_apart(result[str(i)], overrides[source], glob, out)
+    return result
+
+
+def _keep_apart(
+    layer: dict[str, Any], full: dict[str, Any], glob: dict[str, Any], out: Any
+) -> None:
+    """An override the caps made equal to the global value (Gemma 4's 512-wide heads and
+    the 256 of the others both capped at 16) would vanish: one that is a whole multiple or
+    divisor of the global value keeps that ratio to the shrunk global value instead."""
+    for key, o in full.items():
+        g, small = glob.get(key), out.get(key)
+        if not (type(o) is int and type(g) is int and type(small) is int and 0 < o != g):
+            continue
+        if layer.get(key) != small:
+            continue
+        if o % g == 0:
+            layer[key] = small * (o // g)
+        elif g % o == 0:
+            layer[key] = max(1, small // (g // o))
 
 
 # --------------------------------------------------------------------------- enumeration
@@ -469,10 +723,18 @@ def tiny_config(model_type: str) -> Any:
 
     base = transformers.AutoConfig.for_model(model_type)
     data = _declared(base, shrink(base.to_dict()))
-    data.update(OVERRIDES.get(model_type, {}))
+    _merge(data, OVERRIDES.get(model_type, {}))
     _set_mrope(data, model_type)
     data.pop("model_type", None)
     return type(base).from_dict(data)
+
+
+def _merge(data: dict[str, Any], override: dict[str, Any]) -> None:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            _merge(data[key], value)
+        else:
+            data[key] = value
 
 
 def _set_mrope(data: dict[str, Any], model_type: str | None) -> None:
@@ -491,11 +753,22 @@ def _fields(config: Any) -> set[str] | None:
 
     cls = type(config)
     if dataclasses.is_dataclass(cls):
-        return {f.name for f in dataclasses.fields(cls)}
+        # and the names `attribute_map` stores fields under (Inkling's vision n_layers)
+        aliases = getattr(cls, "attribute_map", None) or {}
+        return {f.name for f in dataclasses.fields(cls)} | set(aliases.values())
     params = inspect.signature(cls.__init__).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()) and len(params) <= 3:
         return None  # no declared fields to go by
     return set(params) - {"self", "kwargs"}
+
+
+def _global_attr(config: Any, key: str) -> Any:
+    """`getattr` that reads a heterogeneous config's global value of a per-layer field
+    (plain getattr raises AmbiguousGlobalPerLayerAttributeError there)."""
+    read = getattr(config, "_getattr_without_heterogeneous_validation", None)
+    if callable(read):
+        return read(key, None)
+    return getattr(config, key, None)
 
 
 def _declared(config: Any, data: dict[str, Any]) -> dict[str, Any]:
@@ -505,7 +778,7 @@ def _declared(config: Any, data: dict[str, Any]) -> dict[str, Any]:
     names = _fields(config)
     out: dict[str, Any] = {}
     for key, value in data.items():
-        sub = getattr(config, key, None) if isinstance(key, str) else None
+        sub = _global_attr(config, key) if isinstance(key, str) else None
         if isinstance(value, dict) and hasattr(sub, "to_dict"):
             value = {**_declared(sub, value), "model_type": getattr(sub, "model_type", None)}
             value = {k: v for k, v in value.items() if v is not None or k != "model_type"}
@@ -514,11 +787,25 @@ def _declared(config: Any, data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _config_of(cls: Any, config: Any) -> Any:
+    """The config `cls` is defined over: a head the mappings list for a multimodal type but
+    built on one of its sub-configs (Emu3ForCausalLM on Emu3TextConfig, MusicGen's
+    decoder) gets that sub-config, as `from_pretrained` would give it."""
+    want = getattr(cls, "config_class", None)
+    if not isinstance(want, type) or isinstance(config, want):
+        return config
+    for key in getattr(config, "sub_configs", None) or {}:
+        sub = getattr(config, key, None)
+        if isinstance(sub, want):
+            return sub
+    return config
+
+
 def build(model_type: str, cls_name: str) -> torch.nn.Module:
     import transformers
 
     cls = getattr(transformers, cls_name)
-    config = tiny_config(model_type)
+    config = _config_of(cls, tiny_config(model_type))
     with contextlib.suppress(AttributeError, TypeError):
         config._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -532,7 +819,7 @@ def build(model_type: str, cls_name: str) -> torch.nn.Module:
 class Row:
     model_type: str
     cls: str
-    status: str  # clean | loud | refused | model-error | crash | no-build | slow
+    status: str  # clean | loud | refused | model-error | crash | no-build | needs-package | slow
     exit: int | None = None
     seconds: float = 0.0
     params: int = 0
@@ -574,8 +861,21 @@ def _deadline(seconds: float) -> Iterator[None]:
 
 
 def _line(err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}".strip().splitlines()[0]
-    return text[:200]
+    """The error's first non-empty line (transformers' ImportErrors start with a newline)."""
+    lines = [line for line in f"{type(err).__name__}: {err}".splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        lines[0] = f"{lines[0]} {lines[1].strip()}"
+    return lines[0][:200]
+
+
+_REQUIRES = re.compile(r"requires the (\S+) library")
+
+
+def _missing_package(err: ImportError) -> str | None:
+    """The optional package a class needs and this environment lacks (transformers'
+    requires_backends: timm, torchvision, natten, detectron2, ...), as one line."""
+    found = _REQUIRES.findall(str(err)) or ([err.name] if err.name else [])
+    return f"needs {', '.join(dict.fromkeys(found))} (not installed here)" if found else None
 
 
 def _layout(report: Any) -> str:
@@ -611,7 +911,9 @@ def run_one(model_type: str, cls_name: str) -> Row:
         row.seconds = time.perf_counter() - t0
         return row
     except Exception as err:
-        row.reason = _line(err)
+        missing = _missing_package(err) if isinstance(err, ImportError) else None
+        row.status = "needs-package" if missing else row.status
+        row.reason = missing or _line(err)
         row.seconds = time.perf_counter() - t0
         return row
     row.params = sum(p.numel() for p in model.parameters())
@@ -661,8 +963,16 @@ def run_one(model_type: str, cls_name: str) -> Row:
 # --------------------------------------------------------------------------- the document
 
 
+UNBUILT = ("no-build", "needs-package")  # rows never scanned: counted apart from the tried
+
+
 def markdown(rows: list[Row]) -> str:
-    tried = [r for r in rows if r.status != "no-build"]
+    tried = [r for r in rows if r.status not in UNBUILT]
+    needs = [r for r in rows if r.status == "needs-package"]
+    packages: dict[str, int] = {}
+    for r in needs:
+        name = r.reason.removeprefix("needs ").split(" (")[0]
+        packages[name] = packages.get(name, 0) + 1
     clean = [r for r in tried if r.clean]
     argued = [r for r in clean if r.argued]
     by: dict[str, int] = {}
@@ -680,8 +990,10 @@ def markdown(rows: list[Row]) -> str:
         f"**{len(clean)} of {len(tried)} types clean** "
         f"({100 * len(clean) / max(1, len(tried)):.1f} %): "
         + ", ".join(f"{n} {s}" for s, n in sorted(by.items()))
-        + f"; {len(rows) - len(tried)} more types do not build from a generically shrunk "
-        f"config (listed at the end). {len(argued)} of the clean types do get a warn/error "
+        + f"; {len(rows) - len(tried) - len(needs)} more types do not build from a generically "
+        f"shrunk config, and {len(needs)} need an optional package not installed here ("
+        + ", ".join(f"{p}: {n}" for p, n in sorted(packages.items()))
+        + f") (both listed at the end). {len(argued)} of the clean types do get a warn/error "
         "finding that is argued true of the library's own init (the *argued* rows, each "
         "with its measured reason).",
         "",
@@ -701,11 +1013,14 @@ def markdown(rows: list[Row]) -> str:
             f"| {r.model_type} | {r.cls} | {r.status} | {r.seconds:.1f} | {r.inputs} | "
             f"{r.layout} | {why} |"
         )
-    lines += ["", "## Types that do not build tiny", ""]
-    lines += ["| type | class | reason |", "|---|---|---|"]
-    for r in rows:
-        if r.status == "no-build":
-            lines.append(f"| {r.model_type} | {r.cls} | {r.reason.replace('|', '/')[:160]} |")
+    for title, status in (
+        ("Types that do not build tiny", "no-build"),
+        ("Types that need an optional package", "needs-package"),
+    ):
+        lines += ["", f"## {title}", "", "| type | class | reason |", "|---|---|---|"]
+        for r in rows:
+            if r.status == status:
+                lines.append(f"| {r.model_type} | {r.cls} | {r.reason.replace('|', '/')[:160]} |")
     return "\n".join(lines) + "\n"
 
 
@@ -747,9 +1062,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.json:
             args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
-    tried = [r for r in rows if r.status != "no-build"]
+    tried = [r for r in rows if r.status not in UNBUILT]
     clean = sum(r.clean for r in tried)
-    print(f"{clean}/{len(tried)} clean, {len(rows) - len(tried)} not built", flush=True)
+    needs = sum(r.status == "needs-package" for r in rows)
+    print(
+        f"{clean}/{len(tried)} clean, {len(rows) - len(tried) - needs} not built, "
+        f"{needs} need a package",
+        flush=True,
+    )
     if args.write_docs:
         (ROOT / "docs" / "families.md").write_text(markdown(rows))
     if args.baseline:

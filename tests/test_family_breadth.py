@@ -355,3 +355,48 @@ def test_a_two_tower_config_folder_runs_from_the_cli(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert data["run"]["inputs"] == "2 images 3×16×16 + 2×8 tokens"
     assert "every output position" in data["run"]["loss"]
+
+
+# -- heterogeneous configs and depth-shaped tensors (transformers 5) ------------------------
+
+
+def _tiny(model_type: str) -> Any:
+    import sys
+
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks import families
+
+    return families.build(model_type, families.model_types()[model_type])
+
+
+def test_a_per_layer_field_reads_as_the_value_the_layers_share() -> None:
+    """Reading a per-layer field of a heterogeneous config raises in transformers 5; the
+    info actscan reports takes the value every layer shares, None where they differ."""
+    from actscan.targets.hf_layers import config_value
+
+    config = _tiny("gemma4_text").config
+    assert "head_dim" in config.per_layer_attributes
+    heads = {layer.head_dim for layer in config.per_layer_config}
+    assert len(heads) == 2  # the full-attention layers' wider heads
+    assert config_value(config, "head_dim") is None
+    assert config_value(config, "hidden_size") == config.hidden_size == 64
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["gemma4_text", "dots3_note_text"])
+def test_a_heterogeneous_folder_transformers_loads_loads(model_type: str, tmp_path: Path) -> None:
+    """Gemma 4's per-layer embeddings are layers × width outside the layer stack (the
+    depth-2 meta build must not hold them to its own shape), and Dots3's per-layer head
+    counts raise on a global read: transformers' own from_pretrained loads both folders,
+    and so must actscan, with the class the folder's `architectures` names."""
+    model = _tiny(model_type)
+    model.save_pretrained(tmp_path)
+    cls = type(model).__name__
+    assert type(getattr(transformers, cls).from_pretrained(tmp_path)).__name__ == cls
+    result = run("profile", tmp_path, "--batch", "2", "--seq-len", "8", "--format", "json")
+    assert result.exit_code in (0, 1), result.output
+    data = json.loads(result.stdout)
+    assert data["model"]["arch"]["hf_class"] == cls
+    assert data["model"]["n_blocks"] == model.config.num_hidden_layers

@@ -35,7 +35,7 @@ from actscan.targets import safetensors_io as st
 from actscan.targets.footprint import RunPlan, check_fits
 from actscan.targets.hf_check import check_weights, meta_plan
 from actscan.targets.hf_env import NO_REMOTE_CODE, no_prompt, offline, quiet
-from actscan.targets.hf_layers import depth_of, resize_per_layer
+from actscan.targets.hf_layers import config_value, depth_of, resize_per_layer
 from actscan.targets.resolved import Resolved, TargetOptions
 from actscan.targets.weights import check_finite, mismatch_error
 
@@ -501,7 +501,7 @@ def _with_weights(
 
 def _first_attr(config: Any, *names: str) -> Any:
     for name in names:
-        value = getattr(config, name, None)
+        value = config_value(config, name)
         if value is not None:
             return value
     return None
@@ -511,7 +511,7 @@ def _positive(config: Any, *names: str) -> int | None:
     """The first of `names` that is a positive int: XLNet's max_position_embeddings = -1
     means "no limit", not a length."""
     for name in names:
-        value = getattr(config, name, None)
+        value = config_value(config, name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None

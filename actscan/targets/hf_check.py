@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from actscan.errors import BadInputError
 from actscan.targets.footprint import Shape, elements, safe_int
-from actscan.targets.hf_layers import DEPTH_KEYS, depth_of, resize_per_layer
+from actscan.targets.hf_layers import DEPTH_KEYS, config_value, depth_of, resize_per_layer
 from actscan.targets.weights import mismatch_error
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def _stacks(one: Sequence[str], two: Sequence[str]) -> dict[str, int]:
 
 def _facts(config: Any) -> dict[str, int | None]:
     def first(*names: str) -> int | None:
-        return next((v for n in names if (v := safe_int(getattr(config, n, None)))), None)
+        return next((v for n in names if (v := safe_int(config_value(config, n)))), None)
 
     return {
         "d_model": first("hidden_size", "n_embd", "d_model", "dim"),
@@ -127,8 +127,16 @@ def meta_plan(config: Any, build: Callable[[Any], nn.Module]) -> MetaPlan:
     n1, n2 = elements(one), elements(two)
     numel = n1 + (depth - 1) * max(n2 - n1, 0) if depth > 1 else n1
     prefix = str(getattr(two, "base_model_prefix", "") or "")
-    names1 = [_strip(n, prefix) for n in one.state_dict()]
-    shapes = {_strip(n, prefix): tuple(t.shape) for n, t in two.state_dict().items()}
+    shapes1 = {_strip(n, prefix): tuple(t.shape) for n, t in one.state_dict().items()}
+    names1 = list(shapes1)
+    # a tensor outside the layers whose shape follows the depth (Gemma 4's per-layer
+    # embeddings, layers × width; ESM's contact head, layers × heads) is not the depth-2
+    # model's shape in the real one: left to the loader, not held to the meta build
+    shapes = {
+        name: shape
+        for n, t in two.state_dict().items()
+        if shapes1.get(name := _strip(n, prefix), shape := tuple(t.shape)) == shape
+    }
     return MetaPlan(
         Shape(numel, depth, **facts),
         depth,

@@ -20,7 +20,7 @@ from typing import Any
 
 from actscan.targets.hf_env import quiet
 
-__all__ = ["DEPTH_KEYS", "depth_of", "resize_per_layer"]
+__all__ = ["DEPTH_KEYS", "config_value", "depth_of", "resize_per_layer"]
 
 DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 # Index lists: a layer number per entry, not an entry per layer.
@@ -52,6 +52,23 @@ _PER_LAYER = frozenset(
         "per_layer_config",
     }
 )
+
+
+def config_value(config: Any, name: str) -> Any:
+    """`getattr(config, name, None)` that a heterogeneous config (transformers 5's
+    `per_layer_config`: Gemma 4's wider full-attention heads, Dots3's per-layer head
+    counts) answers too: reading a per-layer field there raises
+    AmbiguousGlobalPerLayerAttributeError, so the value is the one every layer shares,
+    or None when the layers differ (no single value to report)."""
+    varying = getattr(config, "per_layer_attributes", None)
+    if not (isinstance(varying, set | frozenset) and name in varying):
+        return getattr(config, name, None)
+    try:
+        values = [getattr(layer, name, None) for layer in config.per_layer_config]
+    except Exception:  # a view this transformers builds differently: no single value
+        return None
+    first = values[0] if values else None
+    return first if all(v == first for v in values) else None
 
 
 def depth_of(config: Any) -> int | None:
