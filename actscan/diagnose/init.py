@@ -325,10 +325,14 @@ def _gains_and_biases(ctx: CheckContext) -> list[Finding]:
         sigma = size / (w.std * math.sqrt(known(w.fan_in))) if w is not None and has_w else size
         if sigma >= th.init_bias_sigma:
             shifted.append((p, sigma))
+    recorded = {r.name: r for r in ctx.layers}
+    # only the activations of the shifted biases' blocks: feeding() scans every layer
+    blocks = {recorded[p.module].block for p, _ in shifted if p.module in recorded}
     feeds_act = {
-        pre.name for r in ctx.layers if r.role == "act" and (pre := feeding(r, ctx.layers))
+        pre.name
+        for r in ctx.layers
+        if r.role == "act" and r.block in blocks and (pre := feeding(r, ctx.layers))
     }
-    recorded = {r.name for r in ctx.layers}
     priors = [
         (p, s)
         for p, s in shifted
