@@ -88,6 +88,19 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
     # its validator ties the adaptor's intermediate size to a quarter of the text width
     "fun_asr_nano": {"adaptor_config": {"intermediate_size": HIDDEN // 4}},
+    # the shared transformer is tied across its hybrid layers: two of them, not one
+    "zamba": {
+        "layers_block_type": ["linear_attention", "hybrid"] * 2,
+        "attn_layer_period": 2,
+        "attn_layer_offset": 1,
+    },
+    # image then audio codebooks laid end to end inside the text vocabulary
+    "apertus1p5": {
+        "image_token_offset": VOCAB // 2,
+        "vision_config": {"codebook_size": VOCAB // 4},
+        "audio_token_offset": VOCAB // 2 + VOCAB // 4,
+        "audio_config": {"codebook_size": VOCAB // 4},
+    },
     # its full-attention layers always build the QSA indexer the default leaves unset
     "qwen4_exp_text": _QSA,
     "qwen4_exp": {"text_config": _QSA},
@@ -353,6 +366,7 @@ def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
         if product and out[hd] and product % d[hidden] == 0 and product != d[hidden]:
             out[h] = max(1, product // d[hidden] * out[hidden] // out[hd])
     _inner_widths(d, out, pairs)
+    _wide_widths(d, out, hidden)
     _fill_unset(d, out, heads)
     experts = next(iter(_ints(d, _EXPERTS)), None)
     for key, v in d.items():  # a top-k the config leaves None beside experts: 2 of them
@@ -407,6 +421,18 @@ def _head_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 _INNER = re.compile(r"(_d_|_dim$|_size$)")
+_WIDTH_NAMED = re.compile(r"hidden_size")
+
+
+def _wide_widths(d: dict[str, Any], out: dict[str, Any], hidden: str | None) -> None:
+    """A second width named as one (Zamba's attention_hidden_size = 2 × hidden_size, its
+    attention reading the stream concatenated with the embeddings) stays that multiple."""
+    if not hidden or not d[hidden]:
+        return
+    for key in _ints(d, _WIDTH_NAMED):
+        ratio, rest = divmod(d[key], d[hidden])
+        if key != hidden and not rest and 2 <= ratio <= 8:
+            out[key] = out[hidden] * ratio
 
 
 def _inner_widths(d: dict[str, Any], out: dict[str, Any], pairs: list[tuple[str, str]]) -> None:
