@@ -121,6 +121,19 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "layer_types": ["sliding_attention", "full_attention"] + ["sliding_attention"] * 2,
     },
 }
+# Default configs that do not validate as this transformers ships them: the fields that
+# make them valid, given when the default is made (before it is shrunk).
+DEFAULT_FIXES: dict[str, dict[str, Any]] = {
+    # the assistant's validator wants a text config without per-layer inputs, MoE or wide MLP
+    "gemma4_assistant": {
+        "text_config": {
+            "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": 0,
+            "enable_moe_block": False,
+            "use_double_wide_mlp": False,
+        }
+    },
+}
 # M-RoPE text models whose modeling code falls back to sections for a 128-wide head when
 # the config names none: sections for the tiny head (they sum to HEAD_DIM/2).
 MROPE: dict[str, list[int]] = {
@@ -687,7 +700,12 @@ def model_types() -> dict[str, str]:
 def tiny_config(model_type: str) -> Any:
     import transformers
 
-    base = transformers.AutoConfig.for_model(model_type)
+    try:
+        base = transformers.AutoConfig.for_model(model_type)
+    except Exception:
+        if model_type not in DEFAULT_FIXES:
+            raise
+        base = transformers.AutoConfig.for_model(model_type, **DEFAULT_FIXES[model_type])
     data = _declared(base, shrink(base.to_dict()))
     _merge(data, OVERRIDES.get(model_type, {}))
     _set_mrope(data, model_type)
