@@ -434,11 +434,11 @@ def _head_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 _INNER = re.compile(r"(_d_|_dim$|_size$)")
-_WIDTH_NAMED = re.compile(r"hidden_size")
+_WIDTH_NAMED = re.compile(r"(attn|attention)_hidden_size$")
 
 
 def _wide_widths(d: dict[str, Any], out: dict[str, Any], hidden: str | None) -> None:
-    """A second width named as one (Zamba's attention_hidden_size = 2 × hidden_size, its
+    """An attention width named as a width (Zamba's attention_hidden_size = 2 × hidden_size, its
     attention reading the stream concatenated with the embeddings) stays that multiple."""
     if not hidden or not d[hidden]:
         return
