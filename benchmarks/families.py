@@ -6,7 +6,13 @@ config from each type's default config by shrinking every size-like field (`shri
 builds it with the library's own init (no download, no remote code) and runs
 `actscan.scan` on it. Each type gets a row: status, seconds, the exit code the CLI would
 give (0 quiet, 1 a warn/error finding, 2 refused with a reason, 3 a crash), the loud
-findings and the layout proof.
+findings and the layout proof. A type whose class needs an optional package this
+environment lacks (timm, natten, ...) is `needs-package`, its reason naming the package.
+
+The shrink is generic (rules by field name and by the relations the full config holds:
+widths, heads × head dim, per-layer lists and `per_layer_config`, layer groups); the two
+small tables below (DEFAULT_FIXES, OVERRIDES) hold only what a default config leaves to
+its checkpoints, each entry with its reason.
 
     python benchmarks/families.py [--only TYPE,...] [--json OUT.json] [--write-docs]
 
