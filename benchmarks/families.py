@@ -107,6 +107,14 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "audio_token_offset": VOCAB // 2 + VOCAB // 4,
         "audio_config": {"codebook_size": VOCAB // 4},
     },
+    # windows tile the image side: 4 windows (2 × 2) of the 32-pixel image
+    "lw_detr": {"backbone_config": {"num_windows": 4}},
+    # which vision layers feed which text layers (checkpoints name them), inside 4 layers
+    "granite4_vision": {
+        "deepstack_layer_map": [[1, 0], [3, 1]],
+        "spatial_target_layers": [2, 3],
+        "downsample_rate": "1/2",  # query / window side of its Q-Former downsampler
+    },
     # its full-attention layers always build the QSA indexer the default leaves unset
     "qwen4_exp_text": _QSA,
     "qwen4_exp": {"text_config": _QSA},
