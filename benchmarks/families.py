@@ -158,6 +158,7 @@ MROPE: dict[str, list[int]] = {
     "glm_ocr_text": [2, 3, 3],
     "glm_image_text": [2, 3, 3],
     "paddleocr_vl_text": [2, 3, 3],
+    "ernie4_5_vl_moe_text": [3, 3, 2],  # height, width, time (its fallback: [22, 22, 20])
 }
 
 # Findings argued true on a type's healthy tiny init (check id -> why), or a reason a
@@ -802,7 +803,12 @@ def _config_of(cls: Any, config: Any) -> Any:
 def build(model_type: str, cls_name: str) -> torch.nn.Module:
     import transformers
 
-    cls = getattr(transformers, cls_name)
+    cls = getattr(transformers, cls_name, None)
+    if cls is None:  # the auto mapping names a class this version does not define
+        raise LookupError(
+            f"transformers {transformers.__version__} maps {model_type} to {cls_name}, "
+            "which it does not define"
+        )
     config = _config_of(cls, tiny_config(model_type))
     with contextlib.suppress(AttributeError, TypeError):
         config._attn_implementation = "eager"
