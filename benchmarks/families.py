@@ -107,6 +107,15 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "audio_token_offset": VOCAB // 2 + VOCAB // 4,
         "audio_config": {"codebook_size": VOCAB // 4},
     },
+    # its config counts blocks (attention + MLP per layer, twice the layers) and splits
+    # the layers into input, recurrent and output groups: 3 layers, one each
+    "dory": {
+        "num_hidden_layers": 6,
+        "n_input_layers": 2,
+        "n_recurrent_layers": 2,
+        "n_output_layers": 2,
+        "layer_types": [*(["sliding_attention", "mlp"] * 2), "full_attention", "mlp"],
+    },
     # windows tile the image side: 4 windows (2 × 2) of the 32-pixel image
     "lw_detr": {"backbone_config": {"num_windows": 4}},
     # which vision layers feed which text layers (checkpoints name them), inside 4 layers
