@@ -6,7 +6,13 @@ config from each type's default config by shrinking every size-like field (`shri
 builds it with the library's own init (no download, no remote code) and runs
 `actscan.scan` on it. Each type gets a row: status, seconds, the exit code the CLI would
 give (0 quiet, 1 a warn/error finding, 2 refused with a reason, 3 a crash), the loud
-findings and the layout proof.
+findings and the layout proof. A type whose class needs an optional package this
+environment lacks (timm, natten, ...) is `needs-package`, its reason naming the package.
+
+The shrink is generic (rules by field name and by the relations the full config holds:
+widths, heads × head dim, per-layer lists and `per_layer_config`, layer groups); the two
+small tables below (DEFAULT_FIXES, OVERRIDES) hold only what a default config leaves to
+its checkpoints, each entry with its reason.
 
     python benchmarks/families.py [--only TYPE,...] [--json OUT.json] [--write-docs]
 
@@ -88,6 +94,36 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
     # its validator ties the adaptor's intermediate size to a quarter of the text width
     "fun_asr_nano": {"adaptor_config": {"intermediate_size": HIDDEN // 4}},
+    # the shared transformer is tied across its hybrid layers: two of them, not one
+    "zamba": {
+        "layers_block_type": ["linear_attention", "hybrid"] * 2,
+        "attn_layer_period": 2,
+        "attn_layer_offset": 1,
+    },
+    # image then audio codebooks laid end to end inside the text vocabulary
+    "apertus1p5": {
+        "image_token_offset": VOCAB // 2,
+        "vision_config": {"codebook_size": VOCAB // 4},
+        "audio_token_offset": VOCAB // 2 + VOCAB // 4,
+        "audio_config": {"codebook_size": VOCAB // 4},
+    },
+    # its config counts blocks (attention + MLP per layer, twice the layers) and splits
+    # the layers into input, recurrent and output groups: 3 layers, one each
+    "dory": {
+        "num_hidden_layers": 6,
+        "n_input_layers": 2,
+        "n_recurrent_layers": 2,
+        "n_output_layers": 2,
+        "layer_types": [*(["sliding_attention", "mlp"] * 2), "full_attention", "mlp"],
+    },
+    # windows tile the image side: 4 windows (2 × 2) of the 32-pixel image
+    "lw_detr": {"backbone_config": {"num_windows": 4}},
+    # which vision layers feed which text layers (checkpoints name them), inside 4 layers
+    "granite4_vision": {
+        "deepstack_layer_map": [[1, 0], [3, 1]],
+        "spatial_target_layers": [2, 3],
+        "downsample_rate": "1/2",  # query / window side of its Q-Former downsampler
+    },
     # its full-attention layers always build the QSA indexer the default leaves unset
     "qwen4_exp_text": _QSA,
     "qwen4_exp": {"text_config": _QSA},
@@ -108,6 +144,19 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "layer_types": ["sliding_attention", "full_attention"] + ["sliding_attention"] * 2,
     },
 }
+# Default configs that do not validate as this transformers ships them: the fields that
+# make them valid, given when the default is made (before it is shrunk).
+DEFAULT_FIXES: dict[str, dict[str, Any]] = {
+    # the assistant's validator wants a text config without per-layer inputs, MoE or wide MLP
+    "gemma4_assistant": {
+        "text_config": {
+            "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": 0,
+            "enable_moe_block": False,
+            "use_double_wide_mlp": False,
+        }
+    },
+}
 # M-RoPE text models whose modeling code falls back to sections for a 128-wide head when
 # the config names none: sections for the tiny head (they sum to HEAD_DIM/2).
 MROPE: dict[str, list[int]] = {
@@ -118,6 +167,7 @@ MROPE: dict[str, list[int]] = {
     "glm_ocr_text": [2, 3, 3],
     "glm_image_text": [2, 3, 3],
     "paddleocr_vl_text": [2, 3, 3],
+    "ernie4_5_vl_moe_text": [3, 3, 2],  # height, width, time (its fallback: [22, 22, 20])
 }
 
 # Findings argued true on a type's healthy tiny init (check id -> why), or a reason a
@@ -413,6 +463,7 @@ def _keep_relations(d: dict[str, Any], out: dict[str, Any]) -> None:
         if product and out[hd] and product % d[hidden] == 0 and product != d[hidden]:
             out[h] = max(1, product // d[hidden] * out[hidden] // out[hd])
     _inner_widths(d, out, pairs)
+    _wide_widths(d, out, hidden)
     _fill_unset(d, out, heads)
     experts = next(iter(_ints(d, _EXPERTS)), None)
     for key, v in d.items():  # a top-k the config leaves None beside experts: 2 of them
@@ -467,6 +518,18 @@ def _head_pairs(d: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 _INNER = re.compile(r"(_d_|_dim$|_size$)")
+_WIDTH_NAMED = re.compile(r"(attn|attention)_hidden_size$")
+
+
+def _wide_widths(d: dict[str, Any], out: dict[str, Any], hidden: str | None) -> None:
+    """An attention width named as a width (Zamba's attention_hidden_size = 2 × hidden_size, its
+    attention reading the stream concatenated with the embeddings) stays that multiple."""
+    if not hidden or not d[hidden]:
+        return
+    for key in _ints(d, _WIDTH_NAMED):
+        ratio, rest = divmod(d[key], d[hidden])
+        if key != hidden and not rest and 2 <= ratio <= 8:
+            out[key] = out[hidden] * ratio
 
 
 def _inner_widths(d: dict[str, Any], out: dict[str, Any], pairs: list[tuple[str, str]]) -> None:
@@ -721,7 +784,12 @@ def model_types() -> dict[str, str]:
 def tiny_config(model_type: str) -> Any:
     import transformers
 
-    base = transformers.AutoConfig.for_model(model_type)
+    try:
+        base = transformers.AutoConfig.for_model(model_type)
+    except Exception:
+        if model_type not in DEFAULT_FIXES:
+            raise
+        base = transformers.AutoConfig.for_model(model_type, **DEFAULT_FIXES[model_type])
     data = _declared(base, shrink(base.to_dict()))
     _merge(data, OVERRIDES.get(model_type, {}))
     _set_mrope(data, model_type)
@@ -804,7 +872,12 @@ def _config_of(cls: Any, config: Any) -> Any:
 def build(model_type: str, cls_name: str) -> torch.nn.Module:
     import transformers
 
-    cls = getattr(transformers, cls_name)
+    cls = getattr(transformers, cls_name, None)
+    if cls is None:  # the auto mapping names a class this version does not define
+        raise LookupError(
+            f"transformers {transformers.__version__} maps {model_type} to {cls_name}, "
+            "which it does not define"
+        )
     config = _config_of(cls, tiny_config(model_type))
     with contextlib.suppress(AttributeError, TypeError):
         config._attn_implementation = "eager"
