@@ -235,30 +235,8 @@ def dead_branch(ctx: CheckContext) -> list[Finding | Skip]:
     rest = [b for b in dead if all(b is not d for d, _ in designed)]
     if not rest:
         return out
-    # Every branch of one kind zeroed at init through an all-zero output projection: a
-    # deliberate zero-init (Fixup / SkipInit), not an accident.
-    zero_out = {o.module for _, o, _ in branch_projections(ctx) if o.std == 0 and o.mean == 0}
-    for kind in KIND_NAME:
-        of_kind = [b for b in branches if b.rec.kind == kind]
-        dead_kind = [b for b in rest if b.rec.kind == kind]
-        zeroed = all(any(m.startswith(b.rec.name + ".") for m in zero_out) for b in dead_kind)
-        if ctx.info.at_init and len(of_kind) >= 2 and len(dead_kind) == len(of_kind) and zeroed:
-            out.append(
-                finding(
-                    CheckId.DEAD_BRANCH,
-                    Severity.INFO,
-                    [b.rec.name for b in dead_kind],
-                    0.0,
-                    th.dead_branch_ratio,
-                    f"All {len(of_kind)} {kind_name(of_kind[0].rec)} branches write ~0 into the "
-                    f"stream at "
-                    f"init: a zero-initialized output projection in every block (Fixup / "
-                    f"SkipInit style) starts each block as the identity.",
-                    "Fine if deliberate: the zeroed projections still get gradients and grow. "
-                    "If not, initialize them (std √(1/fan_in), times 1/√(2L)).",
-                )
-            )
-            rest = [b for b in rest if b.rec.kind != kind]
+    zeroed, rest = _zero_initialised(ctx, branches, rest)
+    out.extend(zeroed)
     if not rest:
         return out
     small, rest = _uniformly_small(ctx, branches, rest)
@@ -317,6 +295,38 @@ def dead_branch(ctx: CheckContext) -> list[Finding | Skip]:
         )
     )
     return out
+
+
+def _zero_initialised(
+    ctx: CheckContext, branches: list[_Branch], rest: list[_Branch]
+) -> tuple[list[Finding], list[_Branch]]:
+    """Every branch of one kind zeroed at init through an all-zero output projection is a
+    deliberate zero-init (Fixup / SkipInit), not an accident: info."""
+    th = ctx.thresholds
+    out: list[Finding] = []
+    zero_out = {o.module for _, o, _ in branch_projections(ctx) if o.std == 0 and o.mean == 0}
+    for kind in KIND_NAME:
+        of_kind = [b for b in branches if b.rec.kind == kind]
+        dead_kind = [b for b in rest if b.rec.kind == kind]
+        zeroed = all(any(m.startswith(b.rec.name + ".") for m in zero_out) for b in dead_kind)
+        if ctx.info.at_init and len(of_kind) >= 2 and len(dead_kind) == len(of_kind) and zeroed:
+            out.append(
+                finding(
+                    CheckId.DEAD_BRANCH,
+                    Severity.INFO,
+                    [b.rec.name for b in dead_kind],
+                    0.0,
+                    th.dead_branch_ratio,
+                    f"All {len(of_kind)} {kind_name(of_kind[0].rec)} branches write ~0 into the "
+                    f"stream at "
+                    f"init: a zero-initialized output projection in every block (Fixup / "
+                    f"SkipInit style) starts each block as the identity.",
+                    "Fine if deliberate: the zeroed projections still get gradients and grow. "
+                    "If not, initialize them (std √(1/fan_in), times 1/√(2L)).",
+                )
+            )
+            rest = [b for b in rest if b.rec.kind != kind]
+    return out, rest
 
 
 def _uniformly_small(
