@@ -35,15 +35,17 @@ from actscan.measure.inputs import (
     user_source,
 )
 from actscan.measure.recorder import first_tensor
-from actscan.measure.state import eval_mode
 from actscan.measure.vision_text import config_int as _int
 from actscan.measure.vision_text import (
     deep_config_int,
     forward_params,
+    image_sides,
     patch_grid,
     patch_sequence,
     vision_text_source,
 )
+from actscan.measure.vision_text import required_params as _required
+from actscan.measure.vision_text import runs_on as _runs_on
 from actscan.records import ModelInfo
 
 __all__ = [
@@ -128,9 +130,13 @@ def _main_shapes(
         )
         channels = _int(config, "num_channels") or _int(vision, "num_channels") or 3
         frames = _int(config, "num_frames") or _int(vision, "num_frames")
-        image = (batch, channels, *size)
-        # a video model (ViViT, VideoMAE, TimeSformer) names its clip's frame count
-        return [(batch, frames, channels, *size), image] if frames else [image]
+        shapes: list[tuple[int, ...]] = []
+        for longest in image_sides(max(size)):  # the config's size, then doublings
+            hw = (size[0] * longest // max(size), size[1] * longest // max(size))
+            # a video model (ViViT, VideoMAE, TimeSformer) names its clip's frame count
+            shapes += [(batch, frames, channels, *hw)] if frames else []
+            shapes.append((batch, channels, *hw))
+        return shapes
     if name == "input_values":
         # a waveform, mono or with the codec's channel axis (EnCodec, DAC, Mimi); one
         # second, else a whole number of a long hop (19 200 = 10 × 1 920 = 6 × 3 200)
@@ -239,15 +245,6 @@ def _frame_masks(model: nn.Module, name: str) -> list[str]:
     if "attention_mask" in forward_params(model) and not whisper:
         masks.append("attention_mask")
     return masks
-
-
-def _runs_on(model: nn.Module, kwargs: dict[str, Any]) -> bool:
-    try:
-        with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model(**kwargs)
-    except Exception:
-        return False
-    return True
 
 
 def _tokens(vocab: int, batch: int, seq: int, seed: int, index: int) -> torch.Tensor:
@@ -436,17 +433,6 @@ def hf_input_source(
         return Batch(kwargs=kwargs)
 
     return source
-
-
-def _required(model: nn.Module) -> list[str]:
-    import inspect
-
-    try:
-        params = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
-        return []
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in params if p.default is p.empty and p.kind in kinds]
 
 
 _GRIDS = ("grid_thw", "image_grid_thw")

@@ -24,7 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from actscan.errors import UsageError
 from actscan.measure.inputs import Batch, random_tokens
+from actscan.measure.state import eval_mode
 
 __all__ = [
     "config_int",
@@ -39,11 +41,77 @@ __all__ = [
 ]
 
 DEFAULT_IMAGE = 224
+LARGEST_SIDE = 512  # the largest image side tried when the config's is too small to run
+
+
+def image_sides(side: int) -> list[int]:
+    """The config's image side, then its doublings up to LARGEST_SIDE: a hierarchical
+    backbone needs every stage's grid at least its window (Swin: window · patch ·
+    2^(stages-1) pixels) and a pyramid's last stage at least its patch (MobileViT), a
+    detector more encoder tokens than its queries; a config whose image_size is smaller
+    than that is fed the smallest doubling its forward accepts (the header says which)."""
+    sides = [side]
+    while sides[-1] * 2 <= max(LARGEST_SIDE, side):
+        sides.append(sides[-1] * 2)
+    return sides
+
+
+def runs_on(model: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether one forward pass (eval mode, no gradients, the RNG state kept) accepts
+    `kwargs`: the probe that picks among the input forms a config allows."""
+    try:
+        with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(**kwargs)
+    except Exception:
+        return False
+    return True
 
 
 def forward_params(model: nn.Module) -> set[str]:
     try:
         return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def required_params(fn: Any) -> list[str]:
+    """The arguments a forward (of a module, or any callable) cannot run without."""
+    call = fn.forward if isinstance(fn, nn.Module) else fn
+    try:
+        params = inspect.signature(call).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.default is p.empty and p.kind in kinds]
+
+
+def sibling_ids(
+    model: nn.Module, call: Any, rows: int, seq: int, seed: int, index: int
+) -> dict[str, torch.Tensor]:
+    """Token ids `call` requires beside `input_ids`, each from the vocabulary of the
+    sub-config its name prefixes (InstructBLIP's `qformer_input_ids` from
+    `qformer_config`), with an all-ones `<prefix>_attention_mask` where it takes one."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    call = call.forward if isinstance(call, nn.Module) else call
+    takes = _params(call)
+    out: dict[str, torch.Tensor] = {}
+    for name in required_params(call):
+        prefix = name.removesuffix("_input_ids")
+        if prefix in (name, "", "decoder"):
+            continue
+        vocab = config_int(getattr(config, f"{prefix}_config", None), "vocab_size")
+        if vocab is None:
+            continue
+        ids = random_tokens(vocab, rows, seq, seed + 3, index)
+        out[name] = ids
+        if f"{prefix}_attention_mask" in takes:
+            out[f"{prefix}_attention_mask"] = torch.ones_like(ids)
+    return out
+
+
+def _params(call: Any) -> set[str]:
+    try:
+        return set(inspect.signature(call).parameters)
     except (TypeError, ValueError):
         return set()
 
@@ -222,7 +290,12 @@ def _image_side(model: nn.Module) -> int:
 
 
 def _images(
-    model: nn.Module, batch: int, seed: int, index: int, layout: str = "plain"
+    model: nn.Module,
+    batch: int,
+    seed: int,
+    index: int,
+    layout: str = "plain",
+    side: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """`pixel_values` (and what goes with them) for `batch` images in `layout`: "plain"
     (batch, C, H, W); "nested": one image per sample as (batch, 1, C, H, W), the layout
@@ -245,14 +318,14 @@ def _images(
         return out
     if layout == "naflex":
         return patch_sequence(vision, batch, gen)
-    size = _image_side(model)
+    size = side or _image_side(model)
     views = 1
     point = _pinpoint(config, size) if layout == "anyres" else None
     if point is not None:
         views = 1 + (point[0] // size) * (point[1] // size)
-    pixels = torch.randn(batch, views, channels, size, size, generator=gen)
     if layout == "video":  # X-CLIP: a clip of the frames the vision config names
         views = config_int(vision, "num_frames") or config_int(config, "num_frames") or 1
+    pixels = torch.randn(batch, views, channels, size, size, generator=gen)
     nested = layout in ("nested", "nested+sizes", "anyres", "tiles", "video")
     out = {"pixel_values": pixels if nested else pixels[:, 0]}
     if "pixel_attention_mask" in params:  # every pixel (or tile) is real: no padding
@@ -262,6 +335,45 @@ def _images(
     if layout in ("sizes", "nested+sizes") or point is not None:
         out["image_sizes"] = torch.tensor([list(point or (size, size))] * batch)
     return out
+
+
+def _refuse_unset_placeholder(model: nn.Module) -> None:
+    """A vision-language model whose config declares its image token but leaves it None
+    (BLIP-2's and InstructBLIP's library defaults): its forward places the image features
+    at that token, so no text can be written for it; one line naming the field."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    if not callable(getattr(model, "get_image_features", None)):
+        return
+    for name in ("image_token_id", "image_token_index"):
+        if name in vars(config) and getattr(config, name) is None:
+            raise UsageError(
+                f"{type(model).__name__}'s config sets no image token ({name} = None), but "
+                "its forward puts the image features at that token: set it in config.json "
+                "to the tokenizer's image token id"
+            )
+
+
+def _text_sees_images(
+    params: set[str], ids: torch.Tensor, pixels: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Idefics' `image_attention_mask` (text position × image): every token of a row
+    attends to every image of its row, when the forward takes nested images."""
+    if "image_attention_mask" not in params or pixels.dim() != 5:
+        return {}
+    return {"image_attention_mask": torch.ones(*ids.shape, pixels.shape[1], dtype=torch.long)}
+
+
+def _first_form(
+    model: nn.Module, kwargs_for: Callable[[str, int], dict[str, Any]]
+) -> tuple[str, int]:
+    """The first (layout, image side) of `_layouts` × `image_sides` whose one-row batch
+    the model's forward accepts (Idefics takes nested images, a detector more pixels
+    than its config's image_size gives queries for); the first when none runs, so the
+    model's own error says why."""
+    forms = [
+        (layout, side) for side in image_sides(_image_side(model)) for layout in _layouts(model)
+    ]
+    return next((f for f in forms if runs_on(model, kwargs_for(*f))), forms[0])
 
 
 def feature_rows(out: Any, width: int | None) -> int | None:
@@ -293,11 +405,12 @@ def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, s
     if not callable(get):
         return None
     width = config_int(text_config(model.config), "hidden_size")
+    siblings = sibling_ids(model, get, batch, 8, seed, 0)
     for layout in _layouts(model):
         images = _images(model, batch, seed, 0, layout)
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                out = get(**images)
+                out = get(**images, **siblings)
         except Exception:
             continue
         rows = feature_rows(out, width)
@@ -320,19 +433,25 @@ def vision_text_source(
     seq = seq_len or min(default_seq, limit or default_seq)
     image_token = placeholder_token(config, "image")
     if image_token is None:
-        if _vision_config(config) is None:
+        _refuse_unset_placeholder(model)
+        if _vision_config(config) is None and _square(getattr(config, "image_size", None)) is None:
+            return None  # neither a vision tower's config nor an image size (ViLT's)
+        if text_ids(config, 1, 1, seed, 0) is None:
             return None
 
-        def two_tower(i: int) -> Batch:
-            ids = text_ids(config, batch, seq, seed, i)
-            assert ids is not None  # checked below, before the source is returned
+        def two_tower_at(rows: int, i: int, layout: str, side: int) -> Batch:
+            ids = text_ids(config, rows, seq, seed, i)
+            assert ids is not None  # checked above
             kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-            kw.update(_images(model, batch, seed, i, _layouts(model)[0]))
+            kw.update(_images(model, rows, seed, i, layout, side))
+            kw.update(_text_sees_images(params, ids, kw["pixel_values"]))
+            kw.update(sibling_ids(model, model, rows, seq, seed, i))
             if "return_loss" in params:
                 kw["return_loss"] = False
             return Batch(kwargs=kw)
 
-        return two_tower if text_ids(config, 1, 1, seed, 0) is not None else None
+        form = _first_form(model, lambda layout, side: two_tower_at(1, 0, layout, side).kwargs)
+        return lambda i: two_tower_at(batch, i, *form)
 
     counted = _count_image_tokens(model, batch, seed)
     if counted is None or counted[0] % batch:
@@ -345,6 +464,7 @@ def vision_text_source(
         ids = torch.cat([torch.full((batch, per_image), image_token), ids], dim=1)
         kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         kw.update(_images(model, batch, seed, i, layout))
+        kw.update(sibling_ids(model, model, batch, seq, seed, i))
         if "token_type_ids" in params:  # PaliGemma/Gemma 3: 0 on image and prompt tokens
             kw["token_type_ids"] = torch.zeros_like(ids)
         if "mm_token_type_ids" in params:  # Qwen-VL's M-RoPE: 1 on image tokens

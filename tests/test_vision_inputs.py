@@ -1,0 +1,133 @@
+"""Image, video, vision-language and detection inputs invented from the model's own
+description (issue 22), one mechanism per test, each on a tiny model built with
+transformers' own init. The independent check is the model's forward: it raises when an
+input is missing or its shape is wrong, and each test first shows the input actscan built
+before the mechanism (the config's size, a flat layout, no second input) is refused."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from actscan.errors import UsageError  # noqa: E402
+from actscan.measure.inputs import Batch  # noqa: E402
+from actscan.measure.model_inputs import describe_batch, hf_input_source  # noqa: E402
+from benchmarks import families  # noqa: E402
+
+TYPES = families.model_types()
+
+
+def _tiny(model_type: str, **fields: Any) -> Any:
+    if not fields:
+        return families.build(model_type, TYPES[model_type]).eval()
+    config = families.tiny_config(model_type)
+    for key, value in fields.items():
+        target = config
+        *path, last = key.split(".")
+        for part in path:
+            target = getattr(target, part)
+        setattr(target, last, value)
+    torch.manual_seed(0)
+    return getattr(transformers, TYPES[model_type])(config).eval()
+
+
+def _kwargs(model: Any, seq_len: int | None = 8) -> dict[str, Any]:
+    source = hf_input_source(model, batch=2, seq_len=seq_len, seed=0)
+    assert source is not None
+    return dict(source(0).kwargs)
+
+
+def _raises(model: Any, **kwargs: Any) -> bool:
+    try:
+        with torch.no_grad():
+            model(**kwargs)
+    except Exception:
+        return True
+    return False
+
+
+def test_a_backbone_too_small_at_its_config_size_gets_the_first_doubling_it_runs_on() -> None:
+    """MobileViT-v2 at image_size 32 downsamples to a 1 × 1 grid its 2 × 2 unfold cannot
+    cut: the config's side, then its doublings, and the smallest the forward accepts is
+    fed (the header says which)."""
+    model = _tiny("mobilevitv2")
+    side = model.config.image_size
+    assert _raises(model, pixel_values=torch.randn(1, 3, side, side))
+    kw = _kwargs(model, seq_len=None)
+    assert tuple(kw["pixel_values"].shape) == (2, 3, 2 * side, 2 * side)
+    with torch.no_grad():
+        model(**kw)
+    assert describe_batch(Batch(kwargs=kw)) == f"2 images 3×{2 * side}×{2 * side}"
+
+
+def test_a_video_two_tower_model_gets_the_frames_its_vision_config_names() -> None:
+    """X-CLIP's vision tower mixes a message token across `num_frames` frames: the clip
+    holds that many (one frame was built before, which its reshape refuses)."""
+    model = _tiny("xclip")
+    frames = model.config.vision_config.num_frames
+    assert frames > 1
+    kw = _kwargs(model)
+    pixels = kw["pixel_values"]
+    assert pixels.shape[:2] == (2, frames) and kw["input_ids"].shape == (2, 8)
+    assert _raises(model, **{**kw, "pixel_values": pixels[:, :1]})
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_a_joint_model_without_a_vision_config_gets_images_beside_its_text() -> None:
+    """ViLT names its image size at the top of its config, no vision_config and no image
+    token: it gets images and ids together (ids alone are refused by its forward)."""
+    model = _tiny("vilt")
+    kw = _kwargs(model)
+    side = model.config.image_size
+    assert tuple(kw["pixel_values"].shape) == (2, 3, side, side)
+    assert _raises(model, input_ids=kw["input_ids"])
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_nested_images_with_the_mask_of_which_text_sees_which_image() -> None:
+    """Idefics takes (batch, images, C, H, W) and an image_attention_mask (text × image):
+    the first layout its forward accepts, with every token seeing its row's image."""
+    model = _tiny("idefics")
+    kw = _kwargs(model)
+    pixels, mask = kw["pixel_values"], kw["image_attention_mask"]
+    assert pixels.dim() == 5 and mask.shape == (2, kw["input_ids"].shape[1], pixels.shape[1])
+    assert _raises(model, input_ids=kw["input_ids"], pixel_values=pixels[:, 0])
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_a_required_second_text_gets_ids_from_the_sub_config_it_names() -> None:
+    """InstructBLIP requires `qformer_input_ids` beside its prompt: random ids of the
+    `qformer_config` vocabulary, with their mask, given to the image path too (so the
+    placeholders match its query tokens: `num_query_tokens` per image)."""
+    model = _tiny("instructblip", image_token_index=500, **{"text_config.word_embed_proj_dim": 64})
+    kw = _kwargs(model)
+    q = kw["qformer_input_ids"]
+    assert q.shape == (2, 8) and int(q.max()) < model.config.qformer_config.vocab_size
+    assert kw["qformer_attention_mask"].shape == q.shape
+    per_row = (kw["input_ids"] == 500).sum(dim=1)
+    assert (per_row == model.config.num_query_tokens).all()
+    with torch.no_grad():
+        model(**kw)  # raises when placeholders and query features disagree
+
+
+def test_a_vision_language_config_without_its_image_token_is_refused_in_one_line() -> None:
+    """BLIP-2's library default leaves image_token_index None, and its forward scatters
+    the image features at that token: one line naming the field to set."""
+    model = _tiny("blip-2")
+    assert model.config.image_token_index is None
+    with pytest.raises(UsageError) as err:
+        hf_input_source(model, batch=2, seq_len=8, seed=0)
+    line = str(err.value)
+    assert "\n" not in line and "image_token_index = None" in line and "config.json" in line
