@@ -131,3 +131,83 @@ def test_a_vision_language_config_without_its_image_token_is_refused_in_one_line
         hf_input_source(model, batch=2, seq_len=8, seed=0)
     line = str(err.value)
     assert "\n" not in line and "image_token_index = None" in line and "config.json" in line
+
+
+def test_a_forward_that_needs_a_session_object_is_refused_naming_its_class() -> None:
+    """SAM 2 video's forward requires an `inference_session`, an object its processor
+    builds from a video, not a tensor: the line names the class and how to pass it, and
+    offers no --input-shape (a shape cannot make one)."""
+    model = _tiny("sam2_video")
+    with pytest.raises(UsageError) as err:
+        hf_input_source(model, batch=2, seq_len=8, seed=0)
+    line = str(err.value)
+    assert "\n" not in line and "--input-shape" not in line
+    assert "inference_session (a Sam2VideoInferenceSession object" in line
+    assert "inputs={'inference_session': <Sam2VideoInferenceSession>}" in line
+
+
+def test_patches_with_an_hw_grid_fill_the_placeholders_the_model_counts() -> None:
+    """Nemotron-H Omni takes flattened patches with an (h, w) `image_grid_hw` per image
+    (not Qwen-VL's (t, h, w)): the grid's patches are the rows given, and the text holds
+    one placeholder per feature its own image path gives."""
+    model = _tiny("nemotron_h_omni", image_token_id=500)
+    kw = _kwargs(model)
+    grid = kw["image_grid_hw"]
+    assert grid.shape == (2, 2) and int(grid.prod(dim=1).sum()) == kw["pixel_values"].shape[0]
+    assert "image_grid_thw" not in kw
+    with torch.no_grad():
+        model(**kw)  # raises if placeholders and features disagree
+    text = describe_batch(Batch(kwargs=kw))
+    assert text is not None and text.startswith(f"2 images as {int(grid.prod(1).sum())} patches")
+
+
+def test_a_patch_sequence_with_each_patchs_position() -> None:
+    """Gemma 4's vision tower requires `pixel_position_ids` (x, y of each patch) beside a
+    patch sequence, on a grid its k × k pooling divides."""
+    model = _tiny("gemma4_vision")
+    kw = _kwargs(model)
+    pixels, positions = kw["pixel_values"], kw["pixel_position_ids"]
+    k = model.config.pooling_kernel_size
+    n = pixels.shape[1]
+    assert positions.shape == (2, n, 2) and n % (k * k) == 0
+    p, c = model.config.patch_size, 3  # RGB: the config names no channels
+    assert pixels.shape[2] == c * p * p
+    assert positions[0].unique(dim=0).shape[0] == n  # every patch its own place
+    with torch.no_grad():
+        model(**kw)
+    assert describe_batch(Batch(kwargs=kw)) == f"2 images as {n} patches of {c * p * p}"
+
+
+def test_packed_patches_with_each_images_grid() -> None:
+    """MiniCPM-V's tower takes every image's patches packed in one row and each image's
+    (h, w) grid in `target_sizes` (a plain image batch is refused: its positions are
+    counted over the packed row)."""
+    model = _tiny("minicpm_ocr_vision")
+    kw = _kwargs(model)
+    pixels, sizes = kw["pixel_values"], kw["target_sizes"]
+    p = model.config.patch_size
+    assert pixels.shape[0] == 1 and pixels.shape[2] == p
+    assert pixels.shape[3] == int(sizes.prod(dim=1).sum()) * p and sizes.shape == (2, 2)
+    side = int(sizes[0, 0]) * p
+    plain = torch.randn(2, 3, side, side)
+    assert _raises(model, pixel_values=plain, target_sizes=sizes)
+    with torch.no_grad():
+        model(**kw)
+    assert (
+        describe_batch(Batch(kwargs=kw))
+        == f"2 images as {int(sizes.prod(1).sum())} patches, packed"
+    )
+
+
+def test_a_required_prompt_image_and_mask_of_the_images_shape() -> None:
+    """SegGPT requires a prompt image and its mask beside the image, each of its shape,
+    and stacks image over prompt: the image is half the height its config names."""
+    model = _tiny("seggpt")
+    kw = _kwargs(model, seq_len=None)
+    h, w = model.config.image_size
+    assert tuple(kw["pixel_values"].shape) == (2, 3, h // 2, w)
+    assert kw["prompt_pixel_values"].shape == kw["prompt_masks"].shape == kw["pixel_values"].shape
+    mask = kw["prompt_masks"]
+    assert float(mask.min()) >= 0.0 and float(mask.max()) <= 1.0
+    with torch.no_grad():
+        model(**kw)

@@ -40,8 +40,10 @@ from actscan.measure.vision_text import (
     deep_config_int,
     forward_params,
     image_sides,
+    packed_patches,
     patch_grid,
     patch_sequence,
+    positioned_patches,
     vision_text_source,
 )
 from actscan.measure.vision_text import required_params as _required
@@ -136,6 +138,8 @@ def _main_shapes(
             # a video model (ViViT, VideoMAE, TimeSformer) names its clip's frame count
             shapes += [(batch, frames, channels, *hw)] if frames else []
             shapes.append((batch, channels, *hw))
+        if _image_companions(model):  # stacked over its prompt image (SegGPT): half as tall
+            shapes.append((batch, channels, size[0] // 2, size[1]))
         return shapes
     if name == "input_values":
         # a waveform, mono or with the codec's channel axis (EnCodec, DAC, Mimi); one
@@ -206,6 +210,7 @@ def _main_shape(
     --input-shape)."""
     built = {name, "attention_mask", "decoder_input_ids", "decoder_input_values", "labels"}
     built |= set(AUDIO_MASKS) if name == "input_features" else set()
+    built |= set(_image_companions(model)) if name == "pixel_values" else set()
     if set(_required(model)) - built:  # one --input-shape cannot give the others
         raise UsageError(cannot_invent(model))
     shapes = _main_shapes(model, name, batch, seq_len)
@@ -219,11 +224,36 @@ def _main_shape(
     masks = _frame_masks(model, name)
     for shape in shapes:
         kwargs = {name: torch.randn(1, *shape[1:]), **(extra(1) if extra else {})}
+        kwargs.update(_image_extras(model, name, kwargs[name], torch.Generator()))
         frames = _frames_axis(model, name, shape)
         kwargs.update({m: torch.ones(1, frames, dtype=torch.long) for m in masks if frames})
         if _runs_on(model, kwargs):
             return shape
     return shapes[0]  # none runs: the model's own error then says why
+
+
+def _image_companions(model: nn.Module) -> list[str]:
+    """Required image-shaped inputs beside `pixel_values`: another image of the same size
+    (`prompt_pixel_values`, SegGPT's example) or its mask (`prompt_masks`)."""
+    return [
+        p
+        for p in _required(model)
+        if p != "pixel_values"
+        and (p.endswith("pixel_values") or (p.endswith(("masks", "mask")) and "attention" not in p))
+    ]
+
+
+def _image_extras(
+    model: nn.Module, name: str, pixels: torch.Tensor, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """The companions `_image_companions` names, of the images' shape (a mask in [0, 1])."""
+    if name != "pixel_values" or pixels.dim() != 4:
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    for p in _image_companions(model):
+        make = torch.rand if p.endswith(("masks", "mask")) else torch.randn
+        out[p] = make(*pixels.shape, generator=gen)
+    return out
 
 
 def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | None:
@@ -368,12 +398,14 @@ def hf_input_source(
         towers = _tower_source(model, batch=batch, seed=seed)
         if towers is not None:
             return towers
-    if input_shape is None and name == "pixel_values" and "spatial_shapes" in forward_params(model):
+    images = name == "pixel_values" or (inherited and "pixel_values" in _required(model))
+    sequence = _patch_sequence_kind(model) if input_shape is None and images else None
+    if sequence is not None:
         config_: Any = model.config
 
         def sequences(i: int) -> Batch:
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
-            return Batch(kwargs=patch_sequence(config_, batch, gen))
+            return Batch(kwargs=sequence(config_, batch, gen))
 
         return sequences
     if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
@@ -426,6 +458,7 @@ def hf_input_source(
         else:
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
             kwargs = {name: torch.randn(*shape, generator=gen)}
+            kwargs.update(_image_extras(model, name, kwargs[name], gen))
             for mask in masks:  # every frame is real (an RNN-T loss reads lengths off it)
                 kwargs[mask] = torch.ones(shape[0], frames or 0, dtype=torch.long)
         if dec_seq:
@@ -433,6 +466,22 @@ def hf_input_source(
         return Batch(kwargs=kwargs)
 
     return source
+
+
+def _patch_sequence_kind(
+    model: nn.Module,
+) -> Callable[[Any, int, torch.Generator], dict[str, torch.Tensor]] | None:
+    """A tower that takes its images as sequences of patches: with their grids
+    (`spatial_shapes`, SigLIP 2), with each patch's position (`pixel_position_ids`,
+    Gemma 4), or packed into one row with each image's grid (`target_sizes`, MiniCPM-V)."""
+    params = forward_params(model)
+    if "spatial_shapes" in params:
+        return patch_sequence
+    if "pixel_position_ids" in _required(model):
+        return positioned_patches
+    if "target_sizes" in params:
+        return packed_patches
+    return None
 
 
 _GRIDS = ("grid_thw", "image_grid_thw")
@@ -528,13 +577,31 @@ def cannot_invent(model: nn.Module) -> str:
         params = []
     required = [p.name for p in params if p.default is p.empty]
     shown = required or [p.name for p in params if "mask" not in p.name][:4]
-    takes = f": its forward takes {', '.join(shown)}" if shown else ""
+    kinds = {p.name: _object_kind(p.annotation) for p in params}
+    named = [f"{n} (a {kinds[n]} object, not a tensor)" if kinds.get(n) else n for n in shown]
+    takes = f": its forward takes {', '.join(named)}" if shown else ""
+    objects = [n for n in shown if kinds.get(n)]
     single = len(required) == 1 or (not required and len(shown) == 1)
-    shape = ", or --input-shape for its one float input" if single else ""
+    shape = ", or --input-shape for its one float input" if single and not objects else ""
+    given = "them as inputs= (Python)"
+    if objects:  # an object the model's processor builds (a video session): say which
+        pairs = ", ".join(f"'{n}': <{kinds[n]}>" for n in objects)
+        given = f"inputs={{{pairs}}} in Python (the model's processor builds it)"
     return (
-        f"cannot invent inputs for {kind}{takes}; pass them as inputs= (Python), or on the CLI "
+        f"cannot invent inputs for {kind}{takes}; pass {given}, or on the CLI "
         f"as a module:function target that returns (model, inputs){shape}"
     )
+
+
+def _object_kind(annotation: Any) -> str | None:
+    """The class a forward argument must be when it is an object, not a tensor or a plain
+    value (SAM 2 video's `inference_session`: a `Sam2VideoInferenceSession` its processor
+    builds from the video), so the refusal names what to build."""
+    if not isinstance(annotation, type) or issubclass(annotation, torch.Tensor):
+        return None
+    if annotation.__module__.split(".")[0] in ("builtins", "torch", "typing", "numpy"):
+        return None  # a plain value or a tensor type (torch.LongTensor)
+    return annotation.__name__
 
 
 def learned_positions(model: nn.Module) -> tuple[str, int] | None:
@@ -672,13 +739,20 @@ def _dims(t: torch.Tensor) -> str:
     return "×".join(str(s) for s in t.shape[1:])
 
 
+_SEQUENCED = {
+    "pixel_position_ids",
+    "spatial_shapes",
+    "target_sizes",
+}  # images given as patch sequences
+
+
 def describe_batch(batch: Batch) -> str | None:
     """What one batch holds, in words for the header: "2×16 tokens", "2 images 3×32×32",
     "2 clips of 16000 samples", "2 clips of 80×3000 features", "2×8 decoder tokens",
     "2 videos 4×3×32×32", "2 series of 32×1 values"."""
     kw = batch.kwargs
     parts: list[str] = []
-    grid = kw.get("image_grid_thw", kw.get("grid_thw"))
+    grid = next((kw[g] for g in (*_GRIDS, "image_grid_hw") if g in kw), None)
     media = ("pixel_values", "hidden_states", "pixel_values_videos", "input_values")
     for name in (*media, "input_features", "past_values"):
         t = kw.get(name)
@@ -692,6 +766,12 @@ def describe_batch(batch: Batch) -> str | None:
                 and name in ("pixel_values", "hidden_states")
             ):
                 parts.append(f"{grid.shape[0]} images as {n} patches of {_dims(t)}")
+            elif name == "pixel_values" and isinstance(kw.get("target_sizes"), torch.Tensor):
+                sizes = kw["target_sizes"]  # packed in one row: the grids say how many
+                patches = int(sizes.prod(dim=-1).sum())
+                parts.append(f"{sizes.shape[0]} images as {patches} patches, packed")
+            elif name == "pixel_values" and t.dim() == 3 and _SEQUENCED & set(kw):
+                parts.append(f"{n} images as {t.shape[1]} patches of {t.shape[2]}")
             elif name == "pixel_values":
                 parts.append(f"{n} images {_dims(t)}")
             elif name == "pixel_values_videos":

@@ -33,8 +33,10 @@ __all__ = [
     "deep_config_int",
     "feature_rows",
     "forward_params",
+    "packed_patches",
     "patch_grid",
     "patch_sequence",
+    "positioned_patches",
     "text_config",
     "text_ids",
     "vision_text_source",
@@ -247,6 +249,35 @@ def patch_sequence(vision: Any, batch: int, gen: torch.Generator) -> dict[str, t
     }
 
 
+def positioned_patches(vision: Any, batch: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Gemma 4-style inputs: each image a sequence of flattened C × P × P patches and
+    each patch's (x, y) position on its grid (`pixel_position_ids`), a square grid of a
+    whole number of the config's pooling kernel on a side (the tower pools k × k
+    patches into one)."""
+    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
+    patch = config_int(vision, "patch_size") or 16
+    kernel = config_int(vision, "pooling_kernel_size") or 1
+    side = kernel * max(1, 4 // kernel)
+    ys, xs = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    positions = torch.stack([xs.flatten(), ys.flatten()], dim=-1)
+    return {
+        "pixel_values": torch.rand(batch, side * side, channels * patch * patch, generator=gen),
+        "pixel_position_ids": positions.expand(batch, -1, -1).clone(),
+    }
+
+
+def packed_patches(vision: Any, batch: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """NaViT-style packing (MiniCPM-V's tower): every image's P × P patches side by side
+    in one row, (1, C, P, N · P), with each image's (h, w) patch grid in `target_sizes`
+    (a 4 × 4 grid each, a whole number of a 2 × 2 merge)."""
+    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
+    patch = config_int(vision, "patch_size") or 14
+    side = 4
+    pixels = torch.randn(1, channels, patch, batch * side * side * patch, generator=gen)
+    sizes = torch.tensor([[side, side]] * batch, dtype=torch.int32)
+    return {"pixel_values": pixels, "target_sizes": sizes}
+
+
 def _pinpoint(config: Any, size: int) -> tuple[int, int] | None:
     """LLaVA-NeXT's "anyres": the smallest of the config's `image_grid_pinpoints` that
     tiles whole images of the tower's side (an image of that size is cut into those
@@ -264,10 +295,16 @@ def _pinpoint(config: Any, size: int) -> tuple[int, int] | None:
     return min(fits, key=lambda p: p[0] * p[1]) if fits else None
 
 
+def _grid_key(params: set[str]) -> str | None:
+    """The forward's per-image patch grid: Qwen-VL's (t, h, w) `image_grid_thw`, or an
+    (h, w) `image_grid_hw` (Nemotron-H Omni) for still images."""
+    return next((k for k in ("image_grid_thw", "image_grid_hw") if k in params), None)
+
+
 def _layouts(model: nn.Module) -> tuple[str, ...]:
     """The image layouts to try, in order, for the model's forward."""
     params = forward_params(model)
-    if "image_grid_thw" in params:
+    if _grid_key(params):
         return ("flat", "conv", "seq")
     if "spatial_shapes" in params:
         return ("naflex",)
@@ -311,7 +348,8 @@ def _images(
     gen = torch.Generator().manual_seed(seed * 100_003 + index + 7)
     if layout in ("flat", "conv", "seq"):
         flat, grid = patch_grid(vision, batch, gen, layout)
-        out = {"pixel_values": flat, "image_grid_thw": grid}
+        key = _grid_key(params) or "image_grid_thw"
+        out = {"pixel_values": flat, key: grid if key.endswith("thw") else grid[:, 1:]}
         if "image_merge_sizes" in params:
             merge = int(grid[0, 1]) // 2
             out["image_merge_sizes"] = torch.full((batch,), merge, dtype=torch.long)
