@@ -60,14 +60,22 @@ HEADS_ORDER = (
 )
 
 # Overrides where the generic shrink gives a config the model cannot build; each says why.
-OVERRIDES: dict[str, dict[str, Any]] = {}
+# Merged into the shrunk dict (a sub-config's dict key by key).
+_SWIN_SIDE = {"image_size": 224}  # window 7 · patch 4 · 2^3: every stage's grid ≥ its window
+_T5_HEADS = {"d_kv": HIDDEN // HEADS}  # its attention output maps heads · d_kv to the width
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "swin": _SWIN_SIDE,
+    "donut-swin": _SWIN_SIDE,
+    "pix2struct": {"text_config": _T5_HEADS, "vision_config": _T5_HEADS},
+}
 # M-RoPE text models whose modeling code falls back to sections for a 128-wide head when
 # the config names none: sections for the tiny head (they sum to HEAD_DIM/2).
 MROPE: dict[str, list[int]] = {
     "qwen2_vl_text": [2, 3, 3],
     "qwen2_5_vl_text": [2, 3, 3],
     "glm4v_text": [2, 3, 3],
-    "glm4v_moe_text": [2, 3, 3],
+    "glm4v_moe_text": [2, 1, 1],  # half its rotary dims: partial_rotary_factor 0.5
+    "hunyuan_vl_text": [2, 2, 2, 2],  # its default names none; HunYuan-VL needs ≥ 3 axes
     "glm_ocr_text": [2, 3, 3],
     "glm_image_text": [2, 3, 3],
     "paddleocr_vl_text": [2, 3, 3],
@@ -409,10 +417,18 @@ def tiny_config(model_type: str) -> Any:
 
     base = transformers.AutoConfig.for_model(model_type)
     data = _declared(base, shrink(base.to_dict()))
-    data.update(OVERRIDES.get(model_type, {}))
+    _merge(data, OVERRIDES.get(model_type, {}))
     _set_mrope(data, model_type)
     data.pop("model_type", None)
     return type(base).from_dict(data)
+
+
+def _merge(data: dict[str, Any], override: dict[str, Any]) -> None:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            _merge(data[key], value)
+        else:
+            data[key] = value
 
 
 def _set_mrope(data: dict[str, Any], model_type: str | None) -> None:

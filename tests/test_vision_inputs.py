@@ -142,7 +142,7 @@ def test_a_forward_that_needs_a_session_object_is_refused_naming_its_class() -> 
         hf_input_source(model, batch=2, seq_len=8, seed=0)
     line = str(err.value)
     assert "\n" not in line and "--input-shape" not in line
-    assert "inference_session (a Sam2VideoInferenceSession object" in line
+    assert "inference_session (an object of class Sam2VideoInferenceSession" in line
     assert "inputs={'inference_session': <Sam2VideoInferenceSession>}" in line
 
 
@@ -209,5 +209,55 @@ def test_a_required_prompt_image_and_mask_of_the_images_shape() -> None:
     assert kw["prompt_pixel_values"].shape == kw["prompt_masks"].shape == kw["pixel_values"].shape
     mask = kw["prompt_masks"]
     assert float(mask.min()) >= 0.0 and float(mask.max()) <= 1.0
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_region_features_with_their_boxes_beside_the_text() -> None:
+    """LXMERT reads an image as detector regions: features of the config's
+    visual_feat_dim and boxes (x0 ≤ x1, y0 ≤ y1 in [0, 1]) of its visual_pos_dim; ids
+    alone are refused by its forward."""
+    model = _tiny("lxmert")
+    kw = _kwargs(model)
+    feats, boxes = kw["visual_feats"], kw["visual_pos"]
+    assert feats.shape[::2] == (2, model.config.visual_feat_dim)
+    assert boxes.shape == (*feats.shape[:2], model.config.visual_pos_dim)
+    assert (boxes[..., 2] >= boxes[..., 0]).all() and (boxes[..., 3] >= boxes[..., 1]).all()
+    assert float(boxes.min()) >= 0.0 and float(boxes.max()) <= 1.0
+    assert _raises(model, input_ids=kw["input_ids"])
+    with torch.no_grad():
+        model(**kw)
+    r = feats.shape[1]
+    assert describe_batch(Batch(kwargs=kw)) == (
+        f"2 images as {r} regions of {model.config.visual_feat_dim} features + 2×8 tokens"
+    )
+
+
+def test_flattened_patches_carry_their_row_and_column() -> None:
+    """Pix2Struct's patches hold their 1-based row and column first (embedded by
+    position, so random values there would index out of its tables), then the
+    patch_embed_hidden_size values; its decoder gets ids and labels."""
+    model = _tiny("pix2struct")
+    kw = _kwargs(model)
+    flat = kw["flattened_patches"]
+    width = model.config.vision_config.patch_embed_hidden_size
+    assert flat.shape[2] == 2 + width
+    places = flat[0, :, :2].long()
+    side = int(places.max())
+    assert places.unique(dim=0).shape[0] == flat.shape[1] == side * side
+    assert int(places.min()) == 1 and "labels" in kw
+    with torch.no_grad():
+        out = model(**kw)
+    assert out.loss is not None and torch.isfinite(out.loss)
+
+
+def test_a_keypoint_matcher_gets_an_image_pair() -> None:
+    """LightGlue matches two images: a plain batch is refused, the pair (batch, 2, C, H, W)
+    is the form its forward accepts."""
+    model = _tiny("lightglue")
+    kw = _kwargs(model, seq_len=None)
+    pixels = kw["pixel_values"]
+    assert pixels.dim() == 5 and pixels.shape[:2] == (2, 2)
+    assert _raises(model, pixel_values=pixels[:, 0])
     with torch.no_grad():
         model(**kw)

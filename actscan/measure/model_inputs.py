@@ -35,8 +35,8 @@ from actscan.measure.inputs import (
     user_source,
 )
 from actscan.measure.recorder import first_tensor
-from actscan.measure.vision_text import config_int as _int
 from actscan.measure.vision_text import (
+    REGION_INPUTS,
     deep_config_int,
     forward_params,
     image_sides,
@@ -44,8 +44,10 @@ from actscan.measure.vision_text import (
     patch_grid,
     patch_sequence,
     positioned_patches,
+    region_source,
     vision_text_source,
 )
+from actscan.measure.vision_text import config_int as _int
 from actscan.measure.vision_text import required_params as _required
 from actscan.measure.vision_text import runs_on as _runs_on
 from actscan.records import ModelInfo
@@ -140,6 +142,7 @@ def _main_shapes(
             shapes.append((batch, channels, *hw))
         if _image_companions(model):  # stacked over its prompt image (SegGPT): half as tall
             shapes.append((batch, channels, size[0] // 2, size[1]))
+        shapes.append((batch, 2, channels, *size))  # an image pair (keypoint matchers)
         return shapes
     if name == "input_values":
         # a waveform, mono or with the codec's channel axis (EnCodec, DAC, Mimi); one
@@ -176,6 +179,10 @@ def _main_shapes(
         clips = list(dict.fromkeys(f for f in (2 * per_patch, fixed) if f))
         if side:
             return [(batch, f, channels, *side) for f in clips]
+    if name == "flattened_patches":  # Pix2Struct: a 4 × 4 grid, row and column first
+        width = deep_config_int(config, ("patch_embed_hidden_size",))
+        if width:
+            return [(batch, PATCH_GRID * PATCH_GRID, 2 + width)]
     if name == "past_values":
         context = _int(config, "context_length")
         patch = _int(config, "patch_length") or 1
@@ -230,6 +237,19 @@ def _main_shape(
         if _runs_on(model, kwargs):
             return shape
     return shapes[0]  # none runs: the model's own error then says why
+
+
+PATCH_GRID = 4  # patches per side of an image given as flattened patches
+
+
+def _place_patches(patches: torch.Tensor) -> None:
+    """Pix2Struct's flattened patches carry their 1-based row and column in their first
+    two values (0 marks padding, none here): the row-major places of a square grid."""
+    n = patches.shape[1]
+    side = max(1, round(n**0.5))
+    place = torch.arange(n)
+    patches[:, :, 0] = (place // side + 1).float()
+    patches[:, :, 1] = (place % side + 1).float()
 
 
 def _image_companions(model: nn.Module) -> list[str]:
@@ -386,6 +406,11 @@ def hf_input_source(
         )
         if both is not None:
             return both
+        regions = region_source(
+            model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ
+        )
+        if regions is not None:
+            return regions
         heard = audio_text_source(
             model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ
         )
@@ -459,6 +484,8 @@ def hf_input_source(
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
             kwargs = {name: torch.randn(*shape, generator=gen)}
             kwargs.update(_image_extras(model, name, kwargs[name], gen))
+            if name == "flattened_patches" and input_shape is None:
+                _place_patches(kwargs[name])
             for mask in masks:  # every frame is real (an RNN-T loss reads lengths off it)
                 kwargs[mask] = torch.ones(shape[0], frames or 0, dtype=torch.long)
         if dec_seq:
@@ -578,7 +605,9 @@ def cannot_invent(model: nn.Module) -> str:
     required = [p.name for p in params if p.default is p.empty]
     shown = required or [p.name for p in params if "mask" not in p.name][:4]
     kinds = {p.name: _object_kind(p.annotation) for p in params}
-    named = [f"{n} (a {kinds[n]} object, not a tensor)" if kinds.get(n) else n for n in shown]
+    named = [
+        f"{n} (an object of class {kinds[n]}, not a tensor)" if kinds.get(n) else n for n in shown
+    ]
     takes = f": its forward takes {', '.join(named)}" if shown else ""
     objects = [n for n in shown if kinds.get(n)]
     single = len(required) == 1 or (not required and len(shown) == 1)
@@ -782,6 +811,14 @@ def describe_batch(batch: Batch) -> str | None:
                 parts.append(f"{n} clips of {_dims(t)} samples")
             else:
                 parts.append(f"{n} clips of {_dims(t)} features")
+    flat = kw.get("flattened_patches")
+    if isinstance(flat, torch.Tensor) and flat.dim() == 3:
+        n, count, width = flat.shape
+        parts.append(f"{n} images as {count} flattened patches of {width - 2} (+ row, column)")
+    regions = next((kw[a] for a, _ in REGION_INPUTS if isinstance(kw.get(a), torch.Tensor)), None)
+    if regions is not None and regions.dim() == 3:
+        n, r, width = regions.shape
+        parts.append(f"{n} images as {r} regions of {width} features")
     ids = batch.token_ids
     if ids is not None and ids.dim() == 2:
         parts.append(f"{ids.shape[0]}×{ids.shape[1]} tokens")

@@ -37,6 +37,7 @@ __all__ = [
     "patch_grid",
     "patch_sequence",
     "positioned_patches",
+    "region_source",
     "text_config",
     "text_ids",
     "vision_text_source",
@@ -322,6 +323,7 @@ def _image_side(model: nn.Module) -> int:
     return (
         _square(getattr(vision, "image_size", None))
         or _square(getattr(config, "image_size", None))
+        or _square(getattr(config, "max_img_size", None))  # TVP pads frames to this side
         or DEFAULT_IMAGE
     )
 
@@ -510,3 +512,47 @@ def vision_text_source(
         return Batch(kwargs=kw)
 
     return vlm if text_ids(config, 1, 1, seed, 0) is not None else None
+
+
+# region features a detector gives a two-stream model, and the config field of their width
+REGION_INPUTS = (("visual_feats", "visual_feat_dim"), ("visual_embeds", "visual_embedding_dim"))
+REGIONS = 8  # regions per image (a detector's boxes)
+
+
+def region_source(
+    model: nn.Module, *, batch: int, seq_len: int | None, seed: int, default_seq: int
+) -> Callable[[int], Batch] | None:
+    """Token ids with an image as detector regions (LXMERT, VisualBERT): REGIONS feature
+    vectors of the width the config names, their boxes (x0, y0, x1, y1 in [0, 1], each
+    corner pair ordered) where the forward takes `visual_pos`, and a mask of every region;
+    None when the forward takes no region features."""
+    config: Any = getattr(model, "config", None)
+    params = forward_params(model)
+    if config is None or "input_ids" not in params:
+        return None
+    found = next(
+        ((arg, config_int(config, dim)) for arg, dim in REGION_INPUTS if arg in params),
+        None,
+    )
+    vocab = config_int(config, "vocab_size")
+    if found is None or found[1] is None or vocab is None:
+        return None
+    arg, width = found[0], found[1]
+    seq = seq_len or min(default_seq, config_int(config, "max_position_embeddings") or default_seq)
+    box_dim = config_int(config, "visual_pos_dim") or 4
+
+    def regions(i: int) -> Batch:
+        gen = torch.Generator().manual_seed(seed * 100_003 + i + 11)
+        ids = random_tokens(vocab, batch, seq, seed, i)
+        kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        kw[arg] = torch.randn(batch, REGIONS, width, generator=gen)
+        if "visual_pos" in params:
+            # (corner, coordinate), each coordinate's smaller value first: x0, y0, x1, y1
+            corners = torch.rand(batch, REGIONS, 2, 2, generator=gen).sort(dim=2).values
+            boxes = corners.flatten(2)
+            kw["visual_pos"] = boxes[..., :box_dim] if box_dim <= 4 else boxes
+        if "visual_attention_mask" in params:
+            kw["visual_attention_mask"] = torch.ones(batch, REGIONS, dtype=torch.long)
+        return Batch(kwargs=kw)
+
+    return regions
