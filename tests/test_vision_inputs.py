@@ -261,3 +261,29 @@ def test_a_keypoint_matcher_gets_an_image_pair() -> None:
     assert _raises(model, pixel_values=pixels[:, 0])
     with torch.no_grad():
         model(**kw)
+
+
+def test_placeholders_marked_by_a_mask_instead_of_a_token() -> None:
+    """Kosmos-2 names no image token: its `image_embeds_position_mask` marks the text
+    positions its image features replace, as many as its own image path gives (the
+    latent queries); without the mask its forward raises."""
+    model = _tiny("kosmos-2")
+    kw = _kwargs(model)
+    mask = kw["image_embeds_position_mask"]
+    assert mask.shape == kw["input_ids"].shape
+    assert (mask.sum(dim=1) == model.config.latent_query_num).all()
+    assert _raises(model, **{k: v for k, v in kw.items() if k != "image_embeds_position_mask"})
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_a_second_view_for_a_second_vision_tower() -> None:
+    """DeepSeek-VL hybrid's image path requires a high-resolution view beside the image:
+    `high_res_pixel_values` at the side of its `high_res_vision_config`."""
+    model = _tiny("deepseek_vl_hybrid")
+    kw = _kwargs(model)
+    side = model.config.high_res_vision_config.image_size
+    assert tuple(kw["high_res_pixel_values"].shape) == (2, 3, side, side)
+    assert _raises(model, **{k: v for k, v in kw.items() if k != "high_res_pixel_values"})
+    with torch.no_grad():
+        model(**kw)

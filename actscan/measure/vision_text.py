@@ -368,6 +368,7 @@ def _images(
     pixels = torch.randn(batch, views, channels, size, size, generator=gen)
     nested = layout in ("nested", "nested+sizes", "anyres", "tiles", "video")
     out = {"pixel_values": pixels if nested else pixels[:, 0]}
+    out.update(_sibling_images(model, batch, gen))
     if "pixel_attention_mask" in params:  # every pixel (or tile) is real: no padding
         rows = out["pixel_values"].shape[:-3]
         pixel = () if layout == "tiles" else (size, size)
@@ -416,6 +417,24 @@ def _first_form(
     return next((f for f in forms if runs_on(model, kwargs_for(*f))), forms[0])
 
 
+def _sibling_images(model: nn.Module, batch: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """A second view of each image the forward takes, `<prefix>_pixel_values` at the side
+    of the `<prefix>_vision_config` (DeepSeek-VL hybrid's high-resolution tower)."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(forward_params(model)):
+        prefix = name.removesuffix("_pixel_values")
+        if prefix in (name, "", "prompt"):
+            continue
+        sub = getattr(config, f"{prefix}_vision_config", None)
+        side = _square(getattr(sub, "image_size", None))
+        if side is None:
+            continue
+        channels = config_int(sub, "num_channels", "in_channels", "in_chans") or 3
+        out[name] = torch.randn(batch, channels, side, side, generator=gen)
+    return out
+
+
 def feature_rows(out: Any, width: int | None) -> int | None:
     """How many text positions `get_image_features`' output fills: its rows of the text
     width (the check transformers' placeholder mask makes)."""
@@ -459,6 +478,9 @@ def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, s
     return None
 
 
+_POSITION_MASK = "image_embeds_position_mask"
+
+
 def vision_text_source(
     model: nn.Module, *, batch: int, seq_len: int | None, seed: int, default_seq: int
 ) -> Callable[[int], Batch] | None:
@@ -472,7 +494,8 @@ def vision_text_source(
     limit = config_int(text, "max_position_embeddings")
     seq = seq_len or min(default_seq, limit or default_seq)
     image_token = placeholder_token(config, "image")
-    if image_token is None:
+    marked = image_token is None and _POSITION_MASK in params  # Kosmos-2: a mask, no token
+    if image_token is None and not marked:
         _refuse_unset_placeholder(model)
         if _vision_config(config) is None and _square(getattr(config, "image_size", None)) is None:
             return None  # neither a vision tower's config nor an image size (ViLT's)
@@ -501,8 +524,12 @@ def vision_text_source(
     def vlm(i: int) -> Batch:
         ids = text_ids(config, batch, seq, seed, i)
         assert ids is not None
-        ids = torch.cat([torch.full((batch, per_image), image_token), ids], dim=1)
+        fill = image_token if image_token is not None else int(ids[0, 0])
+        ids = torch.cat([torch.full((batch, per_image), fill), ids], dim=1)
         kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if marked:  # the positions the image features replace, marked by a mask
+            kw[_POSITION_MASK] = torch.zeros_like(ids)
+            kw[_POSITION_MASK][:, :per_image] = 1
         kw.update(_images(model, batch, seed, i, layout))
         kw.update(sibling_ids(model, model, batch, seq, seed, i))
         if "token_type_ids" in params:  # PaliGemma/Gemma 3: 0 on image and prompt tokens
