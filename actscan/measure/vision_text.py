@@ -530,12 +530,13 @@ def vision_text_source(
         if marked:  # the positions the image features replace, marked by a mask
             kw[_POSITION_MASK] = torch.zeros_like(ids)
             kw[_POSITION_MASK][:, :per_image] = 1
+        if "mm_token_type_ids" in params:  # Qwen-VL's M-RoPE: 1 on image tokens
+            kw["mm_token_type_ids"] = torch.zeros_like(ids)
+            kw["mm_token_type_ids"][:, :per_image] = 1
         kw.update(_images(model, batch, seed, i, layout))
         kw.update(sibling_ids(model, model, batch, seq, seed, i))
         if "token_type_ids" in params:  # PaliGemma/Gemma 3: 0 on image and prompt tokens
             kw["token_type_ids"] = torch.zeros_like(ids)
-        if "mm_token_type_ids" in params:  # Qwen-VL's M-RoPE: 1 on image tokens
-            kw["mm_token_type_ids"] = (ids == image_token).long()
         return Batch(kwargs=kw)
 
     return vlm if text_ids(config, 1, 1, seed, 0) is not None else None
