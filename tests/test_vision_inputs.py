@@ -287,3 +287,19 @@ def test_a_second_view_for_a_second_vision_tower() -> None:
     assert _raises(model, **{k: v for k, v in kw.items() if k != "high_res_pixel_values"})
     with torch.no_grad():
         model(**kw)
+
+
+def test_a_video_text_two_tower_gets_its_clip_and_its_text() -> None:
+    """VideoPrism's CLIP model requires token ids beside its videos: a clip of the frames
+    its video tower's config names (read off `vision_config`) and ids of its text
+    config's vocabulary, the header naming both."""
+    model = _tiny("videoprism")
+    kw = _kwargs(model)
+    video, ids = kw["pixel_values_videos"], kw["input_ids"]
+    vision = model.config.vision_config
+    assert video.shape[0] == 2 and video.shape[-1] == vision.image_size
+    assert ids.shape == (2, 8) and int(ids.max()) < model.config.text_config.vocab_size
+    with torch.no_grad():
+        model(**kw)
+    text = describe_batch(Batch(kwargs=kw))
+    assert text is not None and text.startswith("2 videos") and text.endswith("2×8 tokens")

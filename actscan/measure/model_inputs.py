@@ -45,6 +45,7 @@ from actscan.measure.vision_text import (
     patch_sequence,
     positioned_patches,
     region_source,
+    text_ids,
     vision_text_source,
 )
 from actscan.measure.vision_text import config_int as _int
@@ -166,6 +167,7 @@ def _main_shapes(
             counts = dict.fromkeys(f for f in (seq_len, FRAMES) if f)
             return [s for f in counts for s in ((batch, f, mels), (batch, mels, f))]
     if name == "pixel_values_videos":
+        config = _sub(config, "vision_config") or config  # a two-tower's video tower
         side = _pair(getattr(config, "image_size", None)) or _pair(
             getattr(config, "crop_size", None)
         )
@@ -218,6 +220,7 @@ def _main_shape(
     built = {name, "attention_mask", "decoder_input_ids", "decoder_input_values", "labels"}
     built |= set(AUDIO_MASKS) if name == "input_features" else set()
     built |= set(_image_companions(model)) if name == "pixel_values" else set()
+    built |= {"input_ids", "attention_mask"} if _text_beside(model, name, 1, 1, 0, 0) else set()
     if set(_required(model)) - built:  # one --input-shape cannot give the others
         raise UsageError(cannot_invent(model))
     shapes = _main_shapes(model, name, batch, seq_len)
@@ -232,6 +235,7 @@ def _main_shape(
     for shape in shapes:
         kwargs = {name: torch.randn(1, *shape[1:]), **(extra(1) if extra else {})}
         kwargs.update(_image_extras(model, name, kwargs[name], torch.Generator()))
+        kwargs.update(_text_beside(model, name, 1, seq_len or 8, seed=0, index=0))
         frames = _frames_axis(model, name, shape)
         kwargs.update({m: torch.ones(1, frames, dtype=torch.long) for m in masks if frames})
         if _runs_on(model, kwargs):
@@ -250,6 +254,18 @@ def _place_patches(patches: torch.Tensor) -> None:
     place = torch.arange(n)
     patches[:, :, 0] = (place // side + 1).float()
     patches[:, :, 1] = (place % side + 1).float()
+
+
+def _text_beside(
+    model: nn.Module, name: str, rows: int, seq: int, seed: int, index: int
+) -> dict[str, torch.Tensor]:
+    """Token ids (and their all-ones mask) for a video-text two-tower model whose forward
+    requires them beside its videos (VideoPrism's CLIP model), from its text config's
+    vocabulary; {} for any other model."""
+    if name != "pixel_values_videos" or "input_ids" not in _required(model):
+        return {}
+    ids = text_ids(model.config, rows, seq, seed, index)
+    return {} if ids is None else {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
 def _image_companions(model: nn.Module) -> list[str]:
@@ -486,6 +502,7 @@ def hf_input_source(
             kwargs.update(_image_extras(model, name, kwargs[name], gen))
             if name == "flattened_patches" and input_shape is None:
                 _place_patches(kwargs[name])
+            kwargs.update(_text_beside(model, name, shape[0], seq_len or 16, seed, i))
             for mask in masks:  # every frame is real (an RNN-T loss reads lengths off it)
                 kwargs[mask] = torch.ones(shape[0], frames or 0, dtype=torch.long)
         if dec_seq:
