@@ -379,18 +379,17 @@ def _images(
 
 
 def _refuse_unset_placeholder(model: nn.Module) -> None:
-    """A vision-language model whose config declares its image token but leaves it None
-    (BLIP-2's and InstructBLIP's library defaults): its forward places the image features
-    at that token, so no text can be written for it; one line naming the field."""
+    """A vision-language model whose config declares its image (or video) token but leaves
+    it None (BLIP-2's and InstructBLIP's library defaults): its forward places the
+    features at that token, so no text can be written for it; one line naming the field."""
     config: Any = model.config  # a transformers config: its fields vary by family
-    if not callable(getattr(model, "get_image_features", None)):
-        return
-    for name in ("image_token_id", "image_token_index"):
+    kinds = [k for k in ("image", "video") if callable(getattr(model, f"get_{k}_features", None))]
+    for name in (f"{k}_token_{suffix}" for k in kinds for suffix in ("id", "index")):
         if name in vars(config) and getattr(config, name) is None:
             raise UsageError(
-                f"{type(model).__name__}'s config sets no image token ({name} = None), but "
-                "its forward puts the image features at that token: set it in config.json "
-                "to the tokenizer's image token id"
+                f"{type(model).__name__}'s config sets no {name.split('_')[0]} token "
+                f"({name} = None), but its forward puts the features at that token: set it "
+                "in config.json to the tokenizer's id for it"
             )
 
 
