@@ -63,12 +63,22 @@ HEADS_ORDER = (
 # Merged into the shrunk dict (a sub-config's dict key by key).
 _SWIN_SIDE = {"image_size": 224}  # window 7 · patch 4 · 2^3: every stage's grid ≥ its window
 _T5_HEADS = {"d_kv": HIDDEN // HEADS}  # its attention output maps heads · d_kv to the width
+# a pixel decoder over all four Swin stages (the shrunk config keeps only the last)
+_PYRAMID = {
+    "backbone_config": {
+        **_SWIN_SIDE,
+        "out_indices": [1, 2, 3, 4],
+        "out_features": ["stage1", "stage2", "stage3", "stage4"],
+    }
+}
 # a Swin backbone, and fewer queries than the tiny backbone's one output stage has places
 _DINO = {"backbone_config": _SWIN_SIDE, "num_queries": 64}
 OVERRIDES: dict[str, dict[str, Any]] = {
     "swin": _SWIN_SIDE,
     "donut-swin": _SWIN_SIDE,
     "pix2struct": {"text_config": _T5_HEADS, "vision_config": _T5_HEADS},
+    "mask2former": _PYRAMID,
+    "oneformer": _PYRAMID,
     "tvp": {"num_frames": 4},  # 48 frames of 448 × 448 are minutes on CPU, not seconds
     "grounding-dino": _DINO,
     "mm-grounding-dino": _DINO,

@@ -303,3 +303,27 @@ def test_a_video_text_two_tower_gets_its_clip_and_its_text() -> None:
         model(**kw)
     text = describe_batch(Batch(kwargs=kw))
     assert text is not None and text.startswith("2 videos") and text.endswith("2×8 tokens")
+
+
+def test_a_task_prompt_of_the_length_its_config_names_beside_the_image() -> None:
+    """OneFormer's main inputs are a list (images, then a tokenised task): task_inputs of
+    the config's task_seq_len beside the image (its task MLP takes exactly that many)."""
+    model = _tiny("oneformer")
+    assert model.main_input_name == ["pixel_values", "task_inputs"]
+    kw = _kwargs(model, seq_len=None)
+    task = kw["task_inputs"]
+    assert task.shape == (2, model.config.task_seq_len) and not task.is_floating_point()
+    assert kw["pixel_values"].shape[:2] == (2, 3)
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_a_main_input_name_the_forward_does_not_take_falls_back_to_its_ids() -> None:
+    """SAM 3 Lite's text tower inherits main_input_name = "pixel_values" but its forward
+    takes token ids: it is a token model (no invented images it would ignore)."""
+    from actscan.measure.model_inputs import takes_token_ids
+
+    model = _tiny("sam3_lite_text_text_model")
+    assert model.main_input_name == "pixel_values"
+    assert takes_token_ids(model)
+    assert hf_input_source(model, batch=2, seq_len=8, seed=0) is None  # scan() invents ids

@@ -70,8 +70,18 @@ DEFAULT_FRAMES = 50  # about one second of 16 kHz audio for wav2vec2-like extrac
 
 
 def _main_input(model: nn.Module) -> str | None:
+    """The model's main input: `main_input_name` (the first of a list, OneFormer's
+    images before its task), or `input_ids` where the forward takes none of the name it
+    inherited but takes ids (SAM 3 Lite's text tower says `pixel_values`)."""
     name = getattr(model, "main_input_name", None)
-    return name if isinstance(name, str) and getattr(model, "config", None) is not None else None
+    if isinstance(name, list | tuple) and name and isinstance(name[0], str):
+        name = name[0]
+    if not isinstance(name, str) or getattr(model, "config", None) is None:
+        return None
+    params = forward_params(model)
+    if params and name not in params and name != "input_ids" and "input_ids" in params:
+        return "input_ids"
+    return name
 
 
 def takes_token_ids(model: nn.Module) -> bool:
@@ -219,7 +229,11 @@ def _main_shape(
     --input-shape)."""
     built = {name, "attention_mask", "decoder_input_ids", "decoder_input_values", "labels"}
     built |= set(AUDIO_MASKS) if name == "input_features" else set()
-    built |= set(_image_companions(model)) if name == "pixel_values" else set()
+    built |= (
+        set(_image_companions(model)) | set(_sized_tokens(model))
+        if name == "pixel_values"
+        else set()
+    )
     built |= {"input_ids", "attention_mask"} if _text_beside(model, name, 1, 1, 0, 0) else set()
     if set(_required(model)) - built:  # one --input-shape cannot give the others
         raise UsageError(cannot_invent(model))
@@ -289,6 +303,31 @@ def _image_extras(
     for p in _image_companions(model):
         make = torch.rand if p.endswith(("masks", "mask")) else torch.randn
         out[p] = make(*pixels.shape, generator=gen)
+    for p, (length, vocab) in _sized_tokens(model).items():
+        out[p] = torch.randint(0, vocab, (pixels.shape[0], length), generator=gen)
+    return out
+
+
+def _sized_tokens(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """Required token inputs `<prefix>_inputs` whose length the config names as
+    `<prefix>_seq_len` (OneFormer's tokenised task, "the task is semantic"): name ->
+    (length, the config's text vocabulary)."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    vocab = next(
+        (
+            v
+            for k, v in sorted(vars(config).items())
+            if k.endswith("vocab_size") and _int(config, k)
+        ),
+        None,
+    )
+    out: dict[str, tuple[int, int]] = {}
+    for p in _required(model):
+        length = (
+            _int(config, p.removesuffix("_inputs") + "_seq_len") if p.endswith("_inputs") else None
+        )
+        if length and isinstance(vocab, int):
+            out[p] = (length, vocab)
     return out
 
 
