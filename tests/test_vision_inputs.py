@@ -327,3 +327,18 @@ def test_a_main_input_name_the_forward_does_not_take_falls_back_to_its_ids() -> 
     assert model.main_input_name == "pixel_values"
     assert takes_token_ids(model)
     assert hf_input_source(model, batch=2, seq_len=8, seed=0) is None  # scan() invents ids
+
+
+def test_patches_merged_into_language_tokens_with_a_grid_counted_in_them() -> None:
+    """Inkling 2's tower takes one row per language token (merge × merge patches, each
+    pixel's channels last) and an image_grid_thw counted in those tokens: the form its
+    forward accepts after Qwen-VL's per-patch rows are refused."""
+    model = _tiny("inkling2_vision")
+    kw = _kwargs(model)
+    pixels, grid = kw["pixel_values"], kw["image_grid_thw"]
+    m, p = model.config.spatial_merge_size, model.config.patch_size
+    assert pixels.shape[1:] == (m * m * p * p, 3)
+    assert int(grid.prod(dim=1).sum()) == pixels.shape[0]
+    assert _raises(model, pixel_values=pixels.reshape(-1, 3 * p * p), image_grid_thw=grid * m)
+    with torch.no_grad():
+        model(**kw)

@@ -36,6 +36,7 @@ from actscan.measure.inputs import (
 )
 from actscan.measure.recorder import first_tensor
 from actscan.measure.vision_text import (
+    PATCH_FORMS,
     REGION_INPUTS,
     deep_config_int,
     forward_params,
@@ -627,7 +628,7 @@ def _runs(
 ) -> str | None:
     """The first patch form (`patch_grid`) the tower's forward runs on, one image, no
     gradients."""
-    for form in ("flat", "conv", "seq"):
+    for form in PATCH_FORMS:
         kwargs = _patches(
             config, 1, torch.Generator().manual_seed(0), form, key, grid_key, merge_key
         )

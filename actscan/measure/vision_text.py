@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 DEFAULT_IMAGE = 224
+PATCH_FORMS = ("flat", "conv", "seq", "merged")  # the forms `patch_grid` gives, tried in order
 LARGEST_SIDE = 512  # the largest image side tried when the config's is too small to run
 
 
@@ -211,7 +212,9 @@ def patch_grid(
     2·merge × 2·merge patches each, every patch C × T × P × P values (the channels, the
     temporal patch and the patch side the vision config names). `form`: "flat" (one row
     per patch), "conv" (each patch C × P × P, for a tower whose first layer is a conv
-    over patches), "seq" (one sequence of every patch, 1 × N × C × P × P)."""
+    over patches), "seq" (one sequence of every patch, 1 × N × C × P × P), "merged"
+    (a row per merge × merge patches, each pixel's C channels last, the grid counted in
+    those rows: Inkling 2's language tokens)."""
     channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
     patch = config_int(vision, "patch_size", "spatial_patch_size") or 14
     temporal = config_int(vision, "temporal_patch_size", "patch_temporal") or 1  # one frame
@@ -226,6 +229,10 @@ def patch_grid(
         flat = flat.view(n, channels * temporal, patch, patch)
     elif form == "seq":
         flat = flat.view(1, n, channels * temporal, patch, patch)
+    elif form == "merged":  # channels last, the grid counted in merged tokens
+        m = merge or 2
+        flat = flat.view(n // (m * m), -1, channels)
+        grid = torch.tensor([[1, side // m, side // m]] * batch)
     return flat, grid
 
 
@@ -306,7 +313,7 @@ def _layouts(model: nn.Module) -> tuple[str, ...]:
     """The image layouts to try, in order, for the model's forward."""
     params = forward_params(model)
     if _grid_key(params):
-        return ("flat", "conv", "seq")
+        return PATCH_FORMS
     if "spatial_shapes" in params:
         return ("naflex",)
     if "image_sizes" in params and _pinpoint(model.config, _image_side(model)):
@@ -348,7 +355,7 @@ def _images(
     vision = _vision_config(config) or config
     channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
     gen = torch.Generator().manual_seed(seed * 100_003 + index + 7)
-    if layout in ("flat", "conv", "seq"):
+    if layout in PATCH_FORMS:
         flat, grid = patch_grid(vision, batch, gen, layout)
         key = _grid_key(params) or "image_grid_thw"
         out = {"pixel_values": flat, key: grid if key.endswith("thw") else grid[:, 1:]}
