@@ -79,10 +79,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "pix2struct": {"text_config": _T5_HEADS, "vision_config": _T5_HEADS},
     "mask2former": _PYRAMID,
     "oneformer": _PYRAMID,
-    "tvp": {"num_frames": 4},
+    "tvp": {"num_frames": 4},  # 48 frames of 448 × 448 are minutes on CPU, not seconds
     # sizes the shrink misses: a pooler width, per-layer key/value head counts
     "vision-text-dual-encoder": {"vision_config": {"pooler_output_size": HIDDEN}},
-    "sapiens2": {"num_key_value_heads_per_layer": [HEADS] * LAYERS},  # 48 frames of 448 × 448 are minutes on CPU, not seconds
+    "sapiens2": {"num_key_value_heads_per_layer": [HEADS] * LAYERS},
     "grounding-dino": _DINO,
     "mm-grounding-dino": _DINO,
 }
