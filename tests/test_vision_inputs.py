@@ -342,3 +342,21 @@ def test_patches_merged_into_language_tokens_with_a_grid_counted_in_them() -> No
     assert _raises(model, pixel_values=pixels.reshape(-1, 3 * p * p), image_grid_thw=grid * m)
     with torch.no_grad():
         model(**kw)
+
+
+def test_images_as_flattened_patches_for_a_model_without_a_vision_tower() -> None:
+    """Fuyu embeds each image's flattened patches with one linear layer (no vision tower):
+    (batch, N, C · P · P) of the config's patch size, one placeholder per patch."""
+    model = _tiny("fuyu")
+    kw = _kwargs(model)
+    pixels = kw["pixel_values"]
+    p, c = model.config.patch_size, model.config.num_channels
+    n = (model.config.image_size // p) ** 2
+    assert tuple(pixels.shape) == (2, n, c * p * p)
+    assert ((kw["input_ids"] == model.config.image_token_id).sum(dim=1) == n).all()
+    with torch.no_grad():
+        model(**kw)
+    assert (
+        describe_batch(Batch(kwargs=kw))
+        == f"2 images as {n} patches of {c * p * p} + 2×{n + 8} tokens"
+    )

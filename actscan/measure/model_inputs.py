@@ -825,13 +825,6 @@ def _dims(t: torch.Tensor) -> str:
     return "×".join(str(s) for s in t.shape[1:])
 
 
-_SEQUENCED = {
-    "pixel_position_ids",
-    "spatial_shapes",
-    "target_sizes",
-}  # images given as patch sequences
-
-
 def describe_batch(batch: Batch) -> str | None:
     """What one batch holds, in words for the header: "2×16 tokens", "2 images 3×32×32",
     "2 clips of 16000 samples", "2 clips of 80×3000 features", "2×8 decoder tokens",
@@ -856,7 +849,7 @@ def describe_batch(batch: Batch) -> str | None:
                 sizes = kw["target_sizes"]  # packed in one row: the grids say how many
                 patches = int(sizes.prod(dim=-1).sum())
                 parts.append(f"{sizes.shape[0]} images as {patches} patches, packed")
-            elif name == "pixel_values" and t.dim() == 3 and _SEQUENCED & set(kw):
+            elif name == "pixel_values" and t.dim() == 3:  # a sequence of patches per image
                 parts.append(f"{n} images as {t.shape[1]} patches of {t.shape[2]}")
             elif name == "pixel_values":
                 parts.append(f"{n} images {_dims(t)}")

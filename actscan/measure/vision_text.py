@@ -321,7 +321,7 @@ def _layouts(model: nn.Module) -> tuple[str, ...]:
     vision = _vision_config(model.config) or model.config
     if config_int(vision, "num_frames") or config_int(model.config, "num_frames"):
         return ("video", "plain", "nested")
-    return ("plain", "nested", "sizes", "nested+sizes", "tiles")
+    return ("plain", "nested", "sizes", "nested+sizes", "tiles", "patches")
 
 
 def _image_side(model: nn.Module) -> int:
@@ -347,7 +347,8 @@ def _images(
     (batch, C, H, W); "nested": one image per sample as (batch, 1, C, H, W), the layout
     Idefics-like models take; "video": (batch, frames, C, H, W); "tiles": nested with a
     mask per tile (Granite Docling), not per pixel; "sizes": with `image_sizes`;
-    "anyres": LLaVA-NeXT's tiles of a pinpoint-sized image and its base view; Qwen-VL's
+    "anyres": LLaVA-NeXT's tiles of a pinpoint-sized image and its base view; "patches":
+    each image's patches flattened, (batch, N, C · P · P); Qwen-VL's
     patches with their `image_grid_thw` ("flat", "conv", "seq", `patch_grid`);
     "naflex": `patch_sequence`."""
     config: Any = model.config  # a transformers config: its fields vary by family
@@ -365,6 +366,11 @@ def _images(
         return out
     if layout == "naflex":
         return patch_sequence(vision, batch, gen)
+    if layout == "patches":  # Fuyu: each image its patches, flattened, in raster order
+        patch = config_int(vision, "patch_size") or 16
+        side = _image_side(model) // patch
+        flat = torch.randn(batch, side * side, channels * patch * patch, generator=gen)
+        return {"pixel_values": flat}
     size = side or _image_side(model)
     views = 1
     point = _pinpoint(config, size) if layout == "anyres" else None
