@@ -12,6 +12,12 @@ Two kinds, told apart by the config alone:
   off a per-family formula. Qwen-VL's forward takes patches and a `image_grid_thw`: one
   grid of 2·merge × 2·merge patches per image.
 
+A third kind reads an image as detector regions (LXMERT, VisualBERT: `region_source`).
+Where the config allows several forms (a layout, an image side too small for a
+hierarchical backbone at the config's own size), one forward pass of one row picks the
+first the model accepts (`runs_on`); a config that names a token but leaves it None is
+refused in one line.
+
 Everything duck-types `model.config`; nothing imports transformers.
 """
 
