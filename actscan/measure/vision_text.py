@@ -55,13 +55,13 @@ LARGEST_SIDE = 512  # the largest image side tried when the config's is too smal
 
 
 def image_sides(side: int) -> list[int]:
-    """The config's image side, then its doublings up to LARGEST_SIDE: a hierarchical
+    """The config's image side, then its doublings up to 4× it and LARGEST_SIDE: a hierarchical
     backbone needs every stage's grid at least its window (Swin: window · patch ·
     2^(stages-1) pixels) and a pyramid's last stage at least its patch (MobileViT), a
     detector more encoder tokens than its queries; a config whose image_size is smaller
     than that is fed the smallest doubling its forward accepts (the header says which)."""
     sides = [side]
-    while sides[-1] * 2 <= max(LARGEST_SIDE, side):
+    while sides[-1] * 2 <= min(4 * side, max(LARGEST_SIDE, side)):  # at most 4× the config's
         sides.append(sides[-1] * 2)
     return sides
 
