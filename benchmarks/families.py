@@ -78,6 +78,18 @@ _QSA = {
 _COMPASS_ROPE = {
     "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
 }
+_SWIN_SIDE = {"image_size": 224}  # window 7 · patch 4 · 2^3: every stage's grid ≥ its window
+_T5_HEADS = {"d_kv": HIDDEN // HEADS}  # its attention output maps heads · d_kv to the width
+# a pixel decoder over all four Swin stages (the shrunk config keeps only the last)
+_PYRAMID = {
+    "backbone_config": {
+        **_SWIN_SIDE,
+        "out_indices": [1, 2, 3, 4],
+        "out_features": ["stage1", "stage2", "stage3", "stage4"],
+    }
+}
+# a Swin backbone, and fewer queries than the tiny backbone's one output stage has places
+_DINO = {"backbone_config": _SWIN_SIDE, "num_queries": 64}
 OVERRIDES: dict[str, dict[str, Any]] = {
     # defaults that leave None what every checkpoint sets and the model reads
     "lfm2_moe": {"layer_types": _KINDS},  # conv/attention kinds, as LFM2's checkpoints
@@ -143,6 +155,18 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "num_kv_shared_layers": 1,
         "layer_types": ["sliding_attention", "full_attention"] + ["sliding_attention"] * 2,
     },
+    # inputs: image sides, heads and sizes the shrink misses
+    "swin": _SWIN_SIDE,
+    "donut-swin": _SWIN_SIDE,
+    "pix2struct": {"text_config": _T5_HEADS, "vision_config": _T5_HEADS},
+    "mask2former": _PYRAMID,
+    "oneformer": _PYRAMID,
+    "tvp": {"num_frames": 4},  # 48 frames of 448 × 448 are minutes on CPU, not seconds
+    # sizes the shrink misses: a pooler width, per-layer key/value head counts
+    "vision-text-dual-encoder": {"vision_config": {"pooler_output_size": HIDDEN}},
+    "sapiens2": {"num_key_value_heads_per_layer": [HEADS] * LAYERS},
+    "grounding-dino": _DINO,
+    "mm-grounding-dino": _DINO,
 }
 # Default configs that do not validate as this transformers ships them: the fields that
 # make them valid, given when the default is made (before it is shrunk).
@@ -163,7 +187,8 @@ MROPE: dict[str, list[int]] = {
     "qwen2_vl_text": [2, 3, 3],
     "qwen2_5_vl_text": [2, 3, 3],
     "glm4v_text": [2, 3, 3],
-    "glm4v_moe_text": [2, 3, 3],
+    "glm4v_moe_text": [2, 1, 1],  # half its rotary dims: partial_rotary_factor 0.5
+    "hunyuan_vl_text": [2, 2, 2, 2],  # its default names none; HunYuan-VL needs ≥ 3 axes
     "glm_ocr_text": [2, 3, 3],
     "glm_image_text": [2, 3, 3],
     "paddleocr_vl_text": [2, 3, 3],

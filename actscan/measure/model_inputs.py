@@ -35,15 +35,23 @@ from actscan.measure.inputs import (
     user_source,
 )
 from actscan.measure.recorder import first_tensor
-from actscan.measure.state import eval_mode
-from actscan.measure.vision_text import config_int as _int
 from actscan.measure.vision_text import (
+    PATCH_FORMS,
+    REGION_INPUTS,
     deep_config_int,
     forward_params,
+    image_sides,
+    packed_patches,
     patch_grid,
     patch_sequence,
+    positioned_patches,
+    region_source,
+    text_ids,
     vision_text_source,
 )
+from actscan.measure.vision_text import config_int as _int
+from actscan.measure.vision_text import required_params as _required
+from actscan.measure.vision_text import runs_on as _runs_on
 from actscan.records import ModelInfo
 
 __all__ = [
@@ -63,8 +71,18 @@ DEFAULT_FRAMES = 50  # about one second of 16 kHz audio for wav2vec2-like extrac
 
 
 def _main_input(model: nn.Module) -> str | None:
+    """The model's main input: `main_input_name` (the first of a list, OneFormer's
+    images before its task), or `input_ids` where the forward takes none of the name it
+    inherited but takes ids (SAM 3 Lite's text tower says `pixel_values`)."""
     name = getattr(model, "main_input_name", None)
-    return name if isinstance(name, str) and getattr(model, "config", None) is not None else None
+    if isinstance(name, list | tuple) and name and isinstance(name[0], str):
+        name = name[0]
+    if not isinstance(name, str) or getattr(model, "config", None) is None:
+        return None
+    params = forward_params(model)
+    if params and name not in params and name != "input_ids" and "input_ids" in params:
+        return "input_ids"
+    return name
 
 
 def takes_token_ids(model: nn.Module) -> bool:
@@ -128,9 +146,16 @@ def _main_shapes(
         )
         channels = _int(config, "num_channels") or _int(vision, "num_channels") or 3
         frames = _int(config, "num_frames") or _int(vision, "num_frames")
-        image = (batch, channels, *size)
-        # a video model (ViViT, VideoMAE, TimeSformer) names its clip's frame count
-        return [(batch, frames, channels, *size), image] if frames else [image]
+        shapes: list[tuple[int, ...]] = []
+        for longest in image_sides(max(size)):  # the config's size, then doublings
+            hw = (size[0] * longest // max(size), size[1] * longest // max(size))
+            # a video model (ViViT, VideoMAE, TimeSformer) names its clip's frame count
+            shapes += [(batch, frames, channels, *hw)] if frames else []
+            shapes.append((batch, channels, *hw))
+        if _image_companions(model):  # stacked over its prompt image (SegGPT): half as tall
+            shapes.append((batch, channels, size[0] // 2, size[1]))
+        shapes.append((batch, 2, channels, *size))  # an image pair (keypoint matchers)
+        return shapes
     if name == "input_values":
         # a waveform, mono or with the codec's channel axis (EnCodec, DAC, Mimi); one
         # second, else a whole number of a long hop (19 200 = 10 × 1 920 = 6 × 3 200)
@@ -153,6 +178,7 @@ def _main_shapes(
             counts = dict.fromkeys(f for f in (seq_len, FRAMES) if f)
             return [s for f in counts for s in ((batch, f, mels), (batch, mels, f))]
     if name == "pixel_values_videos":
+        config = _sub(config, "vision_config") or config  # a two-tower's video tower
         side = _pair(getattr(config, "image_size", None)) or _pair(
             getattr(config, "crop_size", None)
         )
@@ -166,6 +192,10 @@ def _main_shapes(
         clips = list(dict.fromkeys(f for f in (2 * per_patch, fixed) if f))
         if side:
             return [(batch, f, channels, *side) for f in clips]
+    if name == "flattened_patches":  # Pix2Struct: a 4 × 4 grid, row and column first
+        width = deep_config_int(config, ("patch_embed_hidden_size",))
+        if width:
+            return [(batch, PATCH_GRID * PATCH_GRID, 2 + width)]
     if name == "past_values":
         context = _int(config, "context_length")
         patch = _int(config, "patch_length") or 1
@@ -200,6 +230,12 @@ def _main_shape(
     --input-shape)."""
     built = {name, "attention_mask", "decoder_input_ids", "decoder_input_values", "labels"}
     built |= set(AUDIO_MASKS) if name == "input_features" else set()
+    built |= (
+        set(_image_companions(model)) | set(_sized_tokens(model))
+        if name == "pixel_values"
+        else set()
+    )
+    built |= {"input_ids", "attention_mask"} if _text_beside(model, name, 1, 1, 0, 0) else set()
     if set(_required(model)) - built:  # one --input-shape cannot give the others
         raise UsageError(cannot_invent(model))
     shapes = _main_shapes(model, name, batch, seq_len)
@@ -213,11 +249,87 @@ def _main_shape(
     masks = _frame_masks(model, name)
     for shape in shapes:
         kwargs = {name: torch.randn(1, *shape[1:]), **(extra(1) if extra else {})}
+        kwargs.update(_image_extras(model, name, kwargs[name], torch.Generator()))
+        kwargs.update(_text_beside(model, name, 1, seq_len or 8, seed=0, index=0))
         frames = _frames_axis(model, name, shape)
         kwargs.update({m: torch.ones(1, frames, dtype=torch.long) for m in masks if frames})
         if _runs_on(model, kwargs):
             return shape
     return shapes[0]  # none runs: the model's own error then says why
+
+
+PATCH_GRID = 4  # patches per side of an image given as flattened patches
+
+
+def _place_patches(patches: torch.Tensor) -> None:
+    """Pix2Struct's flattened patches carry their 1-based row and column in their first
+    two values (0 marks padding, none here): the row-major places of a square grid."""
+    n = patches.shape[1]
+    side = max(1, round(n**0.5))
+    place = torch.arange(n)
+    patches[:, :, 0] = (place // side + 1).float()
+    patches[:, :, 1] = (place % side + 1).float()
+
+
+def _text_beside(
+    model: nn.Module, name: str, rows: int, seq: int, seed: int, index: int
+) -> dict[str, torch.Tensor]:
+    """Token ids (and their all-ones mask) for a video-text two-tower model whose forward
+    requires them beside its videos (VideoPrism's CLIP model), from its text config's
+    vocabulary; {} for any other model."""
+    if name != "pixel_values_videos" or "input_ids" not in _required(model):
+        return {}
+    ids = text_ids(model.config, rows, seq, seed, index)
+    return {} if ids is None else {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _image_companions(model: nn.Module) -> list[str]:
+    """Required image-shaped inputs beside `pixel_values`: another image of the same size
+    (`prompt_pixel_values`, SegGPT's example) or its mask (`prompt_masks`)."""
+    return [
+        p
+        for p in _required(model)
+        if p != "pixel_values"
+        and (p.endswith("pixel_values") or (p.endswith(("masks", "mask")) and "attention" not in p))
+    ]
+
+
+def _image_extras(
+    model: nn.Module, name: str, pixels: torch.Tensor, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """The companions `_image_companions` names, of the images' shape (a mask in [0, 1])."""
+    if name != "pixel_values" or pixels.dim() != 4:
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    for p in _image_companions(model):
+        make = torch.rand if p.endswith(("masks", "mask")) else torch.randn
+        out[p] = make(*pixels.shape, generator=gen)
+    for p, (length, vocab) in _sized_tokens(model).items():
+        out[p] = torch.randint(0, vocab, (pixels.shape[0], length), generator=gen)
+    return out
+
+
+def _sized_tokens(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """Required token inputs `<prefix>_inputs` whose length the config names as
+    `<prefix>_seq_len` (OneFormer's tokenised task, "the task is semantic"): name ->
+    (length, the config's text vocabulary)."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    vocab = next(
+        (
+            v
+            for k, v in sorted(vars(config).items())
+            if k.endswith("vocab_size") and _int(config, k)
+        ),
+        None,
+    )
+    out: dict[str, tuple[int, int]] = {}
+    for p in _required(model):
+        length = (
+            _int(config, p.removesuffix("_inputs") + "_seq_len") if p.endswith("_inputs") else None
+        )
+        if length and isinstance(vocab, int):
+            out[p] = (length, vocab)
+    return out
 
 
 def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | None:
@@ -239,15 +351,6 @@ def _frame_masks(model: nn.Module, name: str) -> list[str]:
     if "attention_mask" in forward_params(model) and not whisper:
         masks.append("attention_mask")
     return masks
-
-
-def _runs_on(model: nn.Module, kwargs: dict[str, Any]) -> bool:
-    try:
-        with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model(**kwargs)
-    except Exception:
-        return False
-    return True
 
 
 def _tokens(vocab: int, batch: int, seq: int, seed: int, index: int) -> torch.Tensor:
@@ -359,6 +462,11 @@ def hf_input_source(
         )
         if both is not None:
             return both
+        regions = region_source(
+            model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ
+        )
+        if regions is not None:
+            return regions
         heard = audio_text_source(
             model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ
         )
@@ -371,12 +479,14 @@ def hf_input_source(
         towers = _tower_source(model, batch=batch, seed=seed)
         if towers is not None:
             return towers
-    if input_shape is None and name == "pixel_values" and "spatial_shapes" in forward_params(model):
+    images = name == "pixel_values" or (inherited and "pixel_values" in _required(model))
+    sequence = _patch_sequence_kind(model) if input_shape is None and images else None
+    if sequence is not None:
         config_: Any = model.config
 
         def sequences(i: int) -> Batch:
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
-            return Batch(kwargs=patch_sequence(config_, batch, gen))
+            return Batch(kwargs=sequence(config_, batch, gen))
 
         return sequences
     if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
@@ -429,6 +539,10 @@ def hf_input_source(
         else:
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
             kwargs = {name: torch.randn(*shape, generator=gen)}
+            kwargs.update(_image_extras(model, name, kwargs[name], gen))
+            if name == "flattened_patches" and input_shape is None:
+                _place_patches(kwargs[name])
+            kwargs.update(_text_beside(model, name, shape[0], seq_len or 16, seed, i))
             for mask in masks:  # every frame is real (an RNN-T loss reads lengths off it)
                 kwargs[mask] = torch.ones(shape[0], frames or 0, dtype=torch.long)
         if dec_seq:
@@ -438,15 +552,20 @@ def hf_input_source(
     return source
 
 
-def _required(model: nn.Module) -> list[str]:
-    import inspect
-
-    try:
-        params = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
-        return []
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in params if p.default is p.empty and p.kind in kinds]
+def _patch_sequence_kind(
+    model: nn.Module,
+) -> Callable[[Any, int, torch.Generator], dict[str, torch.Tensor]] | None:
+    """A tower that takes its images as sequences of patches: with their grids
+    (`spatial_shapes`, SigLIP 2), with each patch's position (`pixel_position_ids`,
+    Gemma 4), or packed into one row with each image's grid (`target_sizes`, MiniCPM-V)."""
+    params = forward_params(model)
+    if "spatial_shapes" in params:
+        return patch_sequence
+    if "pixel_position_ids" in _required(model):
+        return positioned_patches
+    if "target_sizes" in params:
+        return packed_patches
+    return None
 
 
 _GRIDS = ("grid_thw", "image_grid_thw")
@@ -509,7 +628,7 @@ def _runs(
 ) -> str | None:
     """The first patch form (`patch_grid`) the tower's forward runs on, one image, no
     gradients."""
-    for form in ("flat", "conv", "seq"):
+    for form in PATCH_FORMS:
         kwargs = _patches(
             config, 1, torch.Generator().manual_seed(0), form, key, grid_key, merge_key
         )
@@ -542,13 +661,33 @@ def cannot_invent(model: nn.Module) -> str:
         params = []
     required = [p.name for p in params if p.default is p.empty]
     shown = required or [p.name for p in params if "mask" not in p.name][:4]
-    takes = f": its forward takes {', '.join(shown)}" if shown else ""
+    kinds = {p.name: _object_kind(p.annotation) for p in params}
+    named = [
+        f"{n} (an object of class {kinds[n]}, not a tensor)" if kinds.get(n) else n for n in shown
+    ]
+    takes = f": its forward takes {', '.join(named)}" if shown else ""
+    objects = [n for n in shown if kinds.get(n)]
     single = len(required) == 1 or (not required and len(shown) == 1)
-    shape = ", or --input-shape for its one float input" if single else ""
+    shape = ", or --input-shape for its one float input" if single and not objects else ""
+    given = "them as inputs= (Python)"
+    if objects:  # an object the model's processor builds (a video session): say which
+        pairs = ", ".join(f"'{n}': <{kinds[n]}>" for n in objects)
+        given = f"inputs={{{pairs}}} in Python (the model's processor builds it)"
     return (
-        f"cannot invent inputs for {kind}{takes}; pass them as inputs= (Python), or on the CLI "
+        f"cannot invent inputs for {kind}{takes}; pass {given}, or on the CLI "
         f"as a module:function target that returns (model, inputs){shape}"
     )
+
+
+def _object_kind(annotation: Any) -> str | None:
+    """The class a forward argument must be when it is an object, not a tensor or a plain
+    value (SAM 2 video's `inference_session`: a `Sam2VideoInferenceSession` its processor
+    builds from the video), so the refusal names what to build."""
+    if not isinstance(annotation, type) or issubclass(annotation, torch.Tensor):
+        return None
+    if annotation.__module__.split(".")[0] in ("builtins", "torch", "typing", "numpy"):
+        return None  # a plain value or a tensor type (torch.LongTensor)
+    return annotation.__name__
 
 
 def learned_positions(model: nn.Module) -> tuple[str, int] | None:
@@ -692,7 +831,7 @@ def describe_batch(batch: Batch) -> str | None:
     "2 videos 4×3×32×32", "2 series of 32×1 values"."""
     kw = batch.kwargs
     parts: list[str] = []
-    grid = kw.get("image_grid_thw", kw.get("grid_thw"))
+    grid = next((kw[g] for g in (*_GRIDS, "image_grid_hw") if g in kw), None)
     media = ("pixel_values", "hidden_states", "pixel_values_videos", "input_values")
     for name in (*media, "input_features", "past_values"):
         t = kw.get(name)
@@ -706,6 +845,12 @@ def describe_batch(batch: Batch) -> str | None:
                 and name in ("pixel_values", "hidden_states")
             ):
                 parts.append(f"{grid.shape[0]} images as {n} patches of {_dims(t)}")
+            elif name == "pixel_values" and isinstance(kw.get("target_sizes"), torch.Tensor):
+                sizes = kw["target_sizes"]  # packed in one row: the grids say how many
+                patches = int(sizes.prod(dim=-1).sum())
+                parts.append(f"{sizes.shape[0]} images as {patches} patches, packed")
+            elif name == "pixel_values" and t.dim() == 3:  # a sequence of patches per image
+                parts.append(f"{n} images as {t.shape[1]} patches of {t.shape[2]}")
             elif name == "pixel_values":
                 parts.append(f"{n} images {_dims(t)}")
             elif name == "pixel_values_videos":
@@ -716,6 +861,14 @@ def describe_batch(batch: Batch) -> str | None:
                 parts.append(f"{n} clips of {_dims(t)} samples")
             else:
                 parts.append(f"{n} clips of {_dims(t)} features")
+    flat = kw.get("flattened_patches")
+    if isinstance(flat, torch.Tensor) and flat.dim() == 3:
+        n, count, width = flat.shape
+        parts.append(f"{n} images as {count} flattened patches of {width - 2} (+ row, column)")
+    regions = next((kw[a] for a, _ in REGION_INPUTS if isinstance(kw.get(a), torch.Tensor)), None)
+    if regions is not None and regions.dim() == 3:
+        n, r, width = regions.shape
+        parts.append(f"{n} images as {r} regions of {width} features")
     ids = batch.token_ids
     if ids is not None and ids.dim() == 2:
         parts.append(f"{ids.shape[0]}×{ids.shape[1]} tokens")

@@ -12,6 +12,12 @@ Two kinds, told apart by the config alone:
   off a per-family formula. Qwen-VL's forward takes patches and a `image_grid_thw`: one
   grid of 2·merge × 2·merge patches per image.
 
+A third kind reads an image as detector regions (LXMERT, VisualBERT: `region_source`).
+Where the config allows several forms (a layout, an image side too small for a
+hierarchical backbone at the config's own size), one forward pass of one row picks the
+first the model accepts (`runs_on`); a config that names a token but leaves it None is
+refused in one line.
+
 Everything duck-types `model.config`; nothing imports transformers.
 """
 
@@ -24,26 +30,98 @@ from typing import Any
 import torch
 from torch import nn
 
+from actscan.errors import UsageError
 from actscan.measure.inputs import Batch, random_tokens
+from actscan.measure.state import eval_mode
 
 __all__ = [
     "config_int",
     "deep_config_int",
     "feature_rows",
     "forward_params",
+    "packed_patches",
     "patch_grid",
     "patch_sequence",
+    "positioned_patches",
+    "region_source",
     "text_config",
     "text_ids",
     "vision_text_source",
 ]
 
 DEFAULT_IMAGE = 224
+PATCH_FORMS = ("flat", "conv", "seq", "merged")  # the forms `patch_grid` gives, tried in order
+LARGEST_SIDE = 512  # the largest image side tried when the config's is too small to run
+
+
+def image_sides(side: int) -> list[int]:
+    """The config's image side, then its doublings up to 4× it and LARGEST_SIDE: a hierarchical
+    backbone needs every stage's grid at least its window (Swin: window · patch ·
+    2^(stages-1) pixels) and a pyramid's last stage at least its patch (MobileViT), a
+    detector more encoder tokens than its queries; a config whose image_size is smaller
+    than that is fed the smallest doubling its forward accepts (the header says which)."""
+    sides = [side]
+    while sides[-1] * 2 <= min(4 * side, max(LARGEST_SIDE, side)):  # at most 4× the config's
+        sides.append(sides[-1] * 2)
+    return sides
+
+
+def runs_on(model: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether one forward pass (eval mode, no gradients, the RNG state kept) accepts
+    `kwargs`: the probe that picks among the input forms a config allows."""
+    try:
+        with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(**kwargs)
+    except Exception:
+        return False
+    return True
 
 
 def forward_params(model: nn.Module) -> set[str]:
     try:
         return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def required_params(fn: Any) -> list[str]:
+    """The arguments a forward (of a module, or any callable) cannot run without."""
+    call = fn.forward if isinstance(fn, nn.Module) else fn
+    try:
+        params = inspect.signature(call).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.default is p.empty and p.kind in kinds]
+
+
+def sibling_ids(
+    model: nn.Module, call: Any, rows: int, seq: int, seed: int, index: int
+) -> dict[str, torch.Tensor]:
+    """Token ids `call` requires beside `input_ids`, each from the vocabulary of the
+    sub-config its name prefixes (InstructBLIP's `qformer_input_ids` from
+    `qformer_config`), with an all-ones `<prefix>_attention_mask` where it takes one."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    call = call.forward if isinstance(call, nn.Module) else call
+    takes = _params(call)
+    out: dict[str, torch.Tensor] = {}
+    for name in required_params(call):
+        prefix = name.removesuffix("_input_ids")
+        if prefix in (name, "", "decoder"):
+            continue
+        vocab = config_int(getattr(config, f"{prefix}_config", None), "vocab_size")
+        if vocab is None:
+            continue
+        ids = random_tokens(vocab, rows, seq, seed + 3, index)
+        out[name] = ids
+        if f"{prefix}_attention_mask" in takes:
+            out[f"{prefix}_attention_mask"] = torch.ones_like(ids)
+    return out
+
+
+def _params(call: Any) -> set[str]:
+    try:
+        return set(inspect.signature(call).parameters)
     except (TypeError, ValueError):
         return set()
 
@@ -140,7 +218,9 @@ def patch_grid(
     2·merge × 2·merge patches each, every patch C × T × P × P values (the channels, the
     temporal patch and the patch side the vision config names). `form`: "flat" (one row
     per patch), "conv" (each patch C × P × P, for a tower whose first layer is a conv
-    over patches), "seq" (one sequence of every patch, 1 × N × C × P × P)."""
+    over patches), "seq" (one sequence of every patch, 1 × N × C × P × P), "merged"
+    (a row per merge × merge patches, each pixel's C channels last, the grid counted in
+    those rows: Inkling 2's language tokens)."""
     channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
     patch = config_int(vision, "patch_size", "spatial_patch_size") or 14
     temporal = config_int(vision, "temporal_patch_size", "patch_temporal") or 1  # one frame
@@ -155,6 +235,10 @@ def patch_grid(
         flat = flat.view(n, channels * temporal, patch, patch)
     elif form == "seq":
         flat = flat.view(1, n, channels * temporal, patch, patch)
+    elif form == "merged":  # channels last, the grid counted in merged tokens
+        m = merge or 2
+        flat = flat.view(n // (m * m), -1, channels)
+        grid = torch.tensor([[1, side // m, side // m]] * batch)
     return flat, grid
 
 
@@ -179,6 +263,35 @@ def patch_sequence(vision: Any, batch: int, gen: torch.Generator) -> dict[str, t
     }
 
 
+def positioned_patches(vision: Any, batch: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Gemma 4-style inputs: each image a sequence of flattened C × P × P patches and
+    each patch's (x, y) position on its grid (`pixel_position_ids`), a square grid of a
+    whole number of the config's pooling kernel on a side (the tower pools k × k
+    patches into one)."""
+    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
+    patch = config_int(vision, "patch_size") or 16
+    kernel = config_int(vision, "pooling_kernel_size") or 1
+    side = kernel * max(1, 4 // kernel)
+    ys, xs = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    positions = torch.stack([xs.flatten(), ys.flatten()], dim=-1)
+    return {
+        "pixel_values": torch.rand(batch, side * side, channels * patch * patch, generator=gen),
+        "pixel_position_ids": positions.expand(batch, -1, -1).clone(),
+    }
+
+
+def packed_patches(vision: Any, batch: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """NaViT-style packing (MiniCPM-V's tower): every image's P × P patches side by side
+    in one row, (1, C, P, N · P), with each image's (h, w) patch grid in `target_sizes`
+    (a 4 × 4 grid each, a whole number of a 2 × 2 merge)."""
+    channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
+    patch = config_int(vision, "patch_size") or 14
+    side = 4
+    pixels = torch.randn(1, channels, patch, batch * side * side * patch, generator=gen)
+    sizes = torch.tensor([[side, side]] * batch, dtype=torch.int32)
+    return {"pixel_values": pixels, "target_sizes": sizes}
+
+
 def _pinpoint(config: Any, size: int) -> tuple[int, int] | None:
     """LLaVA-NeXT's "anyres": the smallest of the config's `image_grid_pinpoints` that
     tiles whole images of the tower's side (an image of that size is cut into those
@@ -196,11 +309,17 @@ def _pinpoint(config: Any, size: int) -> tuple[int, int] | None:
     return min(fits, key=lambda p: p[0] * p[1]) if fits else None
 
 
+def _grid_key(params: set[str]) -> str | None:
+    """The forward's per-image patch grid: Qwen-VL's (t, h, w) `image_grid_thw`, or an
+    (h, w) `image_grid_hw` (Nemotron-H Omni) for still images."""
+    return next((k for k in ("image_grid_thw", "image_grid_hw") if k in params), None)
+
+
 def _layouts(model: nn.Module) -> tuple[str, ...]:
     """The image layouts to try, in order, for the model's forward."""
     params = forward_params(model)
-    if "image_grid_thw" in params:
-        return ("flat", "conv", "seq")
+    if _grid_key(params):
+        return PATCH_FORMS
     if "spatial_shapes" in params:
         return ("naflex",)
     if "image_sizes" in params and _pinpoint(model.config, _image_side(model)):
@@ -208,7 +327,7 @@ def _layouts(model: nn.Module) -> tuple[str, ...]:
     vision = _vision_config(model.config) or model.config
     if config_int(vision, "num_frames") or config_int(model.config, "num_frames"):
         return ("video", "plain", "nested")
-    return ("plain", "nested", "sizes", "nested+sizes", "tiles")
+    return ("plain", "nested", "sizes", "nested+sizes", "tiles", "patches")
 
 
 def _image_side(model: nn.Module) -> int:
@@ -217,18 +336,25 @@ def _image_side(model: nn.Module) -> int:
     return (
         _square(getattr(vision, "image_size", None))
         or _square(getattr(config, "image_size", None))
+        or _square(getattr(config, "max_img_size", None))  # TVP pads frames to this side
         or DEFAULT_IMAGE
     )
 
 
 def _images(
-    model: nn.Module, batch: int, seed: int, index: int, layout: str = "plain"
+    model: nn.Module,
+    batch: int,
+    seed: int,
+    index: int,
+    layout: str = "plain",
+    side: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """`pixel_values` (and what goes with them) for `batch` images in `layout`: "plain"
     (batch, C, H, W); "nested": one image per sample as (batch, 1, C, H, W), the layout
     Idefics-like models take; "video": (batch, frames, C, H, W); "tiles": nested with a
     mask per tile (Granite Docling), not per pixel; "sizes": with `image_sizes`;
-    "anyres": LLaVA-NeXT's tiles of a pinpoint-sized image and its base view; Qwen-VL's
+    "anyres": LLaVA-NeXT's tiles of a pinpoint-sized image and its base view; "patches":
+    each image's patches flattened, (batch, N, C · P · P); Qwen-VL's
     patches with their `image_grid_thw` ("flat", "conv", "seq", `patch_grid`);
     "naflex": `patch_sequence`."""
     config: Any = model.config  # a transformers config: its fields vary by family
@@ -236,31 +362,94 @@ def _images(
     vision = _vision_config(config) or config
     channels = config_int(vision, "num_channels", "in_channels", "in_chans") or 3
     gen = torch.Generator().manual_seed(seed * 100_003 + index + 7)
-    if layout in ("flat", "conv", "seq"):
+    if layout in PATCH_FORMS:
         flat, grid = patch_grid(vision, batch, gen, layout)
-        out = {"pixel_values": flat, "image_grid_thw": grid}
+        key = _grid_key(params) or "image_grid_thw"
+        out = {"pixel_values": flat, key: grid if key.endswith("thw") else grid[:, 1:]}
         if "image_merge_sizes" in params:
             merge = int(grid[0, 1]) // 2
             out["image_merge_sizes"] = torch.full((batch,), merge, dtype=torch.long)
         return out
     if layout == "naflex":
         return patch_sequence(vision, batch, gen)
-    size = _image_side(model)
+    if layout == "patches":  # Fuyu: each image its patches, flattened, in raster order
+        patch = config_int(vision, "patch_size") or 16
+        side = _image_side(model) // patch
+        flat = torch.randn(batch, side * side, channels * patch * patch, generator=gen)
+        return {"pixel_values": flat}
+    size = side or _image_side(model)
     views = 1
     point = _pinpoint(config, size) if layout == "anyres" else None
     if point is not None:
         views = 1 + (point[0] // size) * (point[1] // size)
-    pixels = torch.randn(batch, views, channels, size, size, generator=gen)
     if layout == "video":  # X-CLIP: a clip of the frames the vision config names
         views = config_int(vision, "num_frames") or config_int(config, "num_frames") or 1
+    pixels = torch.randn(batch, views, channels, size, size, generator=gen)
     nested = layout in ("nested", "nested+sizes", "anyres", "tiles", "video")
     out = {"pixel_values": pixels if nested else pixels[:, 0]}
+    out.update(_sibling_images(model, batch, gen))
     if "pixel_attention_mask" in params:  # every pixel (or tile) is real: no padding
         rows = out["pixel_values"].shape[:-3]
         pixel = () if layout == "tiles" else (size, size)
         out["pixel_attention_mask"] = torch.ones((*rows, *pixel), dtype=torch.bool)
     if layout in ("sizes", "nested+sizes") or point is not None:
         out["image_sizes"] = torch.tensor([list(point or (size, size))] * batch)
+    return out
+
+
+def _refuse_unset_placeholder(model: nn.Module) -> None:
+    """A vision-language model whose config declares its image (or video) token but leaves
+    it None (BLIP-2's and InstructBLIP's library defaults): its forward places the
+    features at that token, so no text can be written for it; one line naming the field."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    kinds = [k for k in ("image", "video") if callable(getattr(model, f"get_{k}_features", None))]
+    for name in (f"{k}_token_{suffix}" for k in kinds for suffix in ("id", "index")):
+        if name in vars(config) and getattr(config, name) is None:
+            raise UsageError(
+                f"{type(model).__name__}'s config sets no {name.split('_')[0]} token "
+                f"({name} = None), but its forward puts the features at that token: set it "
+                "in config.json to the tokenizer's id for it"
+            )
+
+
+def _text_sees_images(
+    params: set[str], ids: torch.Tensor, pixels: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Idefics' `image_attention_mask` (text position × image): every token of a row
+    attends to every image of its row, when the forward takes nested images."""
+    if "image_attention_mask" not in params or pixels.dim() != 5:
+        return {}
+    return {"image_attention_mask": torch.ones(*ids.shape, pixels.shape[1], dtype=torch.long)}
+
+
+def _first_form(
+    model: nn.Module, kwargs_for: Callable[[str, int], dict[str, Any]]
+) -> tuple[str, int]:
+    """The first (layout, image side) of `_layouts` × `image_sides` whose one-row batch
+    the model's forward accepts (Idefics takes nested images, a detector more pixels
+    than its config's image_size gives queries for); the first when none runs, so the
+    model's own error says why."""
+    forms = [
+        (layout, side) for side in image_sides(_image_side(model)) for layout in _layouts(model)
+    ]
+    return next((f for f in forms if runs_on(model, kwargs_for(*f))), forms[0])
+
+
+def _sibling_images(model: nn.Module, batch: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """A second view of each image the forward takes, `<prefix>_pixel_values` at the side
+    of the `<prefix>_vision_config` (DeepSeek-VL hybrid's high-resolution tower)."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(forward_params(model)):
+        prefix = name.removesuffix("_pixel_values")
+        if prefix in (name, "", "prompt"):
+            continue
+        sub = getattr(config, f"{prefix}_vision_config", None)
+        side = _square(getattr(sub, "image_size", None))
+        if side is None:
+            continue
+        channels = config_int(sub, "num_channels", "in_channels", "in_chans") or 3
+        out[name] = torch.randn(batch, channels, side, side, generator=gen)
     return out
 
 
@@ -293,17 +482,21 @@ def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, s
     if not callable(get):
         return None
     width = config_int(text_config(model.config), "hidden_size")
+    siblings = sibling_ids(model, get, batch, 8, seed, 0)
     for layout in _layouts(model):
         images = _images(model, batch, seed, 0, layout)
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                out = get(**images)
+                out = get(**images, **siblings)
         except Exception:
             continue
         rows = feature_rows(out, width)
         if rows is not None:
             return rows, layout
     return None
+
+
+_POSITION_MASK = "image_embeds_position_mask"
 
 
 def vision_text_source(
@@ -319,20 +512,27 @@ def vision_text_source(
     limit = config_int(text, "max_position_embeddings")
     seq = seq_len or min(default_seq, limit or default_seq)
     image_token = placeholder_token(config, "image")
-    if image_token is None:
-        if _vision_config(config) is None:
+    marked = image_token is None and _POSITION_MASK in params  # Kosmos-2: a mask, no token
+    if image_token is None and not marked:
+        _refuse_unset_placeholder(model)
+        if _vision_config(config) is None and _square(getattr(config, "image_size", None)) is None:
+            return None  # neither a vision tower's config nor an image size (ViLT's)
+        if text_ids(config, 1, 1, seed, 0) is None:
             return None
 
-        def two_tower(i: int) -> Batch:
-            ids = text_ids(config, batch, seq, seed, i)
-            assert ids is not None  # checked below, before the source is returned
+        def two_tower_at(rows: int, i: int, layout: str, side: int) -> Batch:
+            ids = text_ids(config, rows, seq, seed, i)
+            assert ids is not None  # checked above
             kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-            kw.update(_images(model, batch, seed, i, _layouts(model)[0]))
+            kw.update(_images(model, rows, seed, i, layout, side))
+            kw.update(_text_sees_images(params, ids, kw["pixel_values"]))
+            kw.update(sibling_ids(model, model, rows, seq, seed, i))
             if "return_loss" in params:
                 kw["return_loss"] = False
             return Batch(kwargs=kw)
 
-        return two_tower if text_ids(config, 1, 1, seed, 0) is not None else None
+        form = _first_form(model, lambda layout, side: two_tower_at(1, 0, layout, side).kwargs)
+        return lambda i: two_tower_at(batch, i, *form)
 
     counted = _count_image_tokens(model, batch, seed)
     if counted is None or counted[0] % batch:
@@ -342,13 +542,63 @@ def vision_text_source(
     def vlm(i: int) -> Batch:
         ids = text_ids(config, batch, seq, seed, i)
         assert ids is not None
-        ids = torch.cat([torch.full((batch, per_image), image_token), ids], dim=1)
+        fill = image_token if image_token is not None else int(ids[0, 0])
+        ids = torch.cat([torch.full((batch, per_image), fill), ids], dim=1)
         kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if marked:  # the positions the image features replace, marked by a mask
+            kw[_POSITION_MASK] = torch.zeros_like(ids)
+            kw[_POSITION_MASK][:, :per_image] = 1
+        if "mm_token_type_ids" in params:  # Qwen-VL's M-RoPE: 1 on image tokens
+            kw["mm_token_type_ids"] = torch.zeros_like(ids)
+            kw["mm_token_type_ids"][:, :per_image] = 1
         kw.update(_images(model, batch, seed, i, layout))
+        kw.update(sibling_ids(model, model, batch, seq, seed, i))
         if "token_type_ids" in params:  # PaliGemma/Gemma 3: 0 on image and prompt tokens
             kw["token_type_ids"] = torch.zeros_like(ids)
-        if "mm_token_type_ids" in params:  # Qwen-VL's M-RoPE: 1 on image tokens
-            kw["mm_token_type_ids"] = (ids == image_token).long()
         return Batch(kwargs=kw)
 
     return vlm if text_ids(config, 1, 1, seed, 0) is not None else None
+
+
+# region features a detector gives a two-stream model, and the config field of their width
+REGION_INPUTS = (("visual_feats", "visual_feat_dim"), ("visual_embeds", "visual_embedding_dim"))
+REGIONS = 8  # regions per image (a detector's boxes)
+
+
+def region_source(
+    model: nn.Module, *, batch: int, seq_len: int | None, seed: int, default_seq: int
+) -> Callable[[int], Batch] | None:
+    """Token ids with an image as detector regions (LXMERT, VisualBERT): REGIONS feature
+    vectors of the width the config names, their boxes (x0, y0, x1, y1 in [0, 1], each
+    corner pair ordered) where the forward takes `visual_pos`, and a mask of every region;
+    None when the forward takes no region features."""
+    config: Any = getattr(model, "config", None)
+    params = forward_params(model)
+    if config is None or "input_ids" not in params:
+        return None
+    found = next(
+        ((arg, config_int(config, dim)) for arg, dim in REGION_INPUTS if arg in params),
+        None,
+    )
+    vocab = config_int(config, "vocab_size")
+    if found is None or found[1] is None or vocab is None:
+        return None
+    arg, width = found[0], found[1]
+    seq = seq_len or min(default_seq, config_int(config, "max_position_embeddings") or default_seq)
+    box_dim = config_int(config, "visual_pos_dim") or 4
+
+    def regions(i: int) -> Batch:
+        gen = torch.Generator().manual_seed(seed * 100_003 + i + 11)
+        ids = random_tokens(vocab, batch, seq, seed, i)
+        kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        kw[arg] = torch.randn(batch, REGIONS, width, generator=gen)
+        if "visual_pos" in params:
+            # (corner, coordinate), each coordinate's smaller value first: x0, y0, x1, y1
+            corners = torch.rand(batch, REGIONS, 2, 2, generator=gen).sort(dim=2).values
+            boxes = corners.flatten(2)
+            kw["visual_pos"] = boxes[..., :box_dim] if box_dim <= 4 else boxes
+        if "visual_attention_mask" in params:
+            kw["visual_attention_mask"] = torch.ones(batch, REGIONS, dtype=torch.long)
+        return Batch(kwargs=kw)
+
+    return regions
