@@ -314,25 +314,29 @@ def test_a_tiny_loss_is_no_underflow_under_per_tensor_scaling() -> None:
 
 
 @pytest.mark.slow  # transformers import (~10 s cold)
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_quiet_on_healthy_transformers_at_init_and_every_gemm_is_there(family: str) -> None:
+def test_quiet_on_healthy_transformers_at_init_and_every_gemm_is_there(
+    family: str, impl: str
+) -> None:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     if family == "llama":
         cfg = transformers.LlamaConfig(
             vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager",
+            num_attention_heads=4, num_key_value_heads=2, attn_implementation=impl,
         )  # fmt: skip
         model, per_block = transformers.LlamaForCausalLM(cfg), 7 + 2
     else:
         cfg = transformers.GPT2Config(
-            vocab_size=256, n_embd=64, n_layer=2, n_head=4, attn_implementation="eager"
+            vocab_size=256, n_embd=64, n_layer=2, n_head=4, attn_implementation=impl
         )
         model, per_block = transformers.GPT2LMHeadModel(cfg), 4 + 2
     report = scan(model, formats="fp8,mxfp8,nvfp4", seq_len=32)
     gemms = {r.gemm for r in report.low_precision}
     assert len(gemms) == 2 * per_block + 1  # every projection, QKᵀ and PV, and the head
-    assert any(g.endswith(":matmul#1") for g in gemms) and "lm_head" in gemms
+    pv = ":matmul#1" if impl == "eager" else ".sdpa.pv"
+    assert sum(g.endswith(pv) for g in gemms) == 2 and "lm_head" in gemms
     assert {r.block for r in report.low_precision} == {0, 1, None}
     assert "low-precision" not in {f.check for f in report.findings}
 
@@ -473,3 +477,86 @@ def test_plot_gets_a_low_precision_panel(tmp_path: Path) -> None:
     assert up[1] == want
     assert plot_profile(fig, tmp_path / "p.png").stat().st_size > 0
     assert profile_figure(scan(Mixer(), mixer_batch())).lowprec == ()
+
+
+# -- attention's fused call: QKᵀ and PV inside scaled_dot_product_attention -------------
+
+
+class SdpaAttention(nn.Module):
+    """Grouped-query causal attention through F.scaled_dot_product_attention (4 query heads
+    on 2 key/value heads, `enable_gqa`), keeping its q, k, v and output for the test."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.q = nn.Linear(d, d, bias=False)
+        self.kv = nn.Linear(d, d, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.seen: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q = self.q(x).view(b, t, 4, d // 4).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 4, d // 4).transpose(1, 2).chunk(2, dim=1)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=0.3, enable_gqa=True
+        )
+        if out.requires_grad:
+            out.retain_grad()
+        self.seen = {"q": q, "k": k, "v": v, "out": out}
+        return self.o(out.transpose(1, 2).reshape(b, t, d))
+
+
+def test_sdpa_qk_and_pv_are_gemms_matching_an_independent_recomputation() -> None:
+    """`attn.sdpa.qk` casts q and k, `attn.sdpa.pv` the probabilities and v, their
+    gradients the scores' and the output's: each figure against the oracle's cast of the
+    same tensor recomputed here by plain autograd (explicit softmax, repeated kv heads)."""
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("attn", SdpaAttention())
+    x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(4))
+    want_out = model(x).detach()
+    # the reference: the same call written out, with S as a leaf so autograd gives dS
+    model(x).square().mean().backward()
+    seen = model.attn.seen
+    d_out = seen["out"].grad
+    assert d_out is not None
+    q, k, v = (seen[n].detach() for n in ("q", "k", "v"))
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    s = (q @ kk.transpose(-1, -2)).requires_grad_()
+    causal = torch.ones(16, 16, dtype=torch.bool).tril()
+    p = torch.softmax((s * 0.3).masked_fill(~causal, -math.inf), -1)
+    (ds,) = torch.autograd.grad(p @ vv, s, d_out)
+    model.zero_grad()
+
+    report = scan(model, x, loss_fn=lambda out: out.square().mean(), formats="fp8,mxfp8,nvfp4")
+    assert torch.equal(model(x), want_out)  # the pass changed nothing
+    recs = {(r.gemm, r.operand, r.format): r for r in report.low_precision}
+    assert {(g, o) for g, o, _ in recs if ".sdpa." in g} == {
+        ("attn.sdpa.qk", "q"), ("attn.sdpa.qk", "k"), ("attn.sdpa.qk", "grad"),
+        ("attn.sdpa.pv", "probs"), ("attn.sdpa.pv", "v"), ("attn.sdpa.pv", "grad"),
+    }  # fmt: skip
+    assert {r.op for r in report.low_precision if ".sdpa." in r.gemm} == {"sdpa"}
+
+    def want(t: torch.Tensor, fmt: str, operand: str = "input") -> tuple[float, float]:
+        rows = t.reshape(-1, t.shape[-1]).numpy()
+        qz = oracle_quantize(rows, fmt, operand)
+        lost = ((qz == 0) & (rows != 0)).sum() / max((rows != 0).sum(), 1)
+        return float(((qz - rows) ** 2).sum() / (rows**2).sum()), float(lost)
+
+    cases = {
+        ("attn.sdpa.qk", "q"): (q, "input"),
+        ("attn.sdpa.qk", "k"): (k, "input"),  # Kᵀ contracts over k's last dim
+        ("attn.sdpa.qk", "grad"): (ds.detach(), "grad"),
+        ("attn.sdpa.pv", "probs"): (p.detach(), "input"),
+        ("attn.sdpa.pv", "v"): (v.transpose(-1, -2), "input"),  # v contracts over its rows
+        ("attn.sdpa.pv", "grad"): (d_out, "grad"),
+    }
+    for fmt in FORMATS:
+        for (gemm, operand), (t, kind) in cases.items():
+            r = recs[(gemm, operand, fmt)]
+            err, lost = want(t, fmt, kind)
+            assert r.values == t.numel()
+            assert r.error == pytest.approx(err, rel=1e-4), (gemm, operand, fmt)
+            assert r.underflow == pytest.approx(lost, abs=1e-6), (gemm, operand, fmt)
+    assert recs[("attn.sdpa.qk", "grad", "fp8")].element == "e5m2"
+    assert {r.block for r in report.low_precision} == {None}

@@ -2,17 +2,19 @@
 
 During the recorded forward a `TorchFunctionMode` sees each contraction call (the calls
 `measure/gemms.py` parses: nn.Linear's F.linear, matmul / `@` / bmm, addmm (GPT-2's
-Conv1D), einsum, grouped-mm), casts its input and weight in each chosen format
-(`measure/casts.py`) and, with backward on, puts a tensor hook on its output that casts
-the output gradient. Every figure is summed into a device tensor per (GEMM, operand,
-format); `result()` reads them all in one transfer after the pass. A weight is cast once
-per GEMM (it does not change within the pass).
+Conv1D), einsum, grouped-mm; and `F.scaled_dot_product_attention`, whose QKᵀ and PV are
+two GEMMs, the probabilities recomputed for the cast only), casts its input and weight in
+each chosen format (`measure/casts.py`) and, with backward on, puts a tensor hook on its
+output that casts the output gradient. Every figure is summed into a device tensor per
+(GEMM, operand, format); `result()` reads them all in one transfer after the pass. A
+weight is cast once per GEMM (it does not change within the pass).
 
 A GEMM is named by the module that runs it (the innermost one on the call stack): a
 Linear is its own path; a module whose forward runs several contractions (an attention
 module's QKᵀ and PV, a fused-experts module) names each `path:op#i`, i its rank within one
-call of the module. Side computations of actscan's own probes run `aside()` (and, with
-backward on, under no_grad), and are not GEMMs of the model.
+call of the module; a module's SDPA call names `path.sdpa.qk` and `path.sdpa.pv`. Side
+computations of actscan's own probes run `aside()` (and, with backward on, under
+no_grad), and are not GEMMs of the model.
 
 Off (no formats), nothing of this runs: no mode, no hooks.
 """
@@ -30,7 +32,17 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from actscan.measure.casts import FIGURES, FORMATS, N_SUMS, Recipe, operand_figures
-from actscan.measure.gemms import GEMM_NAMES, Operand, is_aside, parse_gemm, storage_key
+from actscan.measure.gemms import (
+    GEMM_NAMES,
+    SDPA_NAME,
+    Gemm,
+    Operand,
+    Sdpa,
+    is_aside,
+    parse_gemm,
+    parse_sdpa,
+    storage_key,
+)
 from actscan.measure.hooks import HookSet
 from actscan.records import LowPrecRecord
 
@@ -70,6 +82,7 @@ class _Frame:
 
     path: str
     gemms: int = 0
+    sdpa: int = 0  # its scaled_dot_product_attention calls (named apart: `path.sdpa.qk`)
 
 
 @dataclass
@@ -108,15 +121,8 @@ class LowPrecWatch:
             return tuple("weight" if p else "input" for p in is_param)
         return ("lhs", "rhs", "third")[: len(operands)]  # an einsum's further operands: not cast
 
-    def note(self, name: str, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
-        """One contraction call of the model's forward: cast its operands, hook its output."""
-        gemm = parse_gemm(name, args, kwargs)
-        if gemm is None or not gemm.operands:
-            return
-        top = self.stack[-1] if self.stack else _Frame("")
-        key: Key = (top.path, top.gemms, gemm.op)
-        top.gemms += 1
-        names = self._names(gemm.operands, gemm.op)
+    def _cast_operands(self, key: Key, gemm: Gemm, names: Sequence[str]) -> None:
+        """Fold each operand's casts; a weight only the first time this GEMM sees it."""
         self.ops.setdefault(key, (*names, *(("grad",) if self.backward else ())))
         for o, operand in zip(gemm.operands, names, strict=False):
             if operand == "weight":
@@ -125,14 +131,56 @@ class LowPrecWatch:
                     continue
                 self.seen_weights.add(wk)
             self._fold(key, operand, o.tensor, o.contract)
+
+    def _on_grad(self, out: Any, fold: Callable[[torch.Tensor], None]) -> None:
         if self.backward and isinstance(out, torch.Tensor) and out.requires_grad:
-            last = [out.dim() - 1] if out.dim() else [0]
 
             def grad_hook(g: torch.Tensor) -> None:
                 with contextlib.suppress(Exception):  # never let bookkeeping break backward
-                    self._fold(key, "grad", g, last)
+                    fold(g)
 
             self.hooks.tensor(out, grad_hook)
+
+    def _frame(self) -> _Frame:
+        return self.stack[-1] if self.stack else _Frame("")
+
+    def note(self, name: str, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
+        """One contraction call of the model's forward: cast its operands, hook its output."""
+        gemm = parse_gemm(name, args, kwargs)
+        if gemm is None or not gemm.operands:
+            return
+        top = self._frame()
+        key: Key = (top.path, top.gemms, gemm.op)
+        top.gemms += 1
+        self._cast_operands(key, gemm, self._names(gemm.operands, gemm.op))
+        if isinstance(out, torch.Tensor):
+            last = [out.dim() - 1] if out.dim() else [0]
+            self._on_grad(out, lambda g: self._fold(key, "grad", g, last))
+
+    def note_sdpa(self, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
+        """One `scaled_dot_product_attention` call: its QKᵀ (q, k) and PV (the
+        probabilities, recomputed here for the cast only, and v) as two GEMMs; with
+        backward, PV's output gradient is the call's, QKᵀ's is recomputed from it."""
+        sdpa = parse_sdpa(args, kwargs)
+        if sdpa is None:
+            return
+        top = self._frame()
+        qk_key: Key = (top.path, top.sdpa, "sdpa.qk")
+        pv_key: Key = (top.path, top.sdpa, "sdpa.pv")
+        top.sdpa += 1
+        with torch.no_grad():
+            qk, pv = sdpa.gemms(sdpa.probabilities())
+        self._cast_operands(qk_key, qk, ("q", "k"))
+        self._cast_operands(pv_key, pv, ("probs", "v"))
+        del qk, pv  # P is recomputed in the backward rather than kept (t × t per head)
+
+        def fold_grads(g: torch.Tensor, sdpa: Sdpa = sdpa) -> None:
+            self._fold(pv_key, "grad", g, [g.dim() - 1])
+            with torch.no_grad():
+                ds = sdpa.score_grad(sdpa.probabilities(), g)
+            self._fold(qk_key, "grad", ds, [ds.dim() - 1])
+
+        self._on_grad(out, fold_grads)
 
     def records(self, block_names: Sequence[str] = ()) -> tuple[LowPrecRecord, ...]:
         """Every (GEMM, operand, format)'s record: the sums read back in one transfer."""
@@ -141,8 +189,9 @@ class LowPrecWatch:
         items = list(self.sums.items())
         values = torch.stack([s.acc for _, s in items]).cpu().tolist()  # the one transfer
         per_path: dict[str, set[int]] = {}
-        for (path, rank, _), _, _ in self.sums:
-            per_path.setdefault(path, set()).add(rank)
+        for (path, rank, op), _, _ in self.sums:
+            if not op.startswith("sdpa."):
+                per_path.setdefault(path, set()).add(rank)
         first = {k: i for i, k in enumerate(self.ops)}
         rows = sorted(
             ((k, slot, v) for (k, slot), v in zip(items, values, strict=True)),
@@ -151,13 +200,23 @@ class LowPrecWatch:
         out = []
         for ((path, rank, op), operand, fmt), slot, vals in rows:
             v = dict(zip(FIGURES, vals, strict=True))
-            several = per_path[path] != {0}
-            name = f"{path}:{op}#{rank}" if several or not path else path
+            name = _gemm_name(path, rank, op, per_path.get(path, set()))
+            op = "sdpa" if op.startswith("sdpa.") else op
             out.append(_record(name, op, operand, FORMATS[fmt], v, slot.calls, block_names))
         return tuple(out)
 
 
-_OPERANDS = ("input", "lhs", "weight", "rhs", "third", "grad")
+_OPERANDS = ("input", "lhs", "weight", "rhs", "third", "q", "k", "probs", "v", "grad")
+
+
+def _gemm_name(path: str, rank: int, op: str, ranks: set[int]) -> str:
+    """A Linear is its path; a module running several contractions names each
+    `path:op#i`; attention's fused call names its GEMMs `path.sdpa.qk` / `path.sdpa.pv`
+    (`#i` from a module's second call on)."""
+    if op.startswith("sdpa."):
+        name = f"{path}.{op}" if path else op
+        return f"{name}#{rank}" if rank else name
+    return f"{path}:{op}#{rank}" if ranks != {0} or not path else path
 
 
 def _order(k: tuple[Key, str, str], first: dict[Key, int]) -> tuple[int, int, int]:
@@ -217,11 +276,14 @@ class _Mode(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        if name in GEMM_NAMES and not is_aside():
+        if (name in GEMM_NAMES or name == SDPA_NAME) and not is_aside():
             w = self.watch
             if not w.backward or torch.is_grad_enabled():
                 with contextlib.suppress(Exception):  # never let bookkeeping break the pass
-                    w.note(name, args, kwargs, out)
+                    if name == SDPA_NAME:
+                        w.note_sdpa(args, kwargs, out)
+                    else:
+                        w.note(name, args, kwargs, out)
         return out
 
 
