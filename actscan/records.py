@@ -709,6 +709,9 @@ class LowPrecRecord:
     range_worst: float | None
     range_mean: float | None
     calls: int = 0
+    # --gemm-error: ‖Q(X)Q(W)ᵀ − XWᵀ‖ / ‖XWᵀ‖ of the forward GEMM in this format, the same
+    # on each of its operand rows (None: off, or a call it cannot redo)
+    gemm_error: float | None = None
 
 
 # -- pure figures derived from records (measure, steps and diagnose share them) ----------

@@ -143,6 +143,7 @@ def scan(
     decode_token: Callable[[int], str] | None = None,
     trace: bool = False,
     formats: str | Iterable[str] | None = None,
+    gemm_error: bool = False,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -181,6 +182,8 @@ def scan(
           (`report.trace`; actscan.measure.trace); it runs by itself when the run breaks.
         formats: "fp8,mxfp8,nvfp4" (or a list): cast every GEMM's input, weight and output
           gradient in these formats during the pass (`report.low_precision`); None: off.
+        gemm_error: with `formats`, also each forward GEMM's relative output error
+          ‖Q(X)Q(W)ᵀ − XWᵀ‖/‖XWᵀ‖ in each format (`LowPrecRecord.gemm_error`).
     """
     settings = scan_settings(
         dtype=dtype,
@@ -208,6 +211,7 @@ def scan(
         ignore=ignore,
         trace=trace,
         formats=formats if formats is None or isinstance(formats, str) else tuple(formats),
+        gemm_error=gemm_error,
     )
     return scan_model(
         model,
@@ -264,6 +268,7 @@ def pass_spec(model: nn.Module, s: Settings, info: ModelInfo) -> PassSpec:
         family=info.family,
         first_step=s.steps > 0,
         formats=tuple(s.formats.split(",")) if s.formats else (),
+        gemm_error=s.gemm_error,
     )
     stored = stored_dtype_note(info.arch, spec.dtype_name)
     return replace(spec, notes=(*spec.notes, stored)) if stored else spec

@@ -560,3 +560,70 @@ def test_sdpa_qk_and_pv_are_gemms_matching_an_independent_recomputation() -> Non
             assert r.underflow == pytest.approx(lost, abs=1e-6), (gemm, operand, fmt)
     assert recs[("attn.sdpa.qk", "grad", "fp8")].element == "e5m2"
     assert {r.block for r in report.low_precision} == {None}
+
+
+# -- `--gemm-error`: the GEMM output's own error ------------------------------------------
+
+
+def oracle_cast(t: torch.Tensor, fmt: str, contract_rows: bool = False) -> torch.Tensor:
+    """Q(t) by the oracle, blocked along t's last dim (its rows when `contract_rows`)."""
+    if contract_rows:
+        return oracle_cast(t.transpose(-1, -2), fmt).transpose(-1, -2)
+    rows = t.detach().reshape(-1, t.shape[-1]).double().float().numpy()
+    return torch.from_numpy(oracle_quantize(rows, fmt)).reshape(t.shape)
+
+
+def test_gemm_error_matches_an_independent_product_of_oracle_casts() -> None:
+    """‖Q(X)Q(W)ᵀ − XWᵀ‖/‖XWᵀ‖ of a Linear, of an activation × activation matmul (its right
+    operand blocked along its rows) and of SDPA's QKᵀ and PV, against the same products of
+    the oracle's casts of the captured operands; the same figure on every operand row; off
+    by default, and nothing without --formats."""
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("mix", Mixer())
+    model.add_module("attn", SdpaAttention())
+    x = mixer_batch()
+    seen: dict[str, torch.Tensor] = {}
+    model.mix.register_forward_hook(lambda m, a, o: seen.__setitem__("h", m.up(a[0]).detach()))
+    model.mix.up.register_forward_hook(lambda m, a, o: seen.__setitem__("up", a[0].detach()))
+    model(x)
+    model.mix._forward_hooks.clear()
+    model.mix.up._forward_hooks.clear()
+    att = {k: v.detach() for k, v in model.attn.seen.items()}
+    h = seen["h"]
+    scores = torch.softmax(h @ h.transpose(-1, -2) / 8, -1)
+    q, k, v = att["q"], att["k"].repeat_interleave(2, 1), att["v"].repeat_interleave(2, 1)
+    causal = torch.ones(16, 16, dtype=torch.bool).tril()
+    p = torch.softmax((q @ k.transpose(-1, -2) * 0.3).masked_fill(~causal, -math.inf), -1)
+
+    def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+        return float((got - ref).norm() / ref.norm())
+
+    report = scan(model, x, formats="fp8,mxfp8,nvfp4", gemm_error=True)
+    recs = {(r.gemm, r.operand, r.format): r for r in report.low_precision}
+    for fmt in FORMATS:
+        w = model.mix.up.weight.detach()
+        xs = seen["up"]
+        want = {
+            "mix.up": rel(oracle_cast(xs, fmt) @ oracle_cast(w, fmt).T, xs @ w.T),
+            "mix:matmul#1": rel(
+                oracle_cast(scores, fmt) @ oracle_cast(h, fmt, contract_rows=True), scores @ h
+            ),
+            "attn.sdpa.qk": rel(
+                oracle_cast(q, fmt) @ oracle_cast(k, fmt).transpose(-1, -2), q @ k.transpose(-1, -2)
+            ),
+            "attn.sdpa.pv": rel(
+                oracle_cast(p, fmt) @ oracle_cast(v, fmt, contract_rows=True), p @ v
+            ),
+        }
+        for gemm, value in want.items():
+            rows = [r for (g, _, f), r in recs.items() if g == gemm and f == fmt]
+            assert len(rows) == 3  # both operands and the gradient carry the GEMM's figure
+            for r in rows:
+                assert r.gemm_error == pytest.approx(value, rel=1e-4), (gemm, fmt)
+    fp4, fp8 = (recs[("mix.up", "input", f)].gemm_error for f in ("nvfp4", "fp8"))
+    assert fp4 is not None and fp8 is not None and fp4 > fp8
+    validate_report(json.loads(report.to_json()))
+    assert "GEMM error" in to_markdown(report)
+    assert all(r.gemm_error is None for r in scan(model, x, formats="fp8").low_precision)
+    assert scan(model, x, gemm_error=True).low_precision == ()

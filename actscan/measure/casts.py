@@ -19,6 +19,7 @@ function syncs the host: every figure stays a device tensor (`cast_figures`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,7 @@ __all__ = [
     "e8m0_scale",
     "operand_figures",
     "quantize",
+    "quantize_all",
     "round_element",
 ]
 
@@ -176,6 +178,11 @@ def _quantize(
     return q, saturated, bmax, bmin
 
 
+def _unblocked(q: torch.Tensor, x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
+    """Q(x) in blocks back to x's (rows, K) shape (the padding dropped)."""
+    return q.reshape(x.shape[0], -1)[:, : x.shape[-1]] if recipe.block else q.reshape(x.shape)
+
+
 def quantize(
     x: torch.Tensor, recipe: Recipe, operand: str = "input", *, scaled: bool = True
 ) -> torch.Tensor:
@@ -183,25 +190,35 @@ def quantize(
     `scaled=False`: a per-tensor recipe casts unscaled (what a plain cast to the element
     dtype does)."""
     q, _, _, _ = _quantize(_Prepared(x), recipe, operand, scaled)
-    k = x.shape[-1]
-    return q.reshape(x.shape[0], -1)[:, :k] if recipe.block else q.reshape(x.shape)
+    return _unblocked(q, x, recipe)
+
+
+def quantize_all(
+    x: torch.Tensor, recipes: Sequence[Recipe], operand: str = "input"
+) -> list[torch.Tensor]:
+    """Q(x) of `x` (rows, K) in each recipe (what `--gemm-error` multiplies)."""
+    p = _Prepared(x)
+    return [_unblocked(_quantize(p, r, operand, True)[0], x, r) for r in recipes]
 
 
 def operand_figures(
     x: torch.Tensor, recipes: tuple[Recipe, ...] | list[Recipe], operand: str = "input",
-    *, scaled: bool = True,
+    *, scaled: bool = True, casts: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The figures (`FIGURES`) of casting `x` (rows, K) with each recipe: a (recipes,
     figures) fp32 tensor on x's device, no host sync. Flushed: nonzero values whose cast
     is 0; saturated: values the cast clamped; err / sq: ‖Q(x) − x‖² and ‖x‖²; the range
     of a block is log2(its amax / its smallest nonzero |x|), summed and counted over the
-    blocks with a nonzero value, and its maximum."""
+    blocks with a nonzero value, and its maximum. `casts`: a list that gets each recipe's
+    Q(x) as (rows, K)."""
     p = _Prepared(x)
     values = torch.full((), float(p.x.numel()), device=p.x.device)
     nonzero = values - p.zeros
     rows = []
     for r in recipes:
         q, saturated, bmax, bmin = _quantize(p, r, operand, scaled)
+        if casts is not None:
+            casts.append(_unblocked(q, p.x, r))
         xb = p.blocks(r.block)[0]
         live = bmax > 0
         rng = torch.where(live, torch.log2(bmax / torch.where(live, bmin, 1.0)), 0.0)

@@ -100,6 +100,29 @@ class Gemm:
     op: str
     operands: tuple[Operand, ...]
     biases: tuple[Any, ...] = ()
+    equation: str = ""  # einsum's
+    repeat: int = 1  # SDPA's grouped-query attention: each rhs head serves `repeat` q heads
+
+    def product(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """The contraction itself (no bias) of `tensors` standing for the operands, in
+        their shapes: what `--gemm-error` compares, Q(X)·Q(W)ᵀ against X·Wᵀ. None for a
+        call it cannot redo (a grouped-mm, whose groups are in its offsets)."""
+        if len(tensors) != 2 or len(self.operands) != 2:
+            if self.op == "einsum" and len(tensors) == len(self.operands):
+                return torch.einsum(self.equation, *tensors)
+            return None
+        a, b = tensors
+        if self.op == "linear":
+            return torch.nn.functional.linear(a, b)
+        if self.op == "einsum":
+            return torch.einsum(self.equation, a, b)
+        if self.op.startswith("sdpa."):
+            b = b.repeat_interleave(self.repeat, -3) if self.repeat > 1 else b
+            return a @ b.transpose(-1, -2) if self.op == "sdpa.qk" else a @ b
+        if self.op == "grouped_mm":
+            return None
+        out = torch.matmul(a, b)
+        return out.sum(0) if self.op == "addbmm" else out
 
 
 def _lhs(a: Any) -> Operand | None:
@@ -146,7 +169,9 @@ def _einsum(args: Sequence[Any]) -> Gemm | None:
         contract = tuple(d for d, c in enumerate(term) if c not in rhs)
         free = tuple(d for d, c in enumerate(term) if c in rhs and c not in others)
         out.append(Operand(t, contract, free))
-    return Gemm("einsum", tuple(out))
+    if len(out) != len(ops):
+        return Gemm("einsum", tuple(out))
+    return Gemm("einsum", tuple(out), equation=eq)
 
 
 def parse_gemm(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Gemm | None:
@@ -193,9 +218,15 @@ class Sdpa:
     scale: float
     gqa: bool
 
+    @property
+    def repeat(self) -> int:
+        """Query heads per key/value head (1 unless `enable_gqa`)."""
+        if not self.gqa or self.q.dim() < 3 or self.k.dim() < 3:
+            return 1
+        return max(int(self.q.shape[-3]) // int(self.k.shape[-3]), 1)
+
     def _expand(self, t: torch.Tensor) -> torch.Tensor:
-        hq, h = self.q.shape[-3] if self.q.dim() > 2 else 1, t.shape[-3] if t.dim() > 2 else 1
-        return t.repeat_interleave(hq // h, -3) if self.gqa and hq != h else t
+        return t.repeat_interleave(self.repeat, -3) if self.repeat > 1 else t
 
     def probabilities(self) -> torch.Tensor:
         """P in fp32 (no dropout), what the PV GEMM multiplies; a query with every key
@@ -225,7 +256,8 @@ class Sdpa:
         k = Operand(self.k, (kn - 1,), (kn - 2,))
         probs = Operand(p, (p.dim() - 1,), (p.dim() - 2,))
         v = Operand(self.v, (vn - 2,), (vn - 1,))
-        return Gemm("sdpa.qk", (q, k)), Gemm("sdpa.pv", (probs, v))
+        rep = self.repeat
+        return Gemm("sdpa.qk", (q, k), repeat=rep), Gemm("sdpa.pv", (probs, v), repeat=rep)
 
 
 def parse_sdpa(args: Sequence[Any], kwargs: dict[str, Any]) -> Sdpa | None:

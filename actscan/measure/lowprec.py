@@ -24,14 +24,21 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from actscan.measure.casts import FIGURES, FORMATS, N_SUMS, Recipe, operand_figures
+from actscan.measure.casts import (
+    FIGURES,
+    FORMATS,
+    N_SUMS,
+    Recipe,
+    operand_figures,
+    quantize_all,
+)
 from actscan.measure.gemms import (
     GEMM_NAMES,
     SDPA_NAME,
@@ -49,6 +56,17 @@ from actscan.records import LowPrecRecord
 __all__ = ["LowPrecWatch", "low_precision_records", "lowprec_watch"]
 
 Key = tuple[str, int, str]  # (module path, rank within one call of the module, op)
+
+
+def _from_rows(
+    q: torch.Tensor, t: torch.Tensor, contract: Sequence[int], block: int
+) -> torch.Tensor:
+    """`_as_rows`' inverse: Q(t) laid out as (rows, K) back in `t`'s shape."""
+    if block == 0 or list(contract) == [t.dim() - 1]:
+        return q.reshape(t.shape)
+    order = [d for d in range(t.dim()) if d not in contract] + list(contract)
+    q = q.reshape([int(t.shape[d]) for d in order])
+    return q.permute(*sorted(range(t.dim()), key=order.__getitem__))
 
 
 def _as_rows(t: torch.Tensor, contract: Sequence[int], block: int) -> torch.Tensor:
@@ -97,21 +115,54 @@ class LowPrecWatch:
     sums: dict[tuple[Key, str, str], _Sums] = field(default_factory=dict)
     seen_weights: set[tuple[Key, int]] = field(default_factory=set)
     ops: dict[Key, tuple[str, ...]] = field(default_factory=dict)  # operand names per GEMM
+    gemm_error: bool = False  # --gemm-error: each forward GEMM's output error per format
+    # (GEMM, format) → [‖Q(X)Q(W)ᵀ − XWᵀ‖², ‖XWᵀ‖²] summed over calls, on the device
+    output_sums: dict[tuple[Key, str], torch.Tensor] = field(default_factory=dict)
 
-    def _fold(self, key: Key, operand: str, t: torch.Tensor, contract: Sequence[int]) -> None:
+    def _fold(
+        self, key: Key, operand: str, t: torch.Tensor, contract: Sequence[int], *,
+        figures: bool = True,
+    ) -> list[torch.Tensor] | None:  # fmt: skip
+        """Fold the figures of `t`'s casts (`figures`); with `--gemm-error`, return each
+        recipe's Q(t) in `t`'s shape."""
         if not t.is_floating_point() or t.numel() == 0 or t.is_complex():
-            return
+            return None
         if t.dim() == 0:  # a dot product's scalar gradient
             t, contract = t.reshape(1), [0]
+        block = max(r.block for r in self.recipes)
+        casts: list[torch.Tensor] | None = [] if self.gemm_error else None
         with torch.no_grad():
-            rows = _as_rows(t.detach(), contract, max(r.block for r in self.recipes))
-            figures = operand_figures(rows, self.recipes, operand)
-            for r, f in zip(self.recipes, figures, strict=True):
+            rows = _as_rows(t.detach(), contract, block)
+            if not figures:  # a weight already folded: only its casts
+                qs = quantize_all(rows, self.recipes, operand)
+                return [_from_rows(q, t, contract, block) for q in qs]
+            cast = operand_figures(rows, self.recipes, operand, casts=casts)
+            for r, f in zip(self.recipes, cast, strict=True):
                 slot = self.sums.get((key, operand, r.name))
                 if slot is None:
                     acc = torch.zeros(len(FIGURES), dtype=torch.float64, device=t.device)
                     slot = self.sums[(key, operand, r.name)] = _Sums(acc)
                 slot.add(f)
+        return None if casts is None else [_from_rows(q, t, contract, block) for q in casts]
+
+    def _output_error(self, key: Key, gemm: Gemm, casts: Sequence[list[torch.Tensor]]) -> None:
+        """`--gemm-error`: the GEMM redone on every recipe's Q(operands), against the same
+        GEMM of the operands themselves in fp32 (no bias: it is added in high precision)."""
+        with torch.no_grad():
+            ref = gemm.product([o.tensor.detach().float() for o in gemm.operands])
+            if ref is None:
+                return
+            ref_sq = ref.square().sum()
+            for i, r in enumerate(self.recipes):
+                out = gemm.product([c[i] for c in casts])
+                if out is None:
+                    return
+                sums = torch.stack([(out - ref).square().sum(), ref_sq]).double()
+                slot = self.output_sums.get((key, r.name))
+                if slot is None:
+                    self.output_sums[(key, r.name)] = sums
+                else:
+                    slot += sums
 
     def _names(self, operands: Sequence[Operand], op: str) -> tuple[str, ...]:
         is_param = [storage_key(o.tensor) in self.params for o in operands]
@@ -124,15 +175,22 @@ class LowPrecWatch:
     def _cast_operands(self, key: Key, gemm: Gemm, names: Sequence[str]) -> None:
         """Fold each operand's casts; a weight only the first time this GEMM sees it."""
         self.ops.setdefault(key, (*names, *(("grad",) if self.backward else ())))
+        casts = []
         for o, operand in zip(gemm.operands, names, strict=False):
+            first = True
             if operand == "weight":
                 wk = (key, storage_key(o.tensor) or id(o.tensor))
-                if wk in self.seen_weights:
-                    continue
+                first = wk not in self.seen_weights
                 self.seen_weights.add(wk)
-            self._fold(key, operand, o.tensor, o.contract)
+                if not first and not self.gemm_error:
+                    continue
+            casts.append(self._fold(key, operand, o.tensor, o.contract, figures=first))
+        if self.gemm_error and len(casts) == len(gemm.operands):
+            got = [c for c in casts if c is not None]
+            if len(got) == len(casts):
+                self._output_error(key, gemm, got)
 
-    def _on_grad(self, out: Any, fold: Callable[[torch.Tensor], None]) -> None:
+    def _on_grad(self, out: Any, fold: Callable[[torch.Tensor], Any]) -> None:
         if self.backward and isinstance(out, torch.Tensor) and out.requires_grad:
 
             def grad_hook(g: torch.Tensor) -> None:
@@ -187,7 +245,12 @@ class LowPrecWatch:
         if not self.sums:
             return ()
         items = list(self.sums.items())
-        values = torch.stack([s.acc for _, s in items]).cpu().tolist()  # the one transfer
+        outs = list(self.output_sums.items())
+        flat = torch.cat([*(s.acc for _, s in items), *(v for _, v in outs)])
+        everything = flat.cpu().tolist()  # the one transfer
+        n = len(FIGURES) * len(items)
+        values = [everything[i : i + len(FIGURES)] for i in range(0, n, len(FIGURES))]
+        output = {k: everything[n + 2 * i : n + 2 * i + 2] for i, (k, _) in enumerate(outs)}
         per_path: dict[str, set[int]] = {}
         for (path, rank, op), _, _ in self.sums:
             if not op.startswith("sdpa."):
@@ -201,8 +264,12 @@ class LowPrecWatch:
         for ((path, rank, op), operand, fmt), slot, vals in rows:
             v = dict(zip(FIGURES, vals, strict=True))
             name = _gemm_name(path, rank, op, per_path.get(path, set()))
+            err = output.get(((path, rank, op), fmt))
             op = "sdpa" if op.startswith("sdpa.") else op
-            out.append(_record(name, op, operand, FORMATS[fmt], v, slot.calls, block_names))
+            record = _record(name, op, operand, FORMATS[fmt], v, slot.calls, block_names)
+            if err is not None and err[1] > 0:
+                record = replace(record, gemm_error=math.sqrt(err[0] / err[1]))
+            out.append(record)
         return tuple(out)
 
 
@@ -289,12 +356,18 @@ class _Mode(TorchFunctionMode):
 
 @contextlib.contextmanager
 def lowprec_watch(
-    model: nn.Module, formats: Sequence[str], backward: bool, hooks: HookSet
+    model: nn.Module,
+    formats: Sequence[str],
+    backward: bool,
+    hooks: HookSet,
+    *,
+    gemm_error: bool = False,
 ) -> Iterator[tuple[LowPrecWatch, Callable[[], contextlib.AbstractContextManager[Any]]]]:
     """The watch's state and a context manager to put around each forward (where the mode
     is active). Its module and tensor hooks go into `hooks` (the caller's scope)."""
     params = {k for p in model.parameters() if (k := storage_key(p)) is not None}
-    watch = LowPrecWatch(tuple(FORMATS[f] for f in formats), backward, hooks, params)
+    recipes = tuple(FORMATS[f] for f in formats)
+    watch = LowPrecWatch(recipes, backward, hooks, params, gemm_error=gemm_error)
 
     def pre(path: str) -> Callable[..., None]:
         def hook(_mod: nn.Module, _args: Any) -> None:

@@ -59,6 +59,7 @@ class PassSpec:
     first_step: bool = False
     notes: tuple[str, ...] = ()
     formats: tuple[str, ...] = ()  # --formats: low-precision readiness of every GEMM
+    gemm_error: bool = False  # --gemm-error: each GEMM's output error in those formats
 
     @classmethod
     def of(
@@ -238,7 +239,10 @@ def _lowprec(
     if not spec.formats:
         yield None, contextlib.nullcontext
         return
-    with HookSet() as hooks, lowprec_watch(model, spec.formats, spec.backward, hooks) as got:
+    with (
+        HookSet() as hooks,
+        lowprec_watch(model, spec.formats, spec.backward, hooks, gemm_error=spec.gemm_error) as got,
+    ):
         yield got
 
 
