@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -106,12 +107,14 @@ def main() -> None:
         "ratio": med["watched"] / med["plain"],
         "split_s": dict(sorted(split.items(), key=lambda kv: -kv[1])),
         "casts_share_of_extra": casts / max(total - med["plain"], 1e-9),
+        "load": os.getloadavg(),  # the 1/5/15-minute load at the end (a shared machine)
         "machine": machine("cpu"),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"lowprec-cost-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2))
-    print(f"12 x 768, batch {args.batch} x seq {args.seq}, {args.threads} thread(s)")
+    load = "/".join(f"{x:.1f}" for x in result["load"])
+    print(f"12 x 768, batch {args.batch} x seq {args.seq}, {args.threads} thread(s), load {load}")
     print(f"plain fwd+bwd     {med['plain']:.2f} s")
     print(f"--formats (3)     {med['watched']:.2f} s   ×{result['ratio']:.2f}  (target ≤ 1.5)")
     print(f"casts: {casts:.2f} s of the {total - med['plain']:.2f} s extra; by operand:")

@@ -30,6 +30,7 @@ from actscan.measure.casts import (
     Element,
     cast_figures,
     e8m0_scale,
+    operand_figures,
     quantize,
     round_element,
 )
@@ -70,6 +71,9 @@ def test_element_rounding_matches_ml_dtypes_on_every_value_tie_and_edge(elem: El
     got = round_element(torch.from_numpy(x), elem).numpy()
     want = oracle_round(x, elem)
     assert np.array_equal(got, want), np.abs(got - want).max()  # max error: 0
+    if elem.dtype is not None:  # and torch's own float8 conversion, bit for bit
+        y = torch.from_numpy(x).clamp(-elem.max, elem.max)
+        assert torch.equal(round_element(y, elem), y.to(elem.dtype).float())
 
 
 def test_e8m0_scale_is_the_mx_rule_and_an_e8m0_value() -> None:
@@ -126,6 +130,28 @@ def test_recipes_match_the_oracle(fmt: str, operand: str) -> None:
     got = quantize(torch.from_numpy(x), FORMATS[fmt], operand)
     want = oracle_quantize(x, fmt, operand)
     assert np.array_equal(got.numpy(), want), np.abs(got.numpy() - want).max()
+
+
+def test_figures_of_a_large_operand_cast_in_pieces_equal_the_whole_cast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CPU a large operand is cast in pieces of rows: the per-tensor scale still comes
+    from the whole tensor's amax, so every count is the same and the sums agree."""
+    import actscan.measure.casts as casts
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(96, 100, generator=g)
+    x[:, 7] *= 1e4  # an outlier channel: per-tensor scales flush
+    x[40:50] = 0.0  # zero rows, and a piece whose amax is far below the tensor's
+    x[70] *= 1e-8
+    whole = operand_figures(x, list(FORMATS.values()), "grad")
+    monkeypatch.setattr(casts, "_CHUNK", 512)  # pieces of 5 rows
+    assert len(casts._pieces(x)) > 10
+    pieces = operand_figures(x, list(FORMATS.values()), "grad")
+    exact = ("values", "nonzero", "flushed", "saturated", "range_blocks")
+    counts = [FIGURES.index(f) for f in exact]
+    assert torch.equal(whole[:, counts], pieces[:, counts])
+    assert torch.allclose(whole, pieces, rtol=1e-6, atol=0)
 
 
 def fig(x: torch.Tensor, fmt: str, operand: str = "input", **kw: bool) -> dict[str, float]:
