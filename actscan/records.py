@@ -712,6 +712,13 @@ class LowPrecRecord:
     # --gemm-error: ‖Q(X)Q(W)ᵀ − XWᵀ‖ / ‖XWᵀ‖ of the forward GEMM in this format, the same
     # on each of its operand rows (None: off, or a call it cannot redo)
     gemm_error: float | None = None
+    # fp8 over `--steps`, delayed scaling (the scale from the previous steps' amax history):
+    # the figures of steps 1..N's casts, whether the amax grew past the history, the steps
+    delayed_underflow: float | None = None
+    delayed_saturation: float | None = None
+    delayed_error: float | None = None
+    amax_grew: bool | None = None
+    steps: int = 0
 
 
 # -- pure figures derived from records (measure, steps and diagnose share them) ----------

@@ -51,7 +51,7 @@ from actscan.records import BlockProof, Finding, Layout, ModelInfo, ParamRecord,
 from actscan.report.report import Report
 from actscan.settings import SOURCE_SCAN, Ignore, Settings, apply_ignores
 from actscan.steps.loop import StepSpec, StepsRaw
-from actscan.steps.take import steps_record, take_steps, trace_steps
+from actscan.steps.take import steps_record, take_steps, trace_steps, with_delayed
 from actscan.targets.info import infer_info
 from actscan.targets.stored_dtype import stored_dtype_note
 
@@ -94,6 +94,7 @@ def scan_model(
         profiled, probe = profile_pass(model, layout, chosen, spec, ranks, s, info, progress)
         traced = trace_profile(model, profiled, s.trace)
         raw_steps = take_steps(model, steps, profiled, kept, info.vocab_size, progress)
+        profiled = with_delayed(profiled)  # --formats fp8 over the steps: delayed scaling
     if traced is None or traced.first is None:
         replay = trace_steps(
             model, steps, profiled, raw_steps, dropout=s.dropout, vocab_size=info.vocab_size

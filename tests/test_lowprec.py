@@ -358,7 +358,8 @@ def test_quiet_on_healthy_transformers_at_init_and_every_gemm_is_there(
             vocab_size=256, n_embd=64, n_layer=2, n_head=4, attn_implementation=impl
         )
         model, per_block = transformers.GPT2LMHeadModel(cfg), 4 + 2
-    report = scan(model, formats="fp8,mxfp8,nvfp4", seq_len=32)
+    steps = 2 if impl == "sdpa" else 0  # and fp8 delayed scaling over two steps
+    report = scan(model, formats="fp8,mxfp8,nvfp4", seq_len=32, steps=steps)
     gemms = {r.gemm for r in report.low_precision}
     assert len(gemms) == 2 * per_block + 1  # every projection, QKᵀ and PV, and the head
     pv = ":matmul#1" if impl == "eager" else ".sdpa.pv"
@@ -653,3 +654,63 @@ def test_gemm_error_matches_an_independent_product_of_oracle_casts() -> None:
     assert "GEMM error" in to_markdown(report)
     assert all(r.gemm_error is None for r in scan(model, x, formats="fp8").low_precision)
     assert scan(model, x, gemm_error=True).low_precision == ()
+
+
+# -- fp8 delayed scaling over --steps ---------------------------------------------------
+
+
+def delayed_oracle(batches: list[np.ndarray]) -> tuple[float, float, float, bool]:
+    """Delayed scaling written out: step t ≥ 1 casts with 448 / max(amax of steps < t)."""
+    hist = np.float32(np.abs(batches[0]).max())
+    flushed = saturated = nonzero = 0
+    err = sq = 0.0
+    grew = False
+    for x in batches[1:]:
+        scale = np.float32(448.0) / hist
+        y = np.abs(x) * scale
+        q = oracle_round(y, E4M3) / scale
+        nonzero += int((x != 0).sum())
+        flushed += int(((q == 0) & (x != 0)).sum())
+        saturated += int((y > 448.0).sum())
+        err += float(((q - np.abs(x)).astype(np.float64) ** 2).sum())
+        sq += float((x.astype(np.float64) ** 2).sum())
+        grew |= bool(np.abs(x).max() > hist)
+        hist = max(hist, np.float32(np.abs(x).max()))
+    return flushed / nonzero, saturated / nonzero, err / sq, grew
+
+
+@pytest.mark.parametrize("grow", [1.0, 4.0])
+def test_delayed_scaling_over_steps_matches_an_independent_history(grow: float) -> None:
+    """The first Linear's input is step t's batch itself (× grow^t): its delayed figures
+    against the history written out again; growing 4× a step saturates (an info finding
+    naming it), a steady input is quiet. Weights barely move (SGD, lr 1e-9)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8))
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(32, 64, generator=g) for _ in range(4)]
+
+    def batch(i: int) -> torch.Tensor:
+        return base[i % 4] * grow ** min(i, 8)
+
+    report = scan(
+        model, inputs=batch, loss_fn=lambda o: o.square().mean(), formats="fp8,mxfp8",
+        steps=3, optimizer="sgd", lr=1e-9,
+    )  # fmt: skip
+    recs = {(r.gemm, r.operand, r.format): r for r in report.low_precision}
+    r = recs[("0", "input", "fp8")]
+    uf, sat, err, grew = delayed_oracle([batch(t).numpy() for t in range(4)])
+    assert r.steps == 3 and r.amax_grew is grew
+    assert r.delayed_underflow == pytest.approx(uf, abs=1e-9)
+    assert r.delayed_saturation == pytest.approx(sat, abs=1e-9)
+    assert r.delayed_error == pytest.approx(err, rel=1e-4)
+    assert recs[("0", "grad", "fp8")].steps == 2  # the last step runs no backward
+    assert recs[("0", "input", "mxfp8")].delayed_saturation is None  # fp8 only
+    validate_report(json.loads(report.to_json()))
+    delayed = [f for f in report.findings if f.check == "low-precision" and "delayed" in f.message]
+    if grow == 1.0:
+        assert not delayed and sat == 0.0
+    else:
+        (f,) = delayed
+        assert f.severity == "info" and "0 input" in f.message and sat > 0.2
+    off = scan(model, inputs=batch, formats="fp8")  # no steps: no delayed figures
+    assert all(x.steps == 0 and x.delayed_saturation is None for x in off.low_precision)

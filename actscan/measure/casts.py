@@ -34,6 +34,7 @@ __all__ = [
     "E5M2",
     "FIGURES",
     "FORMATS",
+    "FP8",
     "Element",
     "Recipe",
     "cast_figures",
@@ -85,8 +86,9 @@ class Recipe:
         return self.backward if operand == "grad" else self.forward
 
 
+FP8 = Recipe("fp8", E4M3, E5M2, 0, "tensor")
 FORMATS: dict[str, Recipe] = {
-    "fp8": Recipe("fp8", E4M3, E5M2, 0, "tensor"),
+    "fp8": FP8,
     "mxfp8": Recipe("mxfp8", E4M3, E4M3, 32, "e8m0"),
     "nvfp4": Recipe("nvfp4", E2M1, E2M1, 16, "e4m3"),
 }
@@ -276,6 +278,7 @@ def _pieces(x: torch.Tensor) -> list[torch.Tensor]:
 def operand_figures(
     x: torch.Tensor, recipes: tuple[Recipe, ...] | list[Recipe], operand: str = "input",
     *, scaled: bool = True, casts: list[torch.Tensor] | None = None,
+    ref: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The figures (`FIGURES`) of casting `x` (rows, K) with each recipe: a (recipes,
     figures) fp64 tensor on x's device, no host sync. Flushed: nonzero values whose cast
@@ -283,7 +286,9 @@ def operand_figures(
     of a block is log2(its amax / its smallest nonzero |x|), summed and counted over the
     blocks with a nonzero value, and its maximum. `casts`: a list that gets each recipe's
     Q(x) as (rows, K). On CPU a large `x` is cast in pieces of rows (the scales are the
-    same: a block lies within a row, a per-tensor scale comes from the whole amax)."""
+    same: a block lies within a row, a per-tensor scale comes from the whole amax).
+    `ref`: the amax the per-tensor scales come from instead of x's own (delayed scaling:
+    the previous steps' history); x's values above it saturate."""
     x = x.detach().float()
     flat = x.reshape(-1)
     nonzero = torch.count_nonzero(flat).double()
@@ -297,8 +302,9 @@ def operand_figures(
     worst: list[list[torch.Tensor]] = [[] for _ in recipes]
     parts: list[list[torch.Tensor]] = [[] for _ in recipes]
     per_tensor = any(r.block == 0 for r in recipes)
+    scale_ref = amax if ref is None else ref.to(amax)
     for piece in _pieces(x):
-        p = _Prepared(piece, amax)
+        p = _Prepared(piece, scale_ref)
         _warm(p, recipes)
         if per_tensor:
             tmin = torch.minimum(tmin, p.extrema(0)[1].reshape(()))

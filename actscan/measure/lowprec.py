@@ -34,6 +34,7 @@ from torch.overrides import TorchFunctionMode
 from actscan.measure.casts import (
     FIGURES,
     FORMATS,
+    FP8,
     N_SUMS,
     Recipe,
     operand_figures,
@@ -53,7 +54,7 @@ from actscan.measure.gemms import (
 from actscan.measure.hooks import HookSet
 from actscan.records import LowPrecRecord
 
-__all__ = ["LowPrecWatch", "low_precision_records", "lowprec_watch"]
+__all__ = ["Delayed", "LowPrecWatch", "delayed_steps", "low_precision_records", "lowprec_watch"]
 
 Key = tuple[str, int, str]  # (module path, rank within one call of the module, op)
 
@@ -103,6 +104,77 @@ class _Frame:
     sdpa: int = 0  # its scaled_dot_product_attention calls (named apart: `path.sdpa.qk`)
 
 
+# the delayed figures' sums per (GEMM, operand), in this order
+DELAYED = ("nonzero", "flushed", "saturated", "err", "sq", "grew", "steps")
+
+
+@dataclass
+class Delayed:
+    """FP8 delayed scaling across `--steps` (Transformer Engine's DelayedScaling, amax
+    history longer than the run, "max" over it, margin 0): each step's cast of an operand
+    takes its scale from the largest amax of the previous steps (step 0: the recorded
+    pass), so an operand whose amax grows past that history saturates. Per (GEMM,
+    operand), on the device: the history's amax, the fp8 figures of every step's cast
+    under it and whether the amax grew past it. `names`: the records' GEMM names of the
+    step-0 pass's keys."""
+
+    history: dict[tuple[Key, str], torch.Tensor] = field(default_factory=dict)
+    sums: dict[tuple[Key, str], torch.Tensor] = field(default_factory=dict)
+    names: dict[Key, str] = field(default_factory=dict)
+    steps: bool = False  # False while the recorded pass seeds the history
+
+    def seed(self, key: Key, operand: str, x: torch.Tensor) -> None:
+        """Step 0: the operand's amax joins the history."""
+        amax = _amax(x)
+        k = (key, operand)
+        self.history[k] = amax if k not in self.history else torch.maximum(self.history[k], amax)
+
+    def cast(self, key: Key, operand: str, x: torch.Tensor) -> None:
+        """A step's cast of the operand under the history's scale; then its amax joins
+        the history (per call: a GEMM called twice in a step sees its first call's)."""
+        k = (key, operand)
+        hist = self.history.get(k)
+        amax = _amax(x)
+        if hist is None:  # first seen during the steps: it only seeds
+            self.history[k] = amax
+            return
+        f = operand_figures(x.reshape(1, -1), [FP8], operand, ref=hist)[0]
+        fig = dict(zip(FIGURES, f, strict=True))
+        one = torch.ones((), dtype=torch.float64, device=x.device)
+        grew = (amax > hist).double()
+        vec = torch.stack([fig[n] for n in DELAYED[:5]] + [grew, one])
+        self.sums[k] = vec if k not in self.sums else self.sums[k] + vec
+        self.history[k] = torch.maximum(hist, amax)
+
+    def merged(self, records: Sequence[LowPrecRecord]) -> tuple[LowPrecRecord, ...]:
+        """The fp8 records with their delayed figures (one transfer)."""
+        if not self.sums:
+            return tuple(records)
+        keys = list(self.sums)
+        values = torch.stack([self.sums[k] for k in keys]).cpu().tolist()  # the one transfer
+        by = {(self.names.get(key), operand): dict(zip(DELAYED, v, strict=True))
+              for (key, operand), v in zip(keys, values, strict=True)}  # fmt: skip
+        out = []
+        for r in records:
+            d = by.get((r.gemm, r.operand)) if r.format == "fp8" else None
+            if d is not None and d["steps"] > 0:
+                r = replace(
+                    r,
+                    delayed_underflow=_ratio(d["flushed"], d["nonzero"]),
+                    delayed_saturation=_ratio(d["saturated"], d["nonzero"]),
+                    delayed_error=_ratio(d["err"], d["sq"]),
+                    amax_grew=d["grew"] > 0,
+                    steps=int(d["steps"]),
+                )
+            out.append(r)
+        return tuple(out)
+
+
+def _amax(x: torch.Tensor) -> torch.Tensor:
+    lo, hi = torch.aminmax(x.detach().float().reshape(-1))
+    return torch.maximum(-lo, hi)
+
+
 @dataclass
 class LowPrecWatch:
     """The state of one recorded pass's low-precision watch (see the module docstring)."""
@@ -118,6 +190,7 @@ class LowPrecWatch:
     gemm_error: bool = False  # --gemm-error: each forward GEMM's output error per format
     # (GEMM, format) → [‖Q(X)Q(W)ᵀ − XWᵀ‖², ‖XWᵀ‖²] summed over calls, on the device
     output_sums: dict[tuple[Key, str], torch.Tensor] = field(default_factory=dict)
+    delayed: Delayed | None = None  # --steps with fp8: seeds it (step 0) or casts by it
 
     def _fold(
         self, key: Key, operand: str, t: torch.Tensor, contract: Sequence[int], *,
@@ -129,6 +202,12 @@ class LowPrecWatch:
             return None
         if t.dim() == 0:  # a dot product's scalar gradient
             t, contract = t.reshape(1), [0]
+        if self.delayed is not None:
+            with torch.no_grad():
+                if self.delayed.steps:  # a step's cast: nothing else
+                    self.delayed.cast(key, operand, t)
+                    return None
+                self.delayed.seed(key, operand, t)
         block = max(r.block for r in self.recipes)
         casts: list[torch.Tensor] | None = [] if self.gemm_error else None
         with torch.no_grad():
@@ -180,7 +259,7 @@ class LowPrecWatch:
             first = True
             if operand == "weight":
                 wk = (key, storage_key(o.tensor) or id(o.tensor))
-                first = wk not in self.seen_weights
+                first = wk not in self.seen_weights or self._stepping
                 self.seen_weights.add(wk)
                 if not first and not self.gemm_error:
                     continue
@@ -198,6 +277,11 @@ class LowPrecWatch:
                     fold(g)
 
             self.hooks.tensor(out, grad_hook)
+
+    @property
+    def _stepping(self) -> bool:
+        """Casting a step under delayed scaling (the weights move: each call is cast)."""
+        return self.delayed is not None and self.delayed.steps
 
     def _frame(self) -> _Frame:
         return self.stack[-1] if self.stack else _Frame("")
@@ -264,6 +348,8 @@ class LowPrecWatch:
         for ((path, rank, op), operand, fmt), slot, vals in rows:
             v = dict(zip(FIGURES, vals, strict=True))
             name = _gemm_name(path, rank, op, per_path.get(path, set()))
+            if self.delayed is not None:
+                self.delayed.names[(path, rank, op)] = name
             err = output.get(((path, rank, op), fmt))
             op = "sdpa" if op.startswith("sdpa.") else op
             record = _record(name, op, operand, FORMATS[fmt], v, slot.calls, block_names)
@@ -345,7 +431,7 @@ class _Mode(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if (name in GEMM_NAMES or name == SDPA_NAME) and not is_aside():
             w = self.watch
-            if not w.backward or torch.is_grad_enabled():
+            if not w.backward or torch.is_grad_enabled() or w._stepping:
                 with contextlib.suppress(Exception):  # never let bookkeeping break the pass
                     if name == SDPA_NAME:
                         w.note_sdpa(args, kwargs, out)
@@ -362,12 +448,13 @@ def lowprec_watch(
     hooks: HookSet,
     *,
     gemm_error: bool = False,
+    delayed: Delayed | None = None,
 ) -> Iterator[tuple[LowPrecWatch, Callable[[], contextlib.AbstractContextManager[Any]]]]:
     """The watch's state and a context manager to put around each forward (where the mode
     is active). Its module and tensor hooks go into `hooks` (the caller's scope)."""
     params = {k for p in model.parameters() if (k := storage_key(p)) is not None}
     recipes = tuple(FORMATS[f] for f in formats)
-    watch = LowPrecWatch(recipes, backward, hooks, params, gemm_error=gemm_error)
+    watch = LowPrecWatch(recipes, backward, hooks, params, gemm_error=gemm_error, delayed=delayed)
 
     def pre(path: str) -> Callable[..., None]:
         def hook(_mod: nn.Module, _args: Any) -> None:
@@ -397,3 +484,18 @@ def low_precision_records(
 ) -> tuple[LowPrecRecord, ...]:
     """The records of a pass's watch (none when `--formats` is off)."""
     return () if watch is None else watch.records(block_names)
+
+
+@contextlib.contextmanager
+def delayed_steps(
+    model: nn.Module, delayed: Delayed | None
+) -> Iterator[Callable[[], contextlib.AbstractContextManager[Any]]]:
+    """Around the step loop: a context manager for each step's forward that casts every
+    GEMM operand (and, through tensor hooks, its output gradient) in fp8 under the
+    delayed scale of `delayed` (None: nothing, `contextlib.nullcontext`)."""
+    if delayed is None:
+        yield contextlib.nullcontext
+        return
+    delayed.steps = True
+    with HookSet() as hooks, lowprec_watch(model, ("fp8",), True, hooks, delayed=delayed) as got:
+        yield got[1]

@@ -22,7 +22,7 @@ from torch import nn
 from actscan.measure.attention import attention_probes
 from actscan.measure.hooks import HookSet
 from actscan.measure.inputs import Batch, InputSource
-from actscan.measure.lowprec import LowPrecWatch, low_precision_records, lowprec_watch
+from actscan.measure.lowprec import Delayed, LowPrecWatch, low_precision_records, lowprec_watch
 from actscan.measure.model_inputs import ChosenInputs, describe_batch
 from actscan.measure.prepare import TORCH_DTYPES, call_model, cast_batch, dtype_name
 from actscan.measure.recorder import RawStats, Recorder, iter_named, moments
@@ -180,6 +180,8 @@ class Profiled:
     backward: bool = True
     step0: StepStart | None = field(default=None, repr=False)
     low_precision: tuple[LowPrecRecord, ...] = ()
+    # --formats fp8 with --steps: the amax history the steps' delayed scaling starts from
+    delayed: Delayed | None = field(default=None, repr=False)
 
 
 def first_batch(chosen: ChosenInputs, spec: PassSpec) -> Batch:
@@ -239,9 +241,17 @@ def _lowprec(
     if not spec.formats:
         yield None, contextlib.nullcontext
         return
+    delayed = Delayed() if spec.first_step and "fp8" in spec.formats else None
     with (
         HookSet() as hooks,
-        lowprec_watch(model, spec.formats, spec.backward, hooks, gemm_error=spec.gemm_error) as got,
+        lowprec_watch(
+            model,
+            spec.formats,
+            spec.backward,
+            hooks,
+            gemm_error=spec.gemm_error,
+            delayed=delayed,
+        ) as got,
     ):
         yield got
 
@@ -324,6 +334,7 @@ def record_pass(
         backward=backward,
         step0=step0,
         low_precision=low_precision,
+        delayed=lowprec.delayed if lowprec is not None else None,
     )
 
 
