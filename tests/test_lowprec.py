@@ -714,3 +714,49 @@ def test_delayed_scaling_over_steps_matches_an_independent_history(grow: float) 
         assert f.severity == "info" and "0 input" in f.message and sat > 0.2
     off = scan(model, inputs=batch, formats="fp8")  # no steps: no delayed figures
     assert all(x.steps == 0 and x.delayed_saturation is None for x in off.low_precision)
+
+
+# -- distributed: the ranks' records merged (actscan.distributed.merge.merge_state) ------
+
+
+@pytest.mark.slow  # two processes (gloo on CPU)
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="torch.distributed with gloo is needed",
+)
+def test_two_ranks_merge_the_low_precision_records_exactly(tmp_path: Path) -> None:
+    """`--nproc 2`: every record merged over the ranks' rows. Against one process: the
+    counts of values cast and the calls are exact everywhere; MXFP8 (its scales are per
+    32-block within a row) and every weight (the same whole weight on both ranks) agree
+    in every figure, counts exactly, sums to 1e-6; fp8 / NVFP4 activations differ only
+    through each rank's own per-tensor scale, as data-parallel training casts them."""
+    from test_distributed import BATCH, BUILTIN, SEQ, _env, _profile2
+
+    from actscan.api import TargetSpec, scan_target
+    from actscan.settings import Settings
+
+    cfg = tmp_path / "deep.yaml"
+    cfg.write_text(BUILTIN)
+    out = tmp_path / "r2.json"
+    fmts = "fp8,mxfp8,nvfp4"
+    res = _profile2(cfg, out, _env(), "--formats", fmts, "--gemm-error")
+    assert res.returncode == 0, res.stderr
+    two = json.loads(out.read_text())
+    assert not [n for n in two["notes"] if "not merged" in n]
+    settings = Settings(batch=BATCH, seq_len=SEQ, formats=fmts, gemm_error=True)
+    one = scan_target(TargetSpec(str(cfg)), settings).report.to_dict()
+    a = {(r["gemm"], r["operand"], r["format"]): r for r in one["low_precision"]}
+    b = {(r["gemm"], r["operand"], r["format"]): r for r in two["low_precision"]}
+    assert set(a) == set(b) and len(a) > 100
+    counts = ("values", "nonzero", "calls")
+    for key, ra in a.items():
+        rb = b[key]
+        assert [ra[k] for k in counts] == [rb[k] for k in counts], key
+        if key[2] == "mxfp8" or key[1] == "weight":
+            for k in ("underflow", "saturation", "error", "range_worst", "range_mean"):
+                x, y = ra[k], rb[k]
+                assert (x is None) == (y is None), (key, k)
+                if x is not None:
+                    assert abs(x - y) <= 1e-6 * max(abs(x), abs(y), 1e-30), (key, k, x, y)
+    # a weight's GEMM error mixes its rows' inputs: present on both, finite
+    assert all(r["gemm_error"] is not None for r in b.values() if r["operand"] == "weight")

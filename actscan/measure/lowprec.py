@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -57,6 +58,8 @@ from actscan.records import LowPrecRecord
 __all__ = ["Delayed", "LowPrecWatch", "delayed_steps", "low_precision_records", "lowprec_watch"]
 
 Key = tuple[str, int, str]  # (module path, rank within one call of the module, op)
+# actscan.distributed.merge.merge_state's shape: (state, {attribute: op}, device), in place
+MergeState = Callable[[Any, dict[str, str], torch.device], None]
 
 
 def _from_rows(
@@ -324,6 +327,44 @@ class LowPrecWatch:
 
         self._on_grad(out, fold_grads)
 
+    def merge(self, merge_state: MergeState, device: torch.device) -> bool:
+        """Merge the ranks' sums in place before the one transfer, exactly: the inputs'
+        and gradients' figures add up over the ranks' rows (their maxima, and the calls:
+        each rank calls each GEMM once per batch, take the max);
+        a weight's, the same on every rank (FSDP gathers the whole weight for the GEMM),
+        are kept as they are (MAX of equal values). Each rank's per-tensor scales are its
+        own tensor's, as data-parallel training casts them. False, and nothing merged,
+        when the ranks did not run the same GEMMs (checked by a key count and digest)."""
+        keys = sorted(self.sums, key=repr)
+        outs = sorted(self.output_sums, key=repr)
+        digest = float(zlib.crc32(repr((keys, outs)).encode()))
+        same = _Merged()
+        same.lo = torch.tensor([float(len(keys)), digest], dtype=torch.float64, device=device)
+        same.hi = same.lo.clone()
+        merge_state(same, {"lo": "min", "hi": "max"}, device)
+        if not torch.equal(same.lo, same.hi):  # once per pass, at its end
+            return False
+        data = [k for k in keys if k[1] != "weight"]
+        weights = [k for k in keys if k[1] == "weight"]
+        st = _Merged()
+        st.sums = _rows([self.sums[k].acc[:N_SUMS] for k in data], N_SUMS, device)
+        st.maxes = _rows([self.sums[k].acc[N_SUMS:] for k in data], 1, device)
+        st.weights = _rows([self.sums[k].acc for k in weights], len(FIGURES), device)
+        st.outputs = _rows([self.output_sums[k] for k in outs], 2, device)
+        st.calls = [self.sums[k].calls for k in data]
+        spec = {"sums": "sum", "maxes": "max", "weights": "max", "outputs": "sum", "calls": "max"}
+        merge_state(st, spec, device)
+        for i, k in enumerate(data):
+            acc = self.sums[k].acc
+            acc[:N_SUMS] = st.sums[i].to(acc)
+            acc[N_SUMS:] = st.maxes[i].to(acc)
+            self.sums[k].calls = int(st.calls[i])
+        for i, k in enumerate(weights):
+            self.sums[k].acc.copy_(st.weights[i])
+        for i, o in enumerate(outs):
+            self.output_sums[o] = st.outputs[i].to(self.output_sums[o])
+        return True
+
     def records(self, block_names: Sequence[str] = ()) -> tuple[LowPrecRecord, ...]:
         """Every (GEMM, operand, format)'s record: the sums read back in one transfer."""
         if not self.sums:
@@ -357,6 +398,24 @@ class LowPrecWatch:
                 record = replace(record, gemm_error=math.sqrt(err[0] / err[1]))
             out.append(record)
         return tuple(out)
+
+
+class _Merged:
+    """The attributes one `merge_state` call merges (its declared spec names them)."""
+
+    lo: torch.Tensor
+    hi: torch.Tensor
+    sums: torch.Tensor
+    maxes: torch.Tensor
+    weights: torch.Tensor
+    outputs: torch.Tensor
+    calls: list[int]
+
+
+def _rows(rows: Sequence[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
+    if not rows:
+        return torch.zeros(0, width, dtype=torch.float64, device=device)
+    return torch.stack([r.to(device, torch.float64) for r in rows])
 
 
 _OPERANDS = ("input", "lhs", "weight", "rhs", "third", "q", "k", "probs", "v", "grad")

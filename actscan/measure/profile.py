@@ -235,13 +235,14 @@ def _recorders(
 
 @contextlib.contextmanager
 def _lowprec(
-    model: nn.Module, spec: PassSpec
+    model: nn.Module, spec: PassSpec, world: int = 1
 ) -> Iterator[tuple[LowPrecWatch | None, Callable[[], contextlib.AbstractContextManager[Any]]]]:
     """The low-precision watch of `--formats` (actscan.measure.lowprec); off: nothing."""
     if not spec.formats:
         yield None, contextlib.nullcontext
         return
-    delayed = Delayed() if spec.first_step and "fp8" in spec.formats else None
+    # delayed scaling across ranks would all-reduce every step's amax: one process only
+    delayed = Delayed() if spec.first_step and "fp8" in spec.formats and world == 1 else None
     with (
         HookSet() as hooks,
         lowprec_watch(
@@ -277,7 +278,7 @@ def record_pass(
     with (
         _recorders(model, layout, spec, ranks, ranks.rows(recorded)) as (rec, extra, targets),
         attention_probes(model, layout, spec.family, enabled=spec.attention) as probes,
-        _lowprec(model, spec) as (lowprec, lowprec_forward),
+        _lowprec(model, spec, ranks.world_size) as (lowprec, lowprec_forward),
     ):
         for i in range(spec.batches):
             if progress:
@@ -307,9 +308,14 @@ def record_pass(
         raw = rec.result(spec.batches)
         for r in extra:
             raw.update(r.result(spec.batches))
+        if lowprec is not None and ranks.world_size > 1:
+            merged = ranks.merge_state is not None and lowprec.merge(ranks.merge_state, spec.device)
+            if not merged:
+                notes.append(
+                    "--formats: the ranks ran different GEMMs; the low-precision figures are "
+                    "this rank's rows, not merged"
+                )
         low_precision = low_precision_records(lowprec, [b.name for b in layout.blocks])
-        if low_precision and ranks.world_size > 1:
-            notes.append("--formats: the low-precision figures are this rank's rows, not merged")
     if ride is not None:
         layout = ride.layout()  # before the attention records, which name roles
         if probes is not None:
