@@ -295,44 +295,44 @@ def operand_figures(
     sq = torch.dot(flat, flat).double()
     lo, hi = torch.aminmax(flat)  # |x|'s max without a pass writing |x| (vector_norm's
     amax = torch.maximum(-lo, hi)  # inf-norm is an order of magnitude slower on CPU)
-    tmin = torch.full((), math.inf, device=x.device)  # the whole tensor's smallest nonzero
-    # per recipe: [zeros of Q (padding included), values of Q, saturated, err, Σ range,
-    # blocks with a range] summed over pieces, and the worst range
-    sums: list[list[torch.Tensor]] = [[] for _ in recipes]
-    worst: list[list[torch.Tensor]] = [[] for _ in recipes]
+    # per recipe and piece: Q's nonzero count, the saturated count, ‖Q(|x|) − |x|‖², and
+    # the block extrema (the ranges are taken once, over all pieces' blocks, at the end)
+    counts: list[list[torch.Tensor]] = [[] for _ in recipes]
+    errs: list[list[torch.Tensor]] = [[] for _ in recipes]
+    extrema: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in recipes]
     parts: list[list[torch.Tensor]] = [[] for _ in recipes]
-    per_tensor = any(r.block == 0 for r in recipes)
+    padded = [0] * len(recipes)  # values of Q, padding included
     scale_ref = amax if ref is None else ref.to(amax)
     for piece in _pieces(x):
         p = _Prepared(piece, scale_ref)
         _warm(p, recipes)
-        if per_tensor:
-            tmin = torch.minimum(tmin, p.extrema(0)[1].reshape(()))
         for i, r in enumerate(recipes):
             q, saturated, bmax, bmin = _quantize(p, r, operand, scaled)
             if casts is not None:
                 parts[i].append(_signed(q, p, r))
-            zeros = q.numel() - torch.count_nonzero(q)
+            counts[i] += [torch.count_nonzero(q), saturated]
             qf = q.reshape(-1).sub_(p.blocks(r.block).reshape(-1))  # Q(|x|) − |x|, in place
-            live = bmax > 0
-            rng = torch.where(live, torch.log2(bmax / torch.where(live, bmin, 1.0)), 0.0)
-            n_q = torch.full((), float(q.numel()), device=x.device)
-            sums[i].append(
-                torch.stack([zeros, n_q, saturated, torch.dot(qf, qf), rng.sum(), live.sum()])
-                .double()
-            )  # fmt: skip
-            worst[i].append(rng.amax())
+            errs[i].append(torch.dot(qf, qf))
+            extrema[i].append((bmax.reshape(-1), bmin.reshape(-1)))
+            padded[i] += q.numel()
     values = torch.full((), float(flat.numel()), dtype=torch.float64, device=x.device)
     rows = []
     for i, r in enumerate(recipes):
-        zeros, n_q, saturated, err, rsum, rcount = torch.stack(sums[i]).sum(0)
-        rmax = torch.stack(worst[i]).amax().double()
+        nz_q, saturated = torch.stack(counts[i]).view(-1, 2).sum(0).double()
+        err = torch.stack(errs[i]).sum().double()
+        bmax = torch.cat([e[0] for e in extrema[i]])
+        bmin = torch.cat([e[1] for e in extrema[i]])
         if r.block == 0:  # one block, the tensor: its range from the whole's extrema
-            live = amax > 0
-            rmax = torch.where(live, torch.log2(amax / torch.where(live, tmin, 1.0)), 0.0)
-            rsum, rcount, rmax = rmax.double(), live.double(), rmax.double()
-        flushed = zeros - (n_q - nonzero)
-        rows.append(torch.stack([values, nonzero, flushed, saturated, err, sq, rsum, rcount, rmax]))
+            bmax, bmin = amax.reshape(1), bmin.amin().reshape(1)
+        live = bmax > 0
+        rng = torch.where(live, torch.log2(bmax / torch.where(live, bmin, 1.0)), 0.0).double()
+        flushed = (padded[i] - nz_q) - (padded[i] - nonzero)
+        rows.append(
+            torch.stack(
+                [values, nonzero, flushed, saturated, err, sq, rng.sum(), live.sum().double(),
+                 rng.amax()]
+            )
+        )  # fmt: skip
         if casts is not None:
             casts.append(torch.cat(parts[i]) if len(parts[i]) > 1 else parts[i][0])
     return torch.stack(rows)
