@@ -104,7 +104,36 @@ N_SUMS = len(FIGURES) - 1
 _EXPONENT = 0x7F800000  # an fp32's exponent bits
 
 
-def _round_abs_(a: torch.Tensor, elem: Element) -> torch.Tensor:
+class _Scratch:
+    """Buffers the passes over one operand's pieces write into, reused from piece to piece
+    and recipe to recipe: on CPU a fresh tensor the size of a piece per pass costs the page
+    faults of memory the allocator gave back to the system (most of a pass's time)."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[str, int, torch.dtype, torch.device], torch.Tensor] = {}
+
+    def like(self, name: str, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """An uninitialised buffer shaped as `t` (of `dtype`), the same one each time."""
+        dtype = dtype or t.dtype
+        key = (name, t.numel(), dtype, t.device)
+        buf = self._bufs.get(key)
+        if buf is None:
+            buf = self._bufs[key] = torch.empty(t.numel(), dtype=dtype, device=t.device)
+        return buf.view(t.shape)
+
+
+def _scratch(
+    scratch: _Scratch | None, name: str, t: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """`scratch`'s buffer `name` shaped as `t`, or a fresh tensor without scratch."""
+    return (
+        torch.empty(t.shape, dtype=dtype, device=t.device)
+        if scratch is None
+        else scratch.like(name, t, dtype)
+    )
+
+
+def _round_abs_(a: torch.Tensor, elem: Element, scratch: _Scratch | None = None) -> torch.Tensor:
     """`a` ≥ 0 (fp32, contiguous; overwritten) rounded to nearest even onto `elem`'s grid,
     saturated at its max. The grid's spacing in a's binade is 2^floor(log2 a) · 2^−m (m
     mantissa bits), never below the smallest subnormal; with c = spacing · 2^23 (a power
@@ -112,7 +141,8 @@ def _round_abs_(a: torch.Tensor, elem: Element) -> torch.Tensor:
     multiple of the spacing is an even mantissa, across binade edges too). c comes from
     a's exponent bits: five cheap passes, where a float8 round trip is two slow ones."""
     a = a.clamp_(max=elem.max)
-    binade = (a.view(torch.int32) & _EXPONENT).view(torch.float32)
+    bits = _scratch(scratch, "bits", a, torch.int32)
+    binade = torch.bitwise_and(a.view(torch.int32), _EXPONENT, out=bits).view(torch.float32)
     c = binade.mul_(2.0 ** (23 - elem.mantissa)).clamp_(min=elem.tiny * 2.0**23)
     return a.add_(c).sub_(c)
 
@@ -150,9 +180,12 @@ class _Prepared:
     coarser size's extrema are folded from a finer one's (the 32-blocks from the
     16-blocks, the piece's from any), not read again."""
 
-    def __init__(self, x: torch.Tensor, amax: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, x: torch.Tensor, amax: torch.Tensor | None = None, scratch: _Scratch | None = None
+    ) -> None:
         self.x = x.detach().float()
-        self.ab = self.x.abs()
+        self.scratch = scratch
+        self.ab = torch.abs(self.x, out=_scratch(scratch, "ab", self.x, torch.float32))
         self.amax = self.ab.amax() if amax is None else amax
         self._blocked: dict[int, torch.Tensor] = {}
         self._extrema: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -186,7 +219,8 @@ class _Prepared:
         else:  # on the bits: |x| ≥ 0 orders as int32 does, and int reductions are faster
             bits = self.blocks(size).view(torch.int32)
             bmax = bits.amax(-1, keepdim=True).view(torch.float32)
-            low = (bits - 1).bitwise_and_(0x7FFFFFFF).amin(-1, keepdim=True)  # 0 → int max
+            low = torch.sub(bits, 1, out=_scratch(self.scratch, "low", bits, torch.int32))
+            low = low.bitwise_and_(0x7FFFFFFF).amin(-1, keepdim=True)  # 0 → int max
             none = low == 0x7FFFFFFF
             bmin = torch.where(none, math.inf, (low + 1).view(torch.float32))
             got = bmax, bmin
@@ -207,30 +241,34 @@ def _quantize(
         amax = p.amax
         scale = torch.full_like(amax, elem.max) / amax if scaled else torch.ones_like(amax)
         scale = torch.where(amax > 0, scale.clamp(max=fmax), torch.ones_like(scale))
-        y = ab * scale
-        saturated = _above(y, elem.max)
-        q = _round_abs_(y, elem).div_(scale)
+        y = torch.mul(ab, scale, out=_scratch(p.scratch, "y", ab, torch.float32))
+        saturated = _above(y, elem.max, p.scratch)
+        q = _round_abs_(y, elem, p.scratch).div_(scale)
     elif recipe.scale == "e8m0":
         s = e8m0_scale(bmax, elem)
-        y = ab / s
-        saturated = _above(y, elem.max)
-        q = _round_abs_(y, elem).mul_(s)
+        y = torch.div(ab, s, out=_scratch(p.scratch, "y", ab, torch.float32))
+        saturated = _above(y, elem.max, p.scratch)
+        q = _round_abs_(y, elem, p.scratch).mul_(s)
     else:  # two levels: an E4M3 scale per block under an fp32 scale per tensor
         tmax = p.amax
         enc = torch.full_like(tmax, E4M3.max * elem.max) / tmax  # (a / t: t.__rtruediv__
         enc = torch.where(tmax > 0, enc, torch.ones_like(tmax))  # rounds 1/t first)
         dec = round_element(bmax / elem.max * enc, E4M3)  # the stored block scale
-        y = ab * torch.where(dec > 0, enc / dec, torch.zeros_like(dec))
-        saturated = _above(y, elem.max)
-        q = _round_abs_(y, elem).mul_(dec / enc)
+        factor = torch.where(dec > 0, enc / dec, torch.zeros_like(dec))
+        y = torch.mul(ab, factor, out=_scratch(p.scratch, "y", ab, torch.float32))
+        saturated = _above(y, elem.max, p.scratch)
+        q = _round_abs_(y, elem, p.scratch).mul_(dec / enc)
     return q, saturated, bmax, bmin
 
 
-def _above(y: torch.Tensor, limit: float) -> torch.Tensor:
-    """How many of `y` (≥ 0) exceed `limit`: the sign of limit − y on the bits, cheaper
-    on CPU than a comparison's bool tensor."""
+def _above(y: torch.Tensor, limit: float, scratch: _Scratch | None = None) -> torch.Tensor:
+    """How many of `y` (≥ 0) exceed `limit`: on the int32 bits (|y| orders as they do),
+    y − (limit + 1) is negative, its sign bit set, exactly where y ≤ limit; cheaper on CPU
+    than a comparison's bool tensor."""
     (top,) = struct.unpack("<i", struct.pack("<f", limit))
-    return torch.count_nonzero((top - y.view(torch.int32)).bitwise_right_shift_(31))
+    diff = _scratch(scratch, "bits", y, torch.int32)
+    torch.sub(y.view(torch.int32), top + 1, out=diff).bitwise_right_shift_(31)
+    return y.numel() - torch.count_nonzero(diff)
 
 
 def _unblocked(q: torch.Tensor, x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
@@ -303,8 +341,9 @@ def operand_figures(
     parts: list[list[torch.Tensor]] = [[] for _ in recipes]
     padded = [0] * len(recipes)  # values of Q, padding included
     scale_ref = amax if ref is None else ref.to(amax)
+    scratch = _Scratch()
     for piece in _pieces(x):
-        p = _Prepared(piece, scale_ref)
+        p = _Prepared(piece, scale_ref, scratch)
         _warm(p, recipes)
         for i, r in enumerate(recipes):
             q, saturated, bmax, bmin = _quantize(p, r, operand, scaled)
