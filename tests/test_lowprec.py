@@ -706,6 +706,7 @@ def test_delayed_scaling_over_steps_matches_an_independent_history(grow: float) 
     assert recs[("0", "grad", "fp8")].steps == 2  # the last step runs no backward
     assert recs[("0", "input", "mxfp8")].delayed_saturation is None  # fp8 only
     validate_report(json.loads(report.to_json()))
+    assert "delayed saturation" in to_markdown(report)
     delayed = [f for f in report.findings if f.check == "low-precision" and "delayed" in f.message]
     if grow == 1.0:
         assert not delayed and sat == 0.0

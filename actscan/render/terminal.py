@@ -270,15 +270,18 @@ def lowprec_table(report: Report) -> Table | None:
         return None
     rows = lowprec_rows(report.low_precision)
     gemm = any(r.gemm_error is not None for r in rows)
+    dly = any(r.delayed_saturation is not None for r in rows)
     t = titled_table(
         "Low precision: worst GEMM per block, operand and format",
         caption="underflow: nonzero values flushed to 0 · error: ‖Q(x)−x‖²/‖x‖² · range: "
         "log2(amax/min|x|) of the worst scale block, bits"
-        + (" · GEMM err: ‖Q(X)Q(W)ᵀ−XWᵀ‖/‖XWᵀ‖" if gemm else ""),
+        + (" · GEMM err: ‖Q(X)Q(W)ᵀ−XWᵀ‖/‖XWᵀ‖" if gemm else "")
+        + (" · dly sat.: fp8 saturation under delayed scaling over the steps" if dly else ""),
         caption_justify="left",
     )
     cols = ["blk", "operand", "format", "underflow", "satur.", "error", "range"]
-    for col in [*cols, *(["GEMM err"] if gemm else []), "worst"]:
+    extra = [*(["GEMM err"] if gemm else []), *(["dly sat."] if dly else [])]
+    for col in [*cols, *extra, "worst"]:
         left = col in ("operand", "format", "worst")
         t.add_column(col, justify="left" if left else "right", no_wrap=True)
     labels = block_labels(report)
@@ -293,6 +296,7 @@ def lowprec_table(report: Report) -> Table | None:
             num(r.error),
             num(r.range_worst),
             *([num(r.gemm_error)] if gemm else []),
+            *([pct_cell(r.delayed_saturation)] if dly else []),
             r.worst,
         )
     return t
