@@ -694,9 +694,9 @@ class LowPrecRecord:
     blocks (the whole tensor for a per-tensor scale), log2(block amax / the block's
     smallest nonzero |x|), its worst block and its mean, in bits."""
 
-    gemm: str  # the module that runs it; `path:op#i` when a module runs several
-    op: str  # linear | matmul | mm | bmm | addmm | baddbmm | einsum | grouped_mm
-    operand: str  # input | weight | grad (the output gradient) | lhs | rhs
+    gemm: str  # the module; `path:op#i` when it runs several; SDPA's: `path.sdpa.qk|pv`
+    op: str  # linear | matmul | mm | bmm | addmm | baddbmm | einsum | grouped_mm | sdpa
+    operand: str  # input | weight | grad (the output gradient) | lhs | rhs | q | k | probs | v
     format: str  # fp8 | mxfp8 | nvfp4
     element: str  # e4m3 | e5m2 | e2m1
     block_size: int  # values per scale (0: one per-tensor scale)
@@ -709,6 +709,16 @@ class LowPrecRecord:
     range_worst: float | None
     range_mean: float | None
     calls: int = 0
+    # --gemm-error: ‖Q(X)Q(W)ᵀ − XWᵀ‖ / ‖XWᵀ‖ of the forward GEMM in this format, the same
+    # on each of its operand rows (None: off, or a call it cannot redo)
+    gemm_error: float | None = None
+    # fp8 over `--steps`, delayed scaling (the scale from the previous steps' amax history):
+    # the figures of steps 1..N's casts, whether the amax grew past the history, the steps
+    delayed_underflow: float | None = None
+    delayed_saturation: float | None = None
+    delayed_error: float | None = None
+    amax_grew: bool | None = None
+    steps: int = 0
 
 
 # -- pure figures derived from records (measure, steps and diagnose share them) ----------

@@ -51,7 +51,7 @@ from actscan.records import BlockProof, Finding, Layout, ModelInfo, ParamRecord,
 from actscan.report.report import Report
 from actscan.settings import SOURCE_SCAN, Ignore, Settings, apply_ignores
 from actscan.steps.loop import StepSpec, StepsRaw
-from actscan.steps.take import steps_record, take_steps, trace_steps
+from actscan.steps.take import steps_record, take_steps, trace_steps, with_delayed
 from actscan.targets.info import infer_info
 from actscan.targets.stored_dtype import stored_dtype_note
 
@@ -94,6 +94,7 @@ def scan_model(
         profiled, probe = profile_pass(model, layout, chosen, spec, ranks, s, info, progress)
         traced = trace_profile(model, profiled, s.trace)
         raw_steps = take_steps(model, steps, profiled, kept, info.vocab_size, progress)
+        profiled = with_delayed(profiled)  # --formats fp8 over the steps: delayed scaling
     if traced is None or traced.first is None:
         replay = trace_steps(
             model, steps, profiled, raw_steps, dropout=s.dropout, vocab_size=info.vocab_size
@@ -143,6 +144,7 @@ def scan(
     decode_token: Callable[[int], str] | None = None,
     trace: bool = False,
     formats: str | Iterable[str] | None = None,
+    gemm_error: bool = False,
 ) -> Report:
     """Measure one forward+backward pass (× `batches`) of `model`.
 
@@ -181,6 +183,8 @@ def scan(
           (`report.trace`; actscan.measure.trace); it runs by itself when the run breaks.
         formats: "fp8,mxfp8,nvfp4" (or a list): cast every GEMM's input, weight and output
           gradient in these formats during the pass (`report.low_precision`); None: off.
+        gemm_error: with `formats`, also each forward GEMM's relative output error
+          ‖Q(X)Q(W)ᵀ − XWᵀ‖/‖XWᵀ‖ in each format (`LowPrecRecord.gemm_error`).
     """
     settings = scan_settings(
         dtype=dtype,
@@ -208,6 +212,7 @@ def scan(
         ignore=ignore,
         trace=trace,
         formats=formats if formats is None or isinstance(formats, str) else tuple(formats),
+        gemm_error=gemm_error,
     )
     return scan_model(
         model,
@@ -264,6 +269,7 @@ def pass_spec(model: nn.Module, s: Settings, info: ModelInfo) -> PassSpec:
         family=info.family,
         first_step=s.steps > 0,
         formats=tuple(s.formats.split(",")) if s.formats else (),
+        gemm_error=s.gemm_error,
     )
     stored = stored_dtype_note(info.arch, spec.dtype_name)
     return replace(spec, notes=(*spec.notes, stored)) if stored else spec

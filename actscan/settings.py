@@ -793,6 +793,14 @@ class Settings:
         panel="Precision",
         help="Simulate every GEMM's operands in these formats (comma-separated).",
     )
+    gemm_error: bool = setting(
+        False,
+        check=boolean,
+        flag="--gemm-error",
+        panel="Precision",
+        help="With --formats: also each GEMM's output error ‖Q(X)Q(W)ᵀ − XWᵀ‖/‖XWᵀ‖ per "
+        "format (a project default: nothing without --formats).",
+    )
     thresholds: Mapping[str, float] = setting(
         factory=dict,
         check=thresholds_table,

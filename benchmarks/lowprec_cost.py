@@ -8,9 +8,9 @@ next-token loss and backward (autograd.grad over the parameters); "watched" is t
 with actscan.measure.lowprec's watch entered as the recorded pass enters it (its module
 hooks, the TorchFunctionMode around the forward, the output-gradient hooks) and its
 records read once at the end (one transfer). Interleaved, median of --reps after a
-warm-up. A third, untimed run splits the watch's own time by operand (each operand's
-casts, all formats at once, timed around the call: exact on CPU, where nothing is
-asynchronous).
+warm-up, wall and process CPU time (steadier on a shared machine). A third, untimed run
+splits the watch's own time by operand (each operand's casts, all formats at once, timed
+around the call: exact on CPU, where nothing is asynchronous).
 Results go to benchmarks/results/lowprec-cost-<timestamp>.json.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -73,10 +74,14 @@ def main() -> None:
 
     plain(), watched()  # warm-up
     samples: dict[str, list[float]] = {"plain": [], "watched": []}
+    cpu: dict[str, list[float]] = {"plain": [], "watched": []}
     for _ in range(args.reps):
-        samples["plain"].append(time_once(plain, "cpu")[0])
-        samples["watched"].append(time_once(watched, "cpu")[0])
+        for k, fn in (("plain", plain), ("watched", watched)):
+            w, c = time_once(fn, "cpu")
+            samples[k].append(w)
+            cpu[k].append(c)
     med = {k: statistics.median(v) for k, v in samples.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
 
     # where the watch's time goes: each operand's casts timed, by operand kind
     split: dict[str, float] = defaultdict(float)
@@ -104,16 +109,21 @@ def main() -> None:
         "samples": samples,
         "median_s": med,
         "ratio": med["watched"] / med["plain"],
+        "cpu_s": cpu,  # process CPU time: steadier than wall on a shared machine
+        "cpu_ratio": med_cpu["watched"] / med_cpu["plain"],
         "split_s": dict(sorted(split.items(), key=lambda kv: -kv[1])),
         "casts_share_of_extra": casts / max(total - med["plain"], 1e-9),
+        "load": os.getloadavg(),  # the 1/5/15-minute load at the end (a shared machine)
         "machine": machine("cpu"),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"lowprec-cost-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2))
-    print(f"12 x 768, batch {args.batch} x seq {args.seq}, {args.threads} thread(s)")
+    load = "/".join(f"{x:.1f}" for x in result["load"])
+    print(f"12 x 768, batch {args.batch} x seq {args.seq}, {args.threads} thread(s), load {load}")
     print(f"plain fwd+bwd     {med['plain']:.2f} s")
     print(f"--formats (3)     {med['watched']:.2f} s   ×{result['ratio']:.2f}  (target ≤ 1.5)")
+    print(f"CPU time          ×{result['cpu_ratio']:.2f}")
     print(f"casts: {casts:.2f} s of the {total - med['plain']:.2f} s extra; by operand:")
     for k, v in result["split_s"].items():
         print(f"  {k:14s} {v:.2f} s")

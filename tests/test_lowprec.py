@@ -30,6 +30,7 @@ from actscan.measure.casts import (
     Element,
     cast_figures,
     e8m0_scale,
+    operand_figures,
     quantize,
     round_element,
 )
@@ -70,6 +71,9 @@ def test_element_rounding_matches_ml_dtypes_on_every_value_tie_and_edge(elem: El
     got = round_element(torch.from_numpy(x), elem).numpy()
     want = oracle_round(x, elem)
     assert np.array_equal(got, want), np.abs(got - want).max()  # max error: 0
+    if elem.dtype is not None:  # and torch's own float8 conversion, bit for bit
+        y = torch.from_numpy(x).clamp(-elem.max, elem.max)
+        assert torch.equal(round_element(y, elem), y.to(elem.dtype).float())
 
 
 def test_e8m0_scale_is_the_mx_rule_and_an_e8m0_value() -> None:
@@ -126,6 +130,28 @@ def test_recipes_match_the_oracle(fmt: str, operand: str) -> None:
     got = quantize(torch.from_numpy(x), FORMATS[fmt], operand)
     want = oracle_quantize(x, fmt, operand)
     assert np.array_equal(got.numpy(), want), np.abs(got.numpy() - want).max()
+
+
+def test_figures_of_a_large_operand_cast_in_pieces_equal_the_whole_cast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CPU a large operand is cast in pieces of rows: the per-tensor scale still comes
+    from the whole tensor's amax, so every count is the same and the sums agree."""
+    import actscan.measure.casts as casts
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(96, 100, generator=g)
+    x[:, 7] *= 1e4  # an outlier channel: per-tensor scales flush
+    x[40:50] = 0.0  # zero rows, and a piece whose amax is far below the tensor's
+    x[70] *= 1e-8
+    whole = operand_figures(x, list(FORMATS.values()), "grad")
+    monkeypatch.setattr(casts, "_CHUNK", 512)  # pieces of 5 rows
+    assert len(casts._pieces(x)) > 10
+    pieces = operand_figures(x, list(FORMATS.values()), "grad")
+    exact = ("values", "nonzero", "flushed", "saturated", "range_blocks")
+    counts = [FIGURES.index(f) for f in exact]
+    assert torch.equal(whole[:, counts], pieces[:, counts])
+    assert torch.allclose(whole, pieces, rtol=1e-6, atol=0)
 
 
 def fig(x: torch.Tensor, fmt: str, operand: str = "input", **kw: bool) -> dict[str, float]:
@@ -314,25 +340,30 @@ def test_a_tiny_loss_is_no_underflow_under_per_tensor_scaling() -> None:
 
 
 @pytest.mark.slow  # transformers import (~10 s cold)
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_quiet_on_healthy_transformers_at_init_and_every_gemm_is_there(family: str) -> None:
+def test_quiet_on_healthy_transformers_at_init_and_every_gemm_is_there(
+    family: str, impl: str
+) -> None:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     if family == "llama":
         cfg = transformers.LlamaConfig(
             vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager",
+            num_attention_heads=4, num_key_value_heads=2, attn_implementation=impl,
         )  # fmt: skip
         model, per_block = transformers.LlamaForCausalLM(cfg), 7 + 2
     else:
         cfg = transformers.GPT2Config(
-            vocab_size=256, n_embd=64, n_layer=2, n_head=4, attn_implementation="eager"
+            vocab_size=256, n_embd=64, n_layer=2, n_head=4, attn_implementation=impl
         )
         model, per_block = transformers.GPT2LMHeadModel(cfg), 4 + 2
-    report = scan(model, formats="fp8,mxfp8,nvfp4", seq_len=32)
+    steps = 2 if impl == "sdpa" else 0  # and fp8 delayed scaling over two steps
+    report = scan(model, formats="fp8,mxfp8,nvfp4", seq_len=32, steps=steps)
     gemms = {r.gemm for r in report.low_precision}
     assert len(gemms) == 2 * per_block + 1  # every projection, QKᵀ and PV, and the head
-    assert any(g.endswith(":matmul#1") for g in gemms) and "lm_head" in gemms
+    pv = ":matmul#1" if impl == "eager" else ".sdpa.pv"
+    assert sum(g.endswith(pv) for g in gemms) == 2 and "lm_head" in gemms
     assert {r.block for r in report.low_precision} == {0, 1, None}
     assert "low-precision" not in {f.check for f in report.findings}
 
@@ -473,3 +504,260 @@ def test_plot_gets_a_low_precision_panel(tmp_path: Path) -> None:
     assert up[1] == want
     assert plot_profile(fig, tmp_path / "p.png").stat().st_size > 0
     assert profile_figure(scan(Mixer(), mixer_batch())).lowprec == ()
+
+
+# -- attention's fused call: QKᵀ and PV inside scaled_dot_product_attention -------------
+
+
+class SdpaAttention(nn.Module):
+    """Grouped-query causal attention through F.scaled_dot_product_attention (4 query heads
+    on 2 key/value heads, `enable_gqa`), keeping its q, k, v and output for the test."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.q = nn.Linear(d, d, bias=False)
+        self.kv = nn.Linear(d, d, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.seen: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q = self.q(x).view(b, t, 4, d // 4).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 4, d // 4).transpose(1, 2).chunk(2, dim=1)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=0.3, enable_gqa=True
+        )
+        if out.requires_grad:
+            out.retain_grad()
+        self.seen = {"q": q, "k": k, "v": v, "out": out}
+        return self.o(out.transpose(1, 2).reshape(b, t, d))
+
+
+def test_sdpa_qk_and_pv_are_gemms_matching_an_independent_recomputation() -> None:
+    """`attn.sdpa.qk` casts q and k, `attn.sdpa.pv` the probabilities and v, their
+    gradients the scores' and the output's: each figure against the oracle's cast of the
+    same tensor recomputed here by plain autograd (explicit softmax, repeated kv heads)."""
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("attn", SdpaAttention())
+    x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(4))
+    want_out = model(x).detach()
+    # the reference: the same call written out, with S as a leaf so autograd gives dS
+    model(x).square().mean().backward()
+    seen = model.attn.seen
+    d_out = seen["out"].grad
+    assert d_out is not None
+    q, k, v = (seen[n].detach() for n in ("q", "k", "v"))
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    s = (q @ kk.transpose(-1, -2)).requires_grad_()
+    causal = torch.ones(16, 16, dtype=torch.bool).tril()
+    p = torch.softmax((s * 0.3).masked_fill(~causal, -math.inf), -1)
+    (ds,) = torch.autograd.grad(p @ vv, s, d_out)
+    model.zero_grad()
+
+    report = scan(model, x, loss_fn=lambda out: out.square().mean(), formats="fp8,mxfp8,nvfp4")
+    assert torch.equal(model(x), want_out)  # the pass changed nothing
+    recs = {(r.gemm, r.operand, r.format): r for r in report.low_precision}
+    assert {(g, o) for g, o, _ in recs if ".sdpa." in g} == {
+        ("attn.sdpa.qk", "q"), ("attn.sdpa.qk", "k"), ("attn.sdpa.qk", "grad"),
+        ("attn.sdpa.pv", "probs"), ("attn.sdpa.pv", "v"), ("attn.sdpa.pv", "grad"),
+    }  # fmt: skip
+    assert {r.op for r in report.low_precision if ".sdpa." in r.gemm} == {"sdpa"}
+
+    def want(t: torch.Tensor, fmt: str, operand: str = "input") -> tuple[float, float]:
+        rows = t.reshape(-1, t.shape[-1]).numpy()
+        qz = oracle_quantize(rows, fmt, operand)
+        lost = ((qz == 0) & (rows != 0)).sum() / max((rows != 0).sum(), 1)
+        return float(((qz - rows) ** 2).sum() / (rows**2).sum()), float(lost)
+
+    cases = {
+        ("attn.sdpa.qk", "q"): (q, "input"),
+        ("attn.sdpa.qk", "k"): (k, "input"),  # Kᵀ contracts over k's last dim
+        ("attn.sdpa.qk", "grad"): (ds.detach(), "grad"),
+        ("attn.sdpa.pv", "probs"): (p.detach(), "input"),
+        ("attn.sdpa.pv", "v"): (v.transpose(-1, -2), "input"),  # v contracts over its rows
+        ("attn.sdpa.pv", "grad"): (d_out, "grad"),
+    }
+    for fmt in FORMATS:
+        for (gemm, operand), (t, kind) in cases.items():
+            r = recs[(gemm, operand, fmt)]
+            err, lost = want(t, fmt, kind)
+            assert r.values == t.numel()
+            assert r.error == pytest.approx(err, rel=1e-4), (gemm, operand, fmt)
+            assert r.underflow == pytest.approx(lost, abs=1e-6), (gemm, operand, fmt)
+    assert recs[("attn.sdpa.qk", "grad", "fp8")].element == "e5m2"
+    assert {r.block for r in report.low_precision} == {None}
+
+
+# -- `--gemm-error`: the GEMM output's own error ------------------------------------------
+
+
+def oracle_cast(t: torch.Tensor, fmt: str, contract_rows: bool = False) -> torch.Tensor:
+    """Q(t) by the oracle, blocked along t's last dim (its rows when `contract_rows`)."""
+    if contract_rows:
+        return oracle_cast(t.transpose(-1, -2), fmt).transpose(-1, -2)
+    rows = t.detach().reshape(-1, t.shape[-1]).double().float().numpy()
+    return torch.from_numpy(oracle_quantize(rows, fmt)).reshape(t.shape)
+
+
+def test_gemm_error_matches_an_independent_product_of_oracle_casts() -> None:
+    """‖Q(X)Q(W)ᵀ − XWᵀ‖/‖XWᵀ‖ of a Linear, of an activation × activation matmul (its right
+    operand blocked along its rows) and of SDPA's QKᵀ and PV, against the same products of
+    the oracle's casts of the captured operands; the same figure on every operand row; off
+    by default, and nothing without --formats."""
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("mix", Mixer())
+    model.add_module("attn", SdpaAttention())
+    x = mixer_batch()
+    seen: dict[str, torch.Tensor] = {}
+    model.mix.register_forward_hook(lambda m, a, o: seen.__setitem__("h", m.up(a[0]).detach()))
+    model.mix.up.register_forward_hook(lambda m, a, o: seen.__setitem__("up", a[0].detach()))
+    model(x)
+    model.mix._forward_hooks.clear()
+    model.mix.up._forward_hooks.clear()
+    att = {k: v.detach() for k, v in model.attn.seen.items()}
+    h = seen["h"]
+    scores = torch.softmax(h @ h.transpose(-1, -2) / 8, -1)
+    q, k, v = att["q"], att["k"].repeat_interleave(2, 1), att["v"].repeat_interleave(2, 1)
+    causal = torch.ones(16, 16, dtype=torch.bool).tril()
+    p = torch.softmax((q @ k.transpose(-1, -2) * 0.3).masked_fill(~causal, -math.inf), -1)
+
+    def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+        return float((got - ref).norm() / ref.norm())
+
+    report = scan(model, x, formats="fp8,mxfp8,nvfp4", gemm_error=True)
+    recs = {(r.gemm, r.operand, r.format): r for r in report.low_precision}
+    for fmt in FORMATS:
+        w = model.mix.up.weight.detach()
+        xs = seen["up"]
+        want = {
+            "mix.up": rel(oracle_cast(xs, fmt) @ oracle_cast(w, fmt).T, xs @ w.T),
+            "mix:matmul#1": rel(
+                oracle_cast(scores, fmt) @ oracle_cast(h, fmt, contract_rows=True), scores @ h
+            ),
+            "attn.sdpa.qk": rel(
+                oracle_cast(q, fmt) @ oracle_cast(k, fmt).transpose(-1, -2), q @ k.transpose(-1, -2)
+            ),
+            "attn.sdpa.pv": rel(
+                oracle_cast(p, fmt) @ oracle_cast(v, fmt, contract_rows=True), p @ v
+            ),
+        }
+        for gemm, value in want.items():
+            rows = [r for (g, _, f), r in recs.items() if g == gemm and f == fmt]
+            assert len(rows) == 3  # both operands and the gradient carry the GEMM's figure
+            for r in rows:
+                assert r.gemm_error == pytest.approx(value, rel=1e-4), (gemm, fmt)
+    fp4, fp8 = (recs[("mix.up", "input", f)].gemm_error for f in ("nvfp4", "fp8"))
+    assert fp4 is not None and fp8 is not None and fp4 > fp8
+    validate_report(json.loads(report.to_json()))
+    assert "GEMM error" in to_markdown(report)
+    assert all(r.gemm_error is None for r in scan(model, x, formats="fp8").low_precision)
+    assert scan(model, x, gemm_error=True).low_precision == ()
+
+
+# -- fp8 delayed scaling over --steps ---------------------------------------------------
+
+
+def delayed_oracle(batches: list[np.ndarray]) -> tuple[float, float, float, bool]:
+    """Delayed scaling written out: step t ≥ 1 casts with 448 / max(amax of steps < t)."""
+    hist = np.float32(np.abs(batches[0]).max())
+    flushed = saturated = nonzero = 0
+    err = sq = 0.0
+    grew = False
+    for x in batches[1:]:
+        scale = np.float32(448.0) / hist
+        y = np.abs(x) * scale
+        q = oracle_round(y, E4M3) / scale
+        nonzero += int((x != 0).sum())
+        flushed += int(((q == 0) & (x != 0)).sum())
+        saturated += int((y > 448.0).sum())
+        err += float(((q - np.abs(x)).astype(np.float64) ** 2).sum())
+        sq += float((x.astype(np.float64) ** 2).sum())
+        grew |= bool(np.abs(x).max() > hist)
+        hist = max(hist, np.float32(np.abs(x).max()))
+    return flushed / nonzero, saturated / nonzero, err / sq, grew
+
+
+@pytest.mark.parametrize("grow", [1.0, 4.0])
+def test_delayed_scaling_over_steps_matches_an_independent_history(grow: float) -> None:
+    """The first Linear's input is step t's batch itself (× grow^t): its delayed figures
+    against the history written out again; growing 4× a step saturates (an info finding
+    naming it), a steady input is quiet. Weights barely move (SGD, lr 1e-9)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8))
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(32, 64, generator=g) for _ in range(4)]
+
+    def batch(i: int) -> torch.Tensor:
+        return base[i % 4] * grow ** min(i, 8)
+
+    report = scan(
+        model, inputs=batch, loss_fn=lambda o: o.square().mean(), formats="fp8,mxfp8",
+        steps=3, optimizer="sgd", lr=1e-9,
+    )  # fmt: skip
+    recs = {(r.gemm, r.operand, r.format): r for r in report.low_precision}
+    r = recs[("0", "input", "fp8")]
+    uf, sat, err, grew = delayed_oracle([batch(t).numpy() for t in range(4)])
+    assert r.steps == 3 and r.amax_grew is grew
+    assert r.delayed_underflow == pytest.approx(uf, abs=1e-9)
+    assert r.delayed_saturation == pytest.approx(sat, abs=1e-9)
+    assert r.delayed_error == pytest.approx(err, rel=1e-4)
+    assert recs[("0", "grad", "fp8")].steps == 2  # the last step runs no backward
+    assert recs[("0", "input", "mxfp8")].delayed_saturation is None  # fp8 only
+    validate_report(json.loads(report.to_json()))
+    assert "delayed saturation" in to_markdown(report)
+    delayed = [f for f in report.findings if f.check == "low-precision" and "delayed" in f.message]
+    if grow == 1.0:
+        assert not delayed and sat == 0.0
+    else:
+        (f,) = delayed
+        assert f.severity == "info" and "0 input" in f.message and sat > 0.2
+    off = scan(model, inputs=batch, formats="fp8")  # no steps: no delayed figures
+    assert all(x.steps == 0 and x.delayed_saturation is None for x in off.low_precision)
+
+
+# -- distributed: the ranks' records merged (actscan.distributed.merge.merge_state) ------
+
+
+@pytest.mark.slow  # two processes (gloo on CPU)
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="torch.distributed with gloo is needed",
+)
+def test_two_ranks_merge_the_low_precision_records_exactly(tmp_path: Path) -> None:
+    """`--nproc 2`: every record merged over the ranks' rows. Against one process: the
+    counts of values cast and the calls are exact everywhere; MXFP8 (its scales are per
+    32-block within a row) and every weight (the same whole weight on both ranks) agree
+    in every figure, counts exactly, sums to 1e-6; fp8 / NVFP4 activations differ only
+    through each rank's own per-tensor scale, as data-parallel training casts them."""
+    from test_distributed import BATCH, BUILTIN, SEQ, _env, _profile2
+
+    from actscan.api import TargetSpec, scan_target
+    from actscan.settings import Settings
+
+    cfg = tmp_path / "deep.yaml"
+    cfg.write_text(BUILTIN)
+    out = tmp_path / "r2.json"
+    fmts = "fp8,mxfp8,nvfp4"
+    res = _profile2(cfg, out, _env(), "--formats", fmts, "--gemm-error")
+    assert res.returncode == 0, res.stderr
+    two = json.loads(out.read_text())
+    assert not [n for n in two["notes"] if "not merged" in n]
+    settings = Settings(batch=BATCH, seq_len=SEQ, formats=fmts, gemm_error=True)
+    one = scan_target(TargetSpec(str(cfg)), settings).report.to_dict()
+    a = {(r["gemm"], r["operand"], r["format"]): r for r in one["low_precision"]}
+    b = {(r["gemm"], r["operand"], r["format"]): r for r in two["low_precision"]}
+    assert set(a) == set(b) and len(a) > 100
+    counts = ("values", "nonzero", "calls")
+    for key, ra in a.items():
+        rb = b[key]
+        assert [ra[k] for k in counts] == [rb[k] for k in counts], key
+        if key[2] == "mxfp8" or key[1] == "weight":
+            for k in ("underflow", "saturation", "error", "range_worst", "range_mean"):
+                x, y = ra[k], rb[k]
+                assert (x is None) == (y is None), (key, k)
+                if x is not None:
+                    assert abs(x - y) <= 1e-6 * max(abs(x), abs(y), 1e-30), (key, k, x, y)
+    # a weight's GEMM error mixes its rows' inputs: present on both, finite
+    assert all(r["gemm_error"] is not None for r in b.values() if r["operand"] == "weight")

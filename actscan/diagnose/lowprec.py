@@ -76,9 +76,46 @@ def _hints(ctx: CheckContext, hits: Sequence[LowPrecRecord]) -> list[str]:
     return out
 
 
+def _delayed(ctx: CheckContext) -> list[Finding | Skip]:
+    """fp8 operands that saturate under delayed scaling over the steps: their amax grows
+    past the history's. Info: not calibrated against training runs."""
+    th = ctx.thresholds.lowprec_delayed_saturation
+    hits = [
+        r
+        for r in ctx.low_precision
+        if r.delayed_saturation is not None and r.delayed_saturation >= th
+    ]
+    if not hits:
+        return []
+    ranked = sorted(hits, key=lambda r: r.delayed_saturation or 0.0, reverse=True)
+    shown = listing([f"{r.gemm} {r.operand} {pct(r.delayed_saturation or 0.0)}" for r in ranked], 4)
+    steps = max(r.steps for r in hits)
+    message = (
+        f"Under fp8 delayed scaling over {steps} step{'s' if steps > 1 else ''} (each step's "
+        f"scale from the previous steps' amax), {len(hits)} GEMM operand"
+        f"{'s saturate' if len(hits) > 1 else ' saturates'} ≥ {pct(th)} of the nonzero values"
+        f" ({shown}): the amax grew past its history."
+    )
+    hint = (
+        "Use current (per-step) scaling for these GEMMs, or a scaling margin / a shorter "
+        "amax history; a fast-growing amax is also worth a look itself (learning rate, "
+        "warmup, norms)."
+    )
+    worst = ranked[0].delayed_saturation or 0.0
+    return [
+        finding(
+            CheckId.LOW_PRECISION, Severity.INFO, [r.gemm for r in hits], worst, th, message, hint
+        )
+    ]
+
+
 def low_precision(ctx: CheckContext) -> list[Finding | Skip]:
     if not ctx.low_precision:
         return [skip(CheckId.LOW_PRECISION, OFF)]
+    return _current(ctx) + _delayed(ctx)
+
+
+def _current(ctx: CheckContext) -> list[Finding | Skip]:
     th = ctx.thresholds
     flushed = [r for r in ctx.low_precision if _excess_underflow(r) >= th.lowprec_underflow]
     lossy = [r for r in ctx.low_precision if _error_ratio(r) >= th.lowprec_error_ratio]

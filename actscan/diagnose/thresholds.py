@@ -131,6 +131,12 @@ class Thresholds:
     # scale no longer fits the values. Healthy transformers Llama / GPT-2 at init: ≤ 1.4×
     # on every GEMM operand. Not calibrated against training runs: info.
     lowprec_error_ratio: float = 10.0
+    # fp8 under delayed scaling over --steps (the scale from the previous steps' amax):
+    # values above the history's amax saturate. A fraction of an operand's nonzero values
+    # at or above this saturates: its amax grew faster than the history follows. Healthy
+    # tiny MLP at lr 1e-3: ≤ 0.33% (weights moving past their step-0 amax); an input growing
+    # 4× a step: 32%. Not calibrated against training runs: info.
+    lowprec_delayed_saturation: float = 0.01
 
     # ---- dead-branch -------------------------------------------------------------------
     # A branch whose output RMS (or output-gradient RMS) is below this fraction of the

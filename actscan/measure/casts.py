@@ -12,13 +12,17 @@ saturates (clamps to the largest finite value, as the recipes' casts do) and sca
 * `nvfp4`: E2M1 values in 16-value blocks, each with an E4M3 scale, under a per-tensor fp32
   scale (448·6 / tensor amax) that keeps the block scales in E4M3's range.
 
-E4M3 and E5M2 round through torch's float8 dtypes; E2M1 and E8M0 are computed here. No
-function syncs the host: every figure stays a device tensor (`cast_figures`).
+Every element format rounds the same way, in fp32 arithmetic (`_round_abs_`: the tests
+hold it bit for bit to torch's float8 dtypes and to ml_dtypes), on |x|: the rounding is
+symmetric, so |Q(x)| = Q(|x|), and every figure is one of |x|. No function syncs the
+host: every figure stays a device tensor (`cast_figures`).
 """
 
 from __future__ import annotations
 
 import math
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,12 +34,14 @@ __all__ = [
     "E5M2",
     "FIGURES",
     "FORMATS",
+    "FP8",
     "Element",
     "Recipe",
     "cast_figures",
     "e8m0_scale",
     "operand_figures",
     "quantize",
+    "quantize_all",
     "round_element",
 ]
 
@@ -43,12 +49,13 @@ __all__ = [
 @dataclass(frozen=True)
 class Element:
     """An element format: its largest finite value, smallest subnormal, largest exponent
-    (emax_elem of the MX spec) and, where torch has it, its dtype."""
+    (emax_elem of the MX spec), its mantissa bits and, where torch has it, its dtype."""
 
     name: str
     max: float
     tiny: float  # the smallest subnormal
     emax: int
+    mantissa: int
     dtype: torch.dtype | None = None
 
     @property
@@ -57,9 +64,9 @@ class Element:
         return math.log2(self.max / self.tiny)
 
 
-E4M3 = Element("e4m3", 448.0, 2.0**-9, 8, torch.float8_e4m3fn)
-E5M2 = Element("e5m2", 57344.0, 2.0**-16, 15, torch.float8_e5m2)
-E2M1 = Element("e2m1", 6.0, 0.5, 2)
+E4M3 = Element("e4m3", 448.0, 2.0**-9, 8, 3, torch.float8_e4m3fn)
+E5M2 = Element("e5m2", 57344.0, 2.0**-16, 15, 2, torch.float8_e5m2)
+E2M1 = Element("e2m1", 6.0, 0.5, 2, 1)
 
 
 @dataclass(frozen=True)
@@ -79,8 +86,9 @@ class Recipe:
         return self.backward if operand == "grad" else self.forward
 
 
+FP8 = Recipe("fp8", E4M3, E5M2, 0, "tensor")
 FORMATS: dict[str, Recipe] = {
-    "fp8": Recipe("fp8", E4M3, E5M2, 0, "tensor"),
+    "fp8": FP8,
     "mxfp8": Recipe("mxfp8", E4M3, E4M3, 32, "e8m0"),
     "nvfp4": Recipe("nvfp4", E2M1, E2M1, 16, "e4m3"),
 }
@@ -93,21 +101,55 @@ FIGURES = (
 N_SUMS = len(FIGURES) - 1
 
 
-def _round_e2m1(y: torch.Tensor) -> torch.Tensor:
-    """Round to nearest even onto E2M1's grid {0, .5, 1, 1.5, 2, 3, 4, 6} (|y| ≤ 6): the
-    spacing is 0.5 below 2, 1 below 4, 2 above, and torch.round rounds half to even (an
-    even multiple of the spacing is an even mantissa, across the binade edges too)."""
-    a = y.abs()
-    step = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0))
-    return torch.copysign(torch.round(a / step) * step, y)
+_EXPONENT = 0x7F800000  # an fp32's exponent bits
+
+
+class _Scratch:
+    """Buffers the passes over one operand's pieces write into, reused from piece to piece
+    and recipe to recipe: on CPU a fresh tensor the size of a piece per pass costs the page
+    faults of memory the allocator gave back to the system (most of a pass's time)."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[str, int, torch.dtype, torch.device], torch.Tensor] = {}
+
+    def like(self, name: str, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """An uninitialised buffer shaped as `t` (of `dtype`), the same one each time."""
+        dtype = dtype or t.dtype
+        key = (name, t.numel(), dtype, t.device)
+        buf = self._bufs.get(key)
+        if buf is None:
+            buf = self._bufs[key] = torch.empty(t.numel(), dtype=dtype, device=t.device)
+        return buf.view(t.shape)
+
+
+def _scratch(
+    scratch: _Scratch | None, name: str, t: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """`scratch`'s buffer `name` shaped as `t`, or a fresh tensor without scratch."""
+    return (
+        torch.empty(t.shape, dtype=dtype, device=t.device)
+        if scratch is None
+        else scratch.like(name, t, dtype)
+    )
+
+
+def _round_abs_(a: torch.Tensor, elem: Element, scratch: _Scratch | None = None) -> torch.Tensor:
+    """`a` ≥ 0 (fp32, contiguous; overwritten) rounded to nearest even onto `elem`'s grid,
+    saturated at its max. The grid's spacing in a's binade is 2^floor(log2 a) · 2^−m (m
+    mantissa bits), never below the smallest subnormal; with c = spacing · 2^23 (a power
+    of two above a), (a + c) − c rounds a to that spacing in IEEE fp32, to even (an even
+    multiple of the spacing is an even mantissa, across binade edges too). c comes from
+    a's exponent bits: five cheap passes, where a float8 round trip is two slow ones."""
+    a = a.clamp_(max=elem.max)
+    bits = _scratch(scratch, "bits", a, torch.int32)
+    binade = torch.bitwise_and(a.view(torch.int32), _EXPONENT, out=bits).view(torch.float32)
+    c = binade.mul_(2.0 ** (23 - elem.mantissa)).clamp_(min=elem.tiny * 2.0**23)
+    return a.add_(c).sub_(c)
 
 
 def round_element(y: torch.Tensor, elem: Element) -> torch.Tensor:
     """`y` (fp32) rounded to nearest even in `elem`, saturated at ±max, back in fp32."""
-    y = y.clamp(-elem.max, elem.max)
-    if elem.dtype is not None:
-        return y.to(elem.dtype).to(torch.float32)
-    return _round_e2m1(y)
+    return torch.copysign(_round_abs_(y.float().abs(), elem), y)
 
 
 def e8m0_scale(amax: torch.Tensor, elem: Element) -> torch.Tensor:
@@ -127,53 +169,115 @@ def _blocks(x: torch.Tensor, size: int, fill: float = 0.0) -> torch.Tensor:
     return x.reshape(x.shape[0], -1, size)
 
 
+# values per piece an operand is cast in on CPU: its temporaries stay in cache
+_CHUNK = 1 << 18
+
+
 class _Prepared:
-    """What every recipe reads of one operand, computed once: x (rows, K) in fp32, |x|,
-    |x| with zeros as inf (for block minima), its zero count and ‖x‖²."""
+    """What every recipe reads of one operand (or one piece of it), computed once: x
+    (rows, K) in fp32, |x| (in blocks per size), the whole tensor's amax (the per-tensor
+    scales' reference), and per block size the block amax and smallest nonzero |x|; a
+    coarser size's extrema are folded from a finer one's (the 32-blocks from the
+    16-blocks, the piece's from any), not read again."""
 
-    def __init__(self, x: torch.Tensor) -> None:
+    def __init__(
+        self, x: torch.Tensor, amax: torch.Tensor | None = None, scratch: _Scratch | None = None
+    ) -> None:
         self.x = x.detach().float()
-        self.ab = self.x.abs()
-        self.abinf = torch.where(self.ab > 0, self.ab, math.inf)
-        flat = self.x.reshape(-1)
-        self.zeros = flat.numel() - torch.count_nonzero(flat)
-        self.sq = torch.dot(flat, flat)
+        self.scratch = scratch
+        self.ab = torch.abs(self.x, out=_scratch(scratch, "ab", self.x, torch.float32))
+        self.amax = self.ab.amax() if amax is None else amax
+        self._blocked: dict[int, torch.Tensor] = {}
+        self._extrema: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def blocks(self, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x, |x| and |x|-with-zeros-as-inf in blocks of `size` (one block: the tensor)."""
-        if size == 0:
-            return self.x.reshape(1, 1, -1), self.ab.reshape(1, 1, -1), self.abinf.reshape(1, 1, -1)
-        return _blocks(self.x, size), _blocks(self.ab, size), _blocks(self.abinf, size, math.inf)
+    def blocks(self, size: int) -> torch.Tensor:
+        """|x| in blocks of `size` (one block: the tensor)."""
+        got = self._blocked.get(size)
+        if got is None:
+            got = self.ab.reshape(1, 1, -1) if size == 0 else _blocks(self.ab, size)
+            self._blocked[size] = got
+        return got
+
+    def extrema(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block amax, block smallest nonzero |x| (inf: none)), shaped (rows, blocks, 1)."""
+        got = self._extrema.get(size)
+        if got is not None:
+            return got
+        k = self.ab.shape[-1]
+        finer = [f for f in self._extrema if f and (size == 0 or (size % f == 0 and k % size == 0))]
+        if finer:
+            bmax, bmin = self._extrema[max(finer)]
+            if size == 0:
+                got = bmax.amax().reshape(1, 1, 1), bmin.amin().reshape(1, 1, 1)
+            else:
+                n = size // max(finer)
+                rows = bmax.shape[0]
+                got = (
+                    bmax.reshape(rows, -1, n).amax(-1, keepdim=True),
+                    bmin.reshape(rows, -1, n).amin(-1, keepdim=True),
+                )
+        else:  # on the bits: |x| ≥ 0 orders as int32 does, and int reductions are faster
+            bits = self.blocks(size).view(torch.int32)
+            bmax = bits.amax(-1, keepdim=True).view(torch.float32)
+            low = torch.sub(bits, 1, out=_scratch(self.scratch, "low", bits, torch.int32))
+            low = low.bitwise_and_(0x7FFFFFFF).amin(-1, keepdim=True)  # 0 → int max
+            none = low == 0x7FFFFFFF
+            bmin = torch.where(none, math.inf, (low + 1).view(torch.float32))
+            got = bmax, bmin
+        self._extrema[size] = got
+        return got
 
 
 def _quantize(
     p: _Prepared, recipe: Recipe, operand: str, scaled: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(Q(x) in blocks, the saturated count, block amax, block min nonzero |x|)."""
+    """(|Q(x)| in blocks, the saturated count, block amax, block min nonzero |x|); the
+    per-tensor scales come from the whole tensor's amax."""
     elem = recipe.element(operand)
-    xb, ab, abinf = p.blocks(recipe.block)
-    bmax = ab.amax(-1, keepdim=True)
-    bmin = abinf.amin(-1, keepdim=True)
+    ab = p.blocks(recipe.block)
+    bmax, bmin = p.extrema(recipe.block)
     if recipe.block == 0:
         fmax = torch.finfo(torch.float32).max
-        amax = bmax.reshape(())
+        amax = p.amax
         scale = torch.full_like(amax, elem.max) / amax if scaled else torch.ones_like(amax)
         scale = torch.where(amax > 0, scale.clamp(max=fmax), torch.ones_like(scale))
-        y = xb * scale
-        q = round_element(y, elem) / scale
+        y = torch.mul(ab, scale, out=_scratch(p.scratch, "y", ab, torch.float32))
+        saturated = _above(y, elem.max, p.scratch)
+        q = _round_abs_(y, elem, p.scratch).div_(scale)
     elif recipe.scale == "e8m0":
         s = e8m0_scale(bmax, elem)
-        y = xb / s
-        q = round_element(y, elem) * s
+        y = torch.div(ab, s, out=_scratch(p.scratch, "y", ab, torch.float32))
+        saturated = _above(y, elem.max, p.scratch)
+        q = _round_abs_(y, elem, p.scratch).mul_(s)
     else:  # two levels: an E4M3 scale per block under an fp32 scale per tensor
-        tmax = bmax.amax()
+        tmax = p.amax
         enc = torch.full_like(tmax, E4M3.max * elem.max) / tmax  # (a / t: t.__rtruediv__
         enc = torch.where(tmax > 0, enc, torch.ones_like(tmax))  # rounds 1/t first)
         dec = round_element(bmax / elem.max * enc, E4M3)  # the stored block scale
-        y = xb * torch.where(dec > 0, enc / dec, torch.zeros_like(dec))
-        q = round_element(y, elem) * (dec / enc)
-    saturated = torch.count_nonzero(y.abs() > elem.max)
+        factor = torch.where(dec > 0, enc / dec, torch.zeros_like(dec))
+        y = torch.mul(ab, factor, out=_scratch(p.scratch, "y", ab, torch.float32))
+        saturated = _above(y, elem.max, p.scratch)
+        q = _round_abs_(y, elem, p.scratch).mul_(dec / enc)
     return q, saturated, bmax, bmin
+
+
+def _above(y: torch.Tensor, limit: float, scratch: _Scratch | None = None) -> torch.Tensor:
+    """How many of `y` (≥ 0) exceed `limit`: on the int32 bits (|y| orders as they do),
+    y − (limit + 1) is negative, its sign bit set, exactly where y ≤ limit; cheaper on CPU
+    than a comparison's bool tensor."""
+    (top,) = struct.unpack("<i", struct.pack("<f", limit))
+    diff = _scratch(scratch, "bits", y, torch.int32)
+    torch.sub(y.view(torch.int32), top + 1, out=diff).bitwise_right_shift_(31)
+    return y.numel() - torch.count_nonzero(diff)
+
+
+def _unblocked(q: torch.Tensor, x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
+    """Q(x) in blocks back to x's (rows, K) shape (the padding dropped)."""
+    return q.reshape(x.shape[0], -1)[:, : x.shape[-1]] if recipe.block else q.reshape(x.shape)
+
+
+def _signed(q: torch.Tensor, p: _Prepared, recipe: Recipe) -> torch.Tensor:
+    return torch.copysign(_unblocked(q, p.x, recipe), p.x)
 
 
 def quantize(
@@ -182,44 +286,94 @@ def quantize(
     """Q(x) for `x` of shape (rows, K), K the contraction dimension, in fp32.
     `scaled=False`: a per-tensor recipe casts unscaled (what a plain cast to the element
     dtype does)."""
-    q, _, _, _ = _quantize(_Prepared(x), recipe, operand, scaled)
-    k = x.shape[-1]
-    return q.reshape(x.shape[0], -1)[:, :k] if recipe.block else q.reshape(x.shape)
+    p = _Prepared(x)
+    return _signed(_quantize(p, recipe, operand, scaled)[0], p, recipe)
+
+
+def quantize_all(
+    x: torch.Tensor, recipes: Sequence[Recipe], operand: str = "input"
+) -> list[torch.Tensor]:
+    """Q(x) of `x` (rows, K) in each recipe (what `--gemm-error` multiplies)."""
+    p = _Prepared(x)
+    _warm(p, recipes)
+    return [_signed(_quantize(p, r, operand, True)[0], p, r) for r in recipes]
+
+
+def _warm(p: _Prepared, recipes: Sequence[Recipe]) -> None:
+    """The block extrema finest first, so that the coarser ones fold from them."""
+    for size in sorted({r.block for r in recipes if r.block}):
+        p.extrema(size)
+
+
+def _pieces(x: torch.Tensor) -> list[torch.Tensor]:
+    """`x` (rows, K) in pieces of whole rows of about `_CHUNK` values on CPU, where
+    elementwise passes over a cached piece beat passes over memory; one piece elsewhere."""
+    if x.device.type != "cpu" or x.numel() <= 2 * _CHUNK or x.dim() != 2:
+        return [x]
+    return list(x.split(max(1, _CHUNK // max(int(x.shape[-1]), 1))))
 
 
 def operand_figures(
     x: torch.Tensor, recipes: tuple[Recipe, ...] | list[Recipe], operand: str = "input",
-    *, scaled: bool = True,
+    *, scaled: bool = True, casts: list[torch.Tensor] | None = None,
+    ref: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The figures (`FIGURES`) of casting `x` (rows, K) with each recipe: a (recipes,
-    figures) fp32 tensor on x's device, no host sync. Flushed: nonzero values whose cast
+    figures) fp64 tensor on x's device, no host sync. Flushed: nonzero values whose cast
     is 0; saturated: values the cast clamped; err / sq: ‖Q(x) − x‖² and ‖x‖²; the range
     of a block is log2(its amax / its smallest nonzero |x|), summed and counted over the
-    blocks with a nonzero value, and its maximum."""
-    p = _Prepared(x)
-    values = torch.full((), float(p.x.numel()), device=p.x.device)
-    nonzero = values - p.zeros
+    blocks with a nonzero value, and its maximum. `casts`: a list that gets each recipe's
+    Q(x) as (rows, K). On CPU a large `x` is cast in pieces of rows (the scales are the
+    same: a block lies within a row, a per-tensor scale comes from the whole amax).
+    `ref`: the amax the per-tensor scales come from instead of x's own (delayed scaling:
+    the previous steps' history); x's values above it saturate."""
+    x = x.detach().float()
+    flat = x.reshape(-1)
+    nonzero = torch.count_nonzero(flat).double()
+    sq = torch.dot(flat, flat).double()
+    lo, hi = torch.aminmax(flat)  # |x|'s max without a pass writing |x| (vector_norm's
+    amax = torch.maximum(-lo, hi)  # inf-norm is an order of magnitude slower on CPU)
+    # per recipe and piece: Q's nonzero count, the saturated count, ‖Q(|x|) − |x|‖², and
+    # the block extrema (the ranges are taken once, over all pieces' blocks, at the end)
+    counts: list[list[torch.Tensor]] = [[] for _ in recipes]
+    errs: list[list[torch.Tensor]] = [[] for _ in recipes]
+    extrema: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in recipes]
+    parts: list[list[torch.Tensor]] = [[] for _ in recipes]
+    padded = [0] * len(recipes)  # values of Q, padding included
+    scale_ref = amax if ref is None else ref.to(amax)
+    scratch = _Scratch()
+    for piece in _pieces(x):
+        p = _Prepared(piece, scale_ref, scratch)
+        _warm(p, recipes)
+        for i, r in enumerate(recipes):
+            q, saturated, bmax, bmin = _quantize(p, r, operand, scaled)
+            if casts is not None:
+                parts[i].append(_signed(q, p, r))
+            counts[i] += [torch.count_nonzero(q), saturated]
+            qf = q.reshape(-1).sub_(p.blocks(r.block).reshape(-1))  # Q(|x|) − |x|, in place
+            errs[i].append(torch.dot(qf, qf))
+            extrema[i].append((bmax.reshape(-1), bmin.reshape(-1)))
+            padded[i] += q.numel()
+    values = torch.full((), float(flat.numel()), dtype=torch.float64, device=x.device)
     rows = []
-    for r in recipes:
-        q, saturated, bmax, bmin = _quantize(p, r, operand, scaled)
-        xb = p.blocks(r.block)[0]
+    for i, r in enumerate(recipes):
+        nz_q, saturated = torch.stack(counts[i]).view(-1, 2).sum(0).double()
+        err = torch.stack(errs[i]).sum().double()
+        bmax = torch.cat([e[0] for e in extrema[i]])
+        bmin = torch.cat([e[1] for e in extrema[i]])
+        if r.block == 0:  # one block, the tensor: its range from the whole's extrema
+            bmax, bmin = amax.reshape(1), bmin.amin().reshape(1)
         live = bmax > 0
-        rng = torch.where(live, torch.log2(bmax / torch.where(live, bmin, 1.0)), 0.0)
+        rng = torch.where(live, torch.log2(bmax / torch.where(live, bmin, 1.0)), 0.0).double()
+        flushed = (padded[i] - nz_q) - (padded[i] - nonzero)
         rows.append(
             torch.stack(
-                [
-                    values,
-                    nonzero,
-                    (q.numel() - torch.count_nonzero(q)) - (xb.numel() - nonzero),
-                    saturated.float(),
-                    F.mse_loss(q, xb, reduction="sum"),
-                    p.sq,
-                    rng.sum(),
-                    live.sum().float(),
-                    rng.amax(),
-                ]
-            ).float()
-        )
+                [values, nonzero, flushed, saturated, err, sq, rng.sum(), live.sum().double(),
+                 rng.amax()]
+            )
+        )  # fmt: skip
+        if casts is not None:
+            casts.append(torch.cat(parts[i]) if len(parts[i]) > 1 else parts[i][0])
     return torch.stack(rows)
 
 

@@ -19,7 +19,18 @@ from typing import Any
 
 import torch
 
-__all__ = ["GEMM_NAMES", "Gemm", "Operand", "aside", "is_aside", "parse_gemm", "storage_key"]
+__all__ = [
+    "GEMM_NAMES",
+    "SDPA_NAME",
+    "Gemm",
+    "Operand",
+    "Sdpa",
+    "aside",
+    "is_aside",
+    "parse_gemm",
+    "parse_sdpa",
+    "storage_key",
+]
 
 _LINEAR = {"linear"}
 _MATMUL = {"matmul", "__matmul__", "mm", "bmm"}
@@ -28,6 +39,8 @@ _ADDMM = {"addmm", "baddbmm", "addbmm"}
 _EINSUM = {"einsum"}
 _GROUPED = {"_grouped_mm", "grouped_mm", "_scaled_grouped_mm"}
 GEMM_NAMES = frozenset().union(_LINEAR, _MATMUL, _RMATMUL, _ADDMM, _EINSUM, _GROUPED)
+# the fused attention call: two GEMMs (QKᵀ, PV) and a softmax in one kernel (`parse_sdpa`)
+SDPA_NAME = "scaled_dot_product_attention"
 
 
 def storage_key(t: Any) -> int | None:
@@ -87,6 +100,29 @@ class Gemm:
     op: str
     operands: tuple[Operand, ...]
     biases: tuple[Any, ...] = ()
+    equation: str = ""  # einsum's
+    repeat: int = 1  # SDPA's grouped-query attention: each rhs head serves `repeat` q heads
+
+    def product(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """The contraction itself (no bias) of `tensors` standing for the operands, in
+        their shapes: what `--gemm-error` compares, Q(X)·Q(W)ᵀ against X·Wᵀ. None for a
+        call it cannot redo (a grouped-mm, whose groups are in its offsets)."""
+        if len(tensors) != 2 or len(self.operands) != 2:
+            if self.op == "einsum" and len(tensors) == len(self.operands):
+                return torch.einsum(self.equation, *tensors)
+            return None
+        a, b = tensors
+        if self.op == "linear":
+            return torch.nn.functional.linear(a, b)
+        if self.op == "einsum":
+            return torch.einsum(self.equation, a, b)
+        if self.op.startswith("sdpa."):
+            b = b.repeat_interleave(self.repeat, -3) if self.repeat > 1 else b
+            return a @ b.transpose(-1, -2) if self.op == "sdpa.qk" else a @ b
+        if self.op == "grouped_mm":
+            return None
+        out = torch.matmul(a, b)
+        return out.sum(0) if self.op == "addbmm" else out
 
 
 def _lhs(a: Any) -> Operand | None:
@@ -133,7 +169,9 @@ def _einsum(args: Sequence[Any]) -> Gemm | None:
         contract = tuple(d for d, c in enumerate(term) if c not in rhs)
         free = tuple(d for d, c in enumerate(term) if c in rhs and c not in others)
         out.append(Operand(t, contract, free))
-    return Gemm("einsum", tuple(out))
+    if len(out) != len(ops):
+        return Gemm("einsum", tuple(out))
+    return Gemm("einsum", tuple(out), equation=eq)
 
 
 def parse_gemm(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Gemm | None:
@@ -163,3 +201,77 @@ def parse_gemm(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Gemm |
     if name in _EINSUM:
         return _einsum(args)
     return None
+
+
+@dataclass(frozen=True)
+class Sdpa:
+    """One `F.scaled_dot_product_attention` call, as torch defines it: S = scale·QKᵀ (+ the
+    mask), P = softmax(S), O = PV. Its two GEMMs are QKᵀ (q and k, both contracted over
+    the head dim) and PV (the probabilities over the keys, v over its rows). With
+    `enable_gqa` the key/value heads are repeated to the query heads, as the kernel does."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor | None
+    causal: bool
+    scale: float
+    gqa: bool
+
+    @property
+    def repeat(self) -> int:
+        """Query heads per key/value head (1 unless `enable_gqa`)."""
+        if not self.gqa or self.q.dim() < 3 or self.k.dim() < 3:
+            return 1
+        return max(int(self.q.shape[-3]) // int(self.k.shape[-3]), 1)
+
+    def _expand(self, t: torch.Tensor) -> torch.Tensor:
+        return t.repeat_interleave(self.repeat, -3) if self.repeat > 1 else t
+
+    def probabilities(self) -> torch.Tensor:
+        """P in fp32 (no dropout), what the PV GEMM multiplies; a query with every key
+        masked has P = 0 (the kernels write 0 there, softmax would give NaN)."""
+        q, k = self.q.float(), self._expand(self.k).float()
+        s = (q @ k.transpose(-1, -2)) * self.scale
+        if self.causal:
+            t, n = s.shape[-2], s.shape[-1]
+            keep = torch.ones(t, n, dtype=torch.bool, device=s.device).tril()
+            s = s.masked_fill(~keep, -math.inf)
+        if self.mask is not None:
+            m = self.mask
+            s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.float()
+        return torch.softmax(s, -1).nan_to_num(0.0)
+
+    def score_grad(self, p: torch.Tensor, d_out: torch.Tensor) -> torch.Tensor:
+        """The gradient of the QKᵀ GEMM's output from the attention output's gradient:
+        dP = dO·Vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), times the scale S = scale·QKᵀ applies."""
+        dp = d_out.float() @ self._expand(self.v).float().transpose(-1, -2)
+        return p * (dp - (dp * p).sum(-1, keepdim=True)) * self.scale
+
+    def gemms(self, p: torch.Tensor) -> tuple[Gemm, Gemm]:
+        """(QKᵀ, PV) as contractions: q and k over their last dim, P over its last (the
+        keys), v over its rows (the keys)."""
+        qn, kn, vn = self.q.dim(), self.k.dim(), self.v.dim()
+        q = Operand(self.q, (qn - 1,), (qn - 2,))
+        k = Operand(self.k, (kn - 1,), (kn - 2,))
+        probs = Operand(p, (p.dim() - 1,), (p.dim() - 2,))
+        v = Operand(self.v, (vn - 2,), (vn - 1,))
+        rep = self.repeat
+        return Gemm("sdpa.qk", (q, k), repeat=rep), Gemm("sdpa.pv", (probs, v), repeat=rep)
+
+
+def parse_sdpa(args: Sequence[Any], kwargs: dict[str, Any]) -> Sdpa | None:
+    """The `scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+    is_causal, scale, enable_gqa)` call's tensors and rules; None when it is not one."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+
+    def arg(i: int, default: Any = None) -> Any:
+        return args[i] if len(args) > i else kwargs.get(names[i], default)
+
+    q, k, v, mask = arg(0), arg(1), arg(2), arg(3)
+    if not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in (q, k, v)):
+        return None
+    scale = arg(6)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    mask = mask if isinstance(mask, torch.Tensor) else None
+    return Sdpa(q, k, v, mask, bool(arg(5, False)), scale, bool(kwargs.get("enable_gqa", False)))

@@ -22,7 +22,7 @@ from torch import nn
 from actscan.measure.attention import attention_probes
 from actscan.measure.hooks import HookSet
 from actscan.measure.inputs import Batch, InputSource
-from actscan.measure.lowprec import LowPrecWatch, low_precision_records, lowprec_watch
+from actscan.measure.lowprec import Delayed, LowPrecWatch, low_precision_records, lowprec_watch
 from actscan.measure.model_inputs import ChosenInputs, describe_batch
 from actscan.measure.prepare import TORCH_DTYPES, call_model, cast_batch, dtype_name
 from actscan.measure.recorder import RawStats, Recorder, iter_named, moments
@@ -59,6 +59,7 @@ class PassSpec:
     first_step: bool = False
     notes: tuple[str, ...] = ()
     formats: tuple[str, ...] = ()  # --formats: low-precision readiness of every GEMM
+    gemm_error: bool = False  # --gemm-error: each GEMM's output error in those formats
 
     @classmethod
     def of(
@@ -179,6 +180,8 @@ class Profiled:
     backward: bool = True
     step0: StepStart | None = field(default=None, repr=False)
     low_precision: tuple[LowPrecRecord, ...] = ()
+    # --formats fp8 with --steps: the amax history the steps' delayed scaling starts from
+    delayed: Delayed | None = field(default=None, repr=False)
 
 
 def first_batch(chosen: ChosenInputs, spec: PassSpec) -> Batch:
@@ -232,13 +235,25 @@ def _recorders(
 
 @contextlib.contextmanager
 def _lowprec(
-    model: nn.Module, spec: PassSpec
+    model: nn.Module, spec: PassSpec, world: int = 1
 ) -> Iterator[tuple[LowPrecWatch | None, Callable[[], contextlib.AbstractContextManager[Any]]]]:
     """The low-precision watch of `--formats` (actscan.measure.lowprec); off: nothing."""
     if not spec.formats:
         yield None, contextlib.nullcontext
         return
-    with HookSet() as hooks, lowprec_watch(model, spec.formats, spec.backward, hooks) as got:
+    # delayed scaling across ranks would all-reduce every step's amax: one process only
+    delayed = Delayed() if spec.first_step and "fp8" in spec.formats and world == 1 else None
+    with (
+        HookSet() as hooks,
+        lowprec_watch(
+            model,
+            spec.formats,
+            spec.backward,
+            hooks,
+            gemm_error=spec.gemm_error,
+            delayed=delayed,
+        ) as got,
+    ):
         yield got
 
 
@@ -263,7 +278,7 @@ def record_pass(
     with (
         _recorders(model, layout, spec, ranks, ranks.rows(recorded)) as (rec, extra, targets),
         attention_probes(model, layout, spec.family, enabled=spec.attention) as probes,
-        _lowprec(model, spec) as (lowprec, lowprec_forward),
+        _lowprec(model, spec, ranks.world_size) as (lowprec, lowprec_forward),
     ):
         for i in range(spec.batches):
             if progress:
@@ -293,9 +308,14 @@ def record_pass(
         raw = rec.result(spec.batches)
         for r in extra:
             raw.update(r.result(spec.batches))
+        if lowprec is not None and ranks.world_size > 1:
+            merged = ranks.merge_state is not None and lowprec.merge(ranks.merge_state, spec.device)
+            if not merged:
+                notes.append(
+                    "--formats: the ranks ran different GEMMs; the low-precision figures are "
+                    "this rank's rows, not merged"
+                )
         low_precision = low_precision_records(lowprec, [b.name for b in layout.blocks])
-        if low_precision and ranks.world_size > 1:
-            notes.append("--formats: the low-precision figures are this rank's rows, not merged")
     if ride is not None:
         layout = ride.layout()  # before the attention records, which name roles
         if probes is not None:
@@ -320,6 +340,7 @@ def record_pass(
         backward=backward,
         step0=step0,
         low_precision=low_precision,
+        delayed=lowprec.delayed if lowprec is not None else None,
     )
 
 

@@ -85,6 +85,8 @@ class LowPrecRow:
     range_worst: float | None
     worst: str
     gemms: int
+    gemm_error: float | None = None  # --gemm-error: the worst GEMM output error
+    delayed_saturation: float | None = None  # fp8 over --steps: delayed scaling's worst
 
 
 def _worst(values: Iterable[float | None]) -> float | None:
@@ -113,6 +115,8 @@ def lowprec_rows(records: Sequence[LowPrecRecord]) -> list[LowPrecRow]:
                 _worst(r.range_worst for r in rs),
                 worst.gemm,
                 len(rs),
+                _worst(r.gemm_error for r in rs),
+                _worst(r.delayed_saturation for r in rs),
             )
         )
     return out
@@ -330,23 +334,36 @@ def _lowprec_markdown(report: Report) -> list[str]:
     """`--formats`: per block, operand and format, the worst GEMM's figures."""
     if not report.low_precision:
         return []
+    rows = lowprec_rows(report.low_precision)
+    gemm = any(r.gemm_error is not None for r in rows)
+    dly = any(r.delayed_saturation is not None for r in rows)
     out = [
         "",
         "#### Low precision",
         "",
         "Per block, operand and format, the worst of its GEMMs: nonzero values flushed to 0, "
         "values saturated, relative error ‖Q(x) − x‖²/‖x‖², the worst scale block's "
-        "range in bits.",
+        "range in bits"
+        + ("; GEMM error: ‖Q(X)Q(W)ᵀ − XWᵀ‖/‖XWᵀ‖" if gemm else "")
+        + ("; delayed saturation: fp8 over the steps, delayed scaling." if dly else "."),
         "",
-        "| block | operand | format | underflow | saturation | error | worst range | worst GEMM |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "| block | operand | format | underflow | saturation | error | worst range | "
+        + ("GEMM error | " if gemm else "")
+        + ("delayed saturation | " if dly else "")
+        + "worst GEMM |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | "
+        + ("---: | " if gemm else "")
+        + ("---: | " if dly else "")
+        + "--- |",
     ]
-    for r in lowprec_rows(report.low_precision):
+    for r in rows:
         block = _code(r.where) if r.block is None else str(r.block)
         out.append(
             f"| {block} | {r.operand} | {r.format} ({r.element}) | {pct_cell(r.underflow)} "
             f"| {pct_cell(r.saturation)} | {num(r.error)} | {num(r.range_worst)} "
-            f"| {_code(r.worst)} |"
+            + (f"| {num(r.gemm_error)} " if gemm else "")
+            + (f"| {pct_cell(r.delayed_saturation)} " if dly else "")
+            + f"| {_code(r.worst)} |"
         )
     return out
 

@@ -268,17 +268,24 @@ def lowprec_table(report: Report) -> Table | None:
     """`--formats`: per block, operand and format, the worst of its GEMMs."""
     if not report.low_precision:
         return None
+    rows = lowprec_rows(report.low_precision)
+    gemm = any(r.gemm_error is not None for r in rows)
+    dly = any(r.delayed_saturation is not None for r in rows)
     t = titled_table(
         "Low precision: worst GEMM per block, operand and format",
         caption="underflow: nonzero values flushed to 0 · error: ‖Q(x)−x‖²/‖x‖² · range: "
-        "log2(amax/min|x|) of the worst scale block, bits",
+        "log2(amax/min|x|) of the worst scale block, bits"
+        + (" · GEMM err: ‖Q(X)Q(W)ᵀ−XWᵀ‖/‖XWᵀ‖" if gemm else "")
+        + (" · dly sat.: fp8 saturation under delayed scaling over the steps" if dly else ""),
         caption_justify="left",
     )
-    for col in ("blk", "operand", "format", "underflow", "satur.", "error", "range", "worst"):
+    cols = ["blk", "operand", "format", "underflow", "satur.", "error", "range"]
+    extra = [*(["GEMM err"] if gemm else []), *(["dly sat."] if dly else [])]
+    for col in [*cols, *extra, "worst"]:
         left = col in ("operand", "format", "worst")
         t.add_column(col, justify="left" if left else "right", no_wrap=True)
     labels = block_labels(report)
-    for r in lowprec_rows(report.low_precision):
+    for r in rows:
         block = r.where if r.block is None else labels.get(r.block, str(r.block))
         t.add_row(
             block,
@@ -288,6 +295,8 @@ def lowprec_table(report: Report) -> Table | None:
             pct_cell(r.saturation),
             num(r.error),
             num(r.range_worst),
+            *([num(r.gemm_error)] if gemm else []),
+            *([pct_cell(r.delayed_saturation)] if dly else []),
             r.worst,
         )
     return t

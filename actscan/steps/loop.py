@@ -354,6 +354,7 @@ def run_steps(
     checked: Collection[str] | None = None,
     ranks: LocalRanks | None = None,
     w0: CallerWeights | None = None,
+    batch_watch: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> StepsRaw:
     """Take `spec.steps` optimizer steps from the current weights and measure t = 0..N.
 
@@ -370,7 +371,8 @@ def run_steps(
     In a distributed run step0 is this rank's: its local loss, the FSDP gradients.
     w0: the caller's kept copy (`caller_state`): in one process, where it still holds the
     current weights, it is W_0 of the first update ratio and the steps keep no copy of W_0
-    of their own.
+    of their own. `batch_watch()`: entered around each step t ≥ 1's forward (the delayed
+    fp8 scaling of `--formats`: actscan.measure.lowprec.delayed_steps).
     """
     ranks = ranks or LocalRanks()
     ranks.settle(model)
@@ -389,6 +391,7 @@ def run_steps(
         ranks=ranks,
         w0=w0,
     )
+    loop.batch_watch = batch_watch
     n_steps = spec.steps
     try:
         with loop.probe_taps, loop.stream_taps:
@@ -566,6 +569,9 @@ class _Loop:
         # becomes W_t); ‖W_0‖² per tensor, from the first update's sums
         self.w0 = self.prev if kept is not None else [p.clone() for p in self.local_params]
         self.w0_sq: list[float] = []
+        self.batch_watch: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            contextlib.nullcontext
+        )
 
     def step(self, t: int, step0: tuple[torch.Tensor, Sequence[torch.Tensor | None]]) -> None:
         """Measure t and, before the last t, take the update after it."""
@@ -629,7 +635,7 @@ class _Loop:
         b = self.prepare(self.ranks.split(self.source(t))[0])
         self.stream.start()
         self.stream_taps.start()
-        with torch.set_grad_enabled(t < self.n_steps), self.autocast():
+        with torch.set_grad_enabled(t < self.n_steps), self.autocast(), self.batch_watch():
             out = call_model(self.model, b)
             loss = self.loss_of(out, b)
         self.stream_taps.on = False

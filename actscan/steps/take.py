@@ -7,19 +7,22 @@ cast and autocast run every step, and the caller's kept weights stand for W_0
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
+from typing import Any
 
 from torch import nn
 
 from actscan.errors import UsageError
+from actscan.measure.lowprec import delayed_steps
 from actscan.measure.profile import Profiled, Progress
 from actscan.measure.state import CallerWeights, kept_state
 from actscan.measure.trace import trace_batch, trace_run
 from actscan.records import Dynamics, ParamRecord, StreamPoint, TraceRecord
 from actscan.steps.loop import StepSpec, StepsRaw, dynamics_record, run_steps
 
-__all__ = ["diverged_step", "steps_record", "take_steps", "trace_steps"]
+__all__ = ["diverged_step", "steps_record", "take_steps", "trace_steps", "with_delayed"]
 
 
 def take_steps(
@@ -48,6 +51,19 @@ def _run(
     vocab_size: int | None,
     progress: Progress | None,
 ) -> StepsRaw:
+    with delayed_steps(model, profiled.delayed) as batch_watch:
+        return _loop(model, steps, profiled, kept, vocab_size, progress, batch_watch)
+
+
+def _loop(
+    model: nn.Module,
+    steps: StepSpec,
+    profiled: Profiled,
+    kept: CallerWeights | None,
+    vocab_size: int | None,
+    progress: Progress | None,
+    batch_watch: Callable[[], AbstractContextManager[Any]],
+) -> StepsRaw:
     assert profiled.step0 is not None
     spec, chosen = profiled.spec, profiled.chosen
     return run_steps(
@@ -66,7 +82,17 @@ def _run(
         checked={r.name for r in profiled.attention},
         ranks=profiled.ranks.step_ranks(),
         w0=kept,
+        batch_watch=batch_watch,
     )
+
+
+def with_delayed(profiled: Profiled) -> Profiled:
+    """The step-0 records with the steps' fp8 delayed-scaling figures (`--formats` with
+    fp8 and `--steps`; unchanged otherwise)."""
+    d = profiled.delayed
+    if d is None:
+        return profiled
+    return replace(profiled, low_precision=d.merged(profiled.low_precision))
 
 
 def diverged_step(raw: StepsRaw | None) -> int | None:
