@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from actscan.layout.detect import detect_layout
+from actscan.layout.detect import detect_layout, find_streams
 from actscan.layout.proof import prove_layout
 from actscan.models.arch import build_config, read_config_file
 from actscan.models.gpt import build_model
@@ -585,6 +585,87 @@ def test_blocks_that_change_the_stream_shape_are_plain_and_silent() -> None:
     assert [(p.status, p.placement) for p in result.proofs] == [("verified", "plain")] * 2
     assert "shape (1×8 → 1×16)" in result.proofs[0].note and not result.notes
     assert not result.layout.blocks[0].branches
+
+
+class _MlpBlock(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+class _MixerBlock(nn.Module):
+    """Another layer class: a gated mixer whose output projection is the write, and a
+    same-class list inside it (two experts) that must not become a stream."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, d), nn.SiLU()) for _ in range(2))
+        self.mixer = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return x + self.mixer(self.experts[0](h) * self.experts[1](h))
+
+
+def test_a_hybrid_list_of_two_layer_classes_is_the_block_list() -> None:
+    """Jamba, Mllama, OLMo-hybrid: one ModuleList of two layer classes (issue 22). The
+    list is the stream, the experts list inside a layer is not; each layer proves its own
+    write, and a planted wrong one (exp of the branch) is still rejected."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _MlpBlock(), n=4)
+    model.blocks = nn.ModuleList([_MlpBlock(), _MixerBlock(), _MlpBlock(), _MixerBlock()])
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    assert [b.name for b in layout.blocks] == [f"blocks.{i}" for i in range(4)]
+    assert all(p.status == "verified" for p in proofs(layout))
+    assert [[br.name for br in b.branches] for b in layout.blocks] == [
+        ["blocks.0.mlp"],
+        ["blocks.1.mixer"],
+        ["blocks.2.mlp"],
+        ["blocks.3.mixer"],
+    ]
+    model.blocks[2] = _Warped(32)
+    layout = proven(model, lambda: model(x[:1]))
+    assert [p.status for p in proofs(layout)] == ["verified", "verified", "unverified", "verified"]
+
+
+def test_a_mixed_list_with_a_bare_activation_is_no_block_list() -> None:
+    """A codec's conv stack (Conv, ELU, Conv, …) is a mixed list too, but a leaf module
+    in it says its items are layers of one computation, not residual blocks."""
+    stack = nn.ModuleList([nn.Sequential(nn.Conv1d(4, 4, 3)), nn.ELU(), _MlpBlock(4)])
+    model = nn.Module()
+    model.layers = stack
+    assert find_streams(model) == []
+    assert "no repeated blocks" in (detect_layout(model).note or "")
+
+
+def test_blocks_the_forward_never_calls_are_said_and_not_unverified() -> None:
+    """A second block list the forward does not reach (a vision tower without pixels, a
+    quantizer called through `encode`): nothing measured, so nothing to prove. It is
+    skipped with `ran` False and its own note, never "unverified"; the blocks that ran
+    are proven as before."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _MlpBlock(), n=4)
+    model.spare = nn.ModuleList(_MlpBlock() for _ in range(2))
+    x = features()
+    result = prove_layout(model, detect_layout(model), lambda: model(x[:1]))
+    assert [(p.name, p.status, p.ran) for p in result.proofs] == [
+        *((f"blocks.{i}", "verified", True) for i in range(4)),
+        ("spare.0", "skipped", False),
+        ("spare.1", "skipped", False),
+    ]
+    assert result.notes == (
+        "2 of 6 blocks did not run in the forward (blocks 4, 5: spare): nothing was "
+        "measured there (inputs that do not reach them, or a list the model calls through "
+        "another method than forward)",
+    )
+    report = scan(model, x, lambda out: out.square().mean())
+    assert [d["ran"] for d in report.to_dict()["layout"]] == [True] * 4 + [False] * 2
 
 
 def _hook_count(model: nn.Module) -> int:

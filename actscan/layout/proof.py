@@ -231,7 +231,10 @@ class BlockWatch:
     def _leave(self, index: int) -> Any:
         def hook(mod: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
             tr = self.stack.pop() if self.stack else None
-            if tr is None or tr.block != index or not tr.shape:
+            if tr is None or tr.block != index:
+                return
+            if not tr.shape:  # it ran, on no float input: skipped with the reason
+                self.traces.setdefault(index, tr)
                 return
             y = _first_float(out)
             if y is None:
@@ -633,6 +636,21 @@ def _unverified(
     return replace(b, proof=proof)
 
 
+def _idle(b: BlockInfo, stream: str) -> BlockInfo:
+    """A block the forward never called: nothing was measured there, so there is nothing
+    to prove (a tower the inputs did not reach, a list the model calls through a method
+    other than forward). Skipped, with `ran` False: not a layout the proof failed on."""
+    proof = BlockProof(
+        block=b.index,
+        name=b.name,
+        status="skipped",
+        stream=stream,
+        note="the block did not run in the forward: nothing measured, nothing to prove",
+        ran=False,
+    )
+    return replace(b, proof=proof)
+
+
 def _plain(b: BlockInfo, chain: list[str], tol: float, stream: str) -> BlockInfo:
     """A block without a residual add: verified as plain, with no branches to judge."""
     note = (
@@ -712,9 +730,11 @@ def read_blocks(
         if tr is not None and tr.out_shape is not None:
             out.append(_reshaped(b, tr, stream or b.stream))
             continue
-        if tr is None or tr.gram is None:
-            why = "the block did not run in the probe pass" if tr is None else tr.note
-            out.append(_unverified(b, "skipped", why, stream=stream or b.stream))
+        if tr is None:
+            out.append(_idle(b, stream or b.stream))
+            continue
+        if tr.gram is None:
+            out.append(_unverified(b, "skipped", tr.note, stream=stream or b.stream))
             continue
         k = len(tr.keys)
         assert flat is not None
@@ -878,8 +898,16 @@ def proof_result(layout: Layout, blocks: Sequence[BlockInfo], roles: dict[str, s
     bad = [
         p
         for p, b in zip(proofs, blocks, strict=True)
-        if p.status == "unverified" or (p.status == "skipped" and b.branch_list())
+        if p.ran and (p.status == "unverified" or (p.status == "skipped" and b.branch_list()))
     ]
+    idle = [p for p in proofs if not p.ran]
+    if idle:
+        notes.append(
+            f"{len(idle)} of {len(proofs)} blocks did not run in the forward "
+            f"({_blocks(p.block for p in idle)}: {_lists(p.name for p in idle)}): "
+            "nothing was measured there (inputs that do not reach them, or a list the "
+            "model calls through another method than forward)"
+        )
     if bad:
         worst = max((p.residual for p in bad if p.residual is not None), default=None)
         notes.append(
@@ -890,6 +918,13 @@ def proof_result(layout: Layout, blocks: Sequence[BlockInfo], roles: dict[str, s
         )
     layout = replace(layout, blocks=tuple(blocks), roles=new_roles)
     return ProofResult(layout, proofs, tuple(notes))
+
+
+def _lists(names: Iterator[str]) -> str:
+    """The block lists (containers) the names belong to, in order, once each."""
+    seen = dict.fromkeys(n.rsplit(".", 1)[0] if "." in n else n for n in names)
+    shown = list(seen)
+    return ", ".join(shown[:3]) + (f" and {len(shown) - 3} more" if len(shown) > 3 else "")
 
 
 def _blocks(idx: Iterator[int] | Sequence[int]) -> str:
