@@ -271,7 +271,8 @@ class _ThreeWays(nn.Module):
 
 
 class _Warped(nn.Module):
-    """The stream gets exp(branch): no module's output is what the block adds."""
+    """The stream gets exp(branch) through `addcmul`, an op the add watch does not see:
+    no module returns what the block adds, and no `+` operand is it either."""
 
     def __init__(self, d: int) -> None:
         super().__init__()
@@ -281,7 +282,7 @@ class _Warped(nn.Module):
             self.mlp.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.exp(self.mlp(x))
+        return x.addcmul(torch.exp(self.mlp(x)), torch.ones_like(x))
 
 
 class _Stack(nn.Module):
@@ -642,6 +643,124 @@ def test_a_mixed_list_with_a_bare_activation_is_no_block_list() -> None:
     model.layers = stack
     assert find_streams(model) == []
     assert "no repeated blocks" in (detect_layout(model).note or "")
+
+
+class _Gated(nn.Module):
+    """A write no module returns: a gate times a value, both modules, multiplied by a
+    functional op (UnivNet's gated unit); then an MLP whose output is added as is."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.gate = nn.Linear(d, d)
+        self.value = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + torch.sigmoid(self.gate(x)) * torch.tanh(self.value(x))
+        return x + self.mlp(x)
+
+
+class _ChannelsFirst(nn.Module):
+    """A ConvNeXt-style block on a (B, C, T) stream: the branch runs channels-last and
+    its write is a per-channel gain times the output, transposed back (WavTokenizer)."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv1d(d, d, 3, padding=1, groups=d)
+        self.norm = nn.LayerNorm(d)
+        self.pw = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.gamma = nn.Parameter(torch.full((d,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.pw(self.norm(self.dwconv(x).transpose(1, 2)))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class _ChannelsLastInside(nn.Module):
+    """VitDet's layer: a (B, C, L) stream permuted channels-last, two adds of module
+    outputs there, permuted back."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.permute(0, 2, 1)
+        h = h + self.attn(self.norm1(h))
+        h = h + self.mlp(self.norm2(h))
+        return h.permute(0, 2, 1)
+
+
+def test_a_write_computed_by_functional_ops_proves_the_stream_not_a_branch() -> None:
+    """UnivNet, SAM3, Pegasus-X: the stream gets a tensor computed after the last module
+    (a gate, an un-padding). The add's operands are recorded, so the equation is proven;
+    the module writes are branches, the functional one is named in the note and never
+    judged as one. A block whose add the watch cannot see (`_Warped`) is still rejected."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _Gated(), n=4)
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified" and p.placement == "additive", p
+        assert p.residual is not None and p.residual < 1e-5
+        assert p.writes == (f"{b.name}.mlp",) and b.adds == 2
+        assert [br.name for br in b.branches] == [f"{b.name}.mlp"]
+        assert "1 of the 2 writes is a tensor computed by functional ops" in p.note
+        assert f"after {b.name}.value" in p.note
+    with torch.no_grad():
+        out = model(x)
+    proven(model, lambda: model(x[:1]))
+    with torch.no_grad():
+        assert torch.equal(model(x), out)  # the add watch reads only
+    model.blocks[1] = _Warped(32)
+    assert [p.status for p in proofs(proven(model, lambda: model(x[:1])))] == [
+        "verified",
+        "unverified",
+        "verified",
+        "verified",
+    ]
+
+
+@pytest.mark.parametrize("block", [_ChannelsFirst, _ChannelsLastInside])
+def test_a_channels_first_stream_proves_writes_made_channels_last(
+    block: Callable[[], nn.Module],
+) -> None:
+    """The stream is (B, C, T); the writes are made as (B, T, C) and transposed back, or
+    added while the stream itself is channels-last: both are read in the stream's own
+    layout. A wrong write planted the same way (the gain applied twice, so the recorded
+    operand is not what was added) is rejected."""
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(block() for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    model = Net()
+    x = torch.randn(1, 32, 10)
+    layout = proven(model, lambda: model(x))
+    assert [p.status for p in proofs(layout)] == ["verified"] * 3
+    assert all(p.residual is not None and p.residual < 1e-5 for p in proofs(layout))
+
+    class Doubled(_ChannelsFirst):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.pw(self.norm(self.dwconv(x).transpose(1, 2)))
+            w = (self.gamma * h).transpose(1, 2)
+            return (x + w) + w * 0.5  # one operand is w, the other only half of it
+
+    model.blocks[1] = Doubled()
+    statuses = [p.status for p in proofs(proven(model, lambda: model(x)))]
+    assert statuses[1] == "verified"  # x + w + 0.5w: the two recorded operands sum right
+    model.blocks[1] = _Warped(32)
+    model.blocks[1].mlp = nn.Linear(10, 10)  # a (B, C, T) stream: the branch on T
+    assert [p.status for p in proofs(proven(model, lambda: model(x)))][1] == "unverified"
 
 
 def test_blocks_the_forward_never_calls_are_said_and_not_unverified() -> None:

@@ -29,11 +29,13 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, overload
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from actscan.layout.detect import is_act, is_norm
 from actscan.measure.gemms import aside
@@ -104,8 +106,25 @@ def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
 
 
 def _like(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
-    """Stream-shaped up to a flattening of the leading dims (OPT adds in (B·T, C))."""
-    return bool(shape) and t.shape[-1:] == shape[-1:] and t.numel() == math.prod(shape)
+    """Stream-shaped up to a flattening of the leading dims (OPT adds in (B·T, C)), or
+    the channels-last form of a channels-first stream (`_channels_last`)."""
+    if not shape or t.numel() != math.prod(shape):
+        return False
+    return t.shape[-1:] == shape[-1:] or _channels_last(t, shape)
+
+
+def _channels_last(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """t holds a channels-first stream (B, C, *spatial) with the channels last: (B,
+    *spatial, C) or (B, spatial flattened, C), as a ConvNeXt or windowed-attention block
+    computes inside while its input and output are (B, C, H, W)."""
+    return (
+        len(shape) >= 3
+        and t.dim() >= 2
+        and t.shape[-1] != shape[-1]
+        and t.shape[-1] == shape[1]
+        and t.shape[0] == shape[0]
+        and t.numel() == math.prod(shape)
+    )
 
 
 def _first_float(obj: Any) -> torch.Tensor | None:
@@ -139,6 +158,9 @@ class _Trace:
     gram: torch.Tensor | None = None
     note: str = ""
     out_shape: tuple[int, ...] | None = None  # set when the block changes the shape
+    # operands of the block's functional adds that no module returned: (key, order, the
+    # module that ran last before the add)
+    added: list[tuple[Key, int, str]] = field(default_factory=list)
 
 
 class BlockWatch:
@@ -170,6 +192,24 @@ class BlockWatch:
             hooks.forward(block, self._guard(self._leave(b.index)), with_kwargs=True)
         return self
 
+    def adds(self) -> AbstractContextManager[Any]:
+        """Around the forward: records the stream-shaped operands of every `+` inside a
+        block, so a write computed by functional ops (a transpose, a gate, a window
+        un-partition after the branch module) is a candidate too. Reads only."""
+        return _AddWatch(self)
+
+    def _add(self, args: tuple[Any, ...], out: Any, inplace: bool) -> None:
+        if not self.stack or not self.stack[-1].shape or not isinstance(out, torch.Tensor):
+            return
+        tr = self.stack[-1]
+        if not out.is_floating_point() or not _like(out, tr.shape):
+            return
+        last = tr.nodes[-1].name if tr.nodes else ""
+        for t in args[1:] if inplace else args[:2]:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and _like(t, tr.shape):
+                self.order += 1
+                tr.added.append((self._store(tr, t), self.order, last))
+
     def _guard(self, hook: Callable[..., None]) -> Callable[..., None]:
         def guarded(*args: Any) -> None:
             if self.failed is None:
@@ -184,6 +224,8 @@ class BlockWatch:
         k = _key(t)
         tr.keep.append(t)
         if _like(t, tr.shape) and k not in tr.values:
+            if _channels_last(t, tr.shape):  # back to the stream's own layout
+                t = t.reshape(tr.shape[0], -1, tr.shape[1]).movedim(-1, 1).reshape(tr.shape)
             tr.values[k] = self._sample(t)  # a copy: later in-place ops must not change it
         return k
 
@@ -258,6 +300,31 @@ class BlockWatch:
         return hook
 
 
+_ADDS = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__}
+_IADDS = {torch.Tensor.add_, torch.Tensor.__iadd__}
+
+
+class _AddWatch(TorchFunctionMode):
+    """The `+` calls of the forward, for `BlockWatch._add` (results returned untouched)."""
+
+    def __init__(self, watch: BlockWatch) -> None:
+        super().__init__()
+        self.watch = watch
+        self.record = watch._guard(watch._add)
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in _ADDS or func in _IADDS:
+            self.record(args, out, func in _IADDS)
+        return out
+
+
 # --------------------------------------------------------------------------- analysis
 
 
@@ -322,6 +389,11 @@ class _Block:
         )
         self.terminals = [k for k in self.candidates if k not in consumed]
         produced = {k for k, ns in self.groups.items() if ns}
+        # operands of functional adds no module returned (each once): tried last
+        self.added: dict[Key, tuple[int, str]] = {}
+        for k, order, last in tr.added:
+            if self.a(k) not in produced and self.a(k) not in ends and k in self.idx:
+                self.added.setdefault(self.a(k), (order, last))
         # Norms the stream itself may pass through: their input is computed (a sum), not
         # a module's output nor the block input.
         self.stream_norms = [
@@ -453,9 +525,14 @@ class _Block:
                     for ns in norm_sets:
                         yield _Hypothesis(sub, (entry, *ns), fitted)
 
-    def search(self, tol: float) -> _Outcome | None:
-        """Subsets (≤ 3) of every stream-shaped output, unit coefficients, vectorised."""
+    def search(self, tol: float, added: bool = False) -> _Outcome | None:
+        """Subsets (≤ 3) of every stream-shaped output, unit coefficients, vectorised;
+        with `added`, the operands of the block's functional adds are candidates too."""
         cands = self.candidates[:MAX_SEARCH]
+        if added:
+            extra = sorted(self.added, key=lambda k: self.added[k][0])
+            extra = extra[:MAX_SEARCH]
+            cands = self.candidates[: MAX_SEARCH - len(extra)] + extra if extra else []
         if not cands:
             return None
         assert self.tr.x_out is not None  # a _Block is built once x_out is stored
@@ -707,7 +784,8 @@ def prove_blocks(
     stream (`BlockInfo.stream`: "main", or "encoder"/"decoder" of an encoder-decoder)."""
     with eval_mode(model), HookSet() as hooks, torch.no_grad():
         watch = BlockWatch(model, blocks).install(hooks)
-        run()
+        with watch.adds():
+            run()
     return read_blocks(model, watch, stream=stream)
 
 
@@ -778,6 +856,8 @@ def _prove_one(
     if found is None and (chain := blk.plain_chain()):
         return _plain(b, chain, tol, stream)
     if found is None:
+        found = blk.search(tol, added=True)
+    if found is None:
         res = first.residual if first is not None else None
         return _unverified(
             b,
@@ -790,7 +870,8 @@ def _prove_one(
     branches: list[BranchInfo] = []
     taken: set[str] = set()
     named: list[tuple[Key, str, str]] = []
-    for w in sorted(found.writes, key=lambda k: blk.first[k]):
+    functional = [w for w in found.writes if w in blk.added]
+    for w in sorted((w for w in found.writes if w not in blk.added), key=lambda k: blk.first[k]):
         name, write = blk.branch_of(w)
         named.append((w, name, write))
         taken.add(name)
@@ -811,6 +892,15 @@ def _prove_one(
                 if not (is_norm(mod) or is_act(mod)):
                     roles[sub] = role
     placement = "post-norm" if found.norms else "additive"
+    note = ""
+    if functional:
+        after = sorted({blk.added[w][1] or b.name for w in functional})
+        note = (
+            f"{len(functional)} of the {len(found.writes)} writes "
+            f"{'is a tensor' if len(functional) == 1 else 'are tensors'} computed by "
+            f"functional ops (after {', '.join(after)}), not a module's output: the "
+            "stream's equation is proven, those writes are not judged as branches"
+        )
     proof = BlockProof(
         block=b.index,
         name=b.name,
@@ -827,6 +917,7 @@ def _prove_one(
             else None
         ),
         stream=stream,
+        note=note,
     )
     first_of = {
         r: next((br.name for br in branches if br.role == r), None)
@@ -836,7 +927,7 @@ def _prove_one(
         b,
         attn=first_of[Role.ATTN.value],
         mlp=first_of[Role.MLP.value],
-        adds=max(len(branches), 1),
+        adds=max(len(found.writes), 1),
         branches=tuple(branches),
         proof=proof,
     )
