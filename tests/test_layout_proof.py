@@ -723,6 +723,43 @@ def test_a_write_computed_by_functional_ops_proves_the_stream_not_a_branch() -> 
     ]
 
 
+class _ScaledInPlace(nn.Module):
+    """The tensor an inner module returned is changed in place before its parent returns
+    it (Llama 4's MoE adds its routed experts into the shared expert's output, `add_`):
+    here halved, so what the inner module returned is not what the block adds."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.shared = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared(x).mul_(0.5)
+
+
+class _InPlaceMoeBlock(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.moe = _ScaledInPlace(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.moe(self.norm(x))
+
+
+def test_a_write_changed_in_place_after_its_module_returned_is_read_as_added() -> None:
+    """The inner module's output, recorded when it returned, is not what the block adds
+    once `mul_` changed it: tensors are told apart by their version counter too, so the
+    outer module is the write, with unit coefficient (not the inner one fitted at 0.5)."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _InPlaceMoeBlock(), n=3)
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified" and p.writes == (f"{b.name}.moe",), p
+        assert not p.note and p.residual is not None and p.residual < 1e-5
+        assert [br.scale for br in b.branches] == [None]
+
+
 @pytest.mark.parametrize("block", [_ChannelsFirst, _ChannelsLastInside])
 def test_a_channels_first_stream_proves_writes_made_channels_last(
     block: Callable[[], nn.Module],

@@ -77,17 +77,26 @@ _SSM_PARAMS = {"A_log", "dt_bias"}
 
 
 def _key(t: torch.Tensor) -> Key:
-    """Identity of a tensor's view (same storage, offset, shape, strides)."""
+    """Identity of a tensor's view (same storage, offset, shape, strides) and of its
+    values: the version counter moves with every in-place op (Llama 4's MoE adds its
+    routed experts into the shared expert's output with `add_`)."""
     try:
-        return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+        return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), _version(t))
     except (RuntimeError, NotImplementedError):
         return ("id", id(t))
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return int(t._version)
+    except RuntimeError:  # an inference-mode tensor has no version counter
+        return -1
 
 
 def _storage(k: Key) -> Key:
     """The storage a tensor key views and its size: equal for a tensor and its transpose
     or reshape (the same values), different for anything computed from it."""
-    return k if k[0] == "id" else (k[0], k[1], math.prod(k[2]))
+    return k if k[0] == "id" else (k[0], k[1], math.prod(k[2]), k[4])
 
 
 def _is_view(k: Key, of: Key) -> bool:
@@ -426,8 +435,8 @@ class _Block:
         return None if k is None else self.alias.get(k, k)
 
     def _same(self, a: Key, b: Key) -> bool:
-        if a[0] != "id" and b[0] != "id" and a[0] == b[0] and a[1] == b[1]:
-            return math.prod(a[2]) == math.prod(b[2])  # same storage, same size
+        if a[0] != "id" and b[0] != "id" and _storage(a) == _storage(b):
+            return True  # same storage, size and version: the same values
         ia, ib = self.idx[a], self.idx[b]
         ga, gb, gab = float(self.g[ia, ia]), float(self.g[ib, ib]), float(self.g[ia, ib])
         return min(ga, gb) > 0 and ga + gb - 2 * gab <= 1e-12 * max(ga, gb)
