@@ -760,6 +760,64 @@ def test_a_write_changed_in_place_after_its_module_returned_is_read_as_added() -
         assert [br.scale for br in b.branches] == [None]
 
 
+class _AddThenNorm(nn.Module):
+    """A post-LN output wrapper that takes the branch output and the residual and holds
+    the add itself (FNet's FNetBasicOutput), or leaves it to an inner module whose output
+    the norm takes (I-BERT's quantizer `ln_input_act`); "wrong" adds f², which is no
+    module's output."""
+
+    def __init__(self, d: int, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.adder = _Adder() if how == "inner" else None
+        self.LayerNorm = nn.LayerNorm(d)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if self.adder is not None:
+            return self.LayerNorm(self.adder(h, residual))
+        return self.LayerNorm(residual + (h * h if self.how == "wrong" else h))
+
+
+class _Adder(nn.Module):
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return residual + h
+
+
+class _PostLnWrapped(nn.Module):
+    def __init__(self, how: str, d: int = 32) -> None:
+        super().__init__()
+        self.mix = nn.Linear(d, d)
+        self.mix_out = _AddThenNorm(d, how)
+        self.fc = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.fc_out = _AddThenNorm(d, how)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.mix_out(self.mix(x), x)
+        return self.fc_out(self.fc(x), x)
+
+
+@pytest.mark.parametrize("how", ["wrapper", "inner"])
+def test_post_ln_whose_add_lives_in_the_wrapper_that_takes_the_branch(how: str) -> None:
+    """The branch output is consumed by a module (the wrapper holding the add), so it is
+    no data-flow terminal; as an operand of the `+` it is a write all the same, and the
+    norm after the add (taking an inner module's sum, I-BERT) is where the stream passes.
+    f² added instead of f is rejected."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _PostLnWrapped(how), n=3)
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified" and p.placement == "post-norm", p
+        assert p.writes == (f"{b.name}.mix", f"{b.name}.fc")
+        assert p.norms == (f"{b.name}.mix_out.LayerNorm", f"{b.name}.fc_out.LayerNorm")
+    model.blocks[1] = _PostLnWrapped("wrong")
+    assert [p.status for p in proofs(proven(model, lambda: model(x[:1])))] == [
+        "verified",
+        "unverified",
+        "verified",
+    ]
+
+
 @pytest.mark.parametrize("block", [_ChannelsFirst, _ChannelsLastInside])
 def test_a_channels_first_stream_proves_writes_made_channels_last(
     block: Callable[[], nn.Module],

@@ -170,6 +170,7 @@ class _Trace:
     # operands of the block's functional adds that no module returned: (key, order, the
     # module that ran last before the add)
     added: list[tuple[Key, int, str]] = field(default_factory=list)
+    sums: set[Key] = field(default_factory=set)  # what those adds returned
 
 
 class BlockWatch:
@@ -214,6 +215,7 @@ class BlockWatch:
         if not out.is_floating_point() or not _like(out, tr.shape):
             return
         last = tr.nodes[-1].name if tr.nodes else ""
+        tr.sums.add(_key(out))
         for t in args[1:] if inplace else args[:2]:
             if isinstance(t, torch.Tensor) and t.is_floating_point() and _like(t, tr.shape):
                 self.order += 1
@@ -398,6 +400,8 @@ class _Block:
         )
         self.terminals = [k for k in self.candidates if k not in consumed]
         produced = {k for k, ns in self.groups.items() if ns}
+        taken = {self.a(k) for k, _, _ in tr.added}
+        self.operand_terminals = [k for k in self.candidates if k in self.terminals or k in taken]
         # operands of functional adds no module returned (each once): tried last
         self.added: dict[Key, tuple[int, str]] = {}
         for k, order, last in tr.added:
@@ -425,6 +429,17 @@ class _Block:
             and self.a(n.in_key) == self.a(tr.x_in)
             and n.out_key in self.idx
         ][:2]
+        # …and norms whose input a module returned as the sum of a `+` (I-BERT adds the
+        # residual inside its quantizer module, then normalizes): for the operand round
+        self.operand_norms = self.stream_norms + [
+            n
+            for n in nodes
+            if is_norm(modules[n.name])
+            and n not in self.stream_norms
+            and n.in_key in tr.sums
+            and n.in_key in self.idx
+            and n.out_key in self.idx
+        ]
 
     @overload
     def a(self, k: Key) -> Key: ...
@@ -508,13 +523,16 @@ class _Block:
             max(worst, res), h.writes, h.norms, scales if h.fitted else {}, stream_scale
         )
 
-    def hypotheses(self) -> Iterator[_Hypothesis]:
-        """Most specific first: the data-flow writes, then post-norm, fitted, subsets."""
-        t = tuple(self.terminals)
+    def hypotheses(self, operands: bool = False) -> Iterator[_Hypothesis]:
+        """Most specific first: the data-flow writes, then post-norm, fitted, subsets.
+        With `operands`, a module output that a `+` takes is a write even when a module
+        consumes it too (FNet's Fourier output, taken by the wrapper that holds the add)."""
+        t = tuple(self.operand_terminals if operands else self.terminals)
+        norms = self.operand_norms if operands else self.stream_norms
         norm_sets = [
             tuple(c)
-            for r in range(1, min(len(self.stream_norms), 4) + 1)
-            for c in itertools.combinations(self.stream_norms, r)
+            for r in range(1, min(len(norms), 4) + 1)
+            for c in itertools.combinations(norms, r)
         ]
         norm_sets.sort(key=len, reverse=True)
         subsets = [t]
@@ -858,6 +876,10 @@ def _prove_one(
             break
         if tried >= 4096:
             break
+    if found is None and (
+        blk.operand_terminals != blk.terminals or blk.operand_norms != blk.stream_norms
+    ):
+        found = _first_holding(blk, blk.hypotheses(operands=True), tol)
     if found is not None and found.scales:
         found = _unfit(blk, found, tol)
     if found is None:
@@ -940,6 +962,17 @@ def _prove_one(
         branches=tuple(branches),
         proof=proof,
     )
+
+
+def _first_holding(blk: _Block, hypotheses: Iterator[_Hypothesis], tol: float) -> _Outcome | None:
+    """The first hypothesis whose equation holds (of at most 4096 tried)."""
+    for tried, h in enumerate(hypotheses):
+        o = blk.evaluate(h)
+        if o.residual <= tol:
+            return o
+        if tried >= 4096:
+            break
+    return None
 
 
 def _unfit(blk: _Block, found: _Outcome, tol: float) -> _Outcome:
