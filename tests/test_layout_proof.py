@@ -722,6 +722,17 @@ def test_a_write_computed_by_functional_ops_proves_the_stream_not_a_branch() -> 
         "verified",
     ]
 
+    # another tool's hook adding the block's delta onto its input is no write of the model
+    def delta(_m: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        args[0] + (out - args[0])
+
+    handles = [m.register_forward_hook(delta) for m in (model.blocks[1], model.blocks[1].mlp)]
+    try:
+        assert proofs(proven(model, lambda: model(x[:1])))[1].status == "unverified"
+    finally:
+        for h in handles:
+            h.remove()
+
 
 class _ScaledInPlace(nn.Module):
     """The tensor an inner module returned is changed in place before its parent returns
@@ -816,6 +827,47 @@ def test_post_ln_whose_add_lives_in_the_wrapper_that_takes_the_branch(how: str) 
         "unverified",
         "verified",
     ]
+
+
+class _PrefixThenResidual(nn.Module):
+    """PP-LCNet's block: a depthwise conv and a gate transform the input (no add), then
+    a residual channel MLP adds onto that; with `boundary`, Inkling2's block boundary: the
+    stream restarts at the attention's output and the MLP adds onto it."""
+
+    def __init__(self, d: int = 32, boundary: bool = False) -> None:
+        super().__init__()
+        self.boundary = boundary
+        self.token = nn.Linear(d, d)
+        self.gate = nn.Sigmoid()
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.token(x) if self.boundary else self.gate(self.token(x)) * x
+        return h + self.mlp(h)
+
+
+@pytest.mark.parametrize("boundary", [False, True])
+def test_a_stream_that_restarts_inside_the_block_is_proven_from_there(boundary: bool) -> None:
+    """x_out = r + mlp(r), r a module output (or a gate of the input) and not the block's
+    input: the stream restarts at r, said in the note; the MLP is the block's branch. A
+    block whose output is no sum of its tensors (r·(1 + mlp(r))) is still rejected."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _PrefixThenResidual(boundary=boundary), n=3)
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified" and p.placement == "additive", p
+        assert p.writes == (f"{b.name}.mlp",) and p.stream_scale is None
+        assert "the stream restarts at" in p.note
+        assert [br.name for br in b.branches] == [f"{b.name}.mlp"]
+
+    class Product(_PrefixThenResidual):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.token(x)
+            return h * (1 + self.mlp(h))
+
+    model.blocks[1] = Product()
+    assert [p.status for p in proofs(proven(model, lambda: model(x[:1])))][1] == "unverified"
 
 
 @pytest.mark.parametrize("block", [_ChannelsFirst, _ChannelsLastInside])

@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -216,6 +217,7 @@ class BlockWatch:
             return
         last = tr.nodes[-1].name if tr.nodes else ""
         tr.sums.add(_key(out))
+        tr.keep.append(out)  # its key stays unique while the block runs
         for t in args[1:] if inplace else args[:2]:
             if isinstance(t, torch.Tensor) and t.is_floating_point() and _like(t, tr.shape):
                 self.order += 1
@@ -312,6 +314,27 @@ class BlockWatch:
 
 
 _ADDS = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__}
+_CALL_IMPL = nn.Module._call_impl.__code__
+_MODULE_PY = _CALL_IMPL.co_filename
+
+
+def _in_forward() -> bool:
+    """Whether the running op belongs to a module's own forward (it, or a function it
+    calls), not to a hook: the nearest `Module._call_impl` up the stack called the
+    module's `forward` directly. Another profiler's hook computing x_out − x_in must
+    never become a candidate write (that would prove any block)."""
+    frame, below = sys._getframe(1), []
+    while frame is not None:
+        if frame.f_code is _CALL_IMPL:
+            forward = getattr(type(frame.f_locals.get("self")), "forward", None)
+            # with hooks, _call_impl runs forward and the hooks from a local `inner`
+            called = next((f for f in reversed(below) if f.f_code.co_filename != _MODULE_PY), None)
+            return called is not None and called.f_code is getattr(forward, "__code__", None)
+        below.append(frame)
+        frame = frame.f_back
+    return False
+
+
 _IADDS = {torch.Tensor.add_, torch.Tensor.__iadd__}
 
 
@@ -331,7 +354,7 @@ class _AddWatch(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func in _ADDS or func in _IADDS:
+        if (func in _ADDS or func in _IADDS) and self.watch.stack and _in_forward():
             self.record(args, out, func in _IADDS)
         return out
 
@@ -353,6 +376,7 @@ class _Outcome:
     norms: tuple[_Node, ...]
     scales: dict[Key, float]  # fitted coefficients (writes), only when fitted
     stream_scale: float | None
+    start: Key | None = None  # the stream restarts at this output, not at x_in
 
 
 class _Block:
@@ -578,6 +602,50 @@ class _Block:
         if float(res[best]) > tol:
             return None
         return _Outcome(float(res[best]), tuple(cands[j] for j in combos[best]), (), {}, None)
+
+    def restart(self, tol: float) -> _Outcome | None:
+        """x_out = r + Σ writes, unit coefficients, r a module output of the block rather
+        than its input: the block transforms its input first and adds onto that (PP-LCNet's
+        depthwise conv + squeeze-excitation before its residual channel MLP; Inkling2's
+        block boundary, where the stream restarts at the attention's output). r is the
+        member a module reads (`_start`); the residual is relative to what the writes
+        add, ‖x_out − r‖.
+        r may be a `+` operand no module returned (a gate times the input)."""
+        extra = sorted(self.added, key=lambda k: self.added[k][0])[:MAX_SEARCH]
+        cands = self.candidates[: MAX_SEARCH - len(extra)] + extra
+        combos = [c for r in (2, 3) for c in itertools.combinations(range(len(cands)), r)]
+        if not combos:
+            return None
+        assert self.tr.x_out is not None
+        t = self.idx[self.tr.x_out]
+        cm = torch.zeros(len(combos), len(self.idx), dtype=self.g.dtype)
+        starts = torch.zeros(len(combos), dtype=torch.long)
+        for row, combo in enumerate(combos):
+            for j in combo:
+                cm[row, self.idx[cands[j]]] += 1.0
+            starts[row] = self.idx[self._start([cands[j] for j in combo])]
+        cm[:, t] -= 1.0
+        g = self.g
+        r2 = ((cm @ g) * cm).sum(1).clamp_min(0)
+        d2 = (g[t, t] + g[starts, starts] - 2 * g[starts, t]).clamp_min(0)
+        scale = d2.sqrt() + self.rho * self.norm(t)
+        res = torch.where(scale > 0, r2.sqrt() / scale, torch.full_like(r2, math.inf))
+        best = int(torch.argmin(res))
+        if float(res[best]) > tol:
+            return None
+        members = [cands[j] for j in combos[best]]
+        start = self._start(members)
+        writes = tuple(k for k in members if k != start)
+        return _Outcome(float(res[best]), writes, (), {}, None, start=start)
+
+    def _start(self, members: Sequence[Key]) -> Key:
+        """Of a sum, the stream: what a module of the block reads (the branch reads the
+        stream, nothing reads the last write), then the earliest made."""
+        read = {self.a(k) for n in self.tr.nodes for k in n.in_keys}
+        return min(
+            members,
+            key=lambda k: (k not in read, self.first[k] if k in self.first else self.added[k][0]),
+        )
 
     def plain_chain(self) -> list[str]:
         """The modules x_out was computed by, last first, when the block is a plain chain
@@ -882,12 +950,20 @@ def _prove_one(
         found = _first_holding(blk, blk.hypotheses(operands=True), tol)
     if found is not None and found.scales:
         found = _unfit(blk, found, tol)
+    if (
+        found is not None
+        and found.stream_scale is not None
+        and abs(found.stream_scale) <= ZERO_COEF
+    ):
+        found = blk.restart(tol) or found  # a stream fitted at 0: it restarts in the block
     if found is None:
         found = blk.search(tol)
     if found is None and (chain := blk.plain_chain()):
         return _plain(b, chain, tol, stream)
     if found is None:
         found = blk.search(tol, added=True)
+    if found is None:
+        found = blk.restart(tol)
     if found is None:
         res = first.residual if first is not None else None
         return _unverified(
@@ -924,6 +1000,16 @@ def _prove_one(
                     roles[sub] = role
     placement = "post-norm" if found.norms else "additive"
     note = ""
+    if found.start is not None:
+        at = (
+            f"a tensor computed by functional ops after {blk.added[found.start][1] or b.name}"
+            if found.start in blk.added
+            else f"{blk.branch_of(found.start)[1]}'s output"
+        )
+        note = (
+            f"the stream restarts at {at} (the block's input reaches it through modules "
+            "and functional ops, not an add); the writes add onto it"
+        )
     if functional:
         after = sorted({blk.added[w][1] or b.name for w in functional})
         note = (
