@@ -32,6 +32,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
+from types import FrameType
 from typing import Any, overload
 
 import torch
@@ -323,7 +324,8 @@ def _in_forward() -> bool:
     calls), not to a hook: the nearest `Module._call_impl` up the stack called the
     module's `forward` directly. Another profiler's hook computing x_out − x_in must
     never become a candidate write (that would prove any block)."""
-    frame, below = sys._getframe(1), []
+    frame: FrameType | None = sys._getframe(1)
+    below: list[FrameType] = []
     while frame is not None:
         if frame.f_code is _CALL_IMPL:
             forward = getattr(type(frame.f_locals.get("self")), "forward", None)
