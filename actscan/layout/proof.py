@@ -643,7 +643,10 @@ class _Block:
     def _start(self, members: Sequence[Key]) -> Key:
         """Of a sum, the stream: what a module of the block reads (the branch reads the
         stream, nothing reads the last write), then the earliest made."""
-        read = {self.a(k) for n in self.tr.nodes for k in n.in_keys}
+        # read by a module that computes something from it (not an identity drop-path)
+        read = {
+            self.a(k) for n in self.tr.nodes for k in n.in_keys if self.a(k) != self.a(n.out_key)
+        }
         return min(
             members,
             key=lambda k: (k not in read, self.first[k] if k in self.first else self.added[k][0]),
@@ -1014,7 +1017,7 @@ def _prove_one(
         )
     if functional:
         after = sorted({blk.added[w][1] or b.name for w in functional})
-        note = (
+        note = (note + "; " if note else "") + (
             f"{len(functional)} of the {len(found.writes)} writes "
             f"{'is a tensor' if len(functional) == 1 else 'are tensors'} computed by "
             f"functional ops (after {', '.join(after)}), not a module's output: the "
