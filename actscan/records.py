@@ -408,6 +408,9 @@ class BlockProof:
     # plain because the block's output has another shape than its input (a downsampling
     # stage): the stream's depth checks judge within the blocks between such changes
     reshaped: bool = False
+    # False: the block never ran in the forward (a tower the inputs did not reach, a list
+    # called through a method other than forward): nothing measured, nothing to prove
+    ran: bool = True
 
 
 @dataclass(frozen=True)

@@ -325,7 +325,13 @@ def test_t5_cross_attention_probed_and_families_off_the_interface_get_a_note() -
         num_heads=4,
         attention_types=[[["global", "local"], 1]],
     )
-    neo = scan(AutoModelForCausalLM.from_config(cfg), **SMALL)
+    # without its q/k projections to recompute from, a family off the interface is said
+    real = attention_mod._projection_modules
+    attention_mod._projection_modules = lambda model: []  # type: ignore[assignment]
+    try:
+        neo = scan(AutoModelForCausalLM.from_config(cfg), **SMALL)
+    finally:
+        attention_mod._projection_modules = real
     assert neo.attention == ()
     notes = [n for n in neo.notes if "attention probes" in n]
     assert notes == [
@@ -333,6 +339,57 @@ def test_t5_cross_attention_probed_and_families_off_the_interface_get_a_note() -
         "transformers' attention interface"
     ]
     assert "attn-entropy" in {s.check for s in neo.skipped}
+
+
+def test_gpt_neo_off_the_interface_is_recomputed_from_its_projections() -> None:
+    """GPT-Neo computes its scores itself (unscaled q·kᵀ, its own causal and local masks):
+    the fallback recomputes them from q_proj/k_proj under each reading and keeps the one
+    whose probabilities are the module's. The global layer's entropy and sink match the
+    module's own probabilities; the local layer (window 4 < 12 tokens), which no reading
+    reproduces, is dropped with the reason, never guessed."""
+    cfg = AutoConfig.for_model(
+        "gpt_neo",
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        attention_types=[[["global", "local"], 1]],
+        window_size=4,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(3))
+    probs: dict[str, torch.Tensor] = {}
+    layers = {n: m for n, m in model.named_modules() if type(m).__name__ == "GPTNeoSelfAttention"}
+
+    def keep(name: str) -> Any:
+        def hook(_m: torch.nn.Module, _a: Any, out: Any) -> None:
+            probs.setdefault(name, out[1].detach())
+
+        return hook
+
+    handles = [m.register_forward_hook(keep(n)) for n, m in layers.items()]
+    try:
+        with AttentionProbes(model) as probes, torch.no_grad():
+            model(input_ids=ids)
+        records = probes.records()
+    finally:
+        for h in handles:
+            h.remove()
+    assert [r.name for r in records] == ["transformer.h.0.attn.attention"]
+    assert probes.notes == [
+        "attention probes dropped 1 layer of gpt_neo (first transformer.h.1.attn.attention: "
+        "scores recomputed from its q/k projections match its probabilities under no single "
+        "reading (errors " + probes.notes[0].split("(errors ", 1)[1]
+    ]
+    p = probs["transformer.h.0.attn.attention"].double()[:, :, 1:]  # rows with ≥ 2 keys
+    nk = torch.arange(2, 13, dtype=torch.float64)[None, None, :]
+    entropy = (-(p * p.clamp_min(1e-300).log()).sum(-1) / nk.log()).mean(dim=(0, 2))
+    sink = p[..., 0].mean(dim=(0, 2))
+    rec = records[0]
+    assert [h.entropy for h in rec.heads] == pytest.approx(entropy.tolist(), rel=1e-5)
+    assert [h.sink for h in rec.heads] == pytest.approx(sink.tolist(), rel=1e-5)
+    assert rec.heads[0].score_std is not None and rec.heads[0].score_std > 0
 
 
 def test_builtin_model_reports_the_same_fields() -> None:

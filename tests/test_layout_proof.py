@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from actscan.layout.detect import detect_layout
+from actscan.layout.detect import detect_layout, find_streams
 from actscan.layout.proof import prove_layout
 from actscan.models.arch import build_config, read_config_file
 from actscan.models.gpt import build_model
@@ -271,7 +271,8 @@ class _ThreeWays(nn.Module):
 
 
 class _Warped(nn.Module):
-    """The stream gets exp(branch): no module's output is what the block adds."""
+    """The stream gets exp(branch) through `addcmul`, an op the add watch does not see:
+    no module returns what the block adds, and no `+` operand is it either."""
 
     def __init__(self, d: int) -> None:
         super().__init__()
@@ -281,7 +282,7 @@ class _Warped(nn.Module):
             self.mlp.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.exp(self.mlp(x))
+        return x.addcmul(torch.exp(self.mlp(x)), torch.ones_like(x))
 
 
 class _Stack(nn.Module):
@@ -585,6 +586,353 @@ def test_blocks_that_change_the_stream_shape_are_plain_and_silent() -> None:
     assert [(p.status, p.placement) for p in result.proofs] == [("verified", "plain")] * 2
     assert "shape (1×8 → 1×16)" in result.proofs[0].note and not result.notes
     assert not result.layout.blocks[0].branches
+
+
+class _MlpBlock(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+class _MixerBlock(nn.Module):
+    """Another layer class: a gated mixer whose output projection is the write, and a
+    same-class list inside it (two experts) that must not become a stream."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, d), nn.SiLU()) for _ in range(2))
+        self.mixer = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return x + self.mixer(self.experts[0](h) * self.experts[1](h))
+
+
+def test_a_hybrid_list_of_two_layer_classes_is_the_block_list() -> None:
+    """Jamba, Mllama, OLMo-hybrid: one ModuleList of two layer classes (issue 22). The
+    list is the stream, the experts list inside a layer is not; each layer proves its own
+    write, and a planted wrong one (exp of the branch) is still rejected."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _MlpBlock(), n=4)
+    model.blocks = nn.ModuleList([_MlpBlock(), _MixerBlock(), _MlpBlock(), _MixerBlock()])
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    assert [b.name for b in layout.blocks] == [f"blocks.{i}" for i in range(4)]
+    assert all(p.status == "verified" for p in proofs(layout))
+    assert [[br.name for br in b.branches] for b in layout.blocks] == [
+        ["blocks.0.mlp"],
+        ["blocks.1.mixer"],
+        ["blocks.2.mlp"],
+        ["blocks.3.mixer"],
+    ]
+    model.blocks[2] = _Warped(32)
+    layout = proven(model, lambda: model(x[:1]))
+    assert [p.status for p in proofs(layout)] == ["verified", "verified", "unverified", "verified"]
+
+
+def test_a_mixed_list_with_a_bare_activation_is_no_block_list() -> None:
+    """A codec's conv stack (Conv, ELU, Conv, …) is a mixed list too, but a leaf module
+    in it says its items are layers of one computation, not residual blocks."""
+    stack = nn.ModuleList([nn.Sequential(nn.Conv1d(4, 4, 3)), nn.ELU(), _MlpBlock(4)])
+    model = nn.Module()
+    model.layers = stack
+    assert find_streams(model) == []
+    assert "no repeated blocks" in (detect_layout(model).note or "")
+
+
+class _Gated(nn.Module):
+    """A write no module returns: a gate times a value, both modules, multiplied by a
+    functional op (UnivNet's gated unit); then an MLP whose output is added as is."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.gate = nn.Linear(d, d)
+        self.value = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + torch.sigmoid(self.gate(x)) * torch.tanh(self.value(x))
+        return x + self.mlp(x)
+
+
+class _ChannelsFirst(nn.Module):
+    """A ConvNeXt-style block on a (B, C, T) stream: the branch runs channels-last and
+    its write is a per-channel gain times the output, transposed back (WavTokenizer)."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv1d(d, d, 3, padding=1, groups=d)
+        self.norm = nn.LayerNorm(d)
+        self.pw = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.gamma = nn.Parameter(torch.full((d,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.pw(self.norm(self.dwconv(x).transpose(1, 2)))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class _ChannelsLastInside(nn.Module):
+    """VitDet's layer: a (B, C, L) stream permuted channels-last, two adds of module
+    outputs there, permuted back."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.permute(0, 2, 1)
+        h = h + self.attn(self.norm1(h))
+        h = h + self.mlp(self.norm2(h))
+        return h.permute(0, 2, 1)
+
+
+def test_a_write_computed_by_functional_ops_proves_the_stream_not_a_branch() -> None:
+    """UnivNet, SAM3, Pegasus-X: the stream gets a tensor computed after the last module
+    (a gate, an un-padding). The add's operands are recorded, so the equation is proven;
+    the module writes are branches, the functional one is named in the note and never
+    judged as one. A block whose add the watch cannot see (`_Warped`) is still rejected."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _Gated(), n=4)
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified" and p.placement == "additive", p
+        assert p.residual is not None and p.residual < 1e-5
+        assert p.writes == (f"{b.name}.mlp",) and b.adds == 2
+        assert [br.name for br in b.branches] == [f"{b.name}.mlp"]
+        assert "1 of the 2 writes is a tensor computed by functional ops" in p.note
+        assert f"after {b.name}.value" in p.note
+    with torch.no_grad():
+        out = model(x)
+    proven(model, lambda: model(x[:1]))
+    with torch.no_grad():
+        assert torch.equal(model(x), out)  # the add watch reads only
+    model.blocks[1] = _Warped(32)
+    assert [p.status for p in proofs(proven(model, lambda: model(x[:1])))] == [
+        "verified",
+        "unverified",
+        "verified",
+        "verified",
+    ]
+
+    # another tool's hook adding the block's delta onto its input is no write of the model
+    def delta(_m: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        args[0] + (out - args[0])
+
+    handles = [m.register_forward_hook(delta) for m in (model.blocks[1], model.blocks[1].mlp)]
+    try:
+        assert proofs(proven(model, lambda: model(x[:1])))[1].status == "unverified"
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class _ScaledInPlace(nn.Module):
+    """The tensor an inner module returned is changed in place before its parent returns
+    it (Llama 4's MoE adds its routed experts into the shared expert's output, `add_`):
+    here halved, so what the inner module returned is not what the block adds."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.shared = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared(x).mul_(0.5)
+
+
+class _InPlaceMoeBlock(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.moe = _ScaledInPlace(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.moe(self.norm(x))
+
+
+def test_a_write_changed_in_place_after_its_module_returned_is_read_as_added() -> None:
+    """The inner module's output, recorded when it returned, is not what the block adds
+    once `mul_` changed it: tensors are told apart by their version counter too, so the
+    outer module is the write, with unit coefficient (not the inner one fitted at 0.5)."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _InPlaceMoeBlock(), n=3)
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified" and p.writes == (f"{b.name}.moe",), p
+        assert not p.note and p.residual is not None and p.residual < 1e-5
+        assert [br.scale for br in b.branches] == [None]
+
+
+class _AddThenNorm(nn.Module):
+    """A post-LN output wrapper that takes the branch output and the residual and holds
+    the add itself (FNet's FNetBasicOutput), or leaves it to an inner module whose output
+    the norm takes (I-BERT's quantizer `ln_input_act`); "wrong" adds f², which is no
+    module's output."""
+
+    def __init__(self, d: int, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.adder = _Adder() if how == "inner" else None
+        self.LayerNorm = nn.LayerNorm(d)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if self.adder is not None:
+            return self.LayerNorm(self.adder(h, residual))
+        return self.LayerNorm(residual + (h * h if self.how == "wrong" else h))
+
+
+class _Adder(nn.Module):
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return residual + h
+
+
+class _PostLnWrapped(nn.Module):
+    def __init__(self, how: str, d: int = 32) -> None:
+        super().__init__()
+        self.mix = nn.Linear(d, d)
+        self.mix_out = _AddThenNorm(d, how)
+        self.fc = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.fc_out = _AddThenNorm(d, how)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.mix_out(self.mix(x), x)
+        return self.fc_out(self.fc(x), x)
+
+
+@pytest.mark.parametrize("how", ["wrapper", "inner"])
+def test_post_ln_whose_add_lives_in_the_wrapper_that_takes_the_branch(how: str) -> None:
+    """The branch output is consumed by a module (the wrapper holding the add), so it is
+    no data-flow terminal; as an operand of the `+` it is a write all the same, and the
+    norm after the add (taking an inner module's sum, I-BERT) is where the stream passes.
+    f² added instead of f is rejected."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _PostLnWrapped(how), n=3)
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified" and p.placement == "post-norm", p
+        assert p.writes == (f"{b.name}.mix", f"{b.name}.fc")
+        assert p.norms == (f"{b.name}.mix_out.LayerNorm", f"{b.name}.fc_out.LayerNorm")
+    model.blocks[1] = _PostLnWrapped("wrong")
+    assert [p.status for p in proofs(proven(model, lambda: model(x[:1])))] == [
+        "verified",
+        "unverified",
+        "verified",
+    ]
+
+
+class _PrefixThenResidual(nn.Module):
+    """PP-LCNet's block: a depthwise conv and a gate transform the input (no add), then
+    a residual channel MLP adds onto that; with `boundary`, Inkling2's block boundary: the
+    stream restarts at the attention's output and the MLP adds onto it."""
+
+    def __init__(self, d: int = 32, boundary: bool = False) -> None:
+        super().__init__()
+        self.boundary = boundary
+        self.token = nn.Linear(d, d)
+        self.gate = nn.Sigmoid()
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.drop_path = nn.Identity()  # reads the write, computes nothing: not the stream
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.token(x) if self.boundary else self.gate(self.token(x)) * x
+        return h + self.drop_path(self.mlp(h))
+
+
+@pytest.mark.parametrize("boundary", [False, True])
+def test_a_stream_that_restarts_inside_the_block_is_proven_from_there(boundary: bool) -> None:
+    """x_out = r + mlp(r), r a module output (or a gate of the input) and not the block's
+    input: the stream restarts at r, said in the note; the MLP is the block's branch. A
+    block whose output is no sum of its tensors (r·(1 + mlp(r))) is still rejected."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _PrefixThenResidual(boundary=boundary), n=3)
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified" and p.placement == "additive", p
+        assert p.writes == (f"{b.name}.mlp",) and p.stream_scale is None
+        assert "the stream restarts at" in p.note and "not a module's output" not in p.note
+        assert [br.name for br in b.branches] == [f"{b.name}.mlp"]
+
+    class Product(_PrefixThenResidual):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.token(x)
+            return h * (1 + self.mlp(h))
+
+    model.blocks[1] = Product()
+    assert [p.status for p in proofs(proven(model, lambda: model(x[:1])))][1] == "unverified"
+
+
+@pytest.mark.parametrize("block", [_ChannelsFirst, _ChannelsLastInside])
+def test_a_channels_first_stream_proves_writes_made_channels_last(
+    block: Callable[[], nn.Module],
+) -> None:
+    """The stream is (B, C, T); the writes are made as (B, T, C) and transposed back, or
+    added while the stream itself is channels-last: both are read in the stream's own
+    layout. A wrong write planted the same way (the gain applied twice, so the recorded
+    operand is not what was added) is rejected."""
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(block() for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    model = Net()
+    x = torch.randn(1, 32, 10)
+    layout = proven(model, lambda: model(x))
+    assert [p.status for p in proofs(layout)] == ["verified"] * 3
+    assert all(p.residual is not None and p.residual < 1e-5 for p in proofs(layout))
+
+    class Doubled(_ChannelsFirst):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.pw(self.norm(self.dwconv(x).transpose(1, 2)))
+            w = (self.gamma * h).transpose(1, 2)
+            return (x + w) + w * 0.5  # one operand is w, the other only half of it
+
+    model.blocks[1] = Doubled()
+    statuses = [p.status for p in proofs(proven(model, lambda: model(x)))]
+    assert statuses[1] == "verified"  # x + w + 0.5w: the two recorded operands sum right
+    model.blocks[1] = _Warped(32)
+    model.blocks[1].mlp = nn.Linear(10, 10)  # a (B, C, T) stream: the branch on T
+    assert [p.status for p in proofs(proven(model, lambda: model(x)))][1] == "unverified"
+
+
+def test_blocks_the_forward_never_calls_are_said_and_not_unverified() -> None:
+    """A second block list the forward does not reach (a vision tower without pixels, a
+    quantizer called through `encode`): nothing measured, so nothing to prove. It is
+    skipped with `ran` False and its own note, never "unverified"; the blocks that ran
+    are proven as before."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _MlpBlock(), n=4)
+    model.spare = nn.ModuleList(_MlpBlock() for _ in range(2))
+    x = features()
+    result = prove_layout(model, detect_layout(model), lambda: model(x[:1]))
+    assert [(p.name, p.status, p.ran) for p in result.proofs] == [
+        *((f"blocks.{i}", "verified", True) for i in range(4)),
+        ("spare.0", "skipped", False),
+        ("spare.1", "skipped", False),
+    ]
+    assert result.notes == (
+        "2 of 6 blocks did not run in the forward (blocks 4, 5: spare): nothing was "
+        "measured there (inputs that do not reach them, or a list the model calls through "
+        "another method than forward)",
+    )
+    report = scan(model, x, lambda out: out.square().mean())
+    assert [d["ran"] for d in report.to_dict()["layout"]] == [True] * 4 + [False] * 2
 
 
 def _hook_count(model: nn.Module) -> int:

@@ -1,6 +1,7 @@
 """Find the residual stream: embedding, blocks, branches, norms, activations, head.
 
-The blocks are the longest `nn.ModuleList` of same-class children; branches are a first
+The blocks are the longest `nn.ModuleList` of same-class children (a hybrid's mixed list of
+composite layers when every same-class list lies inside its layers); branches are a first
 guess from module names here, and `layout_proof.prove_layout` replaces the guess with what
 one forward pass shows each block adds to the stream (post-branch norms, gains, post-LN
 encoders whose attention module holds the residual add), with no per-family table.
@@ -64,6 +65,36 @@ def _block_lists(model: nn.Module) -> list[tuple[tuple[int, int, int], str, list
     return out
 
 
+def _mixed_lists(model: nn.Module) -> list[tuple[tuple[int, int, int], str, list[str]]]:
+    """ModuleLists of ≥ 2 composite children of more than one class (a hybrid's decoder:
+    Jamba's Mamba and attention layers, Mllama's self- and cross-attention layers), in the
+    form of `_block_lists`. A leaf child (an activation between convolutions: a codec's
+    conv stack) rules the list out: blocks are composite."""
+    out = []
+    for order, (name, mod) in enumerate(model.named_modules()):
+        kids = list(mod.named_children()) if isinstance(mod, nn.ModuleList) else []
+        if len(kids) < 2 or len({type(m) for _, m in kids}) < 2:
+            continue
+        if not all(_has_children(m) for _, m in kids):
+            continue
+        score = (len(kids), 1, -order)
+        out.append((score, name, [f"{name}.{k}" if name else k for k, _ in kids]))
+    return out
+
+
+def _hybrid_lists(model: nn.Module) -> list[tuple[tuple[int, int, int], str, list[str]]]:
+    """The lists to find streams in: the same-class block lists, or, when every one of
+    them lies inside a block of a mixed list (or there are none), the outermost mixed
+    lists: a hybrid decoder's layers are its blocks, what lies inside them is not."""
+    lists = _block_lists(model)
+    mixed = _mixed_lists(model)
+    outer = [m for m in mixed if not any(o[1] != m[1] and _nested(o[1], m[1]) for o in mixed)]
+    inside = [c for c in lists if any(c[1].startswith(b + ".") for m in outer for b in m[2])]
+    if outer and len(inside) == len(lists):
+        return outer
+    return lists
+
+
 def _nested(a: str, b: str) -> bool:
     """One module path is the other or inside it ('' is the root, around everything)."""
     return a == b or not a or not b or a.startswith(b + ".") or b.startswith(a + ".")
@@ -80,7 +111,7 @@ def find_streams(model: nn.Module) -> list[tuple[str, str, list[str]]]:
     stages) never start a stream. Names come from the containers' paths, less the parts
     they share ("model.encoder.layers", "model.decoder.layers" → "encoder", "decoder").
     """
-    lists = _block_lists(model)
+    lists = _hybrid_lists(model)
     if not lists:
         return []
     best = max(lists, key=lambda c: c[0])

@@ -90,8 +90,9 @@ def probe_pass(
         with eval_mode(model), HookSet() as hooks, torch.no_grad():
             if layout.blocks:
                 watch = BlockWatch(model, layout.blocks).install(hooks)
+            adds = watch.adds() if watch is not None else contextlib.nullcontext()
             with watch_usage(model, hooks) if at_init else contextlib.nullcontext(None) as reader:
-                with autocast():
+                with autocast(), adds:
                     model(*args, **kwargs)
                 read_usage = reader
     except Exception as err:  # neither reader may break a scan: each says so below
@@ -120,10 +121,12 @@ class PassProbe:
         with HookSet() as hooks:
             if self.detected.blocks:
                 self._watch = BlockWatch(self.model, self.detected.blocks).install(hooks)
+            adds = self._watch.adds() if self._watch is not None else contextlib.nullcontext()
             if not self.at_init:
-                yield
+                with adds:
+                    yield
                 return
-            with watch_usage(self.model, hooks, self.batch) as reader:
+            with watch_usage(self.model, hooks, self.batch) as reader, adds:
                 yield
             self._read = reader
 

@@ -28,12 +28,16 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
+from types import FrameType
 from typing import Any, overload
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from actscan.layout.detect import is_act, is_norm
 from actscan.measure.gemms import aside
@@ -75,17 +79,26 @@ _SSM_PARAMS = {"A_log", "dt_bias"}
 
 
 def _key(t: torch.Tensor) -> Key:
-    """Identity of a tensor's view (same storage, offset, shape, strides)."""
+    """Identity of a tensor's view (same storage, offset, shape, strides) and of its
+    values: the version counter moves with every in-place op (Llama 4's MoE adds its
+    routed experts into the shared expert's output with `add_`)."""
     try:
-        return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+        return (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), _version(t))
     except (RuntimeError, NotImplementedError):
         return ("id", id(t))
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return int(t._version)
+    except RuntimeError:  # an inference-mode tensor has no version counter
+        return -1
 
 
 def _storage(k: Key) -> Key:
     """The storage a tensor key views and its size: equal for a tensor and its transpose
     or reshape (the same values), different for anything computed from it."""
-    return k if k[0] == "id" else (k[0], k[1], math.prod(k[2]))
+    return k if k[0] == "id" else (k[0], k[1], math.prod(k[2]), k[4])
 
 
 def _is_view(k: Key, of: Key) -> bool:
@@ -104,8 +117,25 @@ def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
 
 
 def _like(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
-    """Stream-shaped up to a flattening of the leading dims (OPT adds in (B·T, C))."""
-    return bool(shape) and t.shape[-1:] == shape[-1:] and t.numel() == math.prod(shape)
+    """Stream-shaped up to a flattening of the leading dims (OPT adds in (B·T, C)), or
+    the channels-last form of a channels-first stream (`_channels_last`)."""
+    if not shape or t.numel() != math.prod(shape):
+        return False
+    return t.shape[-1:] == shape[-1:] or _channels_last(t, shape)
+
+
+def _channels_last(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """t holds a channels-first stream (B, C, *spatial) with the channels last: (B,
+    *spatial, C) or (B, spatial flattened, C), as a ConvNeXt or windowed-attention block
+    computes inside while its input and output are (B, C, H, W)."""
+    return (
+        len(shape) >= 3
+        and t.dim() >= 2
+        and t.shape[-1] != shape[-1]
+        and t.shape[-1] == shape[1]
+        and t.shape[0] == shape[0]
+        and t.numel() == math.prod(shape)
+    )
 
 
 def _first_float(obj: Any) -> torch.Tensor | None:
@@ -139,6 +169,10 @@ class _Trace:
     gram: torch.Tensor | None = None
     note: str = ""
     out_shape: tuple[int, ...] | None = None  # set when the block changes the shape
+    # operands of the block's functional adds that no module returned: (key, order, the
+    # module that ran last before the add)
+    added: list[tuple[Key, int, str]] = field(default_factory=list)
+    sums: set[Key] = field(default_factory=set)  # what those adds returned
 
 
 class BlockWatch:
@@ -170,6 +204,26 @@ class BlockWatch:
             hooks.forward(block, self._guard(self._leave(b.index)), with_kwargs=True)
         return self
 
+    def adds(self) -> AbstractContextManager[Any]:
+        """Around the forward: records the stream-shaped operands of every `+` inside a
+        block, so a write computed by functional ops (a transpose, a gate, a window
+        un-partition after the branch module) is a candidate too. Reads only."""
+        return _AddWatch(self)
+
+    def _add(self, args: tuple[Any, ...], out: Any, inplace: bool) -> None:
+        if not self.stack or not self.stack[-1].shape or not isinstance(out, torch.Tensor):
+            return
+        tr = self.stack[-1]
+        if not out.is_floating_point() or not _like(out, tr.shape):
+            return
+        last = tr.nodes[-1].name if tr.nodes else ""
+        tr.sums.add(_key(out))
+        tr.keep.append(out)  # its key stays unique while the block runs
+        for t in args[1:] if inplace else args[:2]:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and _like(t, tr.shape):
+                self.order += 1
+                tr.added.append((self._store(tr, t), self.order, last))
+
     def _guard(self, hook: Callable[..., None]) -> Callable[..., None]:
         def guarded(*args: Any) -> None:
             if self.failed is None:
@@ -184,6 +238,8 @@ class BlockWatch:
         k = _key(t)
         tr.keep.append(t)
         if _like(t, tr.shape) and k not in tr.values:
+            if _channels_last(t, tr.shape):  # back to the stream's own layout
+                t = t.reshape(tr.shape[0], -1, tr.shape[1]).movedim(-1, 1).reshape(tr.shape)
             tr.values[k] = self._sample(t)  # a copy: later in-place ops must not change it
         return k
 
@@ -231,7 +287,10 @@ class BlockWatch:
     def _leave(self, index: int) -> Any:
         def hook(mod: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
             tr = self.stack.pop() if self.stack else None
-            if tr is None or tr.block != index or not tr.shape:
+            if tr is None or tr.block != index:
+                return
+            if not tr.shape:  # it ran, on no float input: skipped with the reason
+                self.traces.setdefault(index, tr)
                 return
             y = _first_float(out)
             if y is None:
@@ -255,6 +314,53 @@ class BlockWatch:
         return hook
 
 
+_ADDS = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__}
+_CALL_IMPL = nn.Module._call_impl.__code__
+_MODULE_PY = _CALL_IMPL.co_filename
+
+
+def _in_forward() -> bool:
+    """Whether the running op belongs to a module's own forward (it, or a function it
+    calls), not to a hook: the nearest `Module._call_impl` up the stack called the
+    module's `forward` directly. Another profiler's hook computing x_out − x_in must
+    never become a candidate write (that would prove any block)."""
+    frame: FrameType | None = sys._getframe(1)
+    below: list[FrameType] = []
+    while frame is not None:
+        if frame.f_code is _CALL_IMPL:
+            forward = getattr(type(frame.f_locals.get("self")), "forward", None)
+            # with hooks, _call_impl runs forward and the hooks from a local `inner`
+            called = next((f for f in reversed(below) if f.f_code.co_filename != _MODULE_PY), None)
+            return called is not None and called.f_code is getattr(forward, "__code__", None)
+        below.append(frame)
+        frame = frame.f_back
+    return False
+
+
+_IADDS = {torch.Tensor.add_, torch.Tensor.__iadd__}
+
+
+class _AddWatch(TorchFunctionMode):
+    """The `+` calls of the forward, for `BlockWatch._add` (results returned untouched)."""
+
+    def __init__(self, watch: BlockWatch) -> None:
+        super().__init__()
+        self.watch = watch
+        self.record = watch._guard(watch._add)
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if (func in _ADDS or func in _IADDS) and self.watch.stack and _in_forward():
+            self.record(args, out, func in _IADDS)
+        return out
+
+
 # --------------------------------------------------------------------------- analysis
 
 
@@ -272,6 +378,7 @@ class _Outcome:
     norms: tuple[_Node, ...]
     scales: dict[Key, float]  # fitted coefficients (writes), only when fitted
     stream_scale: float | None
+    start: Key | None = None  # the stream restarts at this output, not at x_in
 
 
 class _Block:
@@ -319,6 +426,13 @@ class _Block:
         )
         self.terminals = [k for k in self.candidates if k not in consumed]
         produced = {k for k, ns in self.groups.items() if ns}
+        taken = {self.a(k) for k, _, _ in tr.added}
+        self.operand_terminals = [k for k in self.candidates if k in self.terminals or k in taken]
+        # operands of functional adds no module returned (each once): tried last
+        self.added: dict[Key, tuple[int, str]] = {}
+        for k, order, last in tr.added:
+            if self.a(k) not in produced and self.a(k) not in ends and k in self.idx:
+                self.added.setdefault(self.a(k), (order, last))
         # Norms the stream itself may pass through: their input is computed (a sum), not
         # a module's output nor the block input.
         self.stream_norms = [
@@ -341,6 +455,17 @@ class _Block:
             and self.a(n.in_key) == self.a(tr.x_in)
             and n.out_key in self.idx
         ][:2]
+        # …and norms whose input a module returned as the sum of a `+` (I-BERT adds the
+        # residual inside its quantizer module, then normalizes): for the operand round
+        self.operand_norms = self.stream_norms + [
+            n
+            for n in nodes
+            if is_norm(modules[n.name])
+            and n not in self.stream_norms
+            and n.in_key in tr.sums
+            and n.in_key in self.idx
+            and n.out_key in self.idx
+        ]
 
     @overload
     def a(self, k: Key) -> Key: ...
@@ -351,8 +476,8 @@ class _Block:
         return None if k is None else self.alias.get(k, k)
 
     def _same(self, a: Key, b: Key) -> bool:
-        if a[0] != "id" and b[0] != "id" and a[0] == b[0] and a[1] == b[1]:
-            return math.prod(a[2]) == math.prod(b[2])  # same storage, same size
+        if a[0] != "id" and b[0] != "id" and _storage(a) == _storage(b):
+            return True  # same storage, size and version: the same values
         ia, ib = self.idx[a], self.idx[b]
         ga, gb, gab = float(self.g[ia, ia]), float(self.g[ib, ib]), float(self.g[ia, ib])
         return min(ga, gb) > 0 and ga + gb - 2 * gab <= 1e-12 * max(ga, gb)
@@ -424,13 +549,16 @@ class _Block:
             max(worst, res), h.writes, h.norms, scales if h.fitted else {}, stream_scale
         )
 
-    def hypotheses(self) -> Iterator[_Hypothesis]:
-        """Most specific first: the data-flow writes, then post-norm, fitted, subsets."""
-        t = tuple(self.terminals)
+    def hypotheses(self, operands: bool = False) -> Iterator[_Hypothesis]:
+        """Most specific first: the data-flow writes, then post-norm, fitted, subsets.
+        With `operands`, a module output that a `+` takes is a write even when a module
+        consumes it too (FNet's Fourier output, taken by the wrapper that holds the add)."""
+        t = tuple(self.operand_terminals if operands else self.terminals)
+        norms = self.operand_norms if operands else self.stream_norms
         norm_sets = [
             tuple(c)
-            for r in range(1, min(len(self.stream_norms), 4) + 1)
-            for c in itertools.combinations(self.stream_norms, r)
+            for r in range(1, min(len(norms), 4) + 1)
+            for c in itertools.combinations(norms, r)
         ]
         norm_sets.sort(key=len, reverse=True)
         subsets = [t]
@@ -450,9 +578,14 @@ class _Block:
                     for ns in norm_sets:
                         yield _Hypothesis(sub, (entry, *ns), fitted)
 
-    def search(self, tol: float) -> _Outcome | None:
-        """Subsets (≤ 3) of every stream-shaped output, unit coefficients, vectorised."""
+    def search(self, tol: float, added: bool = False) -> _Outcome | None:
+        """Subsets (≤ 3) of every stream-shaped output, unit coefficients, vectorised;
+        with `added`, the operands of the block's functional adds are candidates too."""
         cands = self.candidates[:MAX_SEARCH]
+        if added:
+            extra = sorted(self.added, key=lambda k: self.added[k][0])
+            extra = extra[:MAX_SEARCH]
+            cands = self.candidates[: MAX_SEARCH - len(extra)] + extra if extra else []
         if not cands:
             return None
         assert self.tr.x_out is not None  # a _Block is built once x_out is stored
@@ -471,6 +604,53 @@ class _Block:
         if float(res[best]) > tol:
             return None
         return _Outcome(float(res[best]), tuple(cands[j] for j in combos[best]), (), {}, None)
+
+    def restart(self, tol: float) -> _Outcome | None:
+        """x_out = r + Σ writes, unit coefficients, r a module output of the block rather
+        than its input: the block transforms its input first and adds onto that (PP-LCNet's
+        depthwise conv + squeeze-excitation before its residual channel MLP; Inkling2's
+        block boundary, where the stream restarts at the attention's output). r is the
+        member a module reads (`_start`); the residual is relative to what the writes
+        add, ‖x_out − r‖.
+        r may be a `+` operand no module returned (a gate times the input)."""
+        extra = sorted(self.added, key=lambda k: self.added[k][0])[:MAX_SEARCH]
+        cands = self.candidates[: MAX_SEARCH - len(extra)] + extra
+        combos = [c for r in (2, 3) for c in itertools.combinations(range(len(cands)), r)]
+        if not combos:
+            return None
+        assert self.tr.x_out is not None
+        t = self.idx[self.tr.x_out]
+        cm = torch.zeros(len(combos), len(self.idx), dtype=self.g.dtype)
+        starts = torch.zeros(len(combos), dtype=torch.long)
+        for row, combo in enumerate(combos):
+            for j in combo:
+                cm[row, self.idx[cands[j]]] += 1.0
+            starts[row] = self.idx[self._start([cands[j] for j in combo])]
+        cm[:, t] -= 1.0
+        g = self.g
+        r2 = ((cm @ g) * cm).sum(1).clamp_min(0)
+        d2 = (g[t, t] + g[starts, starts] - 2 * g[starts, t]).clamp_min(0)
+        scale = d2.sqrt() + self.rho * self.norm(t)
+        res = torch.where(scale > 0, r2.sqrt() / scale, torch.full_like(r2, math.inf))
+        best = int(torch.argmin(res))
+        if float(res[best]) > tol:
+            return None
+        members = [cands[j] for j in combos[best]]
+        start = self._start(members)
+        writes = tuple(k for k in members if k != start)
+        return _Outcome(float(res[best]), writes, (), {}, None, start=start)
+
+    def _start(self, members: Sequence[Key]) -> Key:
+        """Of a sum, the stream: what a module of the block reads (the branch reads the
+        stream, nothing reads the last write), then the earliest made."""
+        # read by a module that computes something from it (not an identity drop-path)
+        read = {
+            self.a(k) for n in self.tr.nodes for k in n.in_keys if self.a(k) != self.a(n.out_key)
+        }
+        return min(
+            members,
+            key=lambda k: (k not in read, self.first[k] if k in self.first else self.added[k][0]),
+        )
 
     def plain_chain(self) -> list[str]:
         """The modules x_out was computed by, last first, when the block is a plain chain
@@ -633,6 +813,21 @@ def _unverified(
     return replace(b, proof=proof)
 
 
+def _idle(b: BlockInfo, stream: str) -> BlockInfo:
+    """A block the forward never called: nothing was measured there, so there is nothing
+    to prove (a tower the inputs did not reach, a list the model calls through a method
+    other than forward). Skipped, with `ran` False: not a layout the proof failed on."""
+    proof = BlockProof(
+        block=b.index,
+        name=b.name,
+        status="skipped",
+        stream=stream,
+        note="the block did not run in the forward: nothing measured, nothing to prove",
+        ran=False,
+    )
+    return replace(b, proof=proof)
+
+
 def _plain(b: BlockInfo, chain: list[str], tol: float, stream: str) -> BlockInfo:
     """A block without a residual add: verified as plain, with no branches to judge."""
     note = (
@@ -689,7 +884,8 @@ def prove_blocks(
     stream (`BlockInfo.stream`: "main", or "encoder"/"decoder" of an encoder-decoder)."""
     with eval_mode(model), HookSet() as hooks, torch.no_grad():
         watch = BlockWatch(model, blocks).install(hooks)
-        run()
+        with watch.adds():
+            run()
     return read_blocks(model, watch, stream=stream)
 
 
@@ -712,9 +908,11 @@ def read_blocks(
         if tr is not None and tr.out_shape is not None:
             out.append(_reshaped(b, tr, stream or b.stream))
             continue
-        if tr is None or tr.gram is None:
-            why = "the block did not run in the probe pass" if tr is None else tr.note
-            out.append(_unverified(b, "skipped", why, stream=stream or b.stream))
+        if tr is None:
+            out.append(_idle(b, stream or b.stream))
+            continue
+        if tr.gram is None:
+            out.append(_unverified(b, "skipped", tr.note, stream=stream or b.stream))
             continue
         k = len(tr.keys)
         assert flat is not None
@@ -751,12 +949,26 @@ def _prove_one(
             break
         if tried >= 4096:
             break
+    if found is None and (
+        blk.operand_terminals != blk.terminals or blk.operand_norms != blk.stream_norms
+    ):
+        found = _first_holding(blk, blk.hypotheses(operands=True), tol)
     if found is not None and found.scales:
         found = _unfit(blk, found, tol)
+    if (
+        found is not None
+        and found.stream_scale is not None
+        and abs(found.stream_scale) <= ZERO_COEF
+    ):
+        found = blk.restart(tol) or found  # a stream fitted at 0: it restarts in the block
     if found is None:
         found = blk.search(tol)
     if found is None and (chain := blk.plain_chain()):
         return _plain(b, chain, tol, stream)
+    if found is None:
+        found = blk.search(tol, added=True)
+    if found is None:
+        found = blk.restart(tol)
     if found is None:
         res = first.residual if first is not None else None
         return _unverified(
@@ -770,7 +982,8 @@ def _prove_one(
     branches: list[BranchInfo] = []
     taken: set[str] = set()
     named: list[tuple[Key, str, str]] = []
-    for w in sorted(found.writes, key=lambda k: blk.first[k]):
+    functional = [w for w in found.writes if w in blk.added]
+    for w in sorted((w for w in found.writes if w not in blk.added), key=lambda k: blk.first[k]):
         name, write = blk.branch_of(w)
         named.append((w, name, write))
         taken.add(name)
@@ -791,6 +1004,25 @@ def _prove_one(
                 if not (is_norm(mod) or is_act(mod)):
                     roles[sub] = role
     placement = "post-norm" if found.norms else "additive"
+    note = ""
+    if found.start is not None:
+        at = (
+            f"a tensor computed by functional ops after {blk.added[found.start][1] or b.name}"
+            if found.start in blk.added
+            else f"{blk.branch_of(found.start)[1]}'s output"
+        )
+        note = (
+            f"the stream restarts at {at} (the block's input reaches it through modules "
+            "and functional ops, not an add); the writes add onto it"
+        )
+    if functional:
+        after = sorted({blk.added[w][1] or b.name for w in functional})
+        note = (note + "; " if note else "") + (
+            f"{len(functional)} of the {len(found.writes)} writes "
+            f"{'is a tensor' if len(functional) == 1 else 'are tensors'} computed by "
+            f"functional ops (after {', '.join(after)}), not a module's output: the "
+            "stream's equation is proven, those writes are not judged as branches"
+        )
     proof = BlockProof(
         block=b.index,
         name=b.name,
@@ -807,6 +1039,7 @@ def _prove_one(
             else None
         ),
         stream=stream,
+        note=note,
     )
     first_of = {
         r: next((br.name for br in branches if br.role == r), None)
@@ -816,10 +1049,21 @@ def _prove_one(
         b,
         attn=first_of[Role.ATTN.value],
         mlp=first_of[Role.MLP.value],
-        adds=max(len(branches), 1),
+        adds=max(len(found.writes), 1),
         branches=tuple(branches),
         proof=proof,
     )
+
+
+def _first_holding(blk: _Block, hypotheses: Iterator[_Hypothesis], tol: float) -> _Outcome | None:
+    """The first hypothesis whose equation holds (of at most 4096 tried)."""
+    for tried, h in enumerate(hypotheses):
+        o = blk.evaluate(h)
+        if o.residual <= tol:
+            return o
+        if tried >= 4096:
+            break
+    return None
 
 
 def _unfit(blk: _Block, found: _Outcome, tol: float) -> _Outcome:
@@ -878,8 +1122,16 @@ def proof_result(layout: Layout, blocks: Sequence[BlockInfo], roles: dict[str, s
     bad = [
         p
         for p, b in zip(proofs, blocks, strict=True)
-        if p.status == "unverified" or (p.status == "skipped" and b.branch_list())
+        if p.ran and (p.status == "unverified" or (p.status == "skipped" and b.branch_list()))
     ]
+    idle = [p for p in proofs if not p.ran]
+    if idle:
+        notes.append(
+            f"{len(idle)} of {len(proofs)} blocks did not run in the forward "
+            f"({_blocks(p.block for p in idle)}: {_lists(p.name for p in idle)}): "
+            "nothing was measured there (inputs that do not reach them, or a list the "
+            "model calls through another method than forward)"
+        )
     if bad:
         worst = max((p.residual for p in bad if p.residual is not None), default=None)
         notes.append(
@@ -890,6 +1142,13 @@ def proof_result(layout: Layout, blocks: Sequence[BlockInfo], roles: dict[str, s
         )
     layout = replace(layout, blocks=tuple(blocks), roles=new_roles)
     return ProofResult(layout, proofs, tuple(notes))
+
+
+def _lists(names: Iterator[str]) -> str:
+    """The block lists (containers) the names belong to, in order, once each."""
+    seen = dict.fromkeys(n.rsplit(".", 1)[0] if "." in n else n for n in names)
+    shown = list(seen)
+    return ", ".join(shown[:3]) + (f" and {len(shown) - 3} more" if len(shown) > 3 else "")
 
 
 def _blocks(idx: Iterator[int] | Sequence[int]) -> str:

@@ -22,8 +22,13 @@ returns, or the recomputed output p·V against sdpa's output (relative error ≤
 in half precision); a layer that disagrees is dropped, with a note.
 
 The built-in `actscan-gpt` marks its scores with an `AttentionLogits` module: a forward
-hook reads them (causal mask), same statistics. Families whose attention never calls the
-interface get one note, never a crash.
+hook reads them (causal mask), same statistics. Attention modules that compute their
+scores themselves (GPT-Neo) and hold q/k projections and a head count are recomputed from
+those projections' outputs under each reading (scaled by 1/√d or not, causal or not),
+self-checked against the probabilities the module returns or hands to its dropout: the
+one reading that reproduces them is kept, a layer none (or two scalings) reproduce is
+dropped with a note. Other families whose attention never calls the interface get one
+note, never a crash.
 
 `scores_only=True` is the optimizer steps' mode (`--steps`: the attention-score maximum
 per layer and step): each layer keeps one device scalar, the largest |score| over every
@@ -227,6 +232,9 @@ class AttentionProbes:
         self.interface = interface  # False: the built-in model's markers only
         self.names = {id(m): n for n, m in model.named_modules()}
         self.accs: dict[str, _Acc] = {}
+        # the q/k fallback: per layer one accumulator per reading, and its failures
+        self.fallback: dict[str, list[_Acc]] = {}
+        self.fallback_errors: dict[str, str] = {}
         self.notes: list[str] = []
         self._stack = contextlib.ExitStack()
         self._active = False
@@ -236,6 +244,8 @@ class AttentionProbes:
         try:
             if not self._builtin() and self.interface:
                 self._interface()
+                if not self.scores_only:
+                    self._projections()
             self._active = True
         except BaseException:
             self._stack.close()
@@ -313,6 +323,111 @@ class AttentionProbes:
                 setattr, c, "_attn_implementation_internal", c._attn_implementation_internal
             )
             c._attn_implementation_internal = PROBE_PREFIX + c._attn_implementation
+
+    # -- the fallback: scores from the module's own q/k projections -------------------
+    def _projections(self) -> None:
+        """Hooks on attention modules that compute their scores themselves (GPT-Neo):
+        `_projection_modules` lists them; each call recomputes the scores from its q/k
+        projections' outputs under every reading of `_READINGS`, each into its own
+        accumulator, self-checked against the probabilities the module returns or hands
+        to a dropout. `records()` keeps the one reading that reproduces them (one host
+        transfer); a layer the interface probed keeps the interface's statistics."""
+        hooks = self._stack.enter_context(HookSet())
+        for mod, q, k, probs in _projection_modules(self.model):
+            seen: dict[str, torch.Tensor] = {}
+            hooks.forward(q, _keep_output(seen, "q"))
+            hooks.forward(k, _keep_output(seen, "k"))
+            if probs is not None:
+                hooks.forward_pre(probs, _keep_input(seen, "p"))
+            hooks.forward_pre(mod, _clear(seen), with_kwargs=True)
+            hooks.forward(mod, self._projection_hook(mod, seen), with_kwargs=True)
+
+    def _projection_hook(self, mod: nn.Module, seen: dict[str, torch.Tensor]) -> Any:
+        def hook(_m: nn.Module, _args: Any, kwargs: dict[str, Any], out: Any) -> None:
+            name = self.names.get(id(mod), type(mod).__name__)
+            if not self._active or name in self.accs:
+                return  # an interface-probed layer (or the fallback failed before)
+            ref = seen.get("p")
+            if ref is None and isinstance(out, tuple) and len(out) > 1:
+                ref = out[1] if isinstance(out[1], torch.Tensor) else None
+            group = self.fallback.setdefault(name, [])
+            try:
+                with torch.no_grad(), torch.autocast(seen["q"].device.type, enabled=False), aside():
+                    self._measure_projections(mod, name, seen, ref, kwargs, group)
+            except Exception as err:  # the model's output stands; the layer is dropped
+                self.fallback_errors[name] = f"{type(err).__name__}: {err}".splitlines()[0]
+
+        return hook
+
+    def _measure_projections(
+        self,
+        mod: nn.Module,
+        name: str,
+        seen: dict[str, torch.Tensor],
+        ref: torch.Tensor | None,
+        kwargs: dict[str, Any],
+        group: list[_Acc],
+    ) -> None:
+        heads = int(getattr(mod, "num_heads", 0) or getattr(mod, "num_attention_heads", 0))
+        q, k = seen["q"], seen["k"]
+        if ref is None or ref.dim() != 4 or heads <= 0 or q.shape[-1] % heads:
+            raise ValueError("no probabilities to check the recomputed scores against")
+        d = q.shape[-1] // heads
+        b, tq, tk = q.shape[0], q.shape[-2], k.shape[-2]
+        qh = q.reshape(b, tq, heads, d).transpose(1, 2)
+        kh = k.reshape(b, tk, k.shape[-1] // d, d).transpose(1, 2)
+        if tuple(ref.shape) != (b, heads, tq, tk):
+            raise ValueError(f"probabilities of shape {tuple(ref.shape)}")
+        mask = kwargs.get("attention_mask")
+        mask = mask if isinstance(mask, torch.Tensor) else None
+        for i, (scaling, causal) in enumerate(_READINGS):
+            if len(group) <= i:
+                group.append(
+                    _Acc(name=name, order=len(self.accs) + len(self.fallback), impl="projections")
+                )
+            acc = group[i]
+            s = grouped_scores(qh, kh, d**-0.5 if scaling else 1.0)
+            allowed, bias = _allowed(mask, False, tq, tk, None, s.device)
+            if causal:
+                tri = torch.ones(tq, tk, dtype=torch.bool, device=s.device).tril(tk - tq)
+                allowed = allowed & tri
+                bias = bias.masked_fill(~tri, -math.inf)
+            acc.tol = CHECK_TOL.get(q.dtype, CHECK_TOL_HALF)
+            stats = self._fold(acc, s, allowed, bias, kv_heads=kh.shape[1], keep=True)
+            err = stats["p"].sub_(ref.detach().float()).abs_().nan_to_num_(0.0).amax()
+            acc.t["err"] = torch.maximum(acc.t["err"], err.to(torch.float64))
+
+    def _choose_fallback(self) -> None:
+        """Per fallback layer, the reading whose probabilities match the module's (one
+        host transfer for all): the best within tolerance, no reading of another scaling
+        within 10× of it (an ambiguous match, near-uniform attention where the scaling
+        cannot be told, is dropped with its reason, never guessed)."""
+        groups = {n: g for n, g in self.fallback.items() if g and all(a.t for a in g)}
+        for n, err in self.fallback_errors.items():
+            self.accs.setdefault(n, _Acc(name=n, order=len(self.accs), impl="projections"))
+            self.accs[n].error = err
+        if not groups:
+            return
+        errs = torch.stack([a.t["err"] for g in groups.values() for a in g]).cpu().tolist()
+        at = 0
+        for name, group in groups.items():
+            mine, at = errs[at : at + len(group)], at + len(group)
+            if name in self.accs:
+                continue
+            best = min(range(len(group)), key=lambda i: mine[i])
+            near = max(10 * mine[best], group[best].tol * 1e-2)
+            # readings that match as well: the same scaling is the same statistics (the
+            # model's mask already causal), another scaling would be a guess
+            scalings = {_READINGS[i][0] for i, e in enumerate(mine) if e <= near}
+            acc = group[best]
+            if mine[best] <= acc.tol and len(scalings) == 1:
+                self.accs[name] = acc
+            else:
+                acc.error = (
+                    "scores recomputed from its q/k projections match its probabilities "
+                    f"under no single reading (errors {', '.join(f'{e:.2g}' for e in mine)})"
+                )
+                self.accs[name] = acc
 
     # -- the probe ------------------------------------------------------------------
     def _probe(self, impl: str) -> Any:
@@ -468,6 +583,7 @@ class AttentionProbes:
         not probed or did not check out. `merge`: a distributed run's rank first merges
         its accumulators with every other rank's through it (every rank probed the same
         layers; actscan.distributed.merge.merge_state)."""
+        self._choose_fallback()
         accs = sorted(self.accs.values(), key=lambda a: a.order)
         failed = [a for a in accs if a.error is not None or not a.t]
         good = [a for a in accs if a not in failed]
@@ -543,6 +659,59 @@ class AttentionProbes:
     def _attention_like(self) -> bool:
         """Does the model hold attention modules (so silence would mislead)?"""
         return any("Attention" in type(m).__name__ for m in self.model.modules())
+
+
+# The fallback's readings of q·kᵀ: (scaled by 1/√d, causal). The self-check picks one.
+_READINGS = ((True, True), (False, True), (True, False), (False, False))
+_Q = ("q_proj", "query", "q")
+_K = ("k_proj", "key", "k")
+
+
+def _projection_modules(
+    model: nn.Module,
+) -> list[tuple[nn.Module, nn.Module, nn.Module, nn.Module | None]]:
+    """(attention module, its q projection, its k projection, the dropout it hands its
+    probabilities to, if any) for every module named like attention whose class holds
+    q/k `nn.Linear` children and a head count, and whose modeling module has no
+    `eager_attention_forward` (its attention never goes through the interface)."""
+    out: list[tuple[nn.Module, nn.Module, nn.Module, nn.Module | None]] = []
+    for mod in model.modules():
+        if "Attention" not in type(mod).__name__:
+            continue
+        if getattr(sys.modules.get(type(mod).__module__), "eager_attention_forward", None):
+            continue
+        kids = dict(mod.named_children())
+        q = next((kids[n] for n in _Q if isinstance(kids.get(n), nn.Linear)), None)
+        k = next((kids[n] for n in _K if isinstance(kids.get(n), nn.Linear)), None)
+        heads = getattr(mod, "num_heads", None) or getattr(mod, "num_attention_heads", None)
+        if q is None or k is None or not isinstance(heads, int):
+            continue
+        drop = kids.get("attn_dropout") or kids.get("attention_dropout")
+        out.append((mod, q, k, drop if isinstance(drop, nn.Dropout) else None))
+    return out
+
+
+def _keep_output(seen: dict[str, torch.Tensor], key: str) -> Callable[..., None]:
+    def hook(_m: nn.Module, _args: Any, out: Any) -> None:
+        if isinstance(out, torch.Tensor):
+            seen[key] = out.detach()
+
+    return hook
+
+
+def _keep_input(seen: dict[str, torch.Tensor], key: str) -> Callable[..., None]:
+    def hook(_m: nn.Module, args: tuple[Any, ...]) -> None:
+        if args and isinstance(args[0], torch.Tensor):
+            seen[key] = args[0].detach()
+
+    return hook
+
+
+def _clear(seen: dict[str, torch.Tensor]) -> Callable[..., None]:
+    def hook(_m: nn.Module, _args: Any, _kwargs: Any) -> None:
+        seen.clear()
+
+    return hook
 
 
 def _configs(model: nn.Module) -> list[Any]:
