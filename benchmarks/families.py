@@ -60,7 +60,22 @@ HEADS_ORDER = (
 )
 
 # Overrides where the generic shrink gives a config the model cannot build; each says why.
-OVERRIDES: dict[str, dict[str, Any]] = {}
+OVERRIDES: dict[str, dict[str, Any]] = {
+    # xLSTM sizes its blocks by `embedding_dim`, which mirrors hidden_size (4096) and is no
+    # size name the shrink knows
+    "xlstm": {"embedding_dim": 64},
+    # LongCat-Flash splits its query heads as qk_nope + qk_rope = qk_head_dim (16 + 16)
+    "longcat_flash": {"qk_head_dim": 32},
+    # LayoutLMv3 concatenates 4 coordinate and 2 shape embeddings into the width:
+    # 4 × 12 + 2 × 8 = 64
+    "layoutlmv3": {"coordinate_size": 12, "shape_size": 8},
+    # LiLT's layout stream is 6 box embeddings of hidden // 6, divided by its channel
+    # shrink ratio (4) into its heads: a width of 48 divides by 6 and by 4 × 4
+    "lilt": {"hidden_size": 48},
+    # Voxtral's default config leaves its audio placeholder unset (None); the released
+    # checkpoints name 24
+    "voxtral": {"audio_token_id": 24},
+}
 # M-RoPE text models whose modeling code falls back to sections for a 128-wide head when
 # the config names none: sections for the tiny head (they sum to HEAD_DIM/2).
 MROPE: dict[str, list[int]] = {

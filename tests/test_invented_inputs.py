@@ -254,3 +254,61 @@ def test_the_shrink_keeps_routing_groups_and_every_kind_of_layer() -> None:
         i % jamba.attn_layer_period == jamba.attn_layer_offset
         for i in range(jamba.num_hidden_layers)
     )
+
+
+@pytest.mark.parametrize(("model_type", "floating"), [("bros", True), ("layoutlmv3", False)])
+def test_a_document_model_gets_a_box_per_token_in_the_form_it_runs_on(
+    model_type: str, floating: bool
+) -> None:
+    """BROS refuses ids without boxes and embeds normalised floats; LayoutLMv3 looks its
+    integer coordinates up in tables of max_2d_position_embeddings rows (a float box
+    raises there): each gets one valid box per token (x0 ≤ x1, y0 ≤ y1), and the header
+    says so."""
+    from actscan import scan
+
+    model = _tiny(model_type)
+    report = scan(model, batch=2, seq_len=8)
+    kind = "normalised" if floating else "integer"
+    assert report.run.inputs == f"2×8 tokens + 2×8 {kind} boxes"
+    from actscan.measure.side_inputs import boxes
+
+    box = boxes(model.config, 2, 8, 0, 0, grid=not floating)
+    assert box.is_floating_point() is floating
+    assert box.shape[-1] == (8 if model.config.to_dict().get("dim_bbox") == 8 else 4)
+    if box.shape[-1] == 4:
+        assert (box[..., 0] <= box[..., 2]).all() and (box[..., 1] <= box[..., 3]).all()
+    if not floating:
+        assert int(box.min()) >= 0 and int(box.max()) < model.config.max_2d_position_embeddings
+
+
+def test_a_language_adapter_model_gets_its_first_language() -> None:
+    """X-MOD routes every token through a per-language adapter and raises when the
+    config sets no default language: the batch names the first of its `languages`."""
+    from actscan import scan
+
+    model = _tiny("xmod")
+    assert model.config.default_language is None
+    report = scan(model, batch=2, seq_len=8)
+    assert report.run.inputs == "2×8 tokens + language id 0"
+
+
+def test_a_hashing_character_model_gets_ids_below_its_buckets_and_a_hybrid_no_cache() -> None:
+    """CANINE names no vocab_size (it hashes Unicode code points into num_hash_buckets):
+    ids below the bucket count. Granite-MoE-Hybrid's forward names `cache` and passes
+    use_cache on through **kwargs; at the default all-linear layer types its cache cannot
+    be built, so the invented batches say use_cache=False."""
+    from actscan import scan
+    from actscan.measure.model_inputs import asks_cache, hashed_vocab
+
+    canine = _tiny("canine")
+    assert hashed_vocab(canine) == canine.config.num_hash_buckets
+    assert scan(canine, batch=2, seq_len=8).run.inputs == "2×8 tokens"
+    hybrid = _tiny("granitemoehybrid")
+    assert asks_cache(hybrid) and "use_cache" not in inspect_params(hybrid)
+    assert scan(hybrid, batch=2, seq_len=8).run.inputs == "2×8 tokens"
+
+
+def inspect_params(model: Any) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(model.forward).parameters)

@@ -35,6 +35,7 @@ from actscan.measure.inputs import (
     user_source,
 )
 from actscan.measure.recorder import first_tensor
+from actscan.measure.side_inputs import with_side_inputs
 from actscan.measure.state import eval_mode
 from actscan.measure.vision_text import config_int as _int
 from actscan.measure.vision_text import (
@@ -617,14 +618,17 @@ def choose_inputs(
         source = user_source(inputs)
     elif (hf := hf_input_source(model, batch=batch, seq_len=seq_len, seed=seed)) is not None:
         source = hf
-    elif info.vocab_size and info.task in ("causal-lm", "encoder"):
+    elif (vocab := info.vocab_size or hashed_vocab(model)) and info.task in (
+        "causal-lm",
+        "encoder",
+    ):
         limit = info.arch.get("max_positions")
         if not (isinstance(limit, int) and limit > 0):  # -1 (XLNet) or absent: no limit
             limit = DEFAULT_SEQ
         seq = seq_len or min(DEFAULT_SEQ, limit)
         check_positions(model, seq)
         source = token_source(
-            info.vocab_size,
+            vocab,
             batch,
             seq,
             seed,
@@ -633,7 +637,9 @@ def choose_inputs(
         )
     else:
         raise UsageError(cannot_invent(model))
-    if inputs is None and "use_cache" in forward_params(model):
+    if inputs is None:
+        source = with_side_inputs(model, source, seed)
+    if inputs is None and asks_cache(model):
         source = _without_cache(source)
     task_loss = default_loss(info.task, info.vocab_size)
 
@@ -643,6 +649,35 @@ def choose_inputs(
     return ChosenInputs(
         source, loss_of, seq, describe_loss(info.task, source(0), caller=loss_fn is not None)
     )
+
+
+def hashed_vocab(model: nn.Module) -> int | None:
+    """The id range of a model whose config names no vocabulary because it hashes its
+    ids (CANINE's Unicode code points, hashed into `num_hash_buckets`): ids below the
+    bucket count reach every bucket."""
+    config = getattr(model, "config", None)
+    if config is None or _int(config, "vocab_size"):
+        return None
+    return _int(config, "num_hash_buckets")
+
+
+def asks_cache(model: nn.Module) -> bool:
+    """Whether the forward takes `use_cache`: by name, or through its **kwargs into an
+    inner model when it takes a cache and the config says `use_cache` (Granite-MoE-Hybrid,
+    whose outer forward names only `cache`)."""
+    import inspect
+
+    params = forward_params(model)
+    if "use_cache" in params:
+        return True
+    config = getattr(model, "config", None)
+    if not ({"cache", "past_key_values"} & params) or getattr(config, "use_cache", None) is None:
+        return False
+    try:
+        kinds = [p.kind for p in inspect.signature(model.forward).parameters.values()]
+    except (TypeError, ValueError):
+        return False
+    return inspect.Parameter.VAR_KEYWORD in kinds
 
 
 def _without_cache(source: InputSource) -> InputSource:
@@ -719,6 +754,13 @@ def describe_batch(batch: Batch) -> str | None:
     ids = batch.token_ids
     if ids is not None and ids.dim() == 2:
         parts.append(f"{ids.shape[0]}×{ids.shape[1]} tokens")
+    box = kw.get("bbox")
+    if isinstance(box, torch.Tensor) and box.dim() == 3:
+        kind = "normalised" if box.is_floating_point() else "integer"
+        parts.append(f"{box.shape[0]}×{box.shape[1]} {kind} boxes")
+    lang = kw.get("lang_ids")
+    if isinstance(lang, torch.Tensor) and lang.numel():
+        parts.append(f"language id {int(lang.flatten()[0])}")
     dec = kw.get("decoder_input_ids")
     if isinstance(dec, torch.Tensor) and dec.dim() == 2:
         parts.append(f"{dec.shape[0]}×{dec.shape[1]} decoder tokens")
