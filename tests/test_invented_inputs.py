@@ -312,3 +312,43 @@ def inspect_params(model: Any) -> set[str]:
     import inspect
 
     return set(inspect.signature(model.forward).parameters)
+
+
+def test_a_transducer_gets_one_decoder_position_more_than_its_labels() -> None:
+    """Parakeet-TDT's decoder reads the start token, then every label (U + 1 positions
+    for U labels): the seq2seq shift (as many ids as labels) makes its own loss index
+    past the logits; the transducer form is the first its loss runs on."""
+    model = _tiny("parakeet_tdt")
+    kw = _batch(model)
+    labels, ids = kw["labels"], kw["decoder_input_ids"]
+    assert ids.shape[1] == labels.shape[1] + 1
+    assert (ids[:, 1:] == labels).all()
+    with torch.no_grad():
+        out = model(**kw)
+    assert out.loss is not None and torch.isfinite(out.loss)
+
+
+def test_labels_are_left_out_with_the_reason_when_the_models_own_loss_cannot_run() -> None:
+    """An RNN-T loss that needs a package not installed (torchaudio's rnnt_loss): the
+    batches carry decoder ids but no labels, and run.loss says which loss was used
+    instead and the model's own error, in one line."""
+    from actscan import scan
+
+    base = type(_tiny("parakeet_tdt"))
+
+    class NoBackend(base):  # type: ignore[misc, valid-type]
+        @property
+        def loss_function(self) -> Any:
+            def missing(*args: Any, **kwargs: Any) -> Any:
+                raise ImportError("rnnt_loss requires the torchaudio library")
+
+            return missing
+
+    torch.manual_seed(0)
+    model = NoBackend(families.tiny_config("parakeet_tdt")).eval()
+    kw = _batch(model)
+    assert "labels" not in kw and "decoder_input_ids" in kw
+    report = scan(model, batch=2, seq_len=8)
+    loss = report.run.loss or ""
+    assert "\n" not in loss
+    assert "own loss raised on random labels (ImportError: rnnt_loss requires" in loss

@@ -266,14 +266,20 @@ def _check_positions(model: nn.Module, seq: int, names: Sequence[str], what: str
             )
 
 
+LABEL_FORMS = ("shifted", "transducer", "none")
+
+
 def _decoder_batch(
-    model: nn.Module, batch: int, seq: int, seed: int, index: int
+    model: nn.Module, batch: int, seq: int, seed: int, index: int, form: str = "shifted"
 ) -> dict[str, torch.Tensor]:
-    """Random labels and the decoder ids they give (shifted right behind the start token);
-    a spectrogram decoder (SpeechT5's text-to-speech) gets random mel frames as labels,
-    a whole number of its reduction factor, and a speaker embedding."""
+    """Random labels and the decoder ids they give: `form` "shifted" (a seq2seq decoder:
+    the labels shifted right behind the start token), "transducer" (an RNN-T/TDT
+    decoder: the start token, then every label, one position more than the labels),
+    "none" (the shifted ids without labels: no loss of the model's own); a spectrogram
+    decoder (SpeechT5's text-to-speech) gets random mel frames as labels, a whole number
+    of its reduction factor, and a speaker embedding."""
     config: Any = model.config  # a transformers config: its fields vary by family
-    if _takes(model, "decoder_input_values") and not _takes(model, "decoder_input_ids"):
+    if _spectrogram(model):
         return _spectrogram_batch(config, batch, seq, seed, index)
     decoder = _decoder_config(config)
     vocab = _int(config, "vocab_size") or _int(decoder, "vocab_size")
@@ -299,8 +305,35 @@ def _decoder_batch(
             f"(vocab_size = {vocab}): fix the config"
         )
     labels = _tokens(vocab, batch, seq, seed + 1, index)
+    if form == "transducer":
+        labels = labels[:, :-1]
+        return {
+            "decoder_input_ids": torch.cat([torch.full((batch, 1), start), labels], 1),
+            "labels": labels,
+        }
     decoder_ids = torch.cat([torch.full((batch, 1), start), labels[:, :-1]], dim=1)
+    if form == "none":
+        return {"decoder_input_ids": decoder_ids}
     return {"decoder_input_ids": decoder_ids, "labels": labels}
+
+
+def _label_form(
+    model: nn.Module, one_row: Callable[[str], dict[str, Any]]
+) -> tuple[str, str | None]:
+    """The first label form (`LABEL_FORMS`) the model's own loss runs on, one row, no
+    gradients; "none" with the first line of the model's error when its loss raises on
+    every form but its forward runs without labels (a loss that needs a package not
+    installed, torchaudio's rnnt_loss, or one that is broken)."""
+    error: str | None = None
+    for form in LABEL_FORMS:
+        try:
+            with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
+                model(**one_row(form))
+        except Exception as err:
+            error = error or " ".join(f"{type(err).__name__}: {err}".split())[:160]
+            continue
+        return form, (error if form == "none" else None)
+    return "shifted", None  # nothing runs: the model's own error then says why
 
 
 def _decoder_config(config: Any) -> Any:
@@ -411,7 +444,7 @@ def hf_input_source(
     if name != "input_ids":
 
         def decoder(rows: int) -> dict[str, torch.Tensor]:
-            return _decoder_batch(model, rows, dec_seq, seed, 0) if dec_seq else {}
+            return _decoder_batch(model, rows, dec_seq, seed, 0, "none") if dec_seq else {}
 
         shape = (
             tuple(input_shape)
@@ -421,22 +454,47 @@ def hf_input_source(
 
     frames = _frames_axis(model, name, shape) if input_shape is None else None
     masks = _frame_masks(model, name) if frames else []
+    form, why = "shifted", None
 
-    def source(i: int) -> Batch:
+    def source(i: int, rows: int = shape[0]) -> Batch:
         kwargs: dict[str, Any] = {}
         if vocab is not None:
-            ids = _tokens(vocab, shape[0], shape[1], seed, i)
+            ids = _tokens(vocab, rows, shape[1], seed, i)
             kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         else:
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
-            kwargs = {name: torch.randn(*shape, generator=gen)}
+            kwargs = {name: torch.randn(rows, *shape[1:], generator=gen)}
             for mask in masks:  # every frame is real (an RNN-T loss reads lengths off it)
-                kwargs[mask] = torch.ones(shape[0], frames or 0, dtype=torch.long)
+                kwargs[mask] = torch.ones(rows, frames or 0, dtype=torch.long)
         if dec_seq:
-            kwargs.update(_decoder_batch(model, shape[0], dec_seq, seed, i))
+            kwargs.update(_decoder_batch(model, rows, dec_seq, seed, i, form))
         return Batch(kwargs=kwargs)
 
+    if dec_seq and not _spectrogram(model):
+
+        def one_row(f: str) -> dict[str, Any]:
+            given = {k: v for k, v in source(0, 1).kwargs.items() if k != "labels"}
+            return {**given, **_decoder_batch(model, 1, dec_seq, seed, 0, f)}
+
+        form, why = _label_form(model, one_row)
+    if why is not None:
+        return NotedSource(source, f"the model's own loss raised on random labels ({why})")
     return source
+
+
+def _spectrogram(model: nn.Module) -> bool:
+    return _takes(model, "decoder_input_values") and not _takes(model, "decoder_input_ids")
+
+
+@dataclass(frozen=True)
+class NotedSource:
+    """An input source with a note on its loss: the labels it leaves out, and why."""
+
+    source: Callable[[int], Batch]
+    note: str
+
+    def __call__(self, i: int) -> Batch:
+        return self.source(i)
 
 
 def _required(model: nn.Module) -> list[str]:
@@ -614,6 +672,7 @@ def choose_inputs(
     else the task's (`default_loss`)."""
     source: InputSource
     seq = seq_len
+    hf: InputSource | None = None
     if inputs is not None:
         source = user_source(inputs)
     elif (hf := hf_input_source(model, batch=batch, seq_len=seq_len, seed=seed)) is not None:
@@ -646,9 +705,11 @@ def choose_inputs(
     def loss_of(out: Any, b: Batch) -> torch.Tensor:
         return loss_fn(out) if loss_fn is not None else task_loss(out, b)
 
-    return ChosenInputs(
-        source, loss_of, seq, describe_loss(info.task, source(0), caller=loss_fn is not None)
-    )
+    loss = describe_loss(info.task, source(0), caller=loss_fn is not None)
+    noted = next((s for s in (inputs, hf) if isinstance(s, NotedSource)), None)
+    if noted is not None and loss_fn is None:
+        loss = f"{loss}: {noted.note}"
+    return ChosenInputs(source, loss_of, seq, loss)
 
 
 def hashed_vocab(model: nn.Module) -> int | None:
