@@ -352,3 +352,31 @@ def test_labels_are_left_out_with_the_reason_when_the_models_own_loss_cannot_run
     loss = report.run.loss or ""
     assert "\n" not in loss
     assert "own loss raised on random labels (ImportError: rnnt_loss requires" in loss
+
+
+def test_an_audio_language_model_without_get_audio_features_counts_its_towers_output() -> None:
+    """Qwen2-Audio has no get_audio_features: the placeholders are its audio tower's
+    output positions for the clip (checked by its own forward, which raises when tokens
+    and features disagree), the frame mask its forward requires given."""
+    model = _tiny("qwen2_audio")
+    assert not hasattr(model, "get_audio_features")
+    kw = _batch(model)
+    feats = kw["input_features"]
+    with torch.no_grad():
+        rows = model.model.audio_tower(feats).last_hidden_state.shape[1]
+    per_clip = (kw["input_ids"] == model.config.audio_token_id).sum(dim=1)
+    assert (per_clip == rows).all() and kw["input_ids"].shape[1] == rows + 8
+    assert kw["feature_attention_mask"].shape == (2, feats.shape[-1])
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_an_audio_path_that_passes_kwargs_on_gets_the_forwards_masks() -> None:
+    """MOSS's get_audio_features names the frame mask and passes **kwargs on to an inner
+    path that also requires `padding_mask`: when its own masks fail, the forward's masks
+    go along, and the placeholders match the features they give."""
+    model = _tiny("moss_transcribe_diarize")
+    kw = _batch(model)
+    assert {"input_features_mask", "padding_mask"} <= set(kw)
+    with torch.no_grad():
+        model(**kw)
