@@ -75,6 +75,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # Voxtral's default config leaves its audio placeholder unset (None); the released
     # checkpoints name 24
     "voxtral": {"audio_token_id": 24},
+    # CLAP's audio Swin doubles its patch width over 4 stages into `hidden_size`:
+    # 8 × 2³ = 64
+    "clap": {"audio_config": {"patch_embeds_hidden_size": 8}},
+    # VibeVoice's acoustic tokenizer doubles `num_filters` (32) over 6 stages: 2 048
+    # channels and 130 M parameters at the generic shrink; 4 filters give 256
+    "vibevoice_acoustic_tokenizer_encoder": {"num_filters": 4},
+    "vibevoice_acoustic_tokenizer_decoder": {"num_filters": 4},
 }
 # M-RoPE text models whose modeling code falls back to sections for a 128-wide head when
 # the config names none: sections for the tiny head (they sum to HEAD_DIM/2).
@@ -424,7 +431,9 @@ def tiny_config(model_type: str) -> Any:
 
     base = transformers.AutoConfig.for_model(model_type)
     data = _declared(base, shrink(base.to_dict()))
-    data.update(OVERRIDES.get(model_type, {}))
+    for key, value in OVERRIDES.get(model_type, {}).items():  # a sub-config's merged
+        sub = data.get(key)
+        data[key] = {**sub, **value} if isinstance(sub, dict) and isinstance(value, dict) else value
     _set_mrope(data, model_type)
     data.pop("model_type", None)
     return type(base).from_dict(data)

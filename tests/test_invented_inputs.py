@@ -166,15 +166,64 @@ def test_a_detector_that_says_encoder_decoder_gets_no_decoder_ids() -> None:
 
 
 def test_a_refusal_names_what_the_forward_takes_and_what_to_pass() -> None:
-    """TimesFM requires padding and a frequency beside its series: one --input-shape
-    cannot give them, so the line names them and the CLI's way to pass inputs."""
-    model = _tiny("timesfm")
+    """X-Codec 2 requires a waveform and its own semantic features together, in a
+    relation no config states: one --input-shape cannot give them, so the line names
+    them and the CLI's way to pass inputs."""
+    model = _tiny("xcodec2")
     with pytest.raises(UsageError) as err:
         hf_input_source(model, batch=2, seq_len=None, seed=0)
     line = str(err.value)
     assert "\n" not in line
-    assert "TimesFmModel" in line and "past_values_padding, freq" in line
+    assert "Xcodec2Model" in line and "input_values, input_features" in line
     assert "inputs=" in line and "module:function" in line
+
+
+def test_a_time_series_gets_its_padding_and_frequency_class() -> None:
+    """TimesFM requires padding and a frequency beside its series: zeros (every value
+    real) and class 0 of the config's freq_size, and the header names the class; its
+    attention (TimesFM's own simple_eager_attention_forward) is probed."""
+    from actscan import scan
+
+    model = _tiny("timesfm")
+    kw = _batch(model, seq_len=None)
+    series = kw["past_values"]
+    assert series.shape == (2, model.config.context_length)
+    pads = kw["past_values_padding"]
+    assert (pads == 0).all() and pads.shape == series.shape
+    assert kw["freq"].tolist() == [[0], [0]]
+    report = scan(model, batch=2)
+    assert report.run.inputs == f"2 series of {model.config.context_length} values at frequency 0"
+    assert len(report.attention) == model.config.num_hidden_layers
+
+
+def test_a_composites_generic_input_is_its_encoders_and_embeddings_are_invented() -> None:
+    """SpeechEncoderDecoder's main input is `inputs`: the encoder's own (a wav2vec2
+    waveform, as long as its conv stack needs for the frames asked). A model fed
+    embeddings only (Nemotron's word-timestamp head) gets rows of its width."""
+    model = _tiny("speech-encoder-decoder")
+    kw = _batch(model)
+    assert set(kw) >= {"input_values", "decoder_input_ids", "labels"}
+    with torch.no_grad():
+        hidden = model.encoder(kw["input_values"]).last_hidden_state
+    assert hidden.shape[1] == 8  # --seq-len 8: 8 frames out of the conv feature extractor
+    with torch.no_grad():
+        assert torch.isfinite(model(**kw).loss)
+    head = _tiny("nemotron3_5_transcribe_word_timestamp")
+    kw = _batch(head)
+    assert kw["inputs_embeds"].shape == (2, 8, head.config.hidden_size)
+    assert describe_batch(Batch(kwargs=kw)) == f"2×8 embeddings of width {head.config.hidden_size}"
+
+
+def test_an_input_the_forward_names_otherwise_goes_under_its_name() -> None:
+    """VibeVoice's acoustic decoder inherits `main_input_name = "input_values"` but
+    requires `hidden_states`: latents of the config's width (channels first), the first
+    candidate its forward runs on."""
+    model = _tiny("vibevoice_acoustic_tokenizer_decoder")
+    kw = _batch(model)
+    assert set(kw) == {"hidden_states"}
+    assert kw["hidden_states"].shape == (2, model.config.hidden_size, 8)
+    with torch.no_grad():
+        model(**kw)
 
 
 def test_a_gridded_tower_gets_its_merge_sizes_and_a_required_frame_mask() -> None:

@@ -116,7 +116,7 @@ def _main_shapes(
 ) -> list[tuple[int, ...]]:
     """The shapes the main input `name` may have, read off the config, most likely first
     (one where the config settles it; `_main_shape` probes the model when several)."""
-    config: Any = model.config  # a transformers config: its fields vary by family
+    config: Any = _input_config(model)  # a transformers config: fields vary by family
     if name == "pixel_values":
         # CNN backbones (ResNet, RegNet) name no image size: they take any, and were
         # trained at ImageNet's 224 on RGB, the defaults of their image processors. An
@@ -167,6 +167,9 @@ def _main_shapes(
         clips = list(dict.fromkeys(f for f in (2 * per_patch, fixed) if f))
         if side:
             return [(batch, f, channels, *side) for f in clips]
+    if name == "inputs_embeds":  # a model fed embeddings only: one row of the width each
+        width = _int(config, "hidden_size", "d_model") or deep_config_int(config, ("hidden_size",))
+        return [(batch, seq_len or DEFAULT_SEQ, width)] if width else []
     if name == "past_values":
         context = _int(config, "context_length")
         patch = _int(config, "patch_length") or 1
@@ -177,6 +180,48 @@ def _main_shapes(
             shapes = [(batch, context, series)] if series else []
             return [*shapes, (batch, context)]
     return []
+
+
+def _companions(model: nn.Module, name: str, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """What a forward requires beside a time series (TimesFM): its padding
+    (`<name>_padding`, zeros: every value is real) and its frequency class (`freq`,
+    where the config names `freq_size` classes: 0, the finest)."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    out: dict[str, torch.Tensor] = {}
+    required = _required(model)
+    if f"{name}_padding" in required:
+        out[f"{name}_padding"] = torch.zeros(shape)
+    if "freq" in required and _int(config, "freq_size"):
+        out["freq"] = torch.zeros(shape[0], 1, dtype=torch.long)
+    return out
+
+
+def input_arg(model: nn.Module, name: str) -> str:
+    """The forward's argument that takes the main input `name`: itself, or the one
+    tensor the forward requires when it names the input otherwise (VibeVoice's acoustic
+    tokenizer says `input_values` but its forward takes `hidden_states`)."""
+    if name in forward_params(model):
+        return name
+    required = [r for r in _required(model) if r not in ("self", "kwargs")]
+    return required[0] if len(required) == 1 else name
+
+
+def _encoder_input(model: nn.Module) -> str | None:
+    """SpeechEncoderDecoder's forward names its main input `inputs`: the encoder's own
+    (`input_values` for wav2vec2, `input_features` for Speech2Text), which the forward
+    also takes by name."""
+    encoder = getattr(model, "encoder", None)
+    name = getattr(encoder, "main_input_name", None)
+    return name if isinstance(name, str) and name in forward_params(model) else None
+
+
+def _input_config(model: nn.Module) -> Any:
+    """The config that says the main input's shape: the model's, or for a composite
+    whose main input is its encoder's (`inputs`) the encoder's config."""
+    config: Any = model.config
+    if getattr(model, "main_input_name", None) == "inputs":
+        return _sub(config, "encoder") or config
+    return config
 
 
 def _sub(config: Any, *names: str) -> Any:
@@ -199,11 +244,17 @@ def _main_shape(
     candidates one forward pass (one row, eval mode, no gradients; `extra` adds the
     decoder's inputs) accepts; UsageError if the config says none (the user then passes
     --input-shape)."""
-    built = {name, "attention_mask", "decoder_input_ids", "decoder_input_values", "labels"}
+    arg = input_arg(model, name)
+    built = {arg, "attention_mask", "decoder_input_ids", "decoder_input_values", "labels"}
+    built |= set(_companions(model, name, (1, 1)))
     built |= set(AUDIO_MASKS) if name == "input_features" else set()
     if set(_required(model)) - built:  # one --input-shape cannot give the others
         raise UsageError(cannot_invent(model))
     shapes = _main_shapes(model, name, batch, seq_len)
+    if arg != name:  # an input named otherwise may be hidden states of the config's width
+        width = _int(_input_config(model), "hidden_size", "d_model")
+        length = seq_len or DEFAULT_FRAMES
+        shapes += [(batch, width, length), (batch, length, width)] if width else []
     if not shapes:
         raise UsageError(
             f"cannot build inputs for {type(model).__name__} (its main input is '{name}'): "
@@ -213,7 +264,8 @@ def _main_shape(
         return shapes[0]
     masks = _frame_masks(model, name)
     for shape in shapes:
-        kwargs = {name: torch.randn(1, *shape[1:]), **(extra(1) if extra else {})}
+        kwargs = {arg: torch.randn(1, *shape[1:]), **(extra(1) if extra else {})}
+        kwargs.update(_companions(model, name, (1, *shape[1:])))
         frames = _frames_axis(model, name, shape)
         kwargs.update({m: torch.ones(1, frames, dtype=torch.long) for m in masks if frames})
         if _runs_on(model, kwargs):
@@ -223,7 +275,7 @@ def _main_shape(
 
 def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | None:
     """The frame count of mel features (frames × mels or mels × frames), else None."""
-    config: Any = model.config  # a transformers config: its fields vary by family
+    config: Any = _input_config(model)  # a transformers config: fields vary by family
     if name != "input_features" or len(shape) != 3:
         return None
     mels = _int(config, *MELS) or deep_config_int(config, MELS_DEEP)
@@ -234,7 +286,7 @@ def _frame_masks(model: nn.Module, name: str) -> list[str]:
     """The frame masks to give mel features: those the forward requires
     (`input_features_mask`), and `attention_mask` where it takes one (not Whisper's fixed
     2·P frames, which need none)."""
-    config: Any = model.config  # a transformers config: its fields vary by family
+    config: Any = _input_config(model)  # a transformers config: fields vary by family
     masks = [m for m in AUDIO_MASKS if m in _required(model)]
     whisper = _int(config, "max_source_positions") and hasattr(config, "num_mel_bins")
     if "attention_mask" in forward_params(model) and not whisper:
@@ -399,6 +451,8 @@ def hf_input_source(
         if heard is not None:
             return heard
     name = _main_input(model)
+    if name == "inputs":  # a composite's generic name: its encoder's own main input
+        name = _encoder_input(model)
     inherited = name == "input_ids" and "input_ids" not in forward_params(model)
     gridded = name == "pixel_values" and bool(set(_GRIDS) & set(_required(model)))
     if input_shape is None and (inherited or gridded):
@@ -463,7 +517,8 @@ def hf_input_source(
             kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         else:
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
-            kwargs = {name: torch.randn(rows, *shape[1:], generator=gen)}
+            kwargs = {input_arg(model, name): torch.randn(rows, *shape[1:], generator=gen)}
+            kwargs.update(_companions(model, name, (rows, *shape[1:])))
             for mask in masks:  # every frame is real (an RNN-T loss reads lengths off it)
                 kwargs[mask] = torch.ones(rows, frames or 0, dtype=torch.long)
         if dec_seq:
@@ -790,7 +845,7 @@ def describe_batch(batch: Batch) -> str | None:
     parts: list[str] = []
     grid = kw.get("image_grid_thw", kw.get("grid_thw"))
     media = ("pixel_values", "hidden_states", "pixel_values_videos", "input_values")
-    for name in (*media, "input_features", "past_values"):
+    for name in (*media, "input_features", "past_values", "inputs_embeds"):
         t = kw.get(name)
         if isinstance(t, torch.Tensor) and t.dim() >= 2:
             n = t.shape[0]
@@ -807,7 +862,13 @@ def describe_batch(batch: Batch) -> str | None:
             elif name == "pixel_values_videos":
                 parts.append(f"{n} videos {_dims(t)}")
             elif name == "past_values":
-                parts.append(f"{n} series of {_dims(t)} values")
+                freq = kw.get("freq")
+                at = ""
+                if isinstance(freq, torch.Tensor):
+                    at = f" at frequency {int(freq.flatten()[0])}"
+                parts.append(f"{n} series of {_dims(t)} values{at}")
+            elif name == "inputs_embeds":
+                parts.append(f"{n}×{t.shape[1]} embeddings of width {t.shape[-1]}")
             elif name == "input_values":
                 parts.append(f"{n} clips of {_dims(t)} samples")
             else:
