@@ -429,3 +429,39 @@ def test_an_audio_path_that_passes_kwargs_on_gets_the_forwards_masks() -> None:
     assert {"input_features_mask", "padding_mask"} <= set(kw)
     with torch.no_grad():
         model(**kw)
+
+
+def test_feature_widths_from_stacking_and_the_common_mel_counts() -> None:
+    """Fun-ASR's low-frame-rate front end stacks num_stacked_frames mel frames into one
+    (80 × 7 = 560 per frame); Gemma 4's audio tower names no mel bins at all, and runs
+    on 128, one of the two counts speech feature extractors use."""
+    from actscan.measure.model_inputs import feature_widths
+
+    fun = _tiny("fun_asr_nano_encoder")
+    c = fun.config
+    assert feature_widths(c)[0] == c.num_mel_bins * c.num_stacked_frames
+    kw = _batch(fun)
+    assert kw["input_features"].shape == (2, 8, c.num_mel_bins * c.num_stacked_frames)
+    with torch.no_grad():
+        fun(**kw)
+    gemma = _tiny("gemma4_audio")
+    assert feature_widths(gemma.config) == [80, 128]
+    kw = _batch(gemma)
+    assert kw["input_features"].shape == (2, 8, 128)
+    with torch.no_grad():
+        gemma(**kw)
+
+
+def test_an_output_of_integer_codes_is_refused_with_what_to_do() -> None:
+    """WavTokenizer's encoder returns only integer codes: nothing to take a gradient of.
+    The line names what it returned and the two ways to scan it; the forward alone
+    runs."""
+    from actscan import scan
+
+    model = _tiny("wavtokenizer_encoder")
+    with pytest.raises(UsageError) as err:
+        scan(model, batch=2, seq_len=8)
+    line = str(err.value)
+    assert "\n" not in line and "audio_codes int64" in line
+    assert "--no-backward" in line and "loss_fn=" in line
+    assert scan(model, batch=2, seq_len=8, backward=False).run.inputs is not None

@@ -149,10 +149,14 @@ def _main_shapes(
             # Whisper-like: the encoder's two stride-1/2 convs map 2·P frames to P positions,
             # and the model refuses any other length.
             return [(batch, mels, 2 * positions)]
-        mels = mels or deep_config_int(config, MELS_DEEP)
-        if mels:  # --seq-len frames first, else (or if the model refuses them) FRAMES
-            counts = dict.fromkeys(f for f in (seq_len, FRAMES) if f)
-            return [s for f in counts for s in ((batch, f, mels), (batch, mels, f))]
+        # --seq-len frames first, else (or if the model refuses them) FRAMES
+        counts = dict.fromkeys(f for f in (seq_len, FRAMES) if f)
+        return [
+            s
+            for w in feature_widths(config)
+            for f in counts
+            for s in ((batch, f, w), (batch, w, f))
+        ]
     if name == "pixel_values_videos":
         side = _pair(getattr(config, "image_size", None)) or _pair(
             getattr(config, "crop_size", None)
@@ -224,6 +228,22 @@ def _input_config(model: nn.Module) -> Any:
     return config
 
 
+COMMON_MELS = (80, 128)  # the mel bins of every speech feature extractor transformers has
+STACKED = ("num_stacked_frames", "stacked_frames", "lfr_m")  # low-frame-rate stacking
+
+
+def feature_widths(config: Any) -> list[int]:
+    """The widths a frame of audio features may have, most likely first: the config's
+    mel bins times the frames a low-frame-rate front end stacks into one (Fun-ASR's 7),
+    then the mel bins alone; where the config names no mel bins, the two counts speech
+    feature extractors use (Gemma 4's audio tower says none)."""
+    mels = _int(config, *MELS) or deep_config_int(config, MELS_DEEP)
+    if mels is None:
+        return list(COMMON_MELS)
+    stack = _int(config, *STACKED) or deep_config_int(config, STACKED)
+    return [mels * stack, mels] if stack and stack > 1 else [mels]
+
+
 def _sub(config: Any, *names: str) -> Any:
     """The first of the named sub-configs the config holds, else None."""
     for name in names:
@@ -278,8 +298,7 @@ def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | N
     config: Any = _input_config(model)  # a transformers config: fields vary by family
     if name != "input_features" or len(shape) != 3:
         return None
-    mels = _int(config, *MELS) or deep_config_int(config, MELS_DEEP)
-    return shape[1] if shape[2] == mels else shape[2]
+    return shape[1] if shape[2] in feature_widths(config) else shape[2]
 
 
 def _frame_masks(model: nn.Module, name: str) -> list[str]:
