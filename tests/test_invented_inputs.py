@@ -465,3 +465,37 @@ def test_an_output_of_integer_codes_is_refused_with_what_to_do() -> None:
     assert "\n" not in line and "audio_codes int64" in line
     assert "--no-backward" in line and "loss_fn=" in line
     assert scan(model, batch=2, seq_len=8, backward=False).run.inputs is not None
+
+
+def test_a_decoder_over_several_codebooks_gets_ids_per_codebook() -> None:
+    """Dia's decoder reads batch × seq × codebooks ids (its decoder config's
+    num_channels) and flattens its logits to one row per (sample, codebook): 2-D ids
+    cannot be reshaped, the codebook form runs its own loss, and the header says it."""
+    from actscan import scan
+
+    model = _tiny("dia")
+    c = model.config.decoder_config.num_channels
+    kw = _batch(model)
+    assert kw["decoder_input_ids"].shape == (2, 8, c)
+    assert kw["labels"].shape == (2 * c, 8)
+    with torch.no_grad():
+        assert torch.isfinite(model(**kw).loss)
+    report = scan(model, batch=2, seq_len=8)
+    assert report.run.inputs == f"2×8 tokens + 2×8 decoder tokens of {c} codebooks"
+    assert report.run.loss == "the model's own loss on random labels"
+
+
+def test_refusals_for_a_generate_only_composite_and_a_policy_with_a_prefix() -> None:
+    """Bark has no forward of its own (nn.Module's unimplemented one): the line names its
+    sub-models to scan. PI0's main input `state` goes with token ids and images that one
+    --input-shape cannot give: the line says so instead of asking for a shape."""
+    from actscan import scan
+
+    with pytest.raises(UsageError) as err:
+        scan(_tiny("bark"), batch=2, seq_len=8)
+    line = str(err.value)
+    assert "no forward pass of its own" in line and "semantic, coarse_acoustics" in line
+    with pytest.raises(UsageError) as err:
+        hf_input_source(_tiny("pi0"), batch=2, seq_len=None, seed=0)
+    line = str(err.value)
+    assert "'state' goes with input_ids, pixel_values" in line and "--input-shape" not in line

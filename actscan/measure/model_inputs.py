@@ -253,6 +253,10 @@ def _sub(config: Any, *names: str) -> Any:
     return None
 
 
+# the inputs of each modality a forward may take beside its main one
+_MODALITIES = ("input_ids", "pixel_values", "input_features", "input_values")
+
+
 def _main_shape(
     model: nn.Module,
     name: str,
@@ -276,6 +280,13 @@ def _main_shape(
         length = seq_len or DEFAULT_FRAMES
         shapes += [(batch, width, length), (batch, length, width)] if width else []
     if not shapes:
+        beside = [m for m in _MODALITIES if m != arg and m in forward_params(model)]
+        if beside:  # one --input-shape cannot give the prefix a policy model also reads
+            raise UsageError(
+                f"cannot build inputs for {type(model).__name__} (its main input '{name}' "
+                f"goes with {', '.join(beside)}): pass them as inputs= (Python), or on the "
+                "CLI as a module:function target that returns (model, inputs)"
+            )
         raise UsageError(
             f"cannot build inputs for {type(model).__name__} (its main input is '{name}'): "
             "pass --input-shape with that input's full shape, batch first"
@@ -337,7 +348,7 @@ def _check_positions(model: nn.Module, seq: int, names: Sequence[str], what: str
             )
 
 
-LABEL_FORMS = ("shifted", "transducer", "none")
+LABEL_FORMS = ("shifted", "transducer", "codebooks", "none")
 
 
 def _decoder_batch(
@@ -346,7 +357,8 @@ def _decoder_batch(
     """Random labels and the decoder ids they give: `form` "shifted" (a seq2seq decoder:
     the labels shifted right behind the start token), "transducer" (an RNN-T/TDT
     decoder: the start token, then every label, one position more than the labels),
-    "none" (the shifted ids without labels: no loss of the model's own); a spectrogram
+    "codebooks" (`_codebook_batch`), "none" (the shifted ids without labels: no loss of
+    the model's own); a spectrogram
     decoder (SpeechT5's text-to-speech) gets random mel frames as labels, a whole number
     of its reduction factor, and a speaker embedding."""
     config: Any = model.config  # a transformers config: its fields vary by family
@@ -375,6 +387,11 @@ def _decoder_batch(
             f"decoder_start_token_id = {start} lies outside the vocabulary "
             f"(vocab_size = {vocab}): fix the config"
         )
+    codebooks = _int(decoder, "num_codebooks", "num_channels")
+    if form == "codebooks" and codebooks:
+        return _codebook_batch(
+            _int(decoder, "vocab_size") or vocab, start, codebooks, batch, seq, seed, index
+        )
     labels = _tokens(vocab, batch, seq, seed + 1, index)
     if form == "transducer":
         labels = labels[:, :-1]
@@ -386,6 +403,19 @@ def _decoder_batch(
     if form == "none":
         return {"decoder_input_ids": decoder_ids}
     return {"decoder_input_ids": decoder_ids, "labels": labels}
+
+
+def _codebook_batch(
+    vocab: int, start: int, codebooks: int, batch: int, seq: int, seed: int, index: int
+) -> dict[str, torch.Tensor]:
+    """A decoder over several audio codebooks at once (Dia: its decoder config's
+    `num_channels`): ids batch × seq × codebooks, each codebook shifted right behind the
+    start token; labels one row per (sample, codebook), as the model flattens its
+    logits."""
+    labels = _tokens(vocab, batch * codebooks, seq, seed + 1, index)
+    per = labels.view(batch, codebooks, seq)
+    shifted = torch.cat([torch.full((batch, codebooks, 1), start), per[..., :-1]], dim=2)
+    return {"decoder_input_ids": shifted.transpose(1, 2).contiguous(), "labels": labels}
 
 
 def _label_form(
@@ -665,6 +695,14 @@ def cannot_invent(model: nn.Module) -> str:
     import inspect
 
     kind = type(model).__name__
+    if type(model).forward is nn.Module.forward:  # nn.Module's unimplemented forward
+        parts = [n for n, m in model.named_children() if getattr(m, "config", None) is not None]
+        named = f" ({', '.join(parts[:4])})" if parts else ""
+        return (
+            f"{kind} has no forward pass of its own: it generates through its sub-models"
+            f"{named}; scan one of them (in Python, or on the CLI as a module:function "
+            "target that returns it)"
+        )
     try:
         params = [
             p
@@ -905,6 +943,8 @@ def describe_batch(batch: Batch) -> str | None:
     dec = kw.get("decoder_input_ids")
     if isinstance(dec, torch.Tensor) and dec.dim() == 2:
         parts.append(f"{dec.shape[0]}×{dec.shape[1]} decoder tokens")
+    elif isinstance(dec, torch.Tensor) and dec.dim() == 3:
+        parts.append(f"{dec.shape[0]}×{dec.shape[1]} decoder tokens of {dec.shape[2]} codebooks")
     if parts:
         return " + ".join(parts)
 
