@@ -80,6 +80,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "clap": {"audio_config": {"patch_embeds_hidden_size": 8}},
     # VibeVoice's acoustic tokenizer doubles `num_filters` (32) over 6 stages: 2 048
     # channels and 130 M parameters at the generic shrink; 4 filters give 256
+    # the Nemotron-H text model's Mamba heads (4) must be a multiple of its groups (8)
+    "nemo_speechlm": {"text_config": {"n_groups": 4}},
     "vibevoice_acoustic_tokenizer_encoder": {"num_filters": 4},
     "vibevoice_acoustic_tokenizer_decoder": {"num_filters": 4},
 }

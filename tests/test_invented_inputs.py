@@ -499,3 +499,17 @@ def test_refusals_for_a_generate_only_composite_and_a_policy_with_a_prefix() -> 
         hf_input_source(_tiny("pi0"), batch=2, seq_len=None, seed=0)
     line = str(err.value)
     assert "'state' goes with input_ids, pixel_values" in line and "--input-shape" not in line
+
+
+def test_a_front_end_that_widens_frames_gets_the_width_its_first_layer_takes() -> None:
+    """Granite Speech 5 appends deltas to its 80 mel bins and stacks frame pairs: its
+    input layer takes 4 × 80 = 320 per frame, which no config field says. The width
+    comes off the model (a linear layer's input, a small multiple of the mel bins),
+    probed after the mel bins themselves; the frame mask is laid on the frames."""
+    model = _tiny("granite_speech5_encoder")
+    mels = model.config.num_mel_bins
+    kw = _batch(model)
+    assert kw["input_features"].shape == (2, 8, 4 * mels)
+    assert kw["attention_mask"].shape == (2, 8)
+    with torch.no_grad():
+        model(**kw)

@@ -151,12 +151,8 @@ def _main_shapes(
             return [(batch, mels, 2 * positions)]
         # --seq-len frames first, else (or if the model refuses them) FRAMES
         counts = dict.fromkeys(f for f in (seq_len, FRAMES) if f)
-        return [
-            s
-            for w in feature_widths(config)
-            for f in counts
-            for s in ((batch, f, w), (batch, w, f))
-        ]
+        widths = _widths(model)
+        return [s for w in widths for f in counts for s in ((batch, f, w), (batch, w, f))]
     if name == "pixel_values_videos":
         side = _pair(getattr(config, "image_size", None)) or _pair(
             getattr(config, "crop_size", None)
@@ -244,6 +240,28 @@ def feature_widths(config: Any) -> list[int]:
     return [mels * stack, mels] if stack and stack > 1 else [mels]
 
 
+def _widths(model: nn.Module) -> list[int]:
+    """Every width a frame of the model's audio features may have (`feature_widths`,
+    then `_widened`)."""
+    widths = feature_widths(_input_config(model))
+    return widths + [w for w in _widened(model, widths[-1]) if w not in widths]
+
+
+def _widened(model: nn.Module, mels: int) -> list[int]:
+    """Frame widths a front end makes of `mels` bins without the config saying so
+    (Granite Speech 5 appends deltas and stacks pairs: 4 × 80), read off the model:
+    the input widths of its linear and conv layers that are 2–8 × the mel bins, in
+    module order; tried after the mel bins themselves."""
+    found: list[int] = []
+    for m in model.modules():
+        width = getattr(m, "in_features", None) if isinstance(m, nn.Linear) else None
+        if isinstance(m, nn.Conv1d):
+            width = m.in_channels
+        if isinstance(width, int) and width % mels == 0 and 2 <= width // mels <= 8:
+            found.append(width)
+    return list(dict.fromkeys(found))
+
+
 def _sub(config: Any, *names: str) -> Any:
     """The first of the named sub-configs the config holds, else None."""
     for name in names:
@@ -306,10 +324,9 @@ def _main_shape(
 
 def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | None:
     """The frame count of mel features (frames × mels or mels × frames), else None."""
-    config: Any = _input_config(model)  # a transformers config: fields vary by family
     if name != "input_features" or len(shape) != 3:
         return None
-    return shape[1] if shape[2] in feature_widths(config) else shape[2]
+    return shape[1] if shape[2] in _widths(model) else shape[2]
 
 
 def _frame_masks(model: nn.Module, name: str) -> list[str]:
