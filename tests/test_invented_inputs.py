@@ -513,3 +513,14 @@ def test_a_front_end_that_widens_frames_gets_the_width_its_first_layer_takes() -
     assert kw["attention_mask"].shape == (2, 8)
     with torch.no_grad():
         model(**kw)
+
+
+def test_an_encoder_decoder_document_model_gets_boxes_from_the_source_the_cli_passes() -> None:
+    """The CLI passes hf_input_source's batches as the caller's inputs: UDOP (an
+    encoder-decoder that raises without boxes) gets its boxes there, normalised floats
+    beside its ids and decoder ids, and runs its own loss on them."""
+    model = _tiny("udop")
+    kw = _batch(model)
+    assert kw["bbox"].shape == (*kw["input_ids"].shape, 4) and kw["bbox"].is_floating_point()
+    with torch.no_grad():
+        assert torch.isfinite(model(**kw).loss)

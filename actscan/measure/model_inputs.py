@@ -503,8 +503,23 @@ def hf_input_source(
 
     `input_shape` (--input-shape) replaces the shape of a float main input. Encoder-decoder
     models add decoder ids and labels; their encoder's tokens (T5, BART) get an all-ones
-    attention mask.
+    attention mask. The side inputs the forward needs (`side_inputs`: UDOP's boxes) go
+    along, so the CLI, which passes this source as the caller's inputs, gets them too.
     """
+    found = _hf_source(model, batch=batch, seq_len=seq_len, seed=seed, input_shape=input_shape)
+    if isinstance(found, NotedSource):
+        return NotedSource(with_side_inputs(model, found.source, seed), found.note)
+    return with_side_inputs(model, found, seed) if found is not None else None
+
+
+def _hf_source(
+    model: nn.Module,
+    *,
+    batch: int,
+    seq_len: int | None,
+    seed: int,
+    input_shape: Sequence[int] | None = None,
+) -> InputSource | None:
     if input_shape is None and not _is_encoder_decoder(model):
         both = vision_text_source(
             model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ
