@@ -344,8 +344,10 @@ def test_a_language_adapter_model_gets_its_first_language() -> None:
 def test_a_hashing_character_model_gets_ids_below_its_buckets_and_a_hybrid_no_cache() -> None:
     """CANINE names no vocab_size (it hashes Unicode code points into num_hash_buckets):
     ids below the bucket count. Granite-MoE-Hybrid's forward names `cache` and passes
-    use_cache on through **kwargs; at the default all-linear layer types its cache cannot
-    be built, so the invented batches say use_cache=False."""
+    use_cache on through **kwargs to its base model; at the default all-linear layer
+    types its cache cannot be built, so the invented batches say use_cache=False. Mimi's
+    encoder names a cache too, but its **kwargs reach an inner transformer that is given
+    use_cache already: nothing is added there."""
     from actscan import scan
     from actscan.measure.model_inputs import asks_cache, hashed_vocab
 
@@ -355,6 +357,8 @@ def test_a_hashing_character_model_gets_ids_below_its_buckets_and_a_hybrid_no_ca
     hybrid = _tiny("granitemoehybrid")
     assert asks_cache(hybrid) and "use_cache" not in inspect_params(hybrid)
     assert scan(hybrid, batch=2, seq_len=8).run.inputs == "2×8 tokens"
+    mimi = _tiny("mimi_encoder")  # its **kwargs reach a transformer given use_cache itself
+    assert not asks_cache(mimi) and "cache" in inspect_params(mimi)
 
 
 def inspect_params(model: Any) -> set[str]:

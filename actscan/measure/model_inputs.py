@@ -867,16 +867,16 @@ def hashed_vocab(model: nn.Module) -> int | None:
 
 
 def asks_cache(model: nn.Module) -> bool:
-    """Whether the forward takes `use_cache`: by name, or through its **kwargs into an
-    inner model when it takes a cache and the config says `use_cache` (Granite-MoE-Hybrid,
-    whose outer forward names only `cache`)."""
+    """Whether the forward takes `use_cache`: by name, or through its **kwargs into its
+    base model, whose forward names it (Granite-MoE-Hybrid's causal LM names only
+    `cache`); not into any inner module, which may be given use_cache itself (Mimi)."""
     import inspect
 
     params = forward_params(model)
     if "use_cache" in params:
         return True
-    config = getattr(model, "config", None)
-    if not ({"cache", "past_key_values"} & params) or getattr(config, "use_cache", None) is None:
+    base = getattr(model, "base_model", None)
+    if not isinstance(base, nn.Module) or base is model or "use_cache" not in forward_params(base):
         return False
     try:
         kinds = [p.kind for p in inspect.signature(model.forward).parameters.values()]
