@@ -528,3 +528,19 @@ def test_an_encoder_decoder_document_model_gets_boxes_from_the_source_the_cli_pa
     assert kw["bbox"].shape == (*kw["input_ids"].shape, 4) and kw["bbox"].is_floating_point()
     with torch.no_grad():
         assert torch.isfinite(model(**kw).loss)
+
+
+def test_an_optional_mask_the_forward_runs_only_without_is_left_out() -> None:
+    """Voxtral-Realtime's encoder masks its positions after a stride-2 conv, not its
+    frames: a frame mask does not fit without a cache (which slices it to its length),
+    and the scan runs with use_cache=False. The layout and the masks are probed as the
+    scan calls the model: the mask is left out, and the encoder runs."""
+    model = _tiny("voxtral_realtime_encoder")
+    kw = _batch(model)
+    assert set(kw) == {"input_features"}
+    assert kw["input_features"].shape[1] == model.config.num_mel_bins
+    with torch.no_grad():
+        model(**kw, use_cache=False)
+        with pytest.raises(RuntimeError):  # the frame mask it would have had
+            frames = kw["input_features"].shape[-1]
+            model(**kw, attention_mask=torch.ones(2, frames, dtype=torch.long), use_cache=False)

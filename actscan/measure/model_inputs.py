@@ -319,7 +319,35 @@ def _main_shape(
         kwargs.update({m: torch.ones(1, frames, dtype=torch.long) for m in masks if frames})
         if _runs_on(model, kwargs):
             return shape
+        optional = "attention_mask" in kwargs and "attention_mask" not in _required(model)
+        if optional and _runs_on(model, {k: v for k, v in kwargs.items() if k != "attention_mask"}):
+            return shape  # `_kept_masks` then drops the mask
     return shapes[0]  # none runs: the model's own error then says why
+
+
+def _kept_masks(
+    model: nn.Module,
+    name: str,
+    shape: tuple[int, ...],
+    masks: list[str],
+    extra: Callable[[int], dict[str, torch.Tensor]],
+) -> list[str]:
+    """The frame masks, less an optional `attention_mask` the forward runs only
+    without (Voxtral-Realtime's encoder masks its positions after the convs, not
+    frames), two rows (one broadcasts past the mismatch), no gradients."""
+    frames = _frames_axis(model, name, shape) or 0
+    rows = min(2, shape[0])
+
+    def runs(given: list[str]) -> bool:
+        kwargs = {input_arg(model, name): torch.randn(rows, *shape[1:]), **extra(rows)}
+        kwargs.update(_companions(model, name, (rows, *shape[1:])))
+        kwargs.update({m: torch.ones(rows, frames, dtype=torch.long) for m in given})
+        return _runs_on(model, kwargs)
+
+    if runs(masks):
+        return masks
+    without = [m for m in masks if m != "attention_mask"]
+    return without if runs(without) else masks
 
 
 def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | None:
@@ -342,6 +370,10 @@ def _frame_masks(model: nn.Module, name: str) -> list[str]:
 
 
 def _runs_on(model: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether the model runs on `kwargs` as the scan will call it (use_cache=False where
+    it asks for a cache: a cache can hide a wrong mask, sliced to its length)."""
+    if asks_cache(model) and "use_cache" not in kwargs:
+        kwargs = {**kwargs, "use_cache": False}
     try:
         with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
             model(**kwargs)
@@ -589,6 +621,8 @@ def _hf_source(
 
     frames = _frames_axis(model, name, shape) if input_shape is None else None
     masks = _frame_masks(model, name) if frames else []
+    if frames and "attention_mask" in masks and "attention_mask" not in _required(model):
+        masks = _kept_masks(model, name, shape, masks, decoder)
     form, why = "shifted", None
 
     def source(i: int, rows: int = shape[0]) -> Batch:
