@@ -544,3 +544,17 @@ def test_an_optional_mask_the_forward_runs_only_without_is_left_out() -> None:
         with pytest.raises(RuntimeError):  # the frame mask it would have had
             frames = kw["input_features"].shape[-1]
             model(**kw, attention_mask=torch.ones(2, frames, dtype=torch.long), use_cache=False)
+
+
+def test_a_streaming_audio_model_gets_one_text_token_per_audio_position() -> None:
+    """Voxtral-Realtime names no audio placeholder: it adds each audio feature to one
+    text position, so the text is as long as its get_audio_features gives rows per clip
+    (its forward raises on any other length)."""
+    model = _tiny("voxtral_realtime")
+    kw = _batch(model)
+    with torch.no_grad():
+        rows = model.get_audio_features(kw["input_features"]).pooler_output
+    per_clip = rows.numel() // model.config.text_config.hidden_size // 2
+    assert kw["input_ids"].shape == (2, per_clip) and per_clip != 8
+    with torch.no_grad():
+        model(**kw)

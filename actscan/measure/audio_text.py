@@ -164,6 +164,28 @@ def _layout(
     return None
 
 
+def _aligned_text(
+    model: nn.Module, audio: dict[str, torch.Tensor], rows: int | None, seq: int, seed: int
+) -> int:
+    """The text length for a model with no placeholder token: `seq`, or where the
+    forward runs only then, as many tokens as the clip's audio features (`rows`, one
+    clip): Voxtral-Realtime adds each audio position to one text position. One forward
+    of one clip each, no gradients."""
+    if rows is None or rows == seq:
+        return seq
+
+    def runs(n: int) -> bool:
+        ids = text_ids(model.config, 1, n, seed, 0)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                model(input_ids=ids, **_like(audio, 1, seed, 0))
+        except Exception:
+            return False
+        return True
+
+    return rows if not runs(seq) and runs(rows) else seq
+
+
 def _audio_tower(model: nn.Module) -> nn.Module | None:
     """The audio encoder a model holds (on itself or its inner `model`), by the names
     transformers gives it."""
@@ -226,9 +248,10 @@ def audio_text_source(
         if found is None:
             return None
         one = found[0]
+        text = _aligned_text(model, one, found[1], seq, seed)
 
         def two_tower(i: int) -> Batch:
-            ids = text_ids(config, batch, seq, seed, i)
+            ids = text_ids(config, batch, text, seed, i)
             assert ids is not None  # checked above
             kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
             kw.update(_like(one, batch, seed, i))
