@@ -167,6 +167,30 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "sapiens2": {"num_key_value_heads_per_layer": [HEADS] * LAYERS},
     "grounding-dino": _DINO,
     "mm-grounding-dino": _DINO,
+    # inputs: audio, document and text sizes the shrink misses
+    # xLSTM sizes its blocks by `embedding_dim`, which mirrors hidden_size (4096) and is no
+    # size name the shrink knows
+    "xlstm": {"embedding_dim": 64},
+    # LongCat-Flash splits its query heads as qk_nope + qk_rope = qk_head_dim (16 + 16)
+    "longcat_flash": {"qk_head_dim": 32},
+    # LayoutLMv3 concatenates 4 coordinate and 2 shape embeddings into the width:
+    # 4 × 12 + 2 × 8 = 64
+    "layoutlmv3": {"coordinate_size": 12, "shape_size": 8},
+    # LiLT's layout stream is 6 box embeddings of hidden // 6, divided by its channel
+    # shrink ratio (4) into its heads: a width of 48 divides by 6 and by 4 × 4
+    "lilt": {"hidden_size": 48},
+    # Voxtral's default config leaves its audio placeholder unset (None); the released
+    # checkpoints name 24
+    "voxtral": {"audio_token_id": 24},
+    # CLAP's audio Swin doubles its patch width over 4 stages into `hidden_size`:
+    # 8 × 2³ = 64
+    "clap": {"audio_config": {"patch_embeds_hidden_size": 8}},
+    # the Nemotron-H text model's Mamba heads (4) must be a multiple of its groups (8)
+    "nemo_speechlm": {"text_config": {"n_groups": 4}},
+    # VibeVoice's acoustic tokenizer doubles `num_filters` (32) over 6 stages: 2 048
+    # channels and 130 M parameters at the generic shrink; 4 filters give 256
+    "vibevoice_acoustic_tokenizer_encoder": {"num_filters": 4},
+    "vibevoice_acoustic_tokenizer_decoder": {"num_filters": 4},
 }
 # Default configs that do not validate as this transformers ships them: the fields that
 # make them valid, given when the default is made (before it is shrunk).

@@ -166,15 +166,64 @@ def test_a_detector_that_says_encoder_decoder_gets_no_decoder_ids() -> None:
 
 
 def test_a_refusal_names_what_the_forward_takes_and_what_to_pass() -> None:
-    """TimesFM requires padding and a frequency beside its series: one --input-shape
-    cannot give them, so the line names them and the CLI's way to pass inputs."""
-    model = _tiny("timesfm")
+    """X-Codec 2 requires a waveform and its own semantic features together, in a
+    relation no config states: one --input-shape cannot give them, so the line names
+    them and the CLI's way to pass inputs."""
+    model = _tiny("xcodec2")
     with pytest.raises(UsageError) as err:
         hf_input_source(model, batch=2, seq_len=None, seed=0)
     line = str(err.value)
     assert "\n" not in line
-    assert "TimesFmModel" in line and "past_values_padding, freq" in line
+    assert "Xcodec2Model" in line and "input_values, input_features" in line
     assert "inputs=" in line and "module:function" in line
+
+
+def test_a_time_series_gets_its_padding_and_frequency_class() -> None:
+    """TimesFM requires padding and a frequency beside its series: zeros (every value
+    real) and class 0 of the config's freq_size, and the header names the class; its
+    attention (TimesFM's own simple_eager_attention_forward) is probed."""
+    from actscan import scan
+
+    model = _tiny("timesfm")
+    kw = _batch(model, seq_len=None)
+    series = kw["past_values"]
+    assert series.shape == (2, model.config.context_length)
+    pads = kw["past_values_padding"]
+    assert (pads == 0).all() and pads.shape == series.shape
+    assert kw["freq"].tolist() == [[0], [0]]
+    report = scan(model, batch=2)
+    assert report.run.inputs == f"2 series of {model.config.context_length} values at frequency 0"
+    assert len(report.attention) == model.config.num_hidden_layers
+
+
+def test_a_composites_generic_input_is_its_encoders_and_embeddings_are_invented() -> None:
+    """SpeechEncoderDecoder's main input is `inputs`: the encoder's own (a wav2vec2
+    waveform, as long as its conv stack needs for the frames asked). A model fed
+    embeddings only (Nemotron's word-timestamp head) gets rows of its width."""
+    model = _tiny("speech-encoder-decoder")
+    kw = _batch(model)
+    assert set(kw) >= {"input_values", "decoder_input_ids", "labels"}
+    with torch.no_grad():
+        hidden = model.encoder(kw["input_values"]).last_hidden_state
+    assert hidden.shape[1] == 8  # --seq-len 8: 8 frames out of the conv feature extractor
+    with torch.no_grad():
+        assert torch.isfinite(model(**kw).loss)
+    head = _tiny("nemotron3_5_transcribe_word_timestamp")
+    kw = _batch(head)
+    assert kw["inputs_embeds"].shape == (2, 8, head.config.hidden_size)
+    assert describe_batch(Batch(kwargs=kw)) == f"2×8 embeddings of width {head.config.hidden_size}"
+
+
+def test_an_input_the_forward_names_otherwise_goes_under_its_name() -> None:
+    """VibeVoice's acoustic decoder inherits `main_input_name = "input_values"` but
+    requires `hidden_states`: latents of the config's width (channels first), the first
+    candidate its forward runs on."""
+    model = _tiny("vibevoice_acoustic_tokenizer_decoder")
+    kw = _batch(model)
+    assert set(kw) == {"hidden_states"}
+    assert kw["hidden_states"].shape == (2, model.config.hidden_size, 8)
+    with torch.no_grad():
+        model(**kw)
 
 
 def test_a_gridded_tower_gets_its_merge_sizes_and_a_required_frame_mask() -> None:
@@ -254,3 +303,258 @@ def test_the_shrink_keeps_routing_groups_and_every_kind_of_layer() -> None:
         i % jamba.attn_layer_period == jamba.attn_layer_offset
         for i in range(jamba.num_hidden_layers)
     )
+
+
+@pytest.mark.parametrize(("model_type", "floating"), [("bros", True), ("layoutlmv3", False)])
+def test_a_document_model_gets_a_box_per_token_in_the_form_it_runs_on(
+    model_type: str, floating: bool
+) -> None:
+    """BROS refuses ids without boxes and embeds normalised floats; LayoutLMv3 looks its
+    integer coordinates up in tables of max_2d_position_embeddings rows (a float box
+    raises there): each gets one valid box per token (x0 ≤ x1, y0 ≤ y1), and the header
+    says so."""
+    from actscan import scan
+
+    model = _tiny(model_type)
+    report = scan(model, batch=2, seq_len=8)
+    kind = "normalised" if floating else "integer"
+    assert report.run.inputs == f"2×8 tokens + 2×8 {kind} boxes"
+    from actscan.measure.side_inputs import boxes
+
+    box = boxes(model.config, 2, 8, 0, 0, grid=not floating)
+    assert box.is_floating_point() is floating
+    assert box.shape[-1] == (8 if model.config.to_dict().get("dim_bbox") == 8 else 4)
+    if box.shape[-1] == 4:
+        assert (box[..., 0] <= box[..., 2]).all() and (box[..., 1] <= box[..., 3]).all()
+    if not floating:
+        assert int(box.min()) >= 0 and int(box.max()) < model.config.max_2d_position_embeddings
+
+
+def test_a_language_adapter_model_gets_its_first_language() -> None:
+    """X-MOD routes every token through a per-language adapter and raises when the
+    config sets no default language: the batch names the first of its `languages`."""
+    from actscan import scan
+
+    model = _tiny("xmod")
+    assert model.config.default_language is None
+    report = scan(model, batch=2, seq_len=8)
+    assert report.run.inputs == "2×8 tokens + language id 0"
+
+
+def test_a_hashing_character_model_gets_ids_below_its_buckets_and_a_hybrid_no_cache() -> None:
+    """CANINE names no vocab_size (it hashes Unicode code points into num_hash_buckets):
+    ids below the bucket count. Granite-MoE-Hybrid's forward names `cache` and passes
+    use_cache on through **kwargs to its base model; at the default all-linear layer
+    types its cache cannot be built, so the invented batches say use_cache=False. Mimi's
+    encoder names a cache too, but its **kwargs reach an inner transformer that is given
+    use_cache already: nothing is added there."""
+    from actscan import scan
+    from actscan.measure.model_inputs import asks_cache, hashed_vocab
+
+    canine = _tiny("canine")
+    assert hashed_vocab(canine) == canine.config.num_hash_buckets
+    assert scan(canine, batch=2, seq_len=8).run.inputs == "2×8 tokens"
+    hybrid = _tiny("granitemoehybrid")
+    assert asks_cache(hybrid) and "use_cache" not in inspect_params(hybrid)
+    assert scan(hybrid, batch=2, seq_len=8).run.inputs == "2×8 tokens"
+    mimi = _tiny("mimi_encoder")  # its **kwargs reach a transformer given use_cache itself
+    assert not asks_cache(mimi) and "cache" in inspect_params(mimi)
+
+
+def inspect_params(model: Any) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(model.forward).parameters)
+
+
+def test_a_transducer_gets_one_decoder_position_more_than_its_labels() -> None:
+    """Parakeet-TDT's decoder reads the start token, then every label (U + 1 positions
+    for U labels): the seq2seq shift (as many ids as labels) makes its own loss index
+    past the logits; the transducer form is the first its loss runs on."""
+    model = _tiny("parakeet_tdt")
+    kw = _batch(model)
+    labels, ids = kw["labels"], kw["decoder_input_ids"]
+    assert ids.shape[1] == labels.shape[1] + 1
+    assert (ids[:, 1:] == labels).all()
+    with torch.no_grad():
+        out = model(**kw)
+    assert out.loss is not None and torch.isfinite(out.loss)
+
+
+def test_labels_are_left_out_with_the_reason_when_the_models_own_loss_cannot_run() -> None:
+    """An RNN-T loss that needs a package not installed (torchaudio's rnnt_loss): the
+    batches carry decoder ids but no labels, and run.loss says which loss was used
+    instead and the model's own error, in one line."""
+    from actscan import scan
+
+    base = type(_tiny("parakeet_tdt"))
+
+    class NoBackend(base):  # type: ignore[misc, valid-type]
+        @property
+        def loss_function(self) -> Any:
+            def missing(*args: Any, **kwargs: Any) -> Any:
+                raise ImportError("rnnt_loss requires the torchaudio library")
+
+            return missing
+
+    torch.manual_seed(0)
+    model = NoBackend(families.tiny_config("parakeet_tdt")).eval()
+    kw = _batch(model)
+    assert "labels" not in kw and "decoder_input_ids" in kw
+    report = scan(model, batch=2, seq_len=8)
+    loss = report.run.loss or ""
+    assert "\n" not in loss
+    assert "own loss raised on random labels (ImportError: rnnt_loss requires" in loss
+
+
+def test_an_audio_language_model_without_get_audio_features_counts_its_towers_output() -> None:
+    """Qwen2-Audio has no get_audio_features: the placeholders are its audio tower's
+    output positions for the clip (checked by its own forward, which raises when tokens
+    and features disagree), the frame mask its forward requires given."""
+    model = _tiny("qwen2_audio")
+    assert not hasattr(model, "get_audio_features")
+    kw = _batch(model)
+    feats = kw["input_features"]
+    with torch.no_grad():
+        rows = model.model.audio_tower(feats).last_hidden_state.shape[1]
+    per_clip = (kw["input_ids"] == model.config.audio_token_id).sum(dim=1)
+    assert (per_clip == rows).all() and kw["input_ids"].shape[1] == rows + 8
+    assert kw["feature_attention_mask"].shape == (2, feats.shape[-1])
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_an_audio_path_that_passes_kwargs_on_gets_the_forwards_masks() -> None:
+    """MOSS's get_audio_features names the frame mask and passes **kwargs on to an inner
+    path that also requires `padding_mask`: when its own masks fail, the forward's masks
+    go along, and the placeholders match the features they give."""
+    model = _tiny("moss_transcribe_diarize")
+    kw = _batch(model)
+    assert {"input_features_mask", "padding_mask"} <= set(kw)
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_feature_widths_from_stacking_and_the_common_mel_counts() -> None:
+    """Fun-ASR's low-frame-rate front end stacks num_stacked_frames mel frames into one
+    (80 × 7 = 560 per frame); Gemma 4's audio tower names no mel bins at all, and runs
+    on 128, one of the two counts speech feature extractors use."""
+    from actscan.measure.model_inputs import feature_widths
+
+    fun = _tiny("fun_asr_nano_encoder")
+    c = fun.config
+    assert feature_widths(c)[0] == c.num_mel_bins * c.num_stacked_frames
+    kw = _batch(fun)
+    assert kw["input_features"].shape == (2, 8, c.num_mel_bins * c.num_stacked_frames)
+    with torch.no_grad():
+        fun(**kw)
+    gemma = _tiny("gemma4_audio")
+    assert feature_widths(gemma.config) == [80, 128]
+    kw = _batch(gemma)
+    assert kw["input_features"].shape == (2, 8, 128)
+    with torch.no_grad():
+        gemma(**kw)
+
+
+def test_an_output_of_integer_codes_is_refused_with_what_to_do() -> None:
+    """WavTokenizer's encoder returns only integer codes: nothing to take a gradient of.
+    The line names what it returned and the two ways to scan it; the forward alone
+    runs."""
+    from actscan import scan
+
+    model = _tiny("wavtokenizer_encoder")
+    with pytest.raises(UsageError) as err:
+        scan(model, batch=2, seq_len=8)
+    line = str(err.value)
+    assert "\n" not in line and "audio_codes int64" in line
+    assert "--no-backward" in line and "loss_fn=" in line
+    assert scan(model, batch=2, seq_len=8, backward=False).run.inputs is not None
+
+
+def test_a_decoder_over_several_codebooks_gets_ids_per_codebook() -> None:
+    """Dia's decoder reads batch × seq × codebooks ids (its decoder config's
+    num_channels) and flattens its logits to one row per (sample, codebook): 2-D ids
+    cannot be reshaped, the codebook form runs its own loss, and the header says it."""
+    from actscan import scan
+
+    model = _tiny("dia")
+    c = model.config.decoder_config.num_channels
+    kw = _batch(model)
+    assert kw["decoder_input_ids"].shape == (2, 8, c)
+    assert kw["labels"].shape == (2 * c, 8)
+    with torch.no_grad():
+        assert torch.isfinite(model(**kw).loss)
+    report = scan(model, batch=2, seq_len=8)
+    assert report.run.inputs == f"2×8 tokens + 2×8 decoder tokens of {c} codebooks"
+    assert report.run.loss == "the model's own loss on random labels"
+
+
+def test_refusals_for_a_generate_only_composite_and_a_policy_with_a_prefix() -> None:
+    """Bark has no forward of its own (nn.Module's unimplemented one): the line names its
+    sub-models to scan. PI0's main input `state` goes with token ids and images that one
+    --input-shape cannot give: the line says so instead of asking for a shape."""
+    from actscan import scan
+
+    with pytest.raises(UsageError) as err:
+        scan(_tiny("bark"), batch=2, seq_len=8)
+    line = str(err.value)
+    assert "no forward pass of its own" in line and "semantic, coarse_acoustics" in line
+    with pytest.raises(UsageError) as err:
+        hf_input_source(_tiny("pi0"), batch=2, seq_len=None, seed=0)
+    line = str(err.value)
+    assert "'state' goes with input_ids, pixel_values" in line and "--input-shape" not in line
+
+
+def test_a_front_end_that_widens_frames_gets_the_width_its_first_layer_takes() -> None:
+    """Granite Speech 5 appends deltas to its 80 mel bins and stacks frame pairs: its
+    input layer takes 4 × 80 = 320 per frame, which no config field says. The width
+    comes off the model (a linear layer's input, a small multiple of the mel bins),
+    probed after the mel bins themselves; the frame mask is laid on the frames."""
+    model = _tiny("granite_speech5_encoder")
+    mels = model.config.num_mel_bins
+    kw = _batch(model)
+    assert kw["input_features"].shape == (2, 8, 4 * mels)
+    assert kw["attention_mask"].shape == (2, 8)
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_an_encoder_decoder_document_model_gets_boxes_from_the_source_the_cli_passes() -> None:
+    """The CLI passes hf_input_source's batches as the caller's inputs: UDOP (an
+    encoder-decoder that raises without boxes) gets its boxes there, normalised floats
+    beside its ids and decoder ids, and runs its own loss on them."""
+    model = _tiny("udop")
+    kw = _batch(model)
+    assert kw["bbox"].shape == (*kw["input_ids"].shape, 4) and kw["bbox"].is_floating_point()
+    with torch.no_grad():
+        assert torch.isfinite(model(**kw).loss)
+
+
+def test_an_optional_mask_the_forward_runs_only_without_is_left_out() -> None:
+    """Voxtral-Realtime's encoder masks its positions after a stride-2 conv, not its
+    frames: a frame mask does not fit without a cache (which slices it to its length),
+    and the scan runs with use_cache=False. The layout and the masks are probed as the
+    scan calls the model: the mask is left out, and the encoder runs."""
+    model = _tiny("voxtral_realtime_encoder")
+    kw = _batch(model)
+    assert set(kw) == {"input_features"}
+    assert kw["input_features"].shape[1] == model.config.num_mel_bins
+    with torch.no_grad():
+        model(**kw, use_cache=False)
+        with pytest.raises(RuntimeError):  # the frame mask it would have had
+            frames = kw["input_features"].shape[-1]
+            model(**kw, attention_mask=torch.ones(2, frames, dtype=torch.long), use_cache=False)
+
+
+def test_a_streaming_audio_model_gets_one_text_token_per_audio_position() -> None:
+    """Voxtral-Realtime names no audio placeholder: it adds each audio feature to one
+    text position, so the text is as long as its get_audio_features gives rows per clip
+    (its forward raises on any other length)."""
+    model = _tiny("voxtral_realtime")
+    kw = _batch(model)
+    with torch.no_grad():
+        rows = model.get_audio_features(kw["input_features"]).pooler_output
+    per_clip = rows.numel() // model.config.text_config.hidden_size // 2
+    assert kw["input_ids"].shape == (2, per_clip) and per_clip != 8
+    with torch.no_grad():
+        model(**kw)

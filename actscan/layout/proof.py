@@ -1004,25 +1004,7 @@ def _prove_one(
                 if not (is_norm(mod) or is_act(mod)):
                     roles[sub] = role
     placement = "post-norm" if found.norms else "additive"
-    note = ""
-    if found.start is not None:
-        at = (
-            f"a tensor computed by functional ops after {blk.added[found.start][1] or b.name}"
-            if found.start in blk.added
-            else f"{blk.branch_of(found.start)[1]}'s output"
-        )
-        note = (
-            f"the stream restarts at {at} (the block's input reaches it through modules "
-            "and functional ops, not an add); the writes add onto it"
-        )
-    if functional:
-        after = sorted({blk.added[w][1] or b.name for w in functional})
-        note = (note + "; " if note else "") + (
-            f"{len(functional)} of the {len(found.writes)} writes "
-            f"{'is a tensor' if len(functional) == 1 else 'are tensors'} computed by "
-            f"functional ops (after {', '.join(after)}), not a module's output: the "
-            "stream's equation is proven, those writes are not judged as branches"
-        )
+    note = _proof_note(blk, found, functional, b.name)
     proof = BlockProof(
         block=b.index,
         name=b.name,
@@ -1053,6 +1035,31 @@ def _prove_one(
         branches=tuple(branches),
         proof=proof,
     )
+
+
+def _proof_note(blk: _Block, found: _Outcome, functional: list[Key], block: str) -> str:
+    """What a verified block's proof says beyond its writes: where a restarting stream
+    starts, and which writes are functional tensors (proven, not judged as branches)."""
+    note = ""
+    if found.start is not None:
+        at = (
+            f"a tensor computed by functional ops after {blk.added[found.start][1] or block}"
+            if found.start in blk.added
+            else f"{blk.branch_of(found.start)[1]}'s output"
+        )
+        note = (
+            f"the stream restarts at {at} (the block's input reaches it through modules "
+            "and functional ops, not an add); the writes add onto it"
+        )
+    if functional:
+        after = sorted({blk.added[w][1] or block for w in functional})
+        note = (note + "; " if note else "") + (
+            f"{len(functional)} of the {len(found.writes)} writes "
+            f"{'is a tensor' if len(functional) == 1 else 'are tensors'} computed by "
+            f"functional ops (after {', '.join(after)}), not a module's output: the "
+            "stream's equation is proven, those writes are not judged as branches"
+        )
+    return note
 
 
 def _first_holding(blk: _Block, hypotheses: Iterator[_Hypothesis], tol: float) -> _Outcome | None:

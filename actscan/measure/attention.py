@@ -436,7 +436,12 @@ class AttentionProbes:
         def original(module: nn.Module) -> Any:
             if impl == "sdpa":
                 return ALL_ATTENTION_FUNCTIONS["sdpa"]
-            fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+            home = vars(sys.modules.get(type(module).__module__) or sys)
+            # the family's eager function, by its usual name or a prefixed one
+            # (TimesFM's simple_eager_attention_forward)
+            fn = home.get("eager_attention_forward") or next(
+                (f for k, f in home.items() if k.endswith("eager_attention_forward")), None
+            )
             if fn is None:
                 raise RuntimeError(
                     f"actscan attention probes: {type(module).__module__} has no "

@@ -107,6 +107,14 @@ def _named(fn: Callable[..., Any] | None) -> set[str]:
         return set()
 
 
+def _passes_kwargs(fn: Callable[..., Any] | None) -> bool:
+    try:
+        kinds = [p.kind for p in inspect.signature(fn).parameters.values()] if fn else []
+    except (TypeError, ValueError):
+        return False
+    return inspect.Parameter.VAR_KEYWORD in kinds
+
+
 def _with_masks(cand: dict[str, Any], names: set[str]) -> dict[str, torch.Tensor]:
     """The candidate's audio and a mask of every frame (none is padding) under each mask
     name in `names`."""
@@ -133,13 +141,18 @@ def _layout(
     # A mask the audio path names is one of frames; the forward's masks of the same
     # kind go with it. An audio path that names none masks its own output (Granite
     # Speech's projected features): no mask is given then, every frame counts.
+    # An audio path that passes **kwargs on to an inner one (MOSS's, whose inner path
+    # names `padding_mask`) gets the forward's masks too when its own names fail.
     named = _named(get) & set(MASKS) if callable(get) else set(MASKS)
-    for cand in _candidates(name, model.config, batch, seed):
-        audio = _with_masks(cand, params if named else set())
+    sets = [named]
+    if named and _passes_kwargs(get) and not (params & set(MASKS)) <= named:
+        sets.append(named | (params & set(MASKS)))
+    for cand, given in ((c, g) for c in _candidates(name, model.config, batch, seed) for g in sets):
+        audio = _with_masks(cand, params if given else set())
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 if callable(get):
-                    out = get(**{name: audio[name], **_with_masks(cand, named)})
+                    out = get(**{name: audio[name], **_with_masks(cand, given)})
                 elif ids is not None:
                     model(input_ids=ids, **audio)
                     return audio, None
@@ -148,6 +161,67 @@ def _layout(
         except Exception:
             continue
         return audio, feature_rows(out, width)
+    return None
+
+
+def _aligned_text(
+    model: nn.Module, audio: dict[str, torch.Tensor], rows: int | None, seq: int, seed: int
+) -> int:
+    """The text length for a model with no placeholder token: `seq`, or where the
+    forward runs only then, as many tokens as the clip's audio features (`rows`, one
+    clip): Voxtral-Realtime adds each audio position to one text position. One forward
+    of one clip each, no gradients."""
+    if rows is None or rows == seq:
+        return seq
+
+    def runs(n: int) -> bool:
+        ids = text_ids(model.config, 1, n, seed, 0)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                model(input_ids=ids, **_like(audio, 1, seed, 0))
+        except Exception:
+            return False
+        return True
+
+    return rows if not runs(seq) and runs(rows) else seq
+
+
+def _audio_tower(model: nn.Module) -> nn.Module | None:
+    """The audio encoder a model holds (on itself or its inner `model`), by the names
+    transformers gives it."""
+    for owner in (model, getattr(model, "model", None)):
+        for attr in ("audio_tower", "audio_encoder", "audio_model"):
+            tower = getattr(owner, attr, None)
+            if isinstance(tower, nn.Module):
+                return tower
+    return None
+
+
+def _tower_layout(
+    model: nn.Module, name: str, batch: int, seed: int, token: int, seq: int
+) -> tuple[dict[str, torch.Tensor], int | None] | None:
+    """For a model whose `get_audio_features` is missing (Qwen2-Audio) or cannot run on
+    audio alone (Music Flamingo's also reads the placeholders): the features are its
+    audio tower's output positions, one per placeholder, checked by one forward of the
+    whole model on one clip, no gradients."""
+    tower = _audio_tower(model)
+    if tower is None:
+        return None
+    params = forward_params(model)
+    for cand in _candidates(name, model.config, 1, seed):
+        audio = _with_masks(cand, params)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                out = tower(**_with_masks(cand, _named(tower.forward)))
+                rows = feature_rows(out, None)
+                ids = text_ids(model.config, 1, seq, seed, 0)
+                if rows is None or ids is None:
+                    continue
+                ids = torch.cat([torch.full((1, rows), token), ids], dim=1)
+                model(input_ids=ids, attention_mask=torch.ones_like(ids), **audio)
+        except Exception:
+            continue
+        return _like(audio, batch, seed, 0), rows * batch
     return None
 
 
@@ -174,9 +248,10 @@ def audio_text_source(
         if found is None:
             return None
         one = found[0]
+        text = _aligned_text(model, one, found[1], seq, seed)
 
         def two_tower(i: int) -> Batch:
-            ids = text_ids(config, batch, seq, seed, i)
+            ids = text_ids(config, batch, text, seed, i)
             assert ids is not None  # checked above
             kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
             kw.update(_like(one, batch, seed, i))
@@ -187,6 +262,8 @@ def audio_text_source(
         return two_tower
 
     found = _layout(model, name, batch, seed, None)
+    if found is None or found[1] is None or found[1] % batch:
+        found = _tower_layout(model, name, batch, seed, token, seq)
     if found is None or found[1] is None or found[1] % batch:
         return None
     audio, per_clip = found[0], found[1] // batch

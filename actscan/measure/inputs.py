@@ -179,7 +179,7 @@ def projection_loss(output: Any, seed: int = 0) -> torch.Tensor:
         first = first_tensor(output)
         hidden = [first] if first is not None else []
     if not hidden:
-        raise UsageError("the model returned no floating-point tensor to compute a loss on")
+        raise UsageError(no_loss_line(output))
     total: torch.Tensor | None = None
     for h in hidden:
         d = h.shape[-1]
@@ -191,10 +191,26 @@ def projection_loss(output: Any, seed: int = 0) -> torch.Tensor:
     return total
 
 
+def no_loss_line(output: Any) -> str:
+    """The refusal when an output holds no floating-point tensor (a codec encoder's
+    integer codes): what it returned, and the two ways to scan it anyway."""
+    items = output.items() if isinstance(output, dict) else [("output", output)]
+    shown = [
+        f"{k} {str(v.dtype).removeprefix('torch.')}"
+        for k, v in items
+        if isinstance(v, torch.Tensor)
+    ][:3]
+    what = f" (it returned {', '.join(shown)})" if shown else ""
+    return (
+        f"the model returned no floating-point tensor to compute a loss on{what}: measure "
+        "its forward alone with --no-backward (backward=False), or pass loss_fn="
+    )
+
+
 def mean_square_loss(output: Any) -> torch.Tensor:
     t = first_tensor(output)
     if t is None:
-        raise UsageError("the model returned no floating-point tensor to compute a loss on")
+        raise UsageError(no_loss_line(output))
     return t.float().square().mean()
 
 

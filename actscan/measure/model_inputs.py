@@ -35,6 +35,8 @@ from actscan.measure.inputs import (
     user_source,
 )
 from actscan.measure.recorder import first_tensor
+from actscan.measure.side_inputs import with_side_inputs
+from actscan.measure.state import eval_mode
 from actscan.measure.vision_text import (
     PATCH_FORMS,
     REGION_INPUTS,
@@ -46,12 +48,12 @@ from actscan.measure.vision_text import (
     patch_sequence,
     positioned_patches,
     region_source,
+    runs_on,
     text_ids,
     vision_text_source,
 )
 from actscan.measure.vision_text import config_int as _int
 from actscan.measure.vision_text import required_params as _required
-from actscan.measure.vision_text import runs_on as _runs_on
 from actscan.records import ModelInfo
 
 __all__ = [
@@ -133,7 +135,7 @@ def _main_shapes(
 ) -> list[tuple[int, ...]]:
     """The shapes the main input `name` may have, read off the config, most likely first
     (one where the config settles it; `_main_shape` probes the model when several)."""
-    config: Any = model.config  # a transformers config: its fields vary by family
+    config: Any = _input_config(model)  # a transformers config: fields vary by family
     if name == "pixel_values":
         # CNN backbones (ResNet, RegNet) name no image size: they take any, and were
         # trained at ImageNet's 224 on RGB, the defaults of their image processors. An
@@ -173,10 +175,10 @@ def _main_shapes(
             # Whisper-like: the encoder's two stride-1/2 convs map 2·P frames to P positions,
             # and the model refuses any other length.
             return [(batch, mels, 2 * positions)]
-        mels = mels or deep_config_int(config, MELS_DEEP)
-        if mels:  # --seq-len frames first, else (or if the model refuses them) FRAMES
-            counts = dict.fromkeys(f for f in (seq_len, FRAMES) if f)
-            return [s for f in counts for s in ((batch, f, mels), (batch, mels, f))]
+        # --seq-len frames first, else (or if the model refuses them) FRAMES
+        counts = dict.fromkeys(f for f in (seq_len, FRAMES) if f)
+        widths = _widths(model)
+        return [s for w in widths for f in counts for s in ((batch, f, w), (batch, w, f))]
     if name == "pixel_values_videos":
         config = _sub(config, "vision_config") or config  # a two-tower's video tower
         side = _pair(getattr(config, "image_size", None)) or _pair(
@@ -196,6 +198,9 @@ def _main_shapes(
         width = deep_config_int(config, ("patch_embed_hidden_size",))
         if width:
             return [(batch, PATCH_GRID * PATCH_GRID, 2 + width)]
+    if name == "inputs_embeds":  # a model fed embeddings only: one row of the width each
+        width = _int(config, "hidden_size", "d_model") or deep_config_int(config, ("hidden_size",))
+        return [(batch, seq_len or DEFAULT_SEQ, width)] if width else []
     if name == "past_values":
         context = _int(config, "context_length")
         patch = _int(config, "patch_length") or 1
@@ -208,6 +213,95 @@ def _main_shapes(
     return []
 
 
+def _companions(model: nn.Module, name: str, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """What a forward requires beside a time series (TimesFM): its padding
+    (`<name>_padding`, zeros: every value is real) and its frequency class (`freq`,
+    where the config names `freq_size` classes: 0, the finest)."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    out: dict[str, torch.Tensor] = {}
+    required = _required(model)
+    if f"{name}_padding" in required:
+        out[f"{name}_padding"] = torch.zeros(shape)
+    if "freq" in required and _int(config, "freq_size"):
+        out["freq"] = torch.zeros(shape[0], 1, dtype=torch.long)
+    return out
+
+
+def input_arg(model: nn.Module, name: str) -> str:
+    """The forward's argument that takes the main input `name`: itself, or the one
+    tensor the forward requires when it names the input otherwise (VibeVoice's acoustic
+    tokenizer says `input_values` but its forward takes `hidden_states`)."""
+    if name in forward_params(model):
+        return name
+    required = [r for r in _required(model) if r not in ("self", "kwargs")]
+    if len(required) != 1:
+        return name
+    import inspect
+
+    try:
+        annotation = inspect.signature(model.forward).parameters[required[0]].annotation
+    except (TypeError, ValueError, KeyError):
+        return name
+    # an argument that must be an object (SAM 2 video's inference session) takes no tensor
+    return name if _object_kind(annotation) else required[0]
+
+
+def _encoder_input(model: nn.Module) -> str | None:
+    """SpeechEncoderDecoder's forward names its main input `inputs`: the encoder's own
+    (`input_values` for wav2vec2, `input_features` for Speech2Text), which the forward
+    also takes by name."""
+    encoder = getattr(model, "encoder", None)
+    name = getattr(encoder, "main_input_name", None)
+    return name if isinstance(name, str) and name in forward_params(model) else None
+
+
+def _input_config(model: nn.Module) -> Any:
+    """The config that says the main input's shape: the model's, or for a composite
+    whose main input is its encoder's (`inputs`) the encoder's config."""
+    config: Any = model.config
+    if getattr(model, "main_input_name", None) == "inputs":
+        return _sub(config, "encoder") or config
+    return config
+
+
+COMMON_MELS = (80, 128)  # the mel bins of every speech feature extractor transformers has
+STACKED = ("num_stacked_frames", "stacked_frames", "lfr_m")  # low-frame-rate stacking
+
+
+def feature_widths(config: Any) -> list[int]:
+    """The widths a frame of audio features may have, most likely first: the config's
+    mel bins times the frames a low-frame-rate front end stacks into one (Fun-ASR's 7),
+    then the mel bins alone; where the config names no mel bins, the two counts speech
+    feature extractors use (Gemma 4's audio tower says none)."""
+    mels = _int(config, *MELS) or deep_config_int(config, MELS_DEEP)
+    if mels is None:
+        return list(COMMON_MELS)
+    stack = _int(config, *STACKED) or deep_config_int(config, STACKED)
+    return [mels * stack, mels] if stack and stack > 1 else [mels]
+
+
+def _widths(model: nn.Module) -> list[int]:
+    """Every width a frame of the model's audio features may have (`feature_widths`,
+    then `_widened`)."""
+    widths = feature_widths(_input_config(model))
+    return widths + [w for w in _widened(model, widths[-1]) if w not in widths]
+
+
+def _widened(model: nn.Module, mels: int) -> list[int]:
+    """Frame widths a front end makes of `mels` bins without the config saying so
+    (Granite Speech 5 appends deltas and stacks pairs: 4 × 80), read off the model:
+    the input widths of its linear and conv layers that are 2–8 × the mel bins, in
+    module order; tried after the mel bins themselves."""
+    found: list[int] = []
+    for m in model.modules():
+        width = getattr(m, "in_features", None) if isinstance(m, nn.Linear) else None
+        if isinstance(m, nn.Conv1d):
+            width = m.in_channels
+        if isinstance(width, int) and width % mels == 0 and 2 <= width // mels <= 8:
+            found.append(width)
+    return list(dict.fromkeys(found))
+
+
 def _sub(config: Any, *names: str) -> Any:
     """The first of the named sub-configs the config holds, else None."""
     for name in names:
@@ -215,6 +309,10 @@ def _sub(config: Any, *names: str) -> Any:
         if sub is not None and hasattr(sub, "to_dict"):
             return sub
     return None
+
+
+# the inputs of each modality a forward may take beside its main one
+_MODALITIES = ("input_ids", "pixel_values", "input_features", "input_values")
 
 
 def _main_shape(
@@ -228,7 +326,9 @@ def _main_shape(
     candidates one forward pass (one row, eval mode, no gradients; `extra` adds the
     decoder's inputs) accepts; UsageError if the config says none (the user then passes
     --input-shape)."""
-    built = {name, "attention_mask", "decoder_input_ids", "decoder_input_values", "labels"}
+    arg = input_arg(model, name)
+    built = {arg, "attention_mask", "decoder_input_ids", "decoder_input_values", "labels"}
+    built |= set(_companions(model, name, (1, 1)))
     built |= set(AUDIO_MASKS) if name == "input_features" else set()
     built |= (
         set(_image_companions(model)) | set(_sized_tokens(model))
@@ -239,7 +339,18 @@ def _main_shape(
     if set(_required(model)) - built:  # one --input-shape cannot give the others
         raise UsageError(cannot_invent(model))
     shapes = _main_shapes(model, name, batch, seq_len)
+    if arg != name:  # an input named otherwise may be hidden states of the config's width
+        width = _int(_input_config(model), "hidden_size", "d_model")
+        length = seq_len or DEFAULT_FRAMES
+        shapes += [(batch, width, length), (batch, length, width)] if width else []
     if not shapes:
+        beside = [m for m in _MODALITIES if m != arg and m in forward_params(model)]
+        if beside:  # one --input-shape cannot give the prefix a policy model also reads
+            raise UsageError(
+                f"cannot build inputs for {type(model).__name__} (its main input '{name}' "
+                f"goes with {', '.join(beside)}): pass them as inputs= (Python), or on the "
+                "CLI as a module:function target that returns (model, inputs)"
+            )
         raise UsageError(
             f"cannot build inputs for {type(model).__name__} (its main input is '{name}'): "
             "pass --input-shape with that input's full shape, batch first"
@@ -248,13 +359,17 @@ def _main_shape(
         return shapes[0]
     masks = _frame_masks(model, name)
     for shape in shapes:
-        kwargs = {name: torch.randn(1, *shape[1:]), **(extra(1) if extra else {})}
-        kwargs.update(_image_extras(model, name, kwargs[name], torch.Generator()))
+        kwargs = {arg: torch.randn(1, *shape[1:]), **(extra(1) if extra else {})}
+        kwargs.update(_companions(model, name, (1, *shape[1:])))
+        kwargs.update(_image_extras(model, name, kwargs[arg], torch.Generator()))
         kwargs.update(_text_beside(model, name, 1, seq_len or 8, seed=0, index=0))
         frames = _frames_axis(model, name, shape)
         kwargs.update({m: torch.ones(1, frames, dtype=torch.long) for m in masks if frames})
         if _runs_on(model, kwargs):
             return shape
+        optional = "attention_mask" in kwargs and "attention_mask" not in _required(model)
+        if optional and _runs_on(model, {k: v for k, v in kwargs.items() if k != "attention_mask"}):
+            return shape  # `_kept_masks` then drops the mask
     return shapes[0]  # none runs: the model's own error then says why
 
 
@@ -332,25 +447,56 @@ def _sized_tokens(model: nn.Module) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _kept_masks(
+    model: nn.Module,
+    name: str,
+    shape: tuple[int, ...],
+    masks: list[str],
+    extra: Callable[[int], dict[str, torch.Tensor]],
+) -> list[str]:
+    """The frame masks, less an optional `attention_mask` the forward runs only
+    without (Voxtral-Realtime's encoder masks its positions after the convs, not
+    frames), two rows (one broadcasts past the mismatch), no gradients."""
+    frames = _frames_axis(model, name, shape) or 0
+    rows = min(2, shape[0])
+
+    def runs(given: list[str]) -> bool:
+        kwargs = {input_arg(model, name): torch.randn(rows, *shape[1:]), **extra(rows)}
+        kwargs.update(_companions(model, name, (rows, *shape[1:])))
+        kwargs.update({m: torch.ones(rows, frames, dtype=torch.long) for m in given})
+        return _runs_on(model, kwargs)
+
+    if runs(masks):
+        return masks
+    without = [m for m in masks if m != "attention_mask"]
+    return without if runs(without) else masks
+
+
 def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | None:
     """The frame count of mel features (frames × mels or mels × frames), else None."""
-    config: Any = model.config  # a transformers config: its fields vary by family
     if name != "input_features" or len(shape) != 3:
         return None
-    mels = _int(config, *MELS) or deep_config_int(config, MELS_DEEP)
-    return shape[1] if shape[2] == mels else shape[2]
+    return shape[1] if shape[2] in _widths(model) else shape[2]
 
 
 def _frame_masks(model: nn.Module, name: str) -> list[str]:
     """The frame masks to give mel features: those the forward requires
     (`input_features_mask`), and `attention_mask` where it takes one (not Whisper's fixed
     2·P frames, which need none)."""
-    config: Any = model.config  # a transformers config: its fields vary by family
+    config: Any = _input_config(model)  # a transformers config: fields vary by family
     masks = [m for m in AUDIO_MASKS if m in _required(model)]
     whisper = _int(config, "max_source_positions") and hasattr(config, "num_mel_bins")
     if "attention_mask" in forward_params(model) and not whisper:
         masks.append("attention_mask")
     return masks
+
+
+def _runs_on(model: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """`runs_on` as the scan will call the model: use_cache=False where it asks for a
+    cache (a cache can hide a wrong mask, sliced to its length)."""
+    if asks_cache(model) and "use_cache" not in kwargs:
+        kwargs = {**kwargs, "use_cache": False}
+    return runs_on(model, kwargs)
 
 
 def _tokens(vocab: int, batch: int, seq: int, seed: int, index: int) -> torch.Tensor:
@@ -368,14 +514,21 @@ def _check_positions(model: nn.Module, seq: int, names: Sequence[str], what: str
             )
 
 
+LABEL_FORMS = ("shifted", "transducer", "codebooks", "none")
+
+
 def _decoder_batch(
-    model: nn.Module, batch: int, seq: int, seed: int, index: int
+    model: nn.Module, batch: int, seq: int, seed: int, index: int, form: str = "shifted"
 ) -> dict[str, torch.Tensor]:
-    """Random labels and the decoder ids they give (shifted right behind the start token);
-    a spectrogram decoder (SpeechT5's text-to-speech) gets random mel frames as labels,
-    a whole number of its reduction factor, and a speaker embedding."""
+    """Random labels and the decoder ids they give: `form` "shifted" (a seq2seq decoder:
+    the labels shifted right behind the start token), "transducer" (an RNN-T/TDT
+    decoder: the start token, then every label, one position more than the labels),
+    "codebooks" (`_codebook_batch`), "none" (the shifted ids without labels: no loss of
+    the model's own); a spectrogram
+    decoder (SpeechT5's text-to-speech) gets random mel frames as labels, a whole number
+    of its reduction factor, and a speaker embedding."""
     config: Any = model.config  # a transformers config: its fields vary by family
-    if _takes(model, "decoder_input_values") and not _takes(model, "decoder_input_ids"):
+    if _spectrogram(model):
         return _spectrogram_batch(config, batch, seq, seed, index)
     decoder = _decoder_config(config)
     vocab = _int(config, "vocab_size") or _int(decoder, "vocab_size")
@@ -400,9 +553,54 @@ def _decoder_batch(
             f"decoder_start_token_id = {start} lies outside the vocabulary "
             f"(vocab_size = {vocab}): fix the config"
         )
+    codebooks = _int(decoder, "num_codebooks", "num_channels")
+    if form == "codebooks" and codebooks:
+        return _codebook_batch(
+            _int(decoder, "vocab_size") or vocab, start, codebooks, batch, seq, seed, index
+        )
     labels = _tokens(vocab, batch, seq, seed + 1, index)
+    if form == "transducer":
+        labels = labels[:, :-1]
+        return {
+            "decoder_input_ids": torch.cat([torch.full((batch, 1), start), labels], 1),
+            "labels": labels,
+        }
     decoder_ids = torch.cat([torch.full((batch, 1), start), labels[:, :-1]], dim=1)
+    if form == "none":
+        return {"decoder_input_ids": decoder_ids}
     return {"decoder_input_ids": decoder_ids, "labels": labels}
+
+
+def _codebook_batch(
+    vocab: int, start: int, codebooks: int, batch: int, seq: int, seed: int, index: int
+) -> dict[str, torch.Tensor]:
+    """A decoder over several audio codebooks at once (Dia: its decoder config's
+    `num_channels`): ids batch × seq × codebooks, each codebook shifted right behind the
+    start token; labels one row per (sample, codebook), as the model flattens its
+    logits."""
+    labels = _tokens(vocab, batch * codebooks, seq, seed + 1, index)
+    per = labels.view(batch, codebooks, seq)
+    shifted = torch.cat([torch.full((batch, codebooks, 1), start), per[..., :-1]], dim=2)
+    return {"decoder_input_ids": shifted.transpose(1, 2).contiguous(), "labels": labels}
+
+
+def _label_form(
+    model: nn.Module, one_row: Callable[[str], dict[str, Any]]
+) -> tuple[str, str | None]:
+    """The first label form (`LABEL_FORMS`) the model's own loss runs on, one row, no
+    gradients; "none" with the first line of the model's error when its loss raises on
+    every form but its forward runs without labels (a loss that needs a package not
+    installed, torchaudio's rnnt_loss, or one that is broken)."""
+    error: str | None = None
+    for form in LABEL_FORMS:
+        try:
+            with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
+                model(**one_row(form))
+        except Exception as err:
+            error = error or " ".join(f"{type(err).__name__}: {err}".split())[:160]
+            continue
+        return form, (error if form == "none" else None)
+    return "shifted", None  # nothing runs: the model's own error then says why
 
 
 def _decoder_config(config: Any) -> Any:
@@ -454,8 +652,23 @@ def hf_input_source(
 
     `input_shape` (--input-shape) replaces the shape of a float main input. Encoder-decoder
     models add decoder ids and labels; their encoder's tokens (T5, BART) get an all-ones
-    attention mask.
+    attention mask. The side inputs the forward needs (`side_inputs`: UDOP's boxes) go
+    along, so the CLI, which passes this source as the caller's inputs, gets them too.
     """
+    found = _hf_source(model, batch=batch, seq_len=seq_len, seed=seed, input_shape=input_shape)
+    if isinstance(found, NotedSource):
+        return NotedSource(with_side_inputs(model, found.source, seed), found.note)
+    return with_side_inputs(model, found, seed) if found is not None else None
+
+
+def _hf_source(
+    model: nn.Module,
+    *,
+    batch: int,
+    seq_len: int | None,
+    seed: int,
+    input_shape: Sequence[int] | None = None,
+) -> InputSource | None:
     if input_shape is None and not _is_encoder_decoder(model):
         both = vision_text_source(
             model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ
@@ -473,6 +686,8 @@ def hf_input_source(
         if heard is not None:
             return heard
     name = _main_input(model)
+    if name == "inputs":  # a composite's generic name: its encoder's own main input
+        name = _encoder_input(model)
     inherited = name == "input_ids" and "input_ids" not in forward_params(model)
     gridded = name == "pixel_values" and bool(set(_GRIDS) & set(_required(model)))
     if input_shape is None and (inherited or gridded):
@@ -520,7 +735,7 @@ def hf_input_source(
     if name != "input_ids":
 
         def decoder(rows: int) -> dict[str, torch.Tensor]:
-            return _decoder_batch(model, rows, dec_seq, seed, 0) if dec_seq else {}
+            return _decoder_batch(model, rows, dec_seq, seed, 0, "none") if dec_seq else {}
 
         shape = (
             tuple(input_shape)
@@ -530,25 +745,39 @@ def hf_input_source(
 
     frames = _frames_axis(model, name, shape) if input_shape is None else None
     masks = _frame_masks(model, name) if frames else []
+    if frames and "attention_mask" in masks and "attention_mask" not in _required(model):
+        masks = _kept_masks(model, name, shape, masks, decoder)
+    form, why = "shifted", None
 
-    def source(i: int) -> Batch:
+    def source(i: int, rows: int = shape[0]) -> Batch:
         kwargs: dict[str, Any] = {}
         if vocab is not None:
-            ids = _tokens(vocab, shape[0], shape[1], seed, i)
+            ids = _tokens(vocab, rows, shape[1], seed, i)
             kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         else:
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
-            kwargs = {name: torch.randn(*shape, generator=gen)}
-            kwargs.update(_image_extras(model, name, kwargs[name], gen))
+            arg = input_arg(model, name)
+            kwargs = {arg: torch.randn(rows, *shape[1:], generator=gen)}
+            kwargs.update(_companions(model, name, (rows, *shape[1:])))
+            kwargs.update(_image_extras(model, name, kwargs[arg], gen))
             if name == "flattened_patches" and input_shape is None:
-                _place_patches(kwargs[name])
-            kwargs.update(_text_beside(model, name, shape[0], seq_len or 16, seed, i))
+                _place_patches(kwargs[arg])
+            kwargs.update(_text_beside(model, name, rows, seq_len or 16, seed, i))
             for mask in masks:  # every frame is real (an RNN-T loss reads lengths off it)
-                kwargs[mask] = torch.ones(shape[0], frames or 0, dtype=torch.long)
+                kwargs[mask] = torch.ones(rows, frames or 0, dtype=torch.long)
         if dec_seq:
-            kwargs.update(_decoder_batch(model, shape[0], dec_seq, seed, i))
+            kwargs.update(_decoder_batch(model, rows, dec_seq, seed, i, form))
         return Batch(kwargs=kwargs)
 
+    if dec_seq and not _spectrogram(model):
+
+        def one_row(f: str) -> dict[str, Any]:
+            given = {k: v for k, v in source(0, 1).kwargs.items() if k != "labels"}
+            return {**given, **_decoder_batch(model, 1, dec_seq, seed, 0, f)}
+
+        form, why = _label_form(model, one_row)
+    if why is not None:
+        return NotedSource(source, f"the model's own loss raised on random labels ({why})")
     return source
 
 
@@ -566,6 +795,21 @@ def _patch_sequence_kind(
     if "target_sizes" in params:
         return packed_patches
     return None
+
+
+def _spectrogram(model: nn.Module) -> bool:
+    return _takes(model, "decoder_input_values") and not _takes(model, "decoder_input_ids")
+
+
+@dataclass(frozen=True)
+class NotedSource:
+    """An input source with a note on its loss: the labels it leaves out, and why."""
+
+    source: Callable[[int], Batch]
+    note: str
+
+    def __call__(self, i: int) -> Batch:
+        return self.source(i)
 
 
 _GRIDS = ("grid_thw", "image_grid_thw")
@@ -651,6 +895,14 @@ def cannot_invent(model: nn.Module) -> str:
     import inspect
 
     kind = type(model).__name__
+    if type(model).forward is nn.Module.forward:  # nn.Module's unimplemented forward
+        parts = [n for n, m in model.named_children() if getattr(m, "config", None) is not None]
+        subs = f" ({', '.join(parts[:4])})" if parts else ""
+        return (
+            f"{kind} has no forward pass of its own: it generates through its sub-models"
+            f"{subs}; scan one of them (in Python, or on the CLI as a module:function "
+            "target that returns it)"
+        )
     try:
         params = [
             p
@@ -752,18 +1004,22 @@ def choose_inputs(
     else the task's (`default_loss`)."""
     source: InputSource
     seq = seq_len
+    hf: InputSource | None = None
     if inputs is not None:
         source = user_source(inputs)
     elif (hf := hf_input_source(model, batch=batch, seq_len=seq_len, seed=seed)) is not None:
         source = hf
-    elif info.vocab_size and info.task in ("causal-lm", "encoder"):
+    elif (vocab := info.vocab_size or hashed_vocab(model)) and info.task in (
+        "causal-lm",
+        "encoder",
+    ):
         limit = info.arch.get("max_positions")
         if not (isinstance(limit, int) and limit > 0):  # -1 (XLNet) or absent: no limit
             limit = DEFAULT_SEQ
         seq = seq_len or min(DEFAULT_SEQ, limit)
         check_positions(model, seq)
         source = token_source(
-            info.vocab_size,
+            vocab,
             batch,
             seq,
             seed,
@@ -772,16 +1028,49 @@ def choose_inputs(
         )
     else:
         raise UsageError(cannot_invent(model))
-    if inputs is None and "use_cache" in forward_params(model):
+    if inputs is None:
+        source = with_side_inputs(model, source, seed)
+    if inputs is None and asks_cache(model):
         source = _without_cache(source)
     task_loss = default_loss(info.task, info.vocab_size)
 
     def loss_of(out: Any, b: Batch) -> torch.Tensor:
         return loss_fn(out) if loss_fn is not None else task_loss(out, b)
 
-    return ChosenInputs(
-        source, loss_of, seq, describe_loss(info.task, source(0), caller=loss_fn is not None)
-    )
+    loss = describe_loss(info.task, source(0), caller=loss_fn is not None)
+    noted = next((s for s in (inputs, hf) if isinstance(s, NotedSource)), None)
+    if noted is not None and loss_fn is None:
+        loss = f"{loss}: {noted.note}"
+    return ChosenInputs(source, loss_of, seq, loss)
+
+
+def hashed_vocab(model: nn.Module) -> int | None:
+    """The id range of a model whose config names no vocabulary because it hashes its
+    ids (CANINE's Unicode code points, hashed into `num_hash_buckets`): ids below the
+    bucket count reach every bucket."""
+    config = getattr(model, "config", None)
+    if config is None or _int(config, "vocab_size"):
+        return None
+    return _int(config, "num_hash_buckets")
+
+
+def asks_cache(model: nn.Module) -> bool:
+    """Whether the forward takes `use_cache`: by name, or through its **kwargs into its
+    base model, whose forward names it (Granite-MoE-Hybrid's causal LM names only
+    `cache`); not into any inner module, which may be given use_cache itself (Mimi)."""
+    import inspect
+
+    params = forward_params(model)
+    if "use_cache" in params:
+        return True
+    base = getattr(model, "base_model", None)
+    if not isinstance(base, nn.Module) or base is model or "use_cache" not in forward_params(base):
+        return False
+    try:
+        kinds = [p.kind for p in inspect.signature(model.forward).parameters.values()]
+    except (TypeError, ValueError):
+        return False
+    return inspect.Parameter.VAR_KEYWORD in kinds
 
 
 def _without_cache(source: InputSource) -> InputSource:
@@ -833,7 +1122,7 @@ def describe_batch(batch: Batch) -> str | None:
     parts: list[str] = []
     grid = next((kw[g] for g in (*_GRIDS, "image_grid_hw") if g in kw), None)
     media = ("pixel_values", "hidden_states", "pixel_values_videos", "input_values")
-    for name in (*media, "input_features", "past_values"):
+    for name in (*media, "input_features", "past_values", "inputs_embeds"):
         t = kw.get(name)
         if isinstance(t, torch.Tensor) and t.dim() >= 2:
             n = t.shape[0]
@@ -856,7 +1145,13 @@ def describe_batch(batch: Batch) -> str | None:
             elif name == "pixel_values_videos":
                 parts.append(f"{n} videos {_dims(t)}")
             elif name == "past_values":
-                parts.append(f"{n} series of {_dims(t)} values")
+                freq = kw.get("freq")
+                at = ""
+                if isinstance(freq, torch.Tensor):
+                    at = f" at frequency {int(freq.flatten()[0])}"
+                parts.append(f"{n} series of {_dims(t)} values{at}")
+            elif name == "inputs_embeds":
+                parts.append(f"{n}×{t.shape[1]} embeddings of width {t.shape[-1]}")
             elif name == "input_values":
                 parts.append(f"{n} clips of {_dims(t)} samples")
             else:
@@ -872,9 +1167,18 @@ def describe_batch(batch: Batch) -> str | None:
     ids = batch.token_ids
     if ids is not None and ids.dim() == 2:
         parts.append(f"{ids.shape[0]}×{ids.shape[1]} tokens")
+    box = kw.get("bbox")
+    if isinstance(box, torch.Tensor) and box.dim() == 3:
+        kind = "normalised" if box.is_floating_point() else "integer"
+        parts.append(f"{box.shape[0]}×{box.shape[1]} {kind} boxes")
+    lang = kw.get("lang_ids")
+    if isinstance(lang, torch.Tensor) and lang.numel():
+        parts.append(f"language id {int(lang.flatten()[0])}")
     dec = kw.get("decoder_input_ids")
     if isinstance(dec, torch.Tensor) and dec.dim() == 2:
         parts.append(f"{dec.shape[0]}×{dec.shape[1]} decoder tokens")
+    elif isinstance(dec, torch.Tensor) and dec.dim() == 3:
+        parts.append(f"{dec.shape[0]}×{dec.shape[1]} decoder tokens of {dec.shape[2]} codebooks")
     if parts:
         return " + ".join(parts)
 
