@@ -935,6 +935,10 @@ def _object_kind(annotation: Any) -> str | None:
     """The class a forward argument must be when it is an object, not a tensor or a plain
     value (SAM 2 video's `inference_session`: a `Sam2VideoInferenceSession` its processor
     builds from the video), so the refusal names what to build."""
+    import inspect
+
+    if annotation is inspect.Parameter.empty:  # unannotated: nothing says it is an object
+        return None
     if not isinstance(annotation, type) or issubclass(annotation, torch.Tensor):
         return None
     if annotation.__module__.split(".")[0] in ("builtins", "torch", "typing", "numpy"):
