@@ -459,7 +459,7 @@ class _ProbeSums:
 
 class _StreamSums:
     """Per stream point of a step's batch (t ≥ 1): Σx² and the count, `StepFigures.stream`,
-    and its non-finite values, `StepFigures.stream_bad` (Σx² in fp32 can overflow where
+    and whether it holds an inf/nan, `StepFigures.stream_bad` (Σx² in fp32 can overflow where
     every value is finite, so it cannot say that itself)."""
 
     def __init__(self, n_points: int, nan: torch.Tensor) -> None:
@@ -474,10 +474,12 @@ class _StreamSums:
         self.bad.clear()
 
     def sink(self, i: int, x: torch.Tensor) -> None:
-        n = torch.full((), float(x.numel()), dtype=torch.float64, device=x.device)
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        f64 = torch.float64
+        n = torch.full((), float(x.numel()), dtype=f64, device=x.device)
+        acc = f64 if x.dtype == f64 else torch.float32
         self.sums[i] = torch.stack([_vnorm(x, dtype=acc).double().square(), n])
-        self.bad[i] = torch.isfinite(x).logical_not().sum(dtype=torch.float64)
+        # one pass: an inf/nan anywhere makes the min or the max non-finite
+        self.bad[i] = torch.isfinite(torch.stack(torch.aminmax(x))).logical_not().sum(dtype=f64)
 
     def rows(self, dev: torch.device) -> torch.Tensor:
         """(points, 2): a NaN row for each point the forward did not reach."""
