@@ -472,28 +472,34 @@ class OptimizerSteps:
             float(next_token_loss(self.model(x), x))  # the final loss, as the scan reports
 
     def instrumented(self) -> None:
+        """The steps as `scan(steps=N)` takes them: inside the caller-state copy kept for
+        the restore (its W_0; the restore included), from the pass's batch-0 gradients."""
         import contextlib
 
         import torch
 
         from actscan.measure.inputs import default_loss
+        from actscan.measure.state import caller_state
         from actscan.steps.loop import StepSpec, run_steps
 
         loss_of = default_loss("causal-lm", self.model.config.vocab_size)
-        b = self.source(0)
-        loss = loss_of(self.model(*b.args), b)  # the profile's batch 0 (hooks aside)
-        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-        run_steps(
-            self.model,
-            StepSpec(self.n),
-            layout=self.layout,
-            source=self.source,
-            step0=(loss.detach(), grads),
-            loss_of=loss_of,
-            prepare=lambda x: x,
-            autocast=contextlib.nullcontext,
-            vocab_size=self.model.config.vocab_size,
-        )
+        with caller_state(self.model) as kept:
+            b = self.source(0)
+            loss = loss_of(self.model(*b.args), b)  # the profile's batch 0 (hooks aside)
+            grads = list(torch.autograd.grad(loss, self.params, allow_unused=True))
+            run_steps(
+                self.model,
+                StepSpec(self.n),
+                layout=self.layout,
+                source=self.source,
+                step0=(loss.detach(), grads),
+                loss_of=loss_of,
+                prepare=lambda x: x,
+                autocast=contextlib.nullcontext,
+                vocab_size=self.model.config.vocab_size,
+                w0=kept,
+            )
+            del grads
 
 
 def bench_steps(device: str, reps: int, n: int, batch: int, seq: int) -> dict[str, Any]:
