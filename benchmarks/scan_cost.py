@@ -238,7 +238,9 @@ def stage_clock(into: dict[str, list[float]]) -> Iterator[None]:
     import actscan.run as run
     from actscan.layout.probe import PassProbe
 
-    where = [(run, key, key) for key in STAGES if key not in ("checks", "probe_read")]
+    where: list[tuple[Any, str, str]] = [
+        (run, key, key) for key in STAGES if key not in ("checks", "probe_read")
+    ]
     where += [(PassProbe, "probe", "probe_read"), (run, "evaluate", "checks")]
     defaults = run.scan_model.__kwdefaults__
     assert defaults is not None  # scan_model's keyword-only parameters have defaults
@@ -276,7 +278,9 @@ def bench_step_stages(device: str, n: int, batch: int, seq: int, reps: int) -> d
     plain: list[float] = []
     for _ in range(reps):
         got: dict[str, list[float]] = {}
-        where = [(loop._Loop, k, k) for k in ("run_probe", "run_batch", "bucketed_step", "read")]
+        where: list[tuple[Any, str, str]] = [
+            (loop._Loop, k, k) for k in ("run_probe", "run_batch", "bucketed_step", "read")
+        ]
         # the step (AdamW's own attribute since the warm-up's optimizer patched it)
         where += [(loop, "_grad_sq", "grad_sq"), (torch.optim.AdamW, "step", "optimizer")]
         with clocked(got, where):
