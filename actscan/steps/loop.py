@@ -38,7 +38,7 @@ bucket's W_t copied into the scratch just before, so ‖W_t‖, ‖W_t − W_{t+
 as its bucket stepped.
 
 What each figure costs per step (12 × 768, batch 4 × 64; docs/performance.md): the
-probe's forward (a quarter of the batch, no gradient: ≈ 8 % of a plain step), the update
+probe's forward (a quarter of the batch, no gradient: ≈ 12 % of a plain step), the update
 figures (one read of the weights for the copy of W_t, one of W_0 for the movement; at
 t = 0 W_{t+1} − W_0 is the difference already taken), the gradients' norms
 (one read of the gradients; their max-norm only where a norm is not finite, on a CPU),
