@@ -418,14 +418,24 @@ def bench_e2e(device: str, reps: int, threads: int | None) -> dict[str, Any]:
         ],
     }
     samples: dict[str, list[float]] = {k: [] for k in cmds}
+    cpu: dict[str, list[float]] = {k: [] for k in cmds}
     for r in range(reps):
         order = list(cmds) if r % 2 == 0 else list(cmds)[::-1]
         for k in order:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), children_cpu()
             subprocess.run(cmds[k], capture_output=True, check=True, cwd=ROOT, env=env)
             samples[k].append(time.perf_counter() - t)
+            cpu[k].append(children_cpu() - c)
     med = {k: statistics.median(v) for k, v in samples.items()}
-    return {"samples": samples, "median": med, "ratio": med["profile"] / med["handwritten"]}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    return {
+        "samples": samples,
+        "cpu": cpu,
+        "median": med,
+        "median_cpu": med_cpu,
+        "ratio": med["profile"] / med["handwritten"],
+        "ratio_cpu": med_cpu["profile"] / med_cpu["handwritten"],
+    }
 
 
 class OptimizerSteps:

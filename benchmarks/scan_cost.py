@@ -454,6 +454,8 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         e = res["e2e"]
         med = e["median"]
         shown = f"{e['ratio']:.3f}×  ({med['handwritten']:.2f} s → {med['profile']:.2f} s)"
+        if "ratio_cpu" in e:  # the children's CPU time: what the load moves least
+            shown += f"; cpu {e['ratio_cpu']:.3f}×"
         add(
             "actscan profile configs/gpt2-124m.yaml ÷ hand-written",
             shown,
