@@ -418,14 +418,24 @@ def bench_e2e(device: str, reps: int, threads: int | None) -> dict[str, Any]:
         ],
     }
     samples: dict[str, list[float]] = {k: [] for k in cmds}
+    cpu: dict[str, list[float]] = {k: [] for k in cmds}
     for r in range(reps):
         order = list(cmds) if r % 2 == 0 else list(cmds)[::-1]
         for k in order:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), children_cpu()
             subprocess.run(cmds[k], capture_output=True, check=True, cwd=ROOT, env=env)
             samples[k].append(time.perf_counter() - t)
+            cpu[k].append(children_cpu() - c)
     med = {k: statistics.median(v) for k, v in samples.items()}
-    return {"samples": samples, "median": med, "ratio": med["profile"] / med["handwritten"]}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    return {
+        "samples": samples,
+        "cpu": cpu,
+        "median": med,
+        "median_cpu": med_cpu,
+        "ratio": med["profile"] / med["handwritten"],
+        "ratio_cpu": med_cpu["profile"] / med_cpu["handwritten"],
+    }
 
 
 class OptimizerSteps:
@@ -472,28 +482,34 @@ class OptimizerSteps:
             float(next_token_loss(self.model(x), x))  # the final loss, as the scan reports
 
     def instrumented(self) -> None:
+        """The steps as `scan(steps=N)` takes them: inside the caller-state copy kept for
+        the restore (its W_0; the restore included), from the pass's batch-0 gradients."""
         import contextlib
 
         import torch
 
         from actscan.measure.inputs import default_loss
+        from actscan.measure.state import caller_state
         from actscan.steps.loop import StepSpec, run_steps
 
         loss_of = default_loss("causal-lm", self.model.config.vocab_size)
-        b = self.source(0)
-        loss = loss_of(self.model(*b.args), b)  # the profile's batch 0 (hooks aside)
-        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
-        run_steps(
-            self.model,
-            StepSpec(self.n),
-            layout=self.layout,
-            source=self.source,
-            step0=(loss.detach(), grads),
-            loss_of=loss_of,
-            prepare=lambda x: x,
-            autocast=contextlib.nullcontext,
-            vocab_size=self.model.config.vocab_size,
-        )
+        with caller_state(self.model) as kept:
+            b = self.source(0)
+            loss = loss_of(self.model(*b.args), b)  # the profile's batch 0 (hooks aside)
+            grads = list(torch.autograd.grad(loss, self.params, allow_unused=True))
+            run_steps(
+                self.model,
+                StepSpec(self.n),
+                layout=self.layout,
+                source=self.source,
+                step0=(loss.detach(), grads),
+                loss_of=loss_of,
+                prepare=lambda x: x,
+                autocast=contextlib.nullcontext,
+                vocab_size=self.model.config.vocab_size,
+                w0=kept,
+            )
+            del grads
 
 
 def bench_steps(device: str, reps: int, n: int, batch: int, seq: int) -> dict[str, Any]:

@@ -25,7 +25,10 @@ benchmarks/results/scan-cost-<timestamp>.json):
   rss    peak RSS (getrusage ru_maxrss), each in a process of its own: scan() ÷ the plain
          pass; scan(steps=N) against N plain AdamW steps + one copy of the weights.
   steps  N optimizer steps with the recorder ÷ N plain AdamW steps (12 × 768, built-in,
-         --step-batch × --step-seq tokens; benchmarks/overhead.py's `steps` section).
+         --step-batch × --step-seq tokens; benchmarks/overhead.py's `steps` section: the
+         recorder's side inside the copy kept for the restore, as a scan takes them), then
+         the stages of a step clocked (probe, batch, gradient norms, optimizer, update
+         figures, host read), CPU seconds per step beside a plain step's.
 """
 
 from __future__ import annotations
@@ -199,12 +202,9 @@ def timed(fn: Callable[[], object], device: str) -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def stage_clock(into: dict[str, list[float]]) -> Iterator[None]:
-    """Time the stages of scan() calls run inside: each STAGES name, wall and CPU, as it
-    is called by actscan.run (and the proof's read, a method of PassProbe)."""
-    import actscan.run as run
-    from actscan.layout.probe import PassProbe
-
+def clocked(into: dict[str, list[float]], where: list[tuple[Any, str, str]]) -> Iterator[None]:
+    """Time each call of `owner.attr` inside, wall and CPU, under `key` and `key cpu`, for
+    each (owner, attr, key) of `where`; the originals are put back afterwards."""
     saved: list[tuple[Any, str, Any]] = []
 
     def clock(owner: Any, attr: str, key: str) -> None:
@@ -222,21 +222,79 @@ def stage_clock(into: dict[str, list[float]]) -> Iterator[None]:
         saved.append((owner, attr, f))
         setattr(owner, attr, g)
 
-    for key in STAGES:
-        if key not in ("checks", "probe_read"):
-            clock(run, key, key)
-    clock(PassProbe, "probe", "probe_read")
+    try:
+        for owner, attr, key in where:
+            clock(owner, attr, key)
+        yield
+    finally:
+        for owner, attr, f in reversed(saved):
+            setattr(owner, attr, f)
+
+
+@contextlib.contextmanager
+def stage_clock(into: dict[str, list[float]]) -> Iterator[None]:
+    """Time the stages of scan() calls run inside: each STAGES name, wall and CPU, as it
+    is called by actscan.run (and the proof's read, a method of PassProbe)."""
+    import actscan.run as run
+    from actscan.layout.probe import PassProbe
+
+    where: list[tuple[Any, str, str]] = [
+        (run, key, key) for key in STAGES if key not in ("checks", "probe_read")
+    ]
+    where += [(PassProbe, "probe", "probe_read"), (run, "evaluate", "checks")]
     defaults = run.scan_model.__kwdefaults__
     assert defaults is not None  # scan_model's keyword-only parameters have defaults
     saved_default = defaults["checks"]
-    clock(run, "evaluate", "checks")  # bound as scan_model's default: set it there too
-    defaults["checks"] = run.evaluate
-    try:
-        yield
-    finally:
-        defaults["checks"] = saved_default
-        for owner, attr, f in reversed(saved):
-            setattr(owner, attr, f)
+    with clocked(into, where):
+        defaults["checks"] = run.evaluate  # bound as scan_model's default: set it there too
+        try:
+            yield
+        finally:
+            defaults["checks"] = saved_default
+
+
+# the stages of one optimizer step with the recorder (actscan.steps.loop._Loop), timed
+STEP_STAGES = {
+    "run_probe": "the probe's forward (no gradient), its change sums, log Z",
+    "run_batch": "the step's forward + backward, with its stream taps",
+    "grad_sq": "the gradients' norms",
+    "optimizer": "the optimizer's own step (bucket by bucket)",
+    "bucketed_step": "the optimizer + the update figures (W_t copy, ‖W_t‖, ‖ΔW‖, drift)",
+    "read": "the host's figures (one transfer)",
+}
+
+
+def bench_step_stages(device: str, n: int, batch: int, seq: int, reps: int) -> dict[str, Any]:
+    """`reps` runs of N steps with the recorder, every stage of a step clocked (CPU and
+    wall seconds per step, medians over the runs), beside the plain steps' time per step."""
+    import torch
+
+    import actscan.steps.loop as loop
+
+    st = overhead.OptimizerSteps(device, n, batch, seq)
+    st.instrumented()  # warm-up
+    st.reset()
+    per_run: list[dict[str, float]] = []
+    plain: list[float] = []
+    for _ in range(reps):
+        got: dict[str, list[float]] = {}
+        where: list[tuple[Any, str, str]] = [
+            (loop._Loop, k, k) for k in ("run_probe", "run_batch", "bucketed_step", "read")
+        ]
+        # the step (AdamW's own attribute since the warm-up's optimizer patched it)
+        where += [(loop, "_grad_sq", "grad_sq"), (torch.optim.AdamW, "step", "optimizer")]
+        with clocked(got, where):
+            st.instrumented()
+        st.reset()
+        per_run.append({k: sum(v) / n for k, v in got.items()})
+        plain.append(timed(st.plain, device)[1] / n)
+        st.reset()
+    keys = per_run[0]
+    return {
+        "steps": n,
+        "plain_step_cpu": statistics.median(plain),
+        "per_step": {k: statistics.median(r[k] for r in per_run) for k in keys},
+    }
 
 
 def forwards_of(calls: Calls, fn: Callable[[], object]) -> int:
@@ -396,6 +454,8 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         e = res["e2e"]
         med = e["median"]
         shown = f"{e['ratio']:.3f}×  ({med['handwritten']:.2f} s → {med['profile']:.2f} s)"
+        if "ratio_cpu" in e:  # the children's CPU time: what the load moves least
+            shown += f"; cpu {e['ratio_cpu']:.3f}×"
         add(
             "actscan profile configs/gpt2-124m.yaml ÷ hand-written",
             shown,
@@ -428,6 +488,14 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             f"{s['median']['instrumented']['wall']:.2f} s)"
         )
         add("optimizer steps with the recorder ÷ plain AdamW", shown, "optimizer step", s["ratio"])
+    if "step stages" in res:
+        g = res["step stages"]
+        base = g["plain_step_cpu"]
+        add("  one plain AdamW step (cpu)", f"{base:.3f} s")
+        for key, label in STEP_STAGES.items():
+            if key + " cpu" in g["per_step"]:
+                v = g["per_step"][key + " cpu"]
+                add(f"    step stage: {label}", f"{v:.3f} s cpu per step ({v / base:.1%} of plain)")
     return out
 
 
@@ -490,6 +558,10 @@ def main() -> None:
         )
         res["steps"] = overhead.bench_steps(
             args.device, n, args.steps_n, args.step_batch, args.step_seq
+        )
+        print("the stages of a step with the recorder ...", flush=True)
+        res["step stages"] = bench_step_stages(
+            args.device, args.steps_n, args.step_batch, args.step_seq, 2 if args.quick else 3
         )
     overhead.finish(res, rows(res), args.out, args.device, t0, prefix="scan-cost-")
 

@@ -3,6 +3,7 @@ the caller's model comes back bit for bit (also when a step raises)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -575,3 +576,52 @@ def test_a_custom_model_cycles_the_users_batches_without_logits_or_attention() -
     assert "stream" in kinds and "mlp" in kinds
     assert dyn.steps[3].change[-1].rel > 0
     assert {u.param for u in dyn.updates} == {n for n, _ in net.named_parameters()}
+
+
+def test_a_bucketed_step_is_the_whole_optimizer_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The optimizer steps bucket by bucket (each bucket's W_t copied just before): the
+    same figures, bit for bit, as one step of every parameter at once, or one per
+    parameter; and the gradients handed to the first update are freed as it reads them."""
+    import actscan.steps.loop as loop
+
+    model = tiny()
+    got = {"default": run(model, steps=2, lr=1e-2, weight_decay=0.1).to_json()}
+    n = len(list(model.parameters()))
+    assert loop._buckets(list(model.parameters())) == [list(range(n))]  # small: one bucket
+    sizes = [10, 3 << 20, 5, 5, (1 << 20) - 10, 1]  # a large one alone; runs up to 1M values
+    meta = [torch.empty(k, device="meta") for k in sizes] + [torch.empty(3, dtype=torch.half)]
+    assert loop._buckets(meta) == [[0], [1], [2, 3, 4], [5], [6]]
+    variants = {
+        "each": lambda ps: [[k] for k in range(len(ps))],
+        "pairs": lambda ps: [list(range(k, min(k + 2, len(ps)))) for k in range(0, len(ps), 2)],
+    }
+    for name, buckets in variants.items():
+        monkeypatch.setattr(loop, "_buckets", buckets)
+        got[name] = run(model, steps=2, lr=1e-2, weight_decay=0.1).to_json()
+    assert got["each"] == got["default"] == got["pairs"]
+    monkeypatch.undo()
+    # run_steps empties a list of step-0 gradients (each freed once its bucket stepped)
+    from actscan.measure.inputs import default_loss, token_source
+
+    m = copy.deepcopy(model).train()
+    params = [p for p in m.parameters() if p.requires_grad]
+    src = token_source(VOCAB, BATCH, SEQ, seed=SEED)
+    loss_of = default_loss("causal-lm", VOCAB)
+    b = src(0)
+    loss = loss_of(m(*b.args), b)
+    grads = list(torch.autograd.grad(loss, params))
+    from actscan.layout.detect import detect_layout
+    from actscan.steps.loop import StepSpec, run_steps
+
+    run_steps(
+        m,
+        StepSpec(1),
+        layout=detect_layout(m),
+        source=src,
+        step0=(loss.detach(), grads),
+        loss_of=loss_of,
+        prepare=lambda x: x,
+        autocast=contextlib.nullcontext,
+        vocab_size=VOCAB,
+    )
+    assert grads == []

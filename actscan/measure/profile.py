@@ -184,6 +184,20 @@ class Profiled:
     delayed: Delayed | None = field(default=None, repr=False)
 
 
+def step0_again(model: nn.Module, profiled: Profiled) -> StepStart:
+    """Batch 0's loss and the first update's gradients once more, as the pass took them
+    (its cast, autocast and loss scale; hooks never change them): for a rerun of the
+    steps, after the first run freed the pass's own (`Profiled.step0`) as it stepped."""
+    spec, chosen, ranks = profiled.spec, profiled.chosen, profiled.ranks
+    b = spec.cast(ranks.rows_of(chosen.source)(0))
+    params = [p for p in model.parameters() if p.requires_grad]
+    with spec.autocast():
+        loss = chosen.loss_of(call_model(model, b), b)
+    scale = spec.loss_scale
+    _, used = ranks.grads(loss.float() * scale if scale != 1.0 else loss, params)
+    return loss.detach(), list(used)
+
+
 def first_batch(chosen: ChosenInputs, spec: PassSpec) -> Batch:
     """Batch 0 on the run's device and dtype: what the probe pass reads (its first sample)."""
     return spec.cast(chosen.source(0))
@@ -299,7 +313,7 @@ def record_pass(
                     seen, used = ranks.grads(scaled, grad_params)
                     rec.add_param_grads(dict(zip(grad_params, seen, strict=True)))
                     if spec.first_step and i == 0:  # the first update's gradient: no second pass
-                        step0 = (loss.detach(), used)
+                        step0 = (loss.detach(), list(used))  # emptied by the first step
                     del seen, used
             del out, loss
             rec.end_batch()

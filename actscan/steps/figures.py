@@ -46,7 +46,8 @@ class StepFigures:
     attn_max: torch.Tensor | None = field(default=None, metadata=_MAX)
     # t ≥ 1, the step's batch, per stream point (points, 2): Σx², count (NaN: no output)
     stream: torch.Tensor | None = field(default=None, metadata=_SUM)
-    # t ≥ 1, per stream point of the step's batch: its non-finite values (0 when none)
+    # t ≥ 1, per stream point of the step's batch: > 0 where it holds an inf/nan (the count
+    # of its extremes that are not finite)
     stream_bad: torch.Tensor | None = field(default=None, metadata=_SUM)
     # (1,): this process's share of the mean loss
     loss: torch.Tensor | None = field(default=None, metadata=_SUM)

@@ -29,15 +29,18 @@ and one MAX all-reduce per step: actscan.distributed.steps), so its figures equa
 one-process run's.
 Memory: O(steps × modules) scalars, the probe's stream/branch/head outputs at t = 0, one
 copy of the caller's weights (`measure.state.caller_state`: restored bit for bit, also when a
-step raises) and, from the first update on, one of the previous step's (for the update
-ratios; before it, in one process, the caller's copy serves as W_0 where the run did not
-cast the weights). Per update the ratios cost one pass over the weights, chunk by chunk
-so that each chunk of W_t and W_{t+1} is read from memory once (`_update_sums`): ‖W_t‖,
-‖W_t − W_{t+1}‖ and the copy of W_{t+1} (not after the last) read it from cache.
+step raises; in one process, where the run did not cast the weights, it is also W_0 of the
+cumulative movement, else the steps take one copy of their own), and one scratch of the
+largest bucket. No copy of W_t is kept between steps: the optimizer steps bucket by bucket
+(`_Loop.bucketed_step`: runs of small parameters up to 1M values, a larger one alone), each
+bucket's W_t copied into the scratch just before, so ‖W_t‖, ‖W_t − W_{t+1}‖ and
+‖W_{t+1} − W_0‖ read W_t, W_{t+1} and the copy from cache; each gradient is freed as soon
+as its bucket stepped.
 
 What each figure costs per step (12 × 768, batch 4 × 64; docs/performance.md): the
-probe's forward (a quarter of the batch, no gradient: ≈ 8 % of a plain step), the update
-pass (≈ one read of the weights and of W_t's copy, one write), the gradients' norms
+probe's forward (a quarter of the batch, no gradient: ≈ 12 % of a plain step), the update
+figures (one read of the weights for the copy of W_t, one of W_0 for the movement; at
+t = 0 W_{t+1} − W_0 is the difference already taken), the gradients' norms
 (one read of the gradients; their max-norm only where a norm is not finite, on a CPU),
 the logits' log-sum-exp (two passes over the probe's logits), the stream taps (one norm
 per stream point) and one host transfer.
@@ -359,8 +362,9 @@ def run_steps(
     """Take `spec.steps` optimizer steps from the current weights and measure t = 0..N.
 
     step0: (loss, gradients of every trainable parameter in `model.parameters()` order)
-    of the profile's batch 0, the t = 0 step's batch: the first update uses them. The
-    caller restores the weights afterwards (`caller_state`); here they move.
+    of the profile's batch 0, the t = 0 step's batch: the first update uses them (a list is
+    emptied, each gradient freed as soon as its bucket stepped). The caller restores the
+    weights afterwards (`caller_state`); here they move.
     `prepare` casts a batch to the run's device/dtype; `autocast()` is the run's autocast.
     `attention`: probe transformers' attention interface for the per-layer score maxima
     (the built-in model's markers are read either way: a free read); `checked`: the layers
@@ -458,7 +462,7 @@ class _ProbeSums:
 
 class _StreamSums:
     """Per stream point of a step's batch (t ≥ 1): Σx² and the count, `StepFigures.stream`,
-    and its non-finite values, `StepFigures.stream_bad` (Σx² in fp32 can overflow where
+    and whether it holds an inf/nan, `StepFigures.stream_bad` (Σx² in fp32 can overflow where
     every value is finite, so it cannot say that itself)."""
 
     def __init__(self, n_points: int, nan: torch.Tensor) -> None:
@@ -473,10 +477,12 @@ class _StreamSums:
         self.bad.clear()
 
     def sink(self, i: int, x: torch.Tensor) -> None:
-        n = torch.full((), float(x.numel()), dtype=torch.float64, device=x.device)
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        f64 = torch.float64
+        n = torch.full((), float(x.numel()), dtype=f64, device=x.device)
+        acc = f64 if x.dtype == f64 else torch.float32
         self.sums[i] = torch.stack([_vnorm(x, dtype=acc).double().square(), n])
-        self.bad[i] = torch.isfinite(x).logical_not().sum(dtype=torch.float64)
+        # one pass: an inf/nan anywhere makes the min or the max non-finite
+        self.bad[i] = torch.isfinite(torch.stack(torch.aminmax(x))).logical_not().sum(dtype=f64)
 
     def rows(self, dev: torch.device) -> torch.Tensor:
         """(points, 2): a NaN row for each point the forward did not reach."""
@@ -560,25 +566,24 @@ class _Loop:
         self.order = list(range(len(points)))  # the probe's points in forward order (t = 0)
         self.probe_taps = _Taps(model, [p.name for p in points], self.probe.sink)
         self.stream_taps = _Taps(model, [points[i].name for i in stream_idx], self.stream.sink)
-        # W_t (local part), for ‖W_{t+1} − W_t‖: in one process the caller's kept copy
-        # stands for W_0 (read only); the steps' own copy is taken by the first difference
+        # W_0 for the cumulative movement: in one process the caller's kept copy (read
+        # only), else one of our own; ‖W_0‖² per tensor, from the first update's sums.
+        # W_t is not kept: each bucket's is copied into a scratch just before its step.
         kept = w0.of(self.params) if w0 is not None and type(ranks) is LocalRanks else None
-        self.prev = kept if kept is not None else [p.clone() for p in self.local_params]
-        self.own = kept is None
-        # W_0 for the cumulative movement: the caller's copy, else one of our own (prev
-        # becomes W_t); ‖W_0‖² per tensor, from the first update's sums
-        self.w0 = self.prev if kept is not None else [p.clone() for p in self.local_params]
+        self.w0 = kept if kept is not None else [p.clone() for p in self.local_params]
         self.w0_sq: list[float] = []
         self.batch_watch: Callable[[], contextlib.AbstractContextManager[Any]] = (
             contextlib.nullcontext
         )
+        self.buckets = _buckets(self.local_params)
+        self.scratch = _Scratch()
 
     def step(self, t: int, step0: tuple[torch.Tensor, Sequence[torch.Tensor | None]]) -> None:
         """Measure t and, before the last t, take the update after it."""
         figures = StepFigures()
         self.run_probe(t, figures)
-        if t == 0:  # the profile's batch 0
-            loss, grads = step0[0], list(step0[1])
+        if t == 0:  # the profile's batch 0; a list of its gradients is emptied as they step
+            loss, grads = step0[0], step0[1] if isinstance(step0[1], list) else list(step0[1])
         else:
             loss, grads = self.run_batch(t, figures)
         # each process's loss is the mean over its equal share of the rows
@@ -652,32 +657,59 @@ class _Loop:
 
     def update(self, t: int, grads: list[torch.Tensor | None], figures: StepFigures) -> None:
         """The optimizer step after measurement t, and its gradient and update sums.
-        Empties `grads` (the gradients are freed before the ratios' passes)."""
+        Empties `grads` (each gradient is freed as soon as its bucket stepped)."""
         scale = self.loss_scale
         if scale != 1.0:
             grads[:] = [g / scale if g is not None else None for g in grads]
         figures.grad_sq, figures.grad_bad = _grad_sq(grads, self.ranks, self.param_w, self.nan)
-        for p, g in zip(self.params, grads, strict=True):
-            p.grad = g
         factor = warmup_factor(t, self.spec.warmup)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = base * factor
         self.raw.lrs.append(self.spec.lr * factor)
         with torch.no_grad():
-            self.optimizer.step()
-            for p in self.params:
-                p.grad = None
-            grads.clear()
-            src = self.prev  # W_t: the caller's kept copy (read only) or ours
-            if not self.own:
-                self.prev, self.own = [torch.empty_like(p) for p in self.local_params], True
-            w_sq, dw_sq, bad = _update_sums(
-                src, self.local_params, self.prev, copy=t + 1 < self.n_steps
-            )
+            w_sq, dw_sq, drift_sq, bad = self.bucketed_step(t, grads)
         figures.w_sq = w_sq * self.param_wt
         figures.dw_sq = dw_sq * self.param_wt
-        figures.drift_sq = _drift_sq(self.w0, self.local_params) * self.param_wt
+        figures.drift_sq = drift_sq * self.param_wt
         figures.update_bad = bad * self.param_wt
+
+    def bucketed_step(
+        self, t: int, grads: list[torch.Tensor | None]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The optimizer step, bucket by bucket (`_buckets`), and per parameter (fp64)
+        ‖W_t‖², ‖W_t − W_{t+1}‖², ‖W_{t+1} − W_0‖² and 1 where W_t − W_{t+1} holds an
+        inf/nan. Each bucket's W_t is copied into a scratch right before its step, so the
+        step and the figures find W_t, W_{t+1} and the copy in cache: one pass over the
+        weights and W_0 beyond the step's own, and no copy of W_t kept between steps.
+        A step of some parameters only is the same step: each optimizer here updates each
+        parameter from its own gradient and state alone, and skips one without a gradient.
+        Each gradient is freed once its bucket stepped (`grads` ends empty)."""
+        n = len(self.params)
+        w_sq: list[torch.Tensor | None] = [None] * n
+        dw_sq: list[torch.Tensor | None] = [None] * n
+        drift_sq: list[torch.Tensor | None] = [None] * n
+        bad: list[torch.Tensor | None] = [None] * n
+        for bucket in self.buckets:
+            held = self.scratch.hold([self.local_params[k] for k in bucket])
+            for k in bucket:
+                self.params[k].grad, grads[k] = grads[k], None
+            self.optimizer.step()
+            for k, old in zip(bucket, held, strict=True):
+                self.params[k].grad = None
+                now = self.local_params[k]
+                w_sq[k], dw_sq[k], bad[k] = _moved(old, now)
+                # at t = 0, W_{t+1} − W_0 is −(W_t − W_{t+1}), bit for bit: already there
+                if t > 0:
+                    torch.sub(now.reshape(-1), self.w0[k].reshape(-1), out=old)
+                drift_sq[k] = _whole_sq(old)
+        grads.clear()
+        dev = self.dev
+
+        def stack(xs: list[torch.Tensor | None]) -> torch.Tensor:
+            got = [x for x in xs if x is not None]
+            return torch.stack(got) if got else torch.zeros(0, dtype=torch.float64, device=dev)
+
+        return stack(w_sq), stack(dw_sq), stack(drift_sq), stack(bad)
 
     def read(self, t: int, h: StepFigures) -> None:
         """Step t's reduced figures, on the host → its norms, means and ratios."""
@@ -791,80 +823,84 @@ def _grad_sq(
     return out, bad
 
 
-# Values per chunk of the fused update pass: W_t's and W_{t+1}'s chunk (4 MiB each in fp32)
-# and their difference stay in cache while every figure of that chunk reads them.
+# Values per chunk of the update's figures, and the most values of a bucket of small
+# parameters stepped together: a chunk of W_t's copy, of W_{t+1} and of the optimizer's
+# state for it (4 MiB each in fp32) stay in cache while the step and the figures read them.
 _CHUNK = 1 << 20
 
 
-def _update_sums(
-    before: Sequence[torch.Tensor],
-    after: Sequence[torch.Tensor],
-    into: Sequence[torch.Tensor],
-    *,
-    copy: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One pass over the weights for an update's figures: per tensor (fp64) ‖W_t‖²,
-    ‖W_t − W_{t+1}‖², and 1 where the difference holds an inf/nan; with `copy`, W_{t+1}
-    is copied into `into` (which may be `before`) for the next update.
-
-    Chunk by chunk, so that W_t's and W_{t+1}'s chunk are read from memory once: the
-    norms, the difference and the copy then find them in cache (four fused `_foreach_*`
-    passes read the whole weights four times). Each chunk's 2-norm is taken in fp32 at
-    least, squared and summed in fp64."""
-    w_sq, dw_sq, bad = [], [], []
-    scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-    for w0, w1, dst in zip(before, after, into, strict=True):
-        a, b, out = w0.reshape(-1), w1.reshape(-1), dst.view(-1)
-        key = (b.dtype, b.device)
-        buf = scratch.get(key)
-        if buf is None or buf.numel() < min(b.numel(), _CHUNK):
-            buf = scratch[key] = torch.empty(min(b.numel(), _CHUNK), dtype=b.dtype, device=b.device)
-        acc = None if b.dtype in (torch.float32, torch.float64) else torch.float32
-        cpu = b.device.type == "cpu"
-        ws, ds, ms = [], [], []
-        for lo in range(0, b.numel(), _CHUNK):
-            x, y = a[lo : lo + _CHUNK], b[lo : lo + _CHUNK]
-            d = torch.sub(x, y, out=buf[: y.numel()])
-            ws.append(_vnorm(x, dtype=acc))
-            ds.append(_vnorm(d, dtype=acc))
-            if not cpu:  # from cache: a host read of the norms would sync
-                ms.append(_vnorm(d, math.inf))
-            if copy:
-                out[lo : lo + _CHUNK].copy_(y)
-        zero = torch.zeros((), dtype=torch.float64, device=b.device)
-        w_sq.append(torch.stack(ws).double().square().sum() if ws else zero)
-        d2 = torch.stack(ds).double().square().sum() if ds else zero
-        dw_sq.append(d2)
-        top = torch.stack(ms).double().amax() if ms else None
-        bad.append(_bad_update(d2, top, a, b))
-    dev = after[0].device if after else None
-    stack = lambda xs: torch.stack(xs) if xs else torch.zeros(0, dtype=torch.float64, device=dev)  # noqa: E731
-    return stack(w_sq), stack(dw_sq), stack(bad)
+def _buckets(params: Sequence[torch.Tensor]) -> list[list[int]]:
+    """Runs of consecutive parameters (indices) of one dtype and device, each at most
+    `_CHUNK` values unless it is one parameter larger than that."""
+    out: list[list[int]] = []
+    size, key = 0, None
+    for k, p in enumerate(params):
+        n, kk = p.numel(), (p.dtype, p.device)
+        if not out or kk != key or size + n > _CHUNK:
+            out.append([])
+            size, key = 0, kk
+        out[-1].append(k)
+        size += n
+    return out
 
 
-def _drift_sq(w0: Sequence[torch.Tensor], now: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Per tensor (fp64) ‖W − W_0‖², the 2-norm taken in fp32 at least."""
-    out = []
-    for a, b in zip(w0, now, strict=True):
-        acc = None if b.dtype in (torch.float32, torch.float64) else torch.float32
-        out.append(_vnorm((b - a).reshape(-1), dtype=acc).double().square())
-    if not out:
-        return torch.zeros(0, dtype=torch.float64)
-    return torch.stack(out)
+class _Scratch:
+    """One reused buffer per dtype and device for a bucket's copy of W_t (grown to the
+    largest bucket: at most one parameter's size beyond `_CHUNK`)."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+    def hold(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """A flat copy of each of `params` (all of one dtype and device), in the buffer."""
+        total = sum(p.numel() for p in params)
+        key = (params[0].dtype, params[0].device)
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < total:
+            buf = self._bufs[key] = torch.empty(total, dtype=key[0], device=key[1])
+        out, lo = [], 0
+        for p in params:
+            view = buf[lo : lo + p.numel()]
+            view.copy_(p.reshape(-1))
+            out.append(view)
+            lo += p.numel()
+        return out
 
 
-def _bad_update(
-    d2: torch.Tensor, top: torch.Tensor | None, w0: torch.Tensor, w1: torch.Tensor
-) -> torch.Tensor:
-    """1.0 where W_t − W_{t+1} holds an inf/nan, from its Σ of squares `d2` and its
-    max-norm `top`. A finite `d2` means every value is finite; on a CPU (`top` None) that
-    is read at no cost, and only a non-finite one takes the difference again for its
-    max-norm (an inf, or finite values whose squares overflow: told apart there)."""
-    if top is None:
-        if math.isfinite(float(d2)):
-            return torch.zeros((), dtype=torch.float64)
-        top = _vnorm((w0 - w1).reshape(-1), math.inf).double()
-    return _nonfinite([d2], [top])[0]
+def _acc(t: torch.Tensor) -> torch.dtype | None:
+    """The dtype a 2-norm of t is taken in: fp32 at least."""
+    return None if t.dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _moved(old: torch.Tensor, now: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(fp64) ‖W_t‖², ‖W_t − W_{t+1}‖² and 1 where W_t − W_{t+1} holds an inf/nan, of W_t's
+    flat copy `old` and the parameter `now` (W_{t+1}); `old` ends holding W_t − W_{t+1}.
+    Chunk by chunk: each chunk's 2-norm taken in fp32 at least, squared and summed in fp64."""
+    b, acc = now.reshape(-1), _acc(now)
+    cpu = b.device.type == "cpu"
+    ws, ds, ms = [], [], []
+    for lo in range(0, b.numel(), _CHUNK):
+        x, y = old[lo : lo + _CHUNK], b[lo : lo + _CHUNK]
+        ws.append(_vnorm(x, dtype=acc))
+        d = torch.sub(x, y, out=x)
+        ds.append(_vnorm(d, dtype=acc))
+        if not cpu:  # from cache: a host read of the norms would sync
+            ms.append(_vnorm(d, math.inf))
+    zero = torch.zeros((), dtype=torch.float64, device=b.device)
+    w2 = torch.stack(ws).double().square().sum() if ws else zero
+    d2 = torch.stack(ds).double().square().sum() if ds else zero
+    if ms:
+        top = torch.stack(ms).double().amax()
+    elif math.isfinite(float(d2)):  # a CPU: a finite Σ of squares says every value is
+        return w2, d2, torch.zeros((), dtype=torch.float64)
+    else:  # an inf, or finite values whose squares overflow: told apart by the max-norm
+        top = _vnorm(old, math.inf).double()
+    return w2, d2, _nonfinite([d2], [top])[0]
+
+
+def _whole_sq(d: torch.Tensor) -> torch.Tensor:
+    """(fp64) ‖d‖² of a flat tensor, its 2-norm taken whole in fp32 at least."""
+    return _vnorm(d, dtype=_acc(d)).double().square()
 
 
 def _nonfinite(l2: Sequence[torch.Tensor], top: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -16,7 +16,7 @@ from torch import nn
 
 from actscan.errors import UsageError
 from actscan.measure.lowprec import delayed_steps
-from actscan.measure.profile import Profiled, Progress
+from actscan.measure.profile import Profiled, Progress, StepStart, step0_again
 from actscan.measure.state import CallerWeights, kept_state
 from actscan.measure.trace import trace_batch, trace_run
 from actscan.records import Dynamics, ParamRecord, StreamPoint, TraceRecord
@@ -50,9 +50,16 @@ def _run(
     kept: CallerWeights | None,
     vocab_size: int | None,
     progress: Progress | None,
+    step0: StepStart | None = None,
 ) -> StepsRaw:
-    with delayed_steps(model, profiled.delayed) as batch_watch:
-        return _loop(model, steps, profiled, kept, vocab_size, progress, batch_watch)
+    """The steps from `step0` (default: the pass's own, whose gradients the first update
+    frees as it reads them); a replay (`step0` given: the trace's) leaves the fp8
+    delayed-scaling history alone, which the measured steps already wrote."""
+    delayed = profiled.delayed if step0 is None else None
+    step0 = step0 or profiled.step0
+    assert step0 is not None
+    with delayed_steps(model, delayed) as batch_watch:
+        return _loop(model, steps, profiled, kept, vocab_size, progress, batch_watch, step0)
 
 
 def _loop(
@@ -63,15 +70,15 @@ def _loop(
     vocab_size: int | None,
     progress: Progress | None,
     batch_watch: Callable[[], AbstractContextManager[Any]],
+    step0: StepStart,
 ) -> StepsRaw:
-    assert profiled.step0 is not None
     spec, chosen = profiled.spec, profiled.chosen
     return run_steps(
         model,
         steps,
         layout=profiled.layout,
         source=chosen.source,
-        step0=profiled.step0,
+        step0=step0,
         loss_of=chosen.loss_of,
         prepare=spec.cast,
         autocast=spec.autocast,
@@ -118,7 +125,8 @@ def trace_steps(
         return None
     spec = profiled.spec
     with kept_state(model, spec.device, spec.dtype, dropout=dropout, weights=True) as kept:
-        _run(model, replace(steps, steps=t), profiled, kept, vocab_size, None)
+        step0 = step0_again(model, profiled)  # the first run freed the pass's gradients
+        _run(model, replace(steps, steps=t), profiled, kept, vocab_size, None, step0)
         batch = spec.cast(profiled.ranks.rows_of(profiled.chosen.source)(t))
         return trace_batch(model, batch, trace_run(profiled, reason="diverged", step=t, batch=t))
 

@@ -23,10 +23,14 @@ def arch_from_mapping(data: dict[str, Any], where: str, opts: TargetOptions) -> 
 def builtin_shape(cfg: ArchConfig, where: str) -> Shape:
     """The config's size for the memory estimate: its parameters counted on the meta
     device at depth 1 and 2 (footprint.extrapolate), whatever n_layers says."""
-    from actscan.models.gpt import ActscanGPT
+    from actscan.models.gpt import ActscanGPT, NoMetaNormal
+
+    def build(depth: int) -> ActscanGPT:
+        with NoMetaNormal():  # as build_model: a meta normal_ imports torch._dynamo (1–2 s)
+            return ActscanGPT(replace(cfg, n_layers=depth))
 
     try:
-        numel = extrapolate(lambda d: ActscanGPT(replace(cfg, n_layers=d)), cfg.n_layers)
+        numel = extrapolate(build, cfg.n_layers)
     except Exception as err:  # sizes past what torch can describe (numel past int64)
         first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
         raise BadInputError(f"{where}: this architecture cannot be built: {first}") from None
