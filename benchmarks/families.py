@@ -191,6 +191,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # channels and 130 M parameters at the generic shrink; 4 filters give 256
     "vibevoice_acoustic_tokenizer_encoder": {"num_filters": 4},
     "vibevoice_acoustic_tokenizer_decoder": {"num_filters": 4},
+    # ---- refused22: what a released checkpoint sets and the default leaves unset or
+    # out of range, so actscan's inputs (which follow the config) can run
+    # Autoformer's decoder starts from the last `label_length` (10) context steps: its
+    # checkpoints keep it within the context, here 4 (prediction_length)
+    "autoformer": {"label_length": 2},
 }
 # Default configs that do not validate as this transformers ships them: the fields that
 # make them valid, given when the default is made (before it is shrunk).

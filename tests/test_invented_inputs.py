@@ -196,6 +196,33 @@ def test_a_time_series_gets_its_padding_and_frequency_class() -> None:
     assert len(report.attention) == model.config.num_hidden_layers
 
 
+def test_a_lagged_forecaster_gets_its_history_time_features_and_future() -> None:
+    """The Time Series Transformer requires time features and an observed mask beside
+    its series, which must span the context plus the longest lag; its decoder runs on
+    the future (`prediction_length` steps). Every shape comes from the config, and the
+    model's own lag slicing (which raises on a short history) accepts the batch."""
+    from actscan import scan
+
+    model = _tiny("time_series_transformer")
+    config = model.config
+    kw = _batch(model, seq_len=None)
+    past = config.context_length + max(config.lags_sequence)
+    assert kw["past_values"].shape == (2, past)
+    features = config.num_time_features + config.num_dynamic_real_features
+    assert kw["past_time_features"].shape == (2, past, features)
+    assert (kw["past_observed_mask"] == 1).all()
+    assert kw["future_values"].shape == (2, config.prediction_length)
+    assert kw["future_time_features"].shape == (2, config.prediction_length, features)
+    with torch.no_grad():
+        out = model(**kw)
+    assert out.last_hidden_state.shape[1] == config.prediction_length
+    report = scan(model, batch=2)
+    assert report.run.inputs == (
+        f"2 series of {past} values, {config.prediction_length} future values and their "
+        "time features"
+    )
+
+
 def test_a_composites_generic_input_is_its_encoders_and_embeddings_are_invented() -> None:
     """SpeechEncoderDecoder's main input is `inputs`: the encoder's own (a wav2vec2
     waveform, as long as its conv stack needs for the frames asked). A model fed

@@ -201,6 +201,10 @@ def _main_shapes(
     if name == "inputs_embeds":  # a model fed embeddings only: one row of the width each
         width = _int(config, "hidden_size", "d_model") or deep_config_int(config, ("hidden_size",))
         return [(batch, seq_len or DEFAULT_SEQ, width)] if width else []
+    if name == "past_values" and _lags(config):  # a lagged forecaster (Informer)
+        length = _past_length(config)
+        width = _int(config, "input_size") or 1
+        return [(batch, length, width) if width > 1 else (batch, length)]
     if name == "past_values":
         context = _int(config, "context_length")
         patch = _int(config, "patch_length") or 1
@@ -213,10 +217,29 @@ def _main_shapes(
     return []
 
 
-def _companions(model: nn.Module, name: str, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+def _lags(config: Any) -> list[int]:
+    """The lags a forecaster feeds its transformer (`lags_sequence`), else []."""
+    lags = getattr(config, "lags_sequence", None)
+    if isinstance(lags, list | tuple) and lags and all(isinstance(v, int) for v in lags):
+        return [int(v) for v in lags]
+    return []
+
+
+def _past_length(config: Any) -> int:
+    """The history a lagged forecaster needs: its context plus its longest lag."""
+    return (_int(config, "context_length") or 1) + max(_lags(config))
+
+
+def _companions(
+    model: nn.Module,
+    name: str,
+    shape: tuple[int, ...],
+    gen: torch.Generator | None = None,
+) -> dict[str, torch.Tensor]:
     """What a forward requires beside a time series (TimesFM): its padding
     (`<name>_padding`, zeros: every value is real) and its frequency class (`freq`,
-    where the config names `freq_size` classes: 0, the finest)."""
+    where the config names `freq_size` classes: 0, the finest); a lagged forecaster's
+    too (`_forecast_companions`)."""
     config: Any = model.config  # a transformers config: its fields vary by family
     out: dict[str, torch.Tensor] = {}
     required = _required(model)
@@ -224,6 +247,37 @@ def _companions(model: nn.Module, name: str, shape: tuple[int, ...]) -> dict[str
         out[f"{name}_padding"] = torch.zeros(shape)
     if "freq" in required and _int(config, "freq_size"):
         out["freq"] = torch.zeros(shape[0], 1, dtype=torch.long)
+    if name == "past_values" and _lags(config) and "past_time_features" in forward_params(model):
+        out.update(_forecast_companions(config, shape, gen or torch.Generator().manual_seed(0)))
+    return out
+
+
+def _forecast_companions(
+    config: Any, shape: tuple[int, ...], gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Beside a lagged forecaster's history (Time Series Transformer, Informer,
+    Autoformer): its time features (`num_time_features` + `num_dynamic_real_features`
+    per step), an all-ones observed mask, the static features the config counts, and a
+    future of `prediction_length` steps with its time features, so the decoder runs on
+    the horizon it was trained to predict."""
+    rows, length = shape[0], shape[1]
+    per_step = shape[2:]
+    features = (_int(config, "num_time_features") or 0) + (
+        _int(config, "num_dynamic_real_features") or 0
+    )
+    horizon = _int(config, "prediction_length") or 1
+    out = {
+        "past_time_features": torch.randn(rows, length, features, generator=gen),
+        "past_observed_mask": torch.ones(shape),
+        "future_values": torch.randn(rows, horizon, *per_step, generator=gen),
+        "future_time_features": torch.randn(rows, horizon, features, generator=gen),
+    }
+    categorical = _int(config, "num_static_categorical_features")
+    if categorical:
+        out["static_categorical_features"] = torch.zeros(rows, categorical, dtype=torch.long)
+    real = _int(config, "num_static_real_features")
+    if real:
+        out["static_real_features"] = torch.randn(rows, real, generator=gen)
     return out
 
 
@@ -758,7 +812,7 @@ def _hf_source(
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
             arg = input_arg(model, name)
             kwargs = {arg: torch.randn(rows, *shape[1:], generator=gen)}
-            kwargs.update(_companions(model, name, (rows, *shape[1:])))
+            kwargs.update(_companions(model, name, (rows, *shape[1:]), gen))
             kwargs.update(_image_extras(model, name, kwargs[arg], gen))
             if name == "flattened_patches" and input_shape is None:
                 _place_patches(kwargs[arg])
@@ -1121,7 +1175,8 @@ def _dims(t: torch.Tensor) -> str:
 def describe_batch(batch: Batch) -> str | None:
     """What one batch holds, in words for the header: "2×16 tokens", "2 images 3×32×32",
     "2 clips of 16000 samples", "2 clips of 80×3000 features", "2×8 decoder tokens",
-    "2 videos 4×3×32×32", "2 series of 32×1 values"."""
+    "2 videos 4×3×32×32", "2 series of 32×1 values", "2 series of 11 values, 4 future
+    values and their time features"."""
     kw = batch.kwargs
     parts: list[str] = []
     grid = next((kw[g] for g in (*_GRIDS, "image_grid_hw") if g in kw), None)
@@ -1153,6 +1208,9 @@ def describe_batch(batch: Batch) -> str | None:
                 at = ""
                 if isinstance(freq, torch.Tensor):
                     at = f" at frequency {int(freq.flatten()[0])}"
+                future = kw.get("future_values")
+                if isinstance(future, torch.Tensor) and future.dim() >= 2:
+                    at += f", {future.shape[1]} future values and their time features"
                 parts.append(f"{n} series of {_dims(t)} values{at}")
             elif name == "inputs_embeds":
                 parts.append(f"{n}×{t.shape[1]} embeddings of width {t.shape[-1]}")
