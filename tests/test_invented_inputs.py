@@ -223,6 +223,23 @@ def test_a_lagged_forecaster_gets_its_history_time_features_and_future() -> None
     )
 
 
+def test_a_codecs_decoder_gets_latents_of_a_width_its_config_names() -> None:
+    """PocketTTS's audio decoder takes `latents` (batch, width, frames): its config names
+    two widths (hidden_size 64, latent_dim 32), and the one its forward runs on is fed;
+    the decoder's output is a waveform, and the header says latents were fed."""
+    from actscan import scan
+
+    model = _tiny("pocket_tts_audio_tokenizer_decoder")
+    kw = _batch(model, seq_len=None)
+    latents = kw["latents"]
+    assert latents.shape[1] in (model.config.hidden_size, model.config.latent_dim)
+    with torch.no_grad():
+        audio = model(**kw).audio_values
+    assert audio.shape[0] == 2 and audio.shape[-1] > latents.shape[-1]
+    report = scan(model, batch=2)
+    assert report.run.inputs == f"2 clips of {latents.shape[1]}×{latents.shape[2]} latents"
+
+
 def test_a_composites_generic_input_is_its_encoders_and_embeddings_are_invented() -> None:
     """SpeechEncoderDecoder's main input is `inputs`: the encoder's own (a wav2vec2
     waveform, as long as its conv stack needs for the frames asked). A model fed

@@ -70,6 +70,8 @@ __all__ = [
 DEFAULT_SEQ = 64
 DEFAULT_IMAGE = 224  # the side of an image when the config names none (CNN backbones)
 DEFAULT_FRAMES = 50  # about one second of 16 kHz audio for wav2vec2-like extractors
+LATENT_FRAMES = 16  # latent frames for a codec's decoder: about a second at 12.5 Hz
+LATENT_WIDTHS = ("hidden_size", "latent_dim", "codebook_dim")  # a latent's width, tried in turn
 
 
 def _main_input(model: nn.Module) -> str | None:
@@ -201,6 +203,10 @@ def _main_shapes(
     if name == "inputs_embeds":  # a model fed embeddings only: one row of the width each
         width = _int(config, "hidden_size", "d_model") or deep_config_int(config, ("hidden_size",))
         return [(batch, seq_len or DEFAULT_SEQ, width)] if width else []
+    if name == "latents":  # a codec's decoder (Mimi's): channels-first, of a width it names
+        frames = seq_len or LATENT_FRAMES
+        widths = dict.fromkeys(w for w in (_int(config, k) for k in LATENT_WIDTHS) if w is not None)
+        return [s for w in widths for s in ((batch, w, frames), (batch, frames, w))]
     if name == "past_values" and _lags(config):  # a lagged forecaster (Informer)
         length = _past_length(config)
         width = _int(config, "input_size") or 1
@@ -1181,7 +1187,7 @@ def describe_batch(batch: Batch) -> str | None:
     parts: list[str] = []
     grid = next((kw[g] for g in (*_GRIDS, "image_grid_hw") if g in kw), None)
     media = ("pixel_values", "hidden_states", "pixel_values_videos", "input_values")
-    for name in (*media, "input_features", "past_values", "inputs_embeds"):
+    for name in (*media, "input_features", "past_values", "inputs_embeds", "latents"):
         t = kw.get(name)
         if isinstance(t, torch.Tensor) and t.dim() >= 2:
             n = t.shape[0]
@@ -1216,6 +1222,8 @@ def describe_batch(batch: Batch) -> str | None:
                 parts.append(f"{n}×{t.shape[1]} embeddings of width {t.shape[-1]}")
             elif name == "input_values":
                 parts.append(f"{n} clips of {_dims(t)} samples")
+            elif name == "latents":
+                parts.append(f"{n} clips of {_dims(t)} latents")
             else:
                 parts.append(f"{n} clips of {_dims(t)} features")
     flat = kw.get("flattened_patches")
