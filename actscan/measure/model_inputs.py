@@ -205,8 +205,8 @@ def _main_shapes(
         return [(batch, seq_len or DEFAULT_SEQ, width)] if width else []
     if name == "latents":  # a codec's decoder (Mimi's): channels-first, of a width it names
         frames = seq_len or LATENT_FRAMES
-        widths = dict.fromkeys(w for w in (_int(config, k) for k in LATENT_WIDTHS) if w is not None)
-        return [s for w in widths for s in ((batch, w, frames), (batch, frames, w))]
+        named = [w for w in (_int(config, k) for k in LATENT_WIDTHS) if w is not None]
+        return [s for w in dict.fromkeys(named) for s in ((batch, w, frames), (batch, frames, w))]
     if name == "past_values" and _lags(config):  # a lagged forecaster (Informer)
         length = _past_length(config)
         width = _int(config, "input_size") or 1
