@@ -240,6 +240,27 @@ def test_a_codecs_decoder_gets_latents_of_a_width_its_config_names() -> None:
     assert report.run.inputs == f"2 clips of {latents.shape[1]}×{latents.shape[2]} latents"
 
 
+def test_a_multimodal_model_with_optional_media_gets_ids_alone_and_says_so() -> None:
+    """Gemma 4's forward takes images, videos and audio, all optional, and its
+    vocabulary lives in its text config: it gets token ids alone that hit no id the
+    configs name (a placeholder without its features would make the forward raise),
+    and the header says which inputs were not fed."""
+    from actscan import scan
+    from actscan.measure.vision_text import _special_ids
+
+    model = _tiny("gemma4")
+    kw = _batch(model, seq_len=16)
+    assert set(kw) == {"input_ids", "attention_mask", "mm_token_type_ids"}
+    assert (kw["mm_token_type_ids"] == 0).all()  # every token is text
+    vocab = model.config.get_text_config().vocab_size
+    special = _special_ids(model.config, vocab)
+    assert special and not set(kw["input_ids"].flatten().tolist()) & special
+    report = scan(model, batch=2, seq_len=16)
+    assert report.run.inputs == (
+        "2×16 tokens (token ids alone; not fed: input_features, pixel_values, pixel_values_videos)"
+    )
+
+
 def test_a_composites_generic_input_is_its_encoders_and_embeddings_are_invented() -> None:
     """SpeechEncoderDecoder's main input is `inputs`: the encoder's own (a wav2vec2
     waveform, as long as its conv stack needs for the frames asked). A model fed

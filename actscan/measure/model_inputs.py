@@ -49,6 +49,7 @@ from actscan.measure.vision_text import (
     positioned_patches,
     region_source,
     runs_on,
+    text_config,
     text_ids,
     vision_text_source,
 )
@@ -717,7 +718,7 @@ def hf_input_source(
     """
     found = _hf_source(model, batch=batch, seq_len=seq_len, seed=seed, input_shape=input_shape)
     if isinstance(found, NotedSource):
-        return NotedSource(with_side_inputs(model, found.source, seed), found.note)
+        return NotedSource(with_side_inputs(model, found.source, seed), found.note, found.fed)
     return with_side_inputs(model, found, seed) if found is not None else None
 
 
@@ -765,7 +766,7 @@ def _hf_source(
 
         return sequences
     if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
-        return None
+        return _ids_alone(model, batch=batch, seq_len=seq_len, seed=seed)
     config: Any = model.config  # a transformers config: its fields vary by family
     vocab: int | None = None
     if name == "input_ids":
@@ -857,16 +858,56 @@ def _patch_sequence_kind(
     return None
 
 
+# a multimodal forward's inputs of another modality than text (prefixes of their names)
+_MEDIA = ("pixel_values", "input_features", "input_values", "audio_", "flattened_patches")
+
+
+def _ids_alone(
+    model: nn.Module, *, batch: int, seq_len: int | None, seed: int
+) -> InputSource | None:
+    """Token ids alone for a multimodal model whose text config holds the vocabulary
+    (Gemma 4, Molmo 2, Aria) when every image, video and audio input its forward takes
+    is optional and it runs without them: the ids avoid every special id the configs
+    name (no placeholder without its features), and the source says what it leaves
+    out. None for a model with a vocabulary of its own (scan() invents its ids)."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    params = forward_params(model)
+    unfed = sorted(p for p in params if p.startswith(_MEDIA) and not p.endswith("_mask"))
+    if not unfed or _required(model) or _int(config, "vocab_size") or "input_ids" not in params:
+        return None
+    limit = _int(text_config(config), "max_position_embeddings")
+    seq = seq_len or min(DEFAULT_SEQ, limit or DEFAULT_SEQ)
+
+    def kinds(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        # Qwen-VL-style M-RoPE (Molmo 2) asks every token's modality: 0, text
+        asked = "mm_token_type_ids" in params
+        return {"mm_token_type_ids": torch.zeros_like(tokens)} if asked else {}
+
+    probe = text_ids(config, 1, min(seq, 8), seed, 0)
+    if probe is None or not _runs_on(model, {"input_ids": probe, **kinds(probe)}):
+        return None
+
+    def ids(i: int) -> Batch:
+        tokens = text_ids(config, batch, seq, seed, i)
+        assert tokens is not None  # the probe had a vocabulary
+        mask = torch.ones_like(tokens)
+        return Batch(kwargs={"input_ids": tokens, "attention_mask": mask, **kinds(tokens)})
+
+    return NotedSource(ids, "", f"token ids alone; not fed: {', '.join(unfed)}")
+
+
 def _spectrogram(model: nn.Module) -> bool:
     return _takes(model, "decoder_input_values") and not _takes(model, "decoder_input_ids")
 
 
 @dataclass(frozen=True)
 class NotedSource:
-    """An input source with a note on its loss: the labels it leaves out, and why."""
+    """An input source with a note on its loss (the labels it leaves out, and why; ""
+    when none), and one on what it feeds (`fed`: the optional inputs it leaves out)."""
 
     source: Callable[[int], Batch]
     note: str
+    fed: str = ""
 
     def __call__(self, i: int) -> Batch:
         return self.source(i)
@@ -1042,6 +1083,7 @@ class ChosenInputs:
     loss_of: Callable[[Any, Batch], torch.Tensor]
     seq: int | None = None
     loss: str | None = None  # the objective, in words (the report's run.loss)
+    fed: str = ""  # what the invented inputs leave out, in words ("" when nothing)
 
     def batch_size(self) -> int:
         return batch_size(self.source)
@@ -1103,9 +1145,9 @@ def choose_inputs(
 
     loss = describe_loss(info.task, source(0), caller=loss_fn is not None)
     noted = next((s for s in (inputs, hf) if isinstance(s, NotedSource)), None)
-    if noted is not None and loss_fn is None:
+    if noted is not None and loss_fn is None and noted.note:
         loss = f"{loss}: {noted.note}"
-    return ChosenInputs(source, loss_of, seq, loss)
+    return ChosenInputs(source, loss_of, seq, loss, noted.fed if noted is not None else "")
 
 
 def hashed_vocab(model: nn.Module) -> int | None:
