@@ -261,6 +261,25 @@ def test_a_multimodal_model_with_optional_media_gets_ids_alone_and_says_so() -> 
     )
 
 
+def test_an_audio_mel_input_gets_the_configs_bins_and_a_mask_of_no_padding() -> None:
+    """Gemma 3n's audio tower requires `audio_mel` (frames × `input_feat_size` bins) and
+    `audio_mel_mask`, True on padded frames (it keeps ~mask as valid): no frame is
+    padded, so every frame reaches its attention and convolutions."""
+    from actscan import scan
+
+    model = _tiny("gemma3n_audio")
+    kw = _batch(model, seq_len=None)
+    mel = kw["audio_mel"]
+    assert mel.shape[0] == 2 and mel.shape[2] == model.config.input_feat_size
+    mask = kw["audio_mel_mask"]
+    assert mask.dtype == torch.bool and mask.shape == mel.shape[:2] and not mask.any()
+    with torch.no_grad():
+        out = model(**kw)
+    assert not out.audio_mel_mask.any()  # every subsampled frame still valid
+    report = scan(model, batch=2)
+    assert report.run.inputs == f"2 clips of {mel.shape[1]}×{mel.shape[2]} features"
+
+
 def test_a_composites_generic_input_is_its_encoders_and_embeddings_are_invented() -> None:
     """SpeechEncoderDecoder's main input is `inputs`: the encoder's own (a wav2vec2
     waveform, as long as its conv stack needs for the frames asked). A model fed

@@ -204,6 +204,9 @@ def _main_shapes(
     if name == "inputs_embeds":  # a model fed embeddings only: one row of the width each
         width = _int(config, "hidden_size", "d_model") or deep_config_int(config, ("hidden_size",))
         return [(batch, seq_len or DEFAULT_SEQ, width)] if width else []
+    if name == "audio_mel":  # Gemma 3n's audio tower: frames × mel bins
+        mels = _int(config, "input_feat_size", *MELS)
+        return [(batch, seq_len or FRAMES, mels)] if mels else []
     if name == "latents":  # a codec's decoder (Mimi's): channels-first, of a width it names
         frames = seq_len or LATENT_FRAMES
         named = [w for w in (_int(config, k) for k in LATENT_WIDTHS) if w is not None]
@@ -252,6 +255,9 @@ def _companions(
     required = _required(model)
     if f"{name}_padding" in required:
         out[f"{name}_padding"] = torch.zeros(shape)
+    if name == "audio_mel" and "audio_mel_mask" in required:
+        # True marks a padded frame (Gemma 3n keeps ~mask): none is
+        out["audio_mel_mask"] = torch.zeros(shape[:2], dtype=torch.bool)
     if "freq" in required and _int(config, "freq_size"):
         out["freq"] = torch.zeros(shape[0], 1, dtype=torch.long)
     if name == "past_values" and _lags(config) and "past_time_features" in forward_params(model):
@@ -1229,7 +1235,7 @@ def describe_batch(batch: Batch) -> str | None:
     parts: list[str] = []
     grid = next((kw[g] for g in (*_GRIDS, "image_grid_hw") if g in kw), None)
     media = ("pixel_values", "hidden_states", "pixel_values_videos", "input_values")
-    for name in (*media, "input_features", "past_values", "inputs_embeds", "latents"):
+    for name in (*media, "input_features", "audio_mel", "past_values", "inputs_embeds", "latents"):
         t = kw.get(name)
         if isinstance(t, torch.Tensor) and t.dim() >= 2:
             n = t.shape[0]
