@@ -280,6 +280,30 @@ def test_an_audio_mel_input_gets_the_configs_bins_and_a_mask_of_no_padding() -> 
     assert report.run.inputs == f"2 clips of {mel.shape[1]}×{mel.shape[2]} features"
 
 
+def test_a_trajectory_model_gets_states_actions_returns_and_timesteps() -> None:
+    """The Decision Transformer embeds a return, a state and an action per step, each at
+    its timestep: states of `state_dim`, actions of `act_dim`, timesteps 0… below
+    `max_ep_len`, and no more steps than its positions hold at 3 tokens a step."""
+    from actscan import scan
+
+    model = _tiny("decision_transformer")
+    config = model.config
+    kw = _batch(model, seq_len=None)
+    states, steps = kw["states"], kw["states"].shape[1]
+    assert states.shape == (2, steps, config.state_dim)
+    assert kw["actions"].shape == (2, steps, config.act_dim)
+    assert kw["returns_to_go"].shape == kw["rewards"].shape == (2, steps, 1)
+    assert kw["timesteps"][0].tolist() == list(range(steps)) and steps < config.max_ep_len
+    assert 3 * steps <= config.n_positions
+    with torch.no_grad():
+        out = model(**kw)
+    assert out.action_preds.shape == (2, steps, config.act_dim)
+    report = scan(model, batch=2)
+    assert report.run.inputs == (
+        f"2 trajectories of {steps} steps (state {config.state_dim}, action, reward, return-to-go)"
+    )
+
+
 def test_a_composites_generic_input_is_its_encoders_and_embeddings_are_invented() -> None:
     """SpeechEncoderDecoder's main input is `inputs`: the encoder's own (a wav2vec2
     waveform, as long as its conv stack needs for the frames asked). A model fed

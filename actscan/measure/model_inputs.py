@@ -71,6 +71,7 @@ __all__ = [
 DEFAULT_SEQ = 64
 DEFAULT_IMAGE = 224  # the side of an image when the config names none (CNN backbones)
 DEFAULT_FRAMES = 50  # about one second of 16 kHz audio for wav2vec2-like extractors
+TRAJECTORY = 16  # steps of an offline-RL trajectory (return, state, action each)
 LATENT_FRAMES = 16  # latent frames for a codec's decoder: about a second at 12.5 Hz
 LATENT_WIDTHS = ("hidden_size", "latent_dim", "codebook_dim")  # a latent's width, tried in turn
 
@@ -204,6 +205,11 @@ def _main_shapes(
     if name == "inputs_embeds":  # a model fed embeddings only: one row of the width each
         width = _int(config, "hidden_size", "d_model") or deep_config_int(config, ("hidden_size",))
         return [(batch, seq_len or DEFAULT_SEQ, width)] if width else []
+    if name == "states" and _int(config, "state_dim"):  # a trajectory (Decision Transformer)
+        steps = min(seq_len or TRAJECTORY, _int(config, "max_ep_len") or TRAJECTORY)
+        positions = _int(config, "n_positions", "max_position_embeddings")
+        steps = min(steps, positions // 3) if positions else steps  # 3 tokens a step
+        return [(batch, steps, _int(config, "state_dim") or 1)]
     if name == "audio_mel":  # Gemma 3n's audio tower: frames × mel bins
         mels = _int(config, "input_feat_size", *MELS)
         return [(batch, seq_len or FRAMES, mels)] if mels else []
@@ -260,9 +266,27 @@ def _companions(
         out["audio_mel_mask"] = torch.zeros(shape[:2], dtype=torch.bool)
     if "freq" in required and _int(config, "freq_size"):
         out["freq"] = torch.zeros(shape[0], 1, dtype=torch.long)
+    if name == "states" and "returns_to_go" in forward_params(model):
+        out.update(_trajectory(config, shape, gen or torch.Generator().manual_seed(0)))
     if name == "past_values" and _lags(config) and "past_time_features" in forward_params(model):
         out.update(_forecast_companions(config, shape, gen or torch.Generator().manual_seed(0)))
     return out
+
+
+def _trajectory(config: Any, shape: tuple[int, ...], gen: torch.Generator) -> dict[str, Any]:
+    """Beside a trajectory's states: an action of `act_dim` per step, its reward and
+    return-to-go, the steps' timesteps (0, 1, …, below `max_ep_len`) and a mask of
+    every step; the forward embeds them all and fails on any it lacks."""
+    rows, steps = shape[0], shape[1]
+    actions = _int(config, "act_dim") or 1
+    times = torch.arange(steps, dtype=torch.long).expand(rows, steps).clone()
+    return {
+        "actions": torch.randn(rows, steps, actions, generator=gen),
+        "rewards": torch.randn(rows, steps, 1, generator=gen),
+        "returns_to_go": torch.randn(rows, steps, 1, generator=gen),
+        "timesteps": times,
+        "attention_mask": torch.ones(rows, steps, dtype=torch.long),
+    }
 
 
 def _forecast_companions(
@@ -1235,7 +1259,8 @@ def describe_batch(batch: Batch) -> str | None:
     parts: list[str] = []
     grid = next((kw[g] for g in (*_GRIDS, "image_grid_hw") if g in kw), None)
     media = ("pixel_values", "hidden_states", "pixel_values_videos", "input_values")
-    for name in (*media, "input_features", "audio_mel", "past_values", "inputs_embeds", "latents"):
+    named = ("input_features", "audio_mel", "past_values", "inputs_embeds", "latents", "states")
+    for name in (*media, *named):
         t = kw.get(name)
         if isinstance(t, torch.Tensor) and t.dim() >= 2:
             n = t.shape[0]
@@ -1272,6 +1297,11 @@ def describe_batch(batch: Batch) -> str | None:
                 parts.append(f"{n} clips of {_dims(t)} samples")
             elif name == "latents":
                 parts.append(f"{n} clips of {_dims(t)} latents")
+            elif name == "states" and t.dim() == 3 and "returns_to_go" in kw:
+                parts.append(
+                    f"{n} trajectories of {t.shape[1]} steps (state {t.shape[2]}, action, "
+                    "reward, return-to-go)"
+                )
             else:
                 parts.append(f"{n} clips of {_dims(t)} features")
     flat = kw.get("flattened_patches")
