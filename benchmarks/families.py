@@ -90,6 +90,7 @@ _PYRAMID = {
 }
 # a Swin backbone, and fewer queries than the tiny backbone's one output stage has places
 _DINO = {"backbone_config": _SWIN_SIDE, "num_queries": 64}
+_PLACEHOLDER = 24  # refused22: an image placeholder id below VOCAB (see OVERRIDES' last group)
 OVERRIDES: dict[str, dict[str, Any]] = {
     # defaults that leave None what every checkpoint sets and the model reads
     "lfm2_moe": {"layer_types": _KINDS},  # conv/attention kinds, as LFM2's checkpoints
@@ -191,6 +192,21 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # channels and 130 M parameters at the generic shrink; 4 filters give 256
     "vibevoice_acoustic_tokenizer_encoder": {"num_filters": 4},
     "vibevoice_acoustic_tokenizer_decoder": {"num_filters": 4},
+    # ---- refused22: what a released checkpoint sets and the default leaves unset or
+    # out of range, so actscan's inputs (which follow the config) can run
+    # Autoformer's decoder starts from the last `label_length` (10) context steps: its
+    # checkpoints keep it within the context, here 4 (prediction_length)
+    "autoformer": {"label_length": 2},
+    # vision-language defaults that set no image (video) placeholder, which actscan rightly
+    # refuses for a user; every released checkpoint names one (BLIP-2's 50265, MiniCPM-V's
+    # <image>): here an id inside the matrix's small vocabulary
+    "blip-2": {"image_token_index": _PLACEHOLDER},
+    "instructblip": {"image_token_index": _PLACEHOLDER},
+    "instructblipvideo": {"video_token_index": _PLACEHOLDER},
+    "minicpm_ocr": {"image_token_id": _PLACEHOLDER},
+    "minicpmv4_6": {"image_token_id": _PLACEHOLDER},
+    "minicpmv4_7": {"image_token_id": _PLACEHOLDER},
+    "nemotron_h_omni": {"image_token_id": _PLACEHOLDER},
 }
 # Default configs that do not validate as this transformers ships them: the fields that
 # make them valid, given when the default is made (before it is shrunk).

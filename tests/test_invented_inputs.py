@@ -196,6 +196,114 @@ def test_a_time_series_gets_its_padding_and_frequency_class() -> None:
     assert len(report.attention) == model.config.num_hidden_layers
 
 
+def test_a_lagged_forecaster_gets_its_history_time_features_and_future() -> None:
+    """The Time Series Transformer requires time features and an observed mask beside
+    its series, which must span the context plus the longest lag; its decoder runs on
+    the future (`prediction_length` steps). Every shape comes from the config, and the
+    model's own lag slicing (which raises on a short history) accepts the batch."""
+    from actscan import scan
+
+    model = _tiny("time_series_transformer")
+    config = model.config
+    kw = _batch(model, seq_len=None)
+    past = config.context_length + max(config.lags_sequence)
+    assert kw["past_values"].shape == (2, past)
+    features = config.num_time_features + config.num_dynamic_real_features
+    assert kw["past_time_features"].shape == (2, past, features)
+    assert (kw["past_observed_mask"] == 1).all()
+    assert kw["future_values"].shape == (2, config.prediction_length)
+    assert kw["future_time_features"].shape == (2, config.prediction_length, features)
+    with torch.no_grad():
+        out = model(**kw)
+    assert out.last_hidden_state.shape[1] == config.prediction_length
+    report = scan(model, batch=2)
+    assert report.run.inputs == (
+        f"2 series of {past} values, {config.prediction_length} future values and their "
+        "time features"
+    )
+
+
+def test_a_codecs_decoder_gets_latents_of_a_width_its_config_names() -> None:
+    """PocketTTS's audio decoder takes `latents` (batch, width, frames): its config names
+    two widths (hidden_size 64, latent_dim 32), and the one its forward runs on is fed;
+    the decoder's output is a waveform, and the header says latents were fed."""
+    from actscan import scan
+
+    model = _tiny("pocket_tts_audio_tokenizer_decoder")
+    kw = _batch(model, seq_len=None)
+    latents = kw["latents"]
+    assert latents.shape[1] in (model.config.hidden_size, model.config.latent_dim)
+    with torch.no_grad():
+        audio = model(**kw).audio_values
+    assert audio.shape[0] == 2 and audio.shape[-1] > latents.shape[-1]
+    report = scan(model, batch=2)
+    assert report.run.inputs == f"2 clips of {latents.shape[1]}×{latents.shape[2]} latents"
+
+
+def test_a_multimodal_model_with_optional_media_gets_ids_alone_and_says_so() -> None:
+    """Gemma 4's forward takes images, videos and audio, all optional, and its
+    vocabulary lives in its text config: it gets token ids alone that hit no id the
+    configs name (a placeholder without its features would make the forward raise),
+    and the header says which inputs were not fed."""
+    from actscan import scan
+    from actscan.measure.vision_text import _special_ids
+
+    model = _tiny("gemma4")
+    kw = _batch(model, seq_len=16)
+    assert set(kw) == {"input_ids", "attention_mask", "mm_token_type_ids"}
+    assert (kw["mm_token_type_ids"] == 0).all()  # every token is text
+    vocab = model.config.get_text_config().vocab_size
+    special = _special_ids(model.config, vocab)
+    assert special and not set(kw["input_ids"].flatten().tolist()) & special
+    report = scan(model, batch=2, seq_len=16)
+    assert report.run.inputs == (
+        "2×16 tokens (token ids alone; not fed: input_features, pixel_values, pixel_values_videos)"
+    )
+
+
+def test_an_audio_mel_input_gets_the_configs_bins_and_a_mask_of_no_padding() -> None:
+    """Gemma 3n's audio tower requires `audio_mel` (frames × `input_feat_size` bins) and
+    `audio_mel_mask`, True on padded frames (it keeps ~mask as valid): no frame is
+    padded, so every frame reaches its attention and convolutions."""
+    from actscan import scan
+
+    model = _tiny("gemma3n_audio")
+    kw = _batch(model, seq_len=None)
+    mel = kw["audio_mel"]
+    assert mel.shape[0] == 2 and mel.shape[2] == model.config.input_feat_size
+    mask = kw["audio_mel_mask"]
+    assert mask.dtype == torch.bool and mask.shape == mel.shape[:2] and not mask.any()
+    with torch.no_grad():
+        out = model(**kw)
+    assert not out.audio_mel_mask.any()  # every subsampled frame still valid
+    report = scan(model, batch=2)
+    assert report.run.inputs == f"2 clips of {mel.shape[1]}×{mel.shape[2]} features"
+
+
+def test_a_trajectory_model_gets_states_actions_returns_and_timesteps() -> None:
+    """The Decision Transformer embeds a return, a state and an action per step, each at
+    its timestep: states of `state_dim`, actions of `act_dim`, timesteps 0… below
+    `max_ep_len`, and no more steps than its positions hold at 3 tokens a step."""
+    from actscan import scan
+
+    model = _tiny("decision_transformer")
+    config = model.config
+    kw = _batch(model, seq_len=None)
+    states, steps = kw["states"], kw["states"].shape[1]
+    assert states.shape == (2, steps, config.state_dim)
+    assert kw["actions"].shape == (2, steps, config.act_dim)
+    assert kw["returns_to_go"].shape == kw["rewards"].shape == (2, steps, 1)
+    assert kw["timesteps"][0].tolist() == list(range(steps)) and steps < config.max_ep_len
+    assert 3 * steps <= config.n_positions
+    with torch.no_grad():
+        out = model(**kw)
+    assert out.action_preds.shape == (2, steps, config.act_dim)
+    report = scan(model, batch=2)
+    assert report.run.inputs == (
+        f"2 trajectories of {steps} steps (state {config.state_dim}, action, reward, return-to-go)"
+    )
+
+
 def test_a_composites_generic_input_is_its_encoders_and_embeddings_are_invented() -> None:
     """SpeechEncoderDecoder's main input is `inputs`: the encoder's own (a wav2vec2
     waveform, as long as its conv stack needs for the frames asked). A model fed

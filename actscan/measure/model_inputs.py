@@ -49,6 +49,7 @@ from actscan.measure.vision_text import (
     positioned_patches,
     region_source,
     runs_on,
+    text_config,
     text_ids,
     vision_text_source,
 )
@@ -70,6 +71,9 @@ __all__ = [
 DEFAULT_SEQ = 64
 DEFAULT_IMAGE = 224  # the side of an image when the config names none (CNN backbones)
 DEFAULT_FRAMES = 50  # about one second of 16 kHz audio for wav2vec2-like extractors
+TRAJECTORY = 16  # steps of an offline-RL trajectory (return, state, action each)
+LATENT_FRAMES = 16  # latent frames for a codec's decoder: about a second at 12.5 Hz
+LATENT_WIDTHS = ("hidden_size", "latent_dim", "codebook_dim")  # a latent's width, tried in turn
 
 
 def _main_input(model: nn.Module) -> str | None:
@@ -201,6 +205,22 @@ def _main_shapes(
     if name == "inputs_embeds":  # a model fed embeddings only: one row of the width each
         width = _int(config, "hidden_size", "d_model") or deep_config_int(config, ("hidden_size",))
         return [(batch, seq_len or DEFAULT_SEQ, width)] if width else []
+    if name == "states" and _int(config, "state_dim"):  # a trajectory (Decision Transformer)
+        steps = min(seq_len or TRAJECTORY, _int(config, "max_ep_len") or TRAJECTORY)
+        positions = _int(config, "n_positions", "max_position_embeddings")
+        steps = min(steps, positions // 3) if positions else steps  # 3 tokens a step
+        return [(batch, steps, _int(config, "state_dim") or 1)]
+    if name == "audio_mel":  # Gemma 3n's audio tower: frames × mel bins
+        mels = _int(config, "input_feat_size", *MELS)
+        return [(batch, seq_len or FRAMES, mels)] if mels else []
+    if name == "latents":  # a codec's decoder (Mimi's): channels-first, of a width it names
+        frames = seq_len or LATENT_FRAMES
+        named = [w for w in (_int(config, k) for k in LATENT_WIDTHS) if w is not None]
+        return [s for w in dict.fromkeys(named) for s in ((batch, w, frames), (batch, frames, w))]
+    if name == "past_values" and _lags(config):  # a lagged forecaster (Informer)
+        length = _past_length(config)
+        width = _int(config, "input_size") or 1
+        return [(batch, length, width) if width > 1 else (batch, length)]
     if name == "past_values":
         context = _int(config, "context_length")
         patch = _int(config, "patch_length") or 1
@@ -213,17 +233,88 @@ def _main_shapes(
     return []
 
 
-def _companions(model: nn.Module, name: str, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+def _lags(config: Any) -> list[int]:
+    """The lags a forecaster feeds its transformer (`lags_sequence`), else []."""
+    lags = getattr(config, "lags_sequence", None)
+    if isinstance(lags, list | tuple) and lags and all(isinstance(v, int) for v in lags):
+        return [int(v) for v in lags]
+    return []
+
+
+def _past_length(config: Any) -> int:
+    """The history a lagged forecaster needs: its context plus its longest lag."""
+    return (_int(config, "context_length") or 1) + max(_lags(config))
+
+
+def _companions(
+    model: nn.Module,
+    name: str,
+    shape: tuple[int, ...],
+    gen: torch.Generator | None = None,
+) -> dict[str, torch.Tensor]:
     """What a forward requires beside a time series (TimesFM): its padding
     (`<name>_padding`, zeros: every value is real) and its frequency class (`freq`,
-    where the config names `freq_size` classes: 0, the finest)."""
+    where the config names `freq_size` classes: 0, the finest); a lagged forecaster's
+    too (`_forecast_companions`)."""
     config: Any = model.config  # a transformers config: its fields vary by family
     out: dict[str, torch.Tensor] = {}
     required = _required(model)
     if f"{name}_padding" in required:
         out[f"{name}_padding"] = torch.zeros(shape)
+    if name == "audio_mel" and "audio_mel_mask" in required:
+        # True marks a padded frame (Gemma 3n keeps ~mask): none is
+        out["audio_mel_mask"] = torch.zeros(shape[:2], dtype=torch.bool)
     if "freq" in required and _int(config, "freq_size"):
         out["freq"] = torch.zeros(shape[0], 1, dtype=torch.long)
+    if name == "states" and "returns_to_go" in forward_params(model):
+        out.update(_trajectory(config, shape, gen or torch.Generator().manual_seed(0)))
+    if name == "past_values" and _lags(config) and "past_time_features" in forward_params(model):
+        out.update(_forecast_companions(config, shape, gen or torch.Generator().manual_seed(0)))
+    return out
+
+
+def _trajectory(config: Any, shape: tuple[int, ...], gen: torch.Generator) -> dict[str, Any]:
+    """Beside a trajectory's states: an action of `act_dim` per step, its reward and
+    return-to-go, the steps' timesteps (0, 1, …, below `max_ep_len`) and a mask of
+    every step; the forward embeds them all and fails on any it lacks."""
+    rows, steps = shape[0], shape[1]
+    actions = _int(config, "act_dim") or 1
+    times = torch.arange(steps, dtype=torch.long).expand(rows, steps).clone()
+    return {
+        "actions": torch.randn(rows, steps, actions, generator=gen),
+        "rewards": torch.randn(rows, steps, 1, generator=gen),
+        "returns_to_go": torch.randn(rows, steps, 1, generator=gen),
+        "timesteps": times,
+        "attention_mask": torch.ones(rows, steps, dtype=torch.long),
+    }
+
+
+def _forecast_companions(
+    config: Any, shape: tuple[int, ...], gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Beside a lagged forecaster's history (Time Series Transformer, Informer,
+    Autoformer): its time features (`num_time_features` + `num_dynamic_real_features`
+    per step), an all-ones observed mask, the static features the config counts, and a
+    future of `prediction_length` steps with its time features, so the decoder runs on
+    the horizon it was trained to predict."""
+    rows, length = shape[0], shape[1]
+    per_step = shape[2:]
+    features = (_int(config, "num_time_features") or 0) + (
+        _int(config, "num_dynamic_real_features") or 0
+    )
+    horizon = _int(config, "prediction_length") or 1
+    out = {
+        "past_time_features": torch.randn(rows, length, features, generator=gen),
+        "past_observed_mask": torch.ones(shape),
+        "future_values": torch.randn(rows, horizon, *per_step, generator=gen),
+        "future_time_features": torch.randn(rows, horizon, features, generator=gen),
+    }
+    categorical = _int(config, "num_static_categorical_features")
+    if categorical:
+        out["static_categorical_features"] = torch.zeros(rows, categorical, dtype=torch.long)
+    real = _int(config, "num_static_real_features")
+    if real:
+        out["static_real_features"] = torch.randn(rows, real, generator=gen)
     return out
 
 
@@ -657,7 +748,7 @@ def hf_input_source(
     """
     found = _hf_source(model, batch=batch, seq_len=seq_len, seed=seed, input_shape=input_shape)
     if isinstance(found, NotedSource):
-        return NotedSource(with_side_inputs(model, found.source, seed), found.note)
+        return NotedSource(with_side_inputs(model, found.source, seed), found.note, found.fed)
     return with_side_inputs(model, found, seed) if found is not None else None
 
 
@@ -705,7 +796,7 @@ def _hf_source(
 
         return sequences
     if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
-        return None
+        return _ids_alone(model, batch=batch, seq_len=seq_len, seed=seed)
     config: Any = model.config  # a transformers config: its fields vary by family
     vocab: int | None = None
     if name == "input_ids":
@@ -758,7 +849,7 @@ def _hf_source(
             gen = torch.Generator().manual_seed(seed * 100_003 + i)
             arg = input_arg(model, name)
             kwargs = {arg: torch.randn(rows, *shape[1:], generator=gen)}
-            kwargs.update(_companions(model, name, (rows, *shape[1:])))
+            kwargs.update(_companions(model, name, (rows, *shape[1:]), gen))
             kwargs.update(_image_extras(model, name, kwargs[arg], gen))
             if name == "flattened_patches" and input_shape is None:
                 _place_patches(kwargs[arg])
@@ -797,16 +888,56 @@ def _patch_sequence_kind(
     return None
 
 
+# a multimodal forward's inputs of another modality than text (prefixes of their names)
+_MEDIA = ("pixel_values", "input_features", "input_values", "audio_", "flattened_patches")
+
+
+def _ids_alone(
+    model: nn.Module, *, batch: int, seq_len: int | None, seed: int
+) -> InputSource | None:
+    """Token ids alone for a multimodal model whose text config holds the vocabulary
+    (Gemma 4, Molmo 2, Aria) when every image, video and audio input its forward takes
+    is optional and it runs without them: the ids avoid every special id the configs
+    name (no placeholder without its features), and the source says what it leaves
+    out. None for a model with a vocabulary of its own (scan() invents its ids)."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    params = forward_params(model)
+    unfed = sorted(p for p in params if p.startswith(_MEDIA) and not p.endswith("_mask"))
+    if not unfed or _required(model) or _int(config, "vocab_size") or "input_ids" not in params:
+        return None
+    limit = _int(text_config(config), "max_position_embeddings")
+    seq = seq_len or min(DEFAULT_SEQ, limit or DEFAULT_SEQ)
+
+    def kinds(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        # Qwen-VL-style M-RoPE (Molmo 2) asks every token's modality: 0, text
+        asked = "mm_token_type_ids" in params
+        return {"mm_token_type_ids": torch.zeros_like(tokens)} if asked else {}
+
+    probe = text_ids(config, 1, min(seq, 8), seed, 0)
+    if probe is None or not _runs_on(model, {"input_ids": probe, **kinds(probe)}):
+        return None
+
+    def ids(i: int) -> Batch:
+        tokens = text_ids(config, batch, seq, seed, i)
+        assert tokens is not None  # the probe had a vocabulary
+        mask = torch.ones_like(tokens)
+        return Batch(kwargs={"input_ids": tokens, "attention_mask": mask, **kinds(tokens)})
+
+    return NotedSource(ids, "", f"token ids alone; not fed: {', '.join(unfed)}")
+
+
 def _spectrogram(model: nn.Module) -> bool:
     return _takes(model, "decoder_input_values") and not _takes(model, "decoder_input_ids")
 
 
 @dataclass(frozen=True)
 class NotedSource:
-    """An input source with a note on its loss: the labels it leaves out, and why."""
+    """An input source with a note on its loss (the labels it leaves out, and why; ""
+    when none), and one on what it feeds (`fed`: the optional inputs it leaves out)."""
 
     source: Callable[[int], Batch]
     note: str
+    fed: str = ""
 
     def __call__(self, i: int) -> Batch:
         return self.source(i)
@@ -982,6 +1113,7 @@ class ChosenInputs:
     loss_of: Callable[[Any, Batch], torch.Tensor]
     seq: int | None = None
     loss: str | None = None  # the objective, in words (the report's run.loss)
+    fed: str = ""  # what the invented inputs leave out, in words ("" when nothing)
 
     def batch_size(self) -> int:
         return batch_size(self.source)
@@ -1043,9 +1175,9 @@ def choose_inputs(
 
     loss = describe_loss(info.task, source(0), caller=loss_fn is not None)
     noted = next((s for s in (inputs, hf) if isinstance(s, NotedSource)), None)
-    if noted is not None and loss_fn is None:
+    if noted is not None and loss_fn is None and noted.note:
         loss = f"{loss}: {noted.note}"
-    return ChosenInputs(source, loss_of, seq, loss)
+    return ChosenInputs(source, loss_of, seq, loss, noted.fed if noted is not None else "")
 
 
 def hashed_vocab(model: nn.Module) -> int | None:
@@ -1121,12 +1253,14 @@ def _dims(t: torch.Tensor) -> str:
 def describe_batch(batch: Batch) -> str | None:
     """What one batch holds, in words for the header: "2×16 tokens", "2 images 3×32×32",
     "2 clips of 16000 samples", "2 clips of 80×3000 features", "2×8 decoder tokens",
-    "2 videos 4×3×32×32", "2 series of 32×1 values"."""
+    "2 videos 4×3×32×32", "2 series of 32×1 values", "2 series of 11 values, 4 future
+    values and their time features"."""
     kw = batch.kwargs
     parts: list[str] = []
     grid = next((kw[g] for g in (*_GRIDS, "image_grid_hw") if g in kw), None)
     media = ("pixel_values", "hidden_states", "pixel_values_videos", "input_values")
-    for name in (*media, "input_features", "past_values", "inputs_embeds"):
+    named = ("input_features", "audio_mel", "past_values", "inputs_embeds", "latents", "states")
+    for name in (*media, *named):
         t = kw.get(name)
         if isinstance(t, torch.Tensor) and t.dim() >= 2:
             n = t.shape[0]
@@ -1153,11 +1287,21 @@ def describe_batch(batch: Batch) -> str | None:
                 at = ""
                 if isinstance(freq, torch.Tensor):
                     at = f" at frequency {int(freq.flatten()[0])}"
+                future = kw.get("future_values")
+                if isinstance(future, torch.Tensor) and future.dim() >= 2:
+                    at += f", {future.shape[1]} future values and their time features"
                 parts.append(f"{n} series of {_dims(t)} values{at}")
             elif name == "inputs_embeds":
                 parts.append(f"{n}×{t.shape[1]} embeddings of width {t.shape[-1]}")
             elif name == "input_values":
                 parts.append(f"{n} clips of {_dims(t)} samples")
+            elif name == "latents":
+                parts.append(f"{n} clips of {_dims(t)} latents")
+            elif name == "states" and t.dim() == 3 and "returns_to_go" in kw:
+                parts.append(
+                    f"{n} trajectories of {t.shape[1]} steps (state {t.shape[2]}, action, "
+                    "reward, return-to-go)"
+                )
             else:
                 parts.append(f"{n} clips of {_dims(t)} features")
     flat = kw.get("flattened_patches")

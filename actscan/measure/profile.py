@@ -408,6 +408,11 @@ def repeat_notes(
     return notes
 
 
+def _fed(inputs: str | None, fed: str) -> str | None:
+    """The header's inputs, with what the invented ones leave out."""
+    return f"{inputs} ({fed})" if inputs and fed else inputs
+
+
 def run_info(profiled: Profiled, *, seed: int, init: str | None, dropout: bool) -> RunInfo:
     """What ran, for the report's header."""
     spec, chosen, ranks = profiled.spec, profiled.chosen, profiled.ranks
@@ -423,7 +428,7 @@ def run_info(profiled: Profiled, *, seed: int, init: str | None, dropout: bool) 
         init=init,
         mode="train",
         dropout=dropout,
-        inputs=describe_batch(chosen.source(0)),
+        inputs=_fed(describe_batch(chosen.source(0)), chosen.fed),
         loss=chosen.loss,
         world_size=ranks.world_size,
         backend=ranks.backend,
