@@ -303,6 +303,43 @@ ARGUED: dict[str, dict[str, str]] = {
         "initializer_range = 0.02), not 1: every effective gain truly is ~0 (mean −0.002, "
         "std 0.022)"
     },
+    **{
+        t: {
+            c: f"{who} QK-norm q and k to unit RMS and attend with scaling 1.0 (no "
+            "1/√d): the scores' std is ≈ √head_dim = 4–5.7 at head_dim 16–32 (measured "
+            f"{std}), normalised entropy {ent} over 16 keys: truly sharp at init, and "
+            "sharper at the real head_dim 256 (√256 = 16)"
+            for c in ("logit-scale", "attn-entropy")
+        }
+        for t, who, std, ent in (
+            ("gemma3n_text", "Gemma 3n's attention layers", "3.5–4.2", "0.29–0.41"),
+            ("gemma4_text", "Gemma 4's attention layers", "3.7–5.9", "0.20–0.41"),
+            ("gemma4_unified_text", "Gemma 4's attention layers", "3.6–5.7", "0.23–0.38"),
+            ("embedding_gemma2_text", "EmbeddingGemma's attention layers", "3.7–6.1", "0.20–0.38"),
+        )
+    },
+    "gemma4_vision": {
+        "logit-scale": "Gemma 4's vision attention QK-norms q and k to unit RMS with scaling "
+        "1.0 (no 1/√d): scores of std ≈ √16 = 4 (measured up to 4.8, entropy down to 0.56 "
+        "over 9 keys), true at init and sharper at the real head_dim"
+    },
+    "nemotron": {
+        "init-scale": "NemotronLayerNorm1P computes with weight + 1 and transformers' "
+        "Nemotron init sets weight = 1 (init.ones_): every effective gain truly is 2"
+    },
+    "mobilevitv2": {
+        "init-scale": "transformers' MobileViTV2 init draws BatchNorm2d gains from N(0, "
+        "initializer_range = 0.02), as MobileViT's: every effective gain truly is ~0 "
+        "(mean −0.004, std 0.019)"
+    },
+    **{
+        t: {
+            "overflow": "GroundingDinoContrastiveEmbedding fills −inf on purpose: at text "
+            "positions the token mask excludes and on the padding up to max_text_len (256), "
+            "so encoder_output_class_embed's output is non-finite by design"
+        }
+        for t in ("grounding-dino", "mm-grounding-dino")
+    },
     "mra": {
         "dead-branch": "without its CUDA kernel transformers' mra2_attention returns zeros: "
         "MRA's attention branch truly writes nothing on CPU"
