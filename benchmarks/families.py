@@ -349,6 +349,16 @@ ARGUED: dict[str, dict[str, str]] = {
         }
         for t in ("nemotron3_5_asr", "nemotron_asr_streaming", "nemotron_asr_streaming_encoder")
     },
+    "aimv2": {
+        "init-scale": "Aimv2Config has no initializer_range, only initializer_factor = 1.0, "
+        "which transformers' default init takes as the std: visual_projection truly is "
+        "N(0, 1) (std 0.994) over fan-in 64"
+    },
+    "apertus1p5": {
+        "init-scale": "Apertus 1.5's vision tokenizer init draws every nn.Linear with "
+        "init.normal_ (std 1) on purpose: the IBQ codebook scorer truly is N(0, 1); its "
+        "scores feed only an argmax (hard codebook indices, inference-only)"
+    },
     "mra": {
         "dead-branch": "without its CUDA kernel transformers' mra2_attention returns zeros: "
         "MRA's attention branch truly writes nothing on CPU"
