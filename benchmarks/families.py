@@ -359,6 +359,11 @@ ARGUED: dict[str, dict[str, str]] = {
         "init.normal_ (std 1) on purpose: the IBQ codebook scorer truly is N(0, 1); its "
         "scores feed only an argmax (hard codebook indices, inference-only)"
     },
+    "xlstm": {
+        "dead-branch": "transformers' xLSTM init zeroes every Linear whose name holds 'gate' "
+        "(meant for the i/f/o gates), the FFN's proj_up_gate too (std 0 measured): SiLU(0) · "
+        "up = 0, so every FFN branch truly writes exactly 0 at init (the mLSTM branches write)"
+    },
     "mra": {
         "dead-branch": "without its CUDA kernel transformers' mra2_attention returns zeros: "
         "MRA's attention branch truly writes nothing on CPU"
