@@ -238,6 +238,9 @@ ARGUED: dict[str, dict[str, str]] = {
     "sam_hq_vision_model": {"dead-branch": _SAM_INIT},
     "got_ocr2": {"dead-branch": _SAM_INIT + " (GOT-OCR2's SAM vision tower)"},
     "pp_chart2table": {"dead-branch": _SAM_INIT + " (GOT-OCR2's SAM vision tower)"},
+    "deepseek_vl_hybrid": {
+        "dead-branch": _SAM_INIT + " (DeepSeek-VL hybrid's high-res tower is a SamVisionConfig)"
+    },
     "blip": {"dead-branch": "BlipVisionConfig defaults initializer_range to 1e-10, as SAM's"},
     "lfm3_vl": {
         "dead-branch": "at width 64 the vision tower's gated short convolution multiplies "
