@@ -403,15 +403,21 @@ def _probe(
     return gain.reshape(weight.shape)
 
 
+# where activation classes live: torch's (nn.ReLU, …) and transformers' ACT2FN classes
+_ACTIVATION_MODULES = frozenset({"torch.nn.modules.activation", "transformers.activations"})
+
+
 @contextlib.contextmanager
 def _without_fused_activation(mod: nn.Module) -> Iterator[None]:
-    """A norm's parameterless children (a fused activation: BiT's GroupNormActivation,
+    """A norm's activation children (a fused activation: BiT's GroupNormActivation,
     timm's NormAct) swapped for Identity while probed: the odd part of ReLU(g·x) is g·x/2,
     which read as a gain of 0.5 on a gain of 1. Put back after; other norms: unchanged."""
     saved = {
         k: c
         for k, c in mod._modules.items()
-        if c is not None and not isinstance(c, nn.Identity) and next(c.parameters(), None) is None
+        if c is not None
+        and type(c).__module__ in _ACTIVATION_MODULES
+        and next(c.parameters(), None) is None
     }
     try:
         for k in saved:
