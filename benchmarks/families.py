@@ -254,6 +254,9 @@ ARGUED: dict[str, dict[str, str]] = {
     "sam_hq_vision_model": {"dead-branch": _SAM_INIT},
     "got_ocr2": {"dead-branch": _SAM_INIT + " (GOT-OCR2's SAM vision tower)"},
     "pp_chart2table": {"dead-branch": _SAM_INIT + " (GOT-OCR2's SAM vision tower)"},
+    "deepseek_vl_hybrid": {
+        "dead-branch": _SAM_INIT + " (DeepSeek-VL hybrid's high-res tower is a SamVisionConfig)"
+    },
     "blip": {"dead-branch": "BlipVisionConfig defaults initializer_range to 1e-10, as SAM's"},
     "lfm3_vl": {
         "dead-branch": "at width 64 the vision tower's gated short convolution multiplies "
@@ -318,6 +321,67 @@ ARGUED: dict[str, dict[str, str]] = {
         "init-scale": "transformers' MobileViT init draws BatchNorm2d gains from N(0, "
         "initializer_range = 0.02), not 1: every effective gain truly is ~0 (mean −0.002, "
         "std 0.022)"
+    },
+    **{
+        t: {
+            c: f"{who} QK-norm q and k to unit RMS and attend with scaling 1.0 (no "
+            "1/√d): the scores' std is ≈ √head_dim = 4–5.7 at head_dim 16–32 (measured "
+            f"{std}), normalised entropy {ent} over 16 keys: truly sharp at init, and "
+            "sharper at the real head_dim 256 (√256 = 16)"
+            for c in ("logit-scale", "attn-entropy")
+        }
+        for t, who, std, ent in (
+            ("gemma3n_text", "Gemma 3n's attention layers", "3.5–4.2", "0.29–0.41"),
+            ("gemma4_text", "Gemma 4's attention layers", "3.7–5.9", "0.20–0.41"),
+            ("gemma4_unified_text", "Gemma 4's attention layers", "3.6–5.7", "0.23–0.38"),
+            ("embedding_gemma2_text", "EmbeddingGemma's attention layers", "3.7–6.1", "0.20–0.38"),
+        )
+    },
+    "gemma4_vision": {
+        "logit-scale": "Gemma 4's vision attention QK-norms q and k to unit RMS with scaling "
+        "1.0 (no 1/√d): scores of std ≈ √16 = 4 (measured up to 4.8, entropy down to 0.56 "
+        "over 9 keys), true at init and sharper at the real head_dim"
+    },
+    "nemotron": {
+        "init-scale": "NemotronLayerNorm1P computes with weight + 1 and transformers' "
+        "Nemotron init sets weight = 1 (init.ones_): every effective gain truly is 2"
+    },
+    "mobilevitv2": {
+        "init-scale": "transformers' MobileViTV2 init draws BatchNorm2d gains from N(0, "
+        "initializer_range = 0.02), as MobileViT's: every effective gain truly is ~0 "
+        "(mean −0.004, std 0.019)"
+    },
+    **{
+        t: {
+            "overflow": "GroundingDinoContrastiveEmbedding fills −inf on purpose: at text "
+            "positions the token mask excludes and on the padding up to max_text_len (256), "
+            "so encoder_output_class_embed's output is non-finite by design"
+        }
+        for t in ("grounding-dino", "mm-grounding-dino")
+    },
+    **{
+        t: {
+            "overflow": "transformers' NemotronAsrStreaming attention masks with "
+            "attention_mask.logical_not() on the float additive mask eager receives (0 where "
+            "allowed), so every key is masked: all outputs are NaN under eager, at any length "
+            "and with or without attention_mask (measured: 1152/1152 at 64 frames; sdpa: 0)"
+        }
+        for t in ("nemotron3_5_asr", "nemotron_asr_streaming", "nemotron_asr_streaming_encoder")
+    },
+    "aimv2": {
+        "init-scale": "Aimv2Config has no initializer_range, only initializer_factor = 1.0, "
+        "which transformers' default init takes as the std: visual_projection truly is "
+        "N(0, 1) (std 0.994) over fan-in 64"
+    },
+    "apertus1p5": {
+        "init-scale": "Apertus 1.5's vision tokenizer init draws every nn.Linear with "
+        "init.normal_ (std 1) on purpose: the IBQ codebook scorer truly is N(0, 1); its "
+        "scores feed only an argmax (hard codebook indices, inference-only)"
+    },
+    "xlstm": {
+        "dead-branch": "transformers' xLSTM init zeroes every Linear whose name holds 'gate' "
+        "(meant for the i/f/o gates), the FFN's proj_up_gate too (std 0 measured): SiLU(0) · "
+        "up = 0, so every FFN branch truly writes exactly 0 at init (the mLSTM branches write)"
     },
     "mra": {
         "dead-branch": "without its CUDA kernel transformers' mra2_attention returns zeros: "

@@ -576,3 +576,40 @@ def test_minilm_checkpoint_heads() -> None:
     assert "encoder.layer.0.attention.self head 2" in ent.message
     scale = only(report.findings, "logit-scale")
     assert scale and all(f.severity is Severity.INFO for f in scale)
+
+
+def _swin() -> torch.nn.Module:
+    cfg = transformers.SwinConfig(
+        image_size=32, patch_size=4, embed_dim=16, depths=[2], num_heads=[2], window_size=4
+    )
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return transformers.SwinModel(cfg)
+
+
+def test_swin_shifted_window_mask_is_a_mask_and_sharp_scores_still_fire() -> None:
+    # Swin's shifted windows add −100 (finite) to keys across a window seam: a mask, not a
+    # score. Read as scores they made a std of ~50 on a healthy init (logit-scale error).
+    report = scan(_swin())
+    shifted = report.attention[1]
+    assert shifted.name.endswith("blocks.1.attention")
+    assert shifted.mean_keys is not None and shifted.mean_keys < 16  # seams masked
+    assert all(h.score_std < 1 for h in shifted.heads)  # type: ignore[operator]
+    loud = [f for f in report.findings if f.check in NEW_CHECKS and f.severity is not Severity.INFO]
+    assert not loud, loud
+    model = _swin()
+    with torch.no_grad():  # the planted pathology: q and k ×30, scores of std ≫ √(2 ln T)
+        for blk in model.encoder.layers[0].blocks:
+            blk.attention.q_proj.weight.mul_(30)
+            blk.attention.k_proj.weight.mul_(30)
+    sharp = scan(model)
+    warn = Severity.WARN.rank
+    loud = [f for f in sharp.findings if f.check == "logit-scale" and f.severity.rank >= warn]
+    assert loud and "encoder.layers.0.blocks.1.attention" in loud[0].layers
+
+
+def test_a_mask_value_50_nats_below_its_row_masks_and_a_position_bias_does_not() -> None:
+    mask = torch.tensor([[0.0, -3.0, -49.0, -100.0, torch.finfo(torch.float32).min]])
+    ok, bias = attention_mod._allowed(mask, False, 1, 5, None, "cpu")
+    assert ok.flatten().tolist() == [True, True, True, False, False]
+    assert bias.flatten()[:3].tolist() == [0.0, -3.0, -49.0]

@@ -233,6 +233,35 @@ def test_norm_gain_is_probed_not_read() -> None:
     assert probe_gain(bn, bn.weight).mean().item() == pytest.approx(3.0, abs=1e-3)  # type: ignore[union-attr]
 
 
+class _GroupNormAct(nn.GroupNorm):
+    """BiT's GroupNormActivation: a GroupNorm whose forward ends in its own ReLU."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__(2, c)
+        self.activation = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(super().forward(x))
+
+
+def test_a_fused_activation_and_a_flattened_batchnorm_read_their_true_gain() -> None:
+    # ReLU's odd part halves the slope (0.5 on a gain of 1); a BatchNorm1d recorded on
+    # (N, C) tokens normalises each column, not each row. Both read 1 at 1 and 3 at 3.
+    gn = _GroupNormAct(8)
+    bn = nn.BatchNorm1d(8)
+    for gain in (1.0, 3.0):
+        with torch.no_grad():
+            gn.weight.fill_(gain)
+            bn.weight.fill_(gain)
+        g = probe_gain(gn, gn.weight)
+        b = probe_gain(bn, bn.weight, (14, 8))
+        assert g is not None and b is not None
+        assert g.mean().item() == pytest.approx(gain, abs=1e-3)
+        assert b.mean().item() == pytest.approx(gain, abs=1e-3)
+        assert b.std().item() < 1e-3
+    assert isinstance(gn.activation, nn.ReLU)  # put back after the probe
+
+
 def test_gemma_one_plus_w_gains_are_one_at_zero_and_a_gain_of_3_fires(tmp_path: Path) -> None:
     r = config_target(tmp_path, "gemma2")
     report = profile(r)

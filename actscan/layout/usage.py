@@ -368,7 +368,12 @@ def _probe(
     mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...], cache: ProbeCache
 ) -> torch.Tensor | None:
     nd = weight.dim()
-    if len(shape) > nd and tuple(shape[-nd:]) == tuple(weight.shape):
+    # a channel norm reads (N, C, …): on a recorded (N, C) input the trailing axis is its
+    # channel, not the axis it normalises (LeViT's BatchNorm1d over flattened tokens)
+    channel = nd == 1 and isinstance(mod, nn.modules.batchnorm._NormBase | nn.GroupNorm)
+    if channel and len(shape) >= 2 and shape[1] == weight.shape[0]:
+        norm_dims = reduce_dims = (0, *range(2, len(shape)))
+    elif len(shape) > nd and tuple(shape[-nd:]) == tuple(weight.shape):
         norm_dims = tuple(range(len(shape) - nd, len(shape)))
         reduce_dims = tuple(range(len(shape) - nd))
     elif nd == 1 and len(shape) >= 2 and shape[1] == weight.shape[0]:
@@ -385,7 +390,7 @@ def _probe(
         cache[key] = (x, x.to(device=weight.device, dtype=dtype), (x * x).sum(reduce_dims))
     x, xt, xx = cache[key]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _without_fused_activation(mod):
             pos, neg = _first(mod(xt.clone())), _first(mod(-xt))  # the cached x stays
     except Exception:  # a norm that wants more than one tensor (conditional norms, …)
         return None
@@ -396,6 +401,30 @@ def _probe(
     if not torch.isfinite(gain).all():
         return None
     return gain.reshape(weight.shape)
+
+
+# where activation classes live: torch's (nn.ReLU, …) and transformers' ACT2FN classes
+_ACTIVATION_MODULES = frozenset({"torch.nn.modules.activation", "transformers.activations"})
+
+
+@contextlib.contextmanager
+def _without_fused_activation(mod: nn.Module) -> Iterator[None]:
+    """A norm's activation children (a fused activation: BiT's GroupNormActivation,
+    timm's NormAct) swapped for Identity while probed: the odd part of ReLU(g·x) is g·x/2,
+    which read as a gain of 0.5 on a gain of 1. Put back after; other norms: unchanged."""
+    saved = {
+        k: c
+        for k, c in mod._modules.items()
+        if c is not None
+        and type(c).__module__ in _ACTIVATION_MODULES
+        and next(c.parameters(), None) is None
+    }
+    try:
+        for k in saved:
+            mod._modules[k] = nn.Identity()
+        yield
+    finally:
+        mod._modules.update(saved)
 
 
 @contextlib.contextmanager

@@ -185,6 +185,9 @@ def grouped_apply(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return out.reshape(b, hq, tq, v.shape[-1])
 
 
+MASKED_NATS = 50.0  # an additive mask this far below its row's best is a mask, not a bias
+
+
 def _allowed(
     mask: torch.Tensor | None, causal: bool, tq: int, tk: int, window: int | None, dev: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,7 +211,13 @@ def _allowed(
     if mask.dtype == torch.bool:
         return mask, torch.zeros(mask.shape, device=dev).masked_fill_(~mask, -math.inf)
     ok = mask > torch.finfo(mask.dtype).min / 2  # False on -inf and on the dtype's minimum
-    return ok, torch.where(ok, mask.float(), -math.inf)
+    m = mask.float()
+    # A finite mask value (Swin's shifted windows: −100) ≥ MASKED_NATS below its row's
+    # best masks too: its key's weight is ≤ e^-50 of that key's at equal scores, and its
+    # value is no score (−100 among unit scores reads as a score std of ~50).
+    top = torch.where(ok, m, -math.inf).amax(dim=-1, keepdim=True)
+    ok = ok & (m >= top - MASKED_NATS)
+    return ok, torch.where(ok, m, -math.inf)
 
 
 class AttentionProbes:
