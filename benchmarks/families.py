@@ -129,7 +129,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "layer_types": [*(["sliding_attention", "mlp"] * 2), "full_attention", "mlp"],
     },
     # windows tile the image side: 4 windows (2 × 2) of the 32-pixel image
-    "lw_detr": {"backbone_config": {"num_windows": 4}},
+    # and its projector levels, which the default leaves empty (the small checkpoint: one, 1×)
+    "lw_detr": {"backbone_config": {"num_windows": 4}, "projector_scale_factors": [1.0]},
     # which vision layers feed which text layers (checkpoints name them), inside 4 layers
     "granite4_vision": {
         "deepstack_layer_map": [[1, 0], [3, 1]],
@@ -194,6 +195,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # EfficientNet's top conv is round_filters(1280) = 1280 × width_coefficient wide, which
     # `hidden_dim` (2560 → 64) must equal: 0.05 gives 64 (and 8-channel early blocks)
     "efficientnet": {"width_coefficient": 0.05},
+    # UVDoc's head concatenates all six bridge outputs (bridge_connector 128 × 6 in); the
+    # default backbone names only the last stage
+    "uvdoc": {"backbone_config": {"out_indices": [1, 2, 3, 4, 5, 6], "out_features": None}},
 }
 # Default configs that do not validate as this transformers ships them: the fields that
 # make them valid, given when the default is made (before it is shrunk).
@@ -424,6 +428,9 @@ def _same_widths(d: dict[str, Any], out: dict[str, Any], widths: dict[int, int])
             and not _NOT_WIDTH.search(str(key))
         ):
             out[key] = widths[v]
+        elif type(v) is int and str(key).endswith("pos_feats") and sub == v and 2 * v in widths:
+            # sine and cosine features per position: half the width they are added to (SAM)
+            out[key] = widths[2 * v] // 2
 
 
 def _image_sides(d: dict[str, Any]) -> list[int]:
@@ -795,6 +802,9 @@ def _scale_channels(v: Any, factor: int) -> Any:
     return v // factor if type(v) is int and v % factor == 0 else v
 
 
+_FEAT_WIDTH = re.compile(r"feat.*(_dim|_channels)$")
+
+
 def _backbone_channels(d: dict[str, Any], out: dict[str, Any]) -> None:
     """A CNN's other channel fields (HGNetV2's `stage_in/mid/out_channels`, TextNet's
     `stem_out_channels` = its first stage width) divided by the factor its `hidden_sizes`
@@ -827,6 +837,8 @@ def _backbone_channels(d: dict[str, Any], out: dict[str, Any]) -> None:
             and all(type(x) is int and x in mapped for x in v)
         ):
             out[key] = [mapped[x] for x in v]
+        elif _FEAT_WIDTH.search(str(key)) and type(v) is int and v in mapped and out.get(key) == v:
+            out[key] = mapped[v]  # one stage's width read by the head (PP-DocLayoutV3's x4)
 
 
 def _out_stages(d: dict[str, Any], out: dict[str, Any], depth_from: int | None) -> None:

@@ -129,6 +129,10 @@ def test_backbone_stages_and_channels_survive_the_shrink() -> None:
     assert text.stem_out_channels == text.hidden_sizes[0] < 64
     hiera = families.tiny_config("sam2_hiera_det_model")  # 96 -> 64: stages scaled by 2/3
     assert hiera.embed_dim_per_stage[0] == hiera.hidden_size == 64
+    sam = families.tiny_config("sam")  # sine + cosine features: half the embedding width
+    assert 2 * sam.vision_config.num_pos_feats == sam.prompt_encoder_config.hidden_size
+    v3 = families.tiny_config("pp_doclayout_v3")  # its head reads the first stage's width
+    assert v3.x4_feat_dim == v3.backbone_config.stage_out_channels[0] < 128
     for model_type in ("d_fine", "textnet", "sam2_hiera_det_model"):
         model = families.build(model_type, TYPES[model_type])
         assert sum(p.numel() for p in model.parameters()) < 20_000_000
