@@ -386,6 +386,7 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
     _same_widths(d, out, _widths(d, out))
     _scale_pinpoints(d, out)
     _feature_layers(d, out)
+    _feature_sizes(d, out)
     vocabs = [v for v in _vocabs(out) if v <= VOCAB]
     if vocabs:
         _move_ids(d, out, min(vocabs), [min(vocabs) - 1])
@@ -483,6 +484,42 @@ def _feature_layers(d: dict[str, Any], out: dict[str, Any]) -> None:
                 small[key] = -1
             elif isinstance(v, list) and all(type(x) is int for x in v):
                 small[key] = [x for x in v if inside(x)] or [-1]
+
+
+def _side_and_patch(d: dict[str, Any]) -> tuple[int, int] | None:
+    """The first image side and patch (or patch stride) in a config's tree."""
+    side = patch = None
+    stack = [d]
+    while stack and not (side and patch):
+        node = stack.pop(0)
+        for key, v in node.items():
+            first = v[0] if isinstance(v, list) and v and type(v[0]) is int else v
+            if key == "image_size" and type(first) is int and not side:
+                side = first
+            elif key in ("patch_size", "patch_stride") and type(first) is int and not patch:
+                patch = first
+            elif isinstance(v, dict):
+                stack.append(v)
+    return (side, patch) if side and patch else None
+
+
+def _feature_sizes(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """SAM 2/3's `backbone_feature_sizes`, each level's [h, w] grid: a multiple of the
+    patch grid (side / patch), kept that multiple of the shrunk grid (sub-configs too)."""
+    for key, v in d.items():
+        if isinstance(v, dict) and isinstance(out.get(key), dict):
+            _feature_sizes(v, out[key])
+    sizes = d.get("backbone_feature_sizes")
+    full, small = _side_and_patch(d), _side_and_patch(out)
+    kept = out.get("backbone_feature_sizes") == sizes
+    if not (full and small and isinstance(sizes, list) and kept):
+        return
+    old_grid, new_grid = full[0] // full[1], small[0] // small[1]
+    if old_grid and new_grid and old_grid != new_grid:
+        out["backbone_feature_sizes"] = [
+            [max(1, x * new_grid // old_grid) for x in level] if isinstance(level, list) else level
+            for level in sizes
+        ]
 
 
 def _move_ids(d: dict[str, Any], out: dict[str, Any], vocab: int, top: list[int]) -> None:

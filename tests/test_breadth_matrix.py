@@ -133,6 +133,9 @@ def test_backbone_stages_and_channels_survive_the_shrink() -> None:
     assert 2 * sam.vision_config.num_pos_feats == sam.prompt_encoder_config.hidden_size
     v3 = families.tiny_config("pp_doclayout_v3")  # its head reads the first stage's width
     assert v3.x4_feat_dim == v3.backbone_config.stage_out_channels[0] < 128
+    # SAM 3's feature grids are 4, 2 and 1 × its patch grid (1008 / 14 = 72): of 32 / 8 = 4
+    s3 = families.tiny_config("sam3_tracker").vision_config
+    assert s3.backbone_feature_sizes == [[16, 16], [8, 8], [4, 4]]
     for model_type in ("d_fine", "textnet", "sam2_hiera_det_model"):
         model = families.build(model_type, TYPES[model_type])
         assert sum(p.numel() for p in model.parameters()) < 20_000_000
