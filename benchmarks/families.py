@@ -195,6 +195,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # EfficientNet's top conv is round_filters(1280) = 1280 × width_coefficient wide, which
     # `hidden_dim` (2560 → 64) must equal: 0.05 gives 64 (and 8-channel early blocks)
     "efficientnet": {"width_coefficient": 0.05},
+    # ALIGN's image embedding is its last block's width, round_filters(320) = 320 ×
+    # width_coefficient, which projection_dim (64) must equal; the top conv then 256 wide
+    "align": {"vision_config": {"width_coefficient": 0.2, "hidden_dim": 256}},
     # UVDoc's head concatenates all six bridge outputs (bridge_connector 128 × 6 in); the
     # default backbone names only the last stage
     "uvdoc": {"backbone_config": {"out_indices": [1, 2, 3, 4, 5, 6], "out_features": None}},
@@ -387,6 +390,7 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
     _scale_pinpoints(d, out)
     _feature_layers(d, out)
     _feature_sizes(d, out)
+    _hook_ids(d, out)
     vocabs = [v for v in _vocabs(out) if v <= VOCAB]
     if vocabs:
         _move_ids(d, out, min(vocabs), [min(vocabs) - 1])
@@ -484,6 +488,30 @@ def _feature_layers(d: dict[str, Any], out: dict[str, Any]) -> None:
                 small[key] = -1
             elif isinstance(v, list) and all(type(x) is int for x in v):
                 small[key] = [x for x in v if inside(x)] or [-1]
+
+
+_HOOKS = re.compile(r"(hook_ids|layer_ids)$")
+
+
+def _hook_ids(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """Layer indices a head reads from a sub-config's encoder (DepthPro's
+    `intermediate_hook_ids` [11, 5] into a 12-layer ViT): kept at the same place in the
+    shrunk depth (11 → 3, 5 → 1 of 4)."""
+    depths = [
+        (v[k], out[key][k])
+        for key, v in d.items()
+        if isinstance(v, dict) and isinstance(out.get(key), dict)
+        for k in _ints(v, _LAYERS)
+        if type(out[key].get(k)) is int and out[key][k] < v[k]
+    ]
+    for key, v in d.items():
+        if not (_HOOKS.search(str(key)) and isinstance(v, list) and v and depths):
+            continue
+        if not all(type(x) is int and x >= 0 for x in v) or out.get(key) != v:
+            continue
+        full, new = depths[0]
+        if max(v) < full:
+            out[key] = [x * new // full for x in v]
 
 
 def _side_and_patch(d: dict[str, Any]) -> tuple[int, int] | None:

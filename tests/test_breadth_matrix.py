@@ -136,6 +136,8 @@ def test_backbone_stages_and_channels_survive_the_shrink() -> None:
     # SAM 3's feature grids are 4, 2 and 1 × its patch grid (1008 / 14 = 72): of 32 / 8 = 4
     s3 = families.tiny_config("sam3_tracker").vision_config
     assert s3.backbone_feature_sizes == [[16, 16], [8, 8], [4, 4]]
+    # DepthPro's hooks into its 12-layer patch encoder, at the same places of 4 layers
+    assert families.tiny_config("depth_pro").intermediate_hook_ids == [3, 1]
     for model_type in ("d_fine", "textnet", "sam2_hiera_det_model"):
         model = families.build(model_type, TYPES[model_type])
         assert sum(p.numel() for p in model.parameters()) < 20_000_000
