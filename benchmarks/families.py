@@ -130,7 +130,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "layer_types": [*(["sliding_attention", "mlp"] * 2), "full_attention", "mlp"],
     },
     # windows tile the image side: 4 windows (2 × 2) of the 32-pixel image
-    "lw_detr": {"backbone_config": {"num_windows": 4}},
+    # and its projector levels, which the default leaves empty (the small checkpoint: one, 1×)
+    "lw_detr": {"backbone_config": {"num_windows": 4}, "projector_scale_factors": [1.0]},
     # which vision layers feed which text layers (checkpoints name them), inside 4 layers
     "granite4_vision": {
         "deepstack_layer_map": [[1, 0], [3, 1]],
@@ -192,6 +193,15 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # channels and 130 M parameters at the generic shrink; 4 filters give 256
     "vibevoice_acoustic_tokenizer_encoder": {"num_filters": 4},
     "vibevoice_acoustic_tokenizer_decoder": {"num_filters": 4},
+    # EfficientNet's top conv is round_filters(1280) = 1280 × width_coefficient wide, which
+    # `hidden_dim` (2560 → 64) must equal: 0.05 gives 64 (and 8-channel early blocks)
+    "efficientnet": {"width_coefficient": 0.05},
+    # ALIGN's image embedding is its last block's width, round_filters(320) = 320 ×
+    # width_coefficient, which projection_dim (64) must equal; the top conv then 256 wide
+    "align": {"vision_config": {"width_coefficient": 0.2, "hidden_dim": 256}},
+    # UVDoc's head concatenates all six bridge outputs (bridge_connector 128 × 6 in); the
+    # default backbone names only the last stage
+    "uvdoc": {"backbone_config": {"out_indices": [1, 2, 3, 4, 5, 6], "out_features": None}},
     # ---- refused22: what a released checkpoint sets and the default leaves unset or
     # out of range, so actscan's inputs (which follow the config) can run
     # Autoformer's decoder starts from the last `label_length` (10) context steps: its
@@ -459,6 +469,8 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
     _same_widths(d, out, _widths(d, out))
     _scale_pinpoints(d, out)
     _feature_layers(d, out)
+    _feature_sizes(d, out)
+    _hook_ids(d, out)
     vocabs = [v for v in _vocabs(out) if v <= VOCAB]
     if vocabs:
         _move_ids(d, out, min(vocabs), [min(vocabs) - 1])
@@ -501,6 +513,9 @@ def _same_widths(d: dict[str, Any], out: dict[str, Any], widths: dict[int, int])
             and not _NOT_WIDTH.search(str(key))
         ):
             out[key] = widths[v]
+        elif type(v) is int and str(key).endswith("pos_feats") and sub == v and 2 * v in widths:
+            # sine and cosine features per position: half the width they are added to (SAM)
+            out[key] = widths[2 * v] // 2
 
 
 def _image_sides(d: dict[str, Any]) -> list[int]:
@@ -553,6 +568,66 @@ def _feature_layers(d: dict[str, Any], out: dict[str, Any]) -> None:
                 small[key] = -1
             elif isinstance(v, list) and all(type(x) is int for x in v):
                 small[key] = [x for x in v if inside(x)] or [-1]
+
+
+_HOOKS = re.compile(r"(hook_ids|layer_ids)$")
+
+
+def _hook_ids(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """Layer indices a head reads from a sub-config's encoder (DepthPro's
+    `intermediate_hook_ids` [11, 5] into a 12-layer ViT): kept at the same place in the
+    shrunk depth (11 → 3, 5 → 1 of 4)."""
+    depths = [
+        (v[k], out[key][k])
+        for key, v in d.items()
+        if isinstance(v, dict) and isinstance(out.get(key), dict)
+        for k in _ints(v, _LAYERS)
+        if type(out[key].get(k)) is int and out[key][k] < v[k]
+    ]
+    for key, v in d.items():
+        if not (_HOOKS.search(str(key)) and isinstance(v, list) and v and depths):
+            continue
+        if not all(type(x) is int and x >= 0 for x in v) or out.get(key) != v:
+            continue
+        full, new = depths[0]
+        if max(v) < full:
+            out[key] = [x * new // full for x in v]
+
+
+def _side_and_patch(d: dict[str, Any]) -> tuple[int, int] | None:
+    """The first image side and patch (or patch stride) in a config's tree."""
+    side = patch = None
+    stack = [d]
+    while stack and not (side and patch):
+        node = stack.pop(0)
+        for key, v in node.items():
+            first = v[0] if isinstance(v, list) and v and type(v[0]) is int else v
+            if key == "image_size" and type(first) is int and not side:
+                side = first
+            elif key in ("patch_size", "patch_stride") and type(first) is int and not patch:
+                patch = first
+            elif isinstance(v, dict):
+                stack.append(v)
+    return (side, patch) if side and patch else None
+
+
+def _feature_sizes(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """SAM 2/3's `backbone_feature_sizes`, each level's [h, w] grid: a multiple of the
+    patch grid (side / patch), kept that multiple of the shrunk grid (sub-configs too)."""
+    for key, v in d.items():
+        if isinstance(v, dict) and isinstance(out.get(key), dict):
+            _feature_sizes(v, out[key])
+    sizes = d.get("backbone_feature_sizes")
+    full, small = _side_and_patch(d), _side_and_patch(out)
+    kept = out.get("backbone_feature_sizes") == sizes
+    if not (full and small and isinstance(sizes, list) and kept):
+        return
+    old_grid, new_grid = full[0] // full[1], small[0] // small[1]
+    if old_grid and new_grid and old_grid != new_grid:
+        out["backbone_feature_sizes"] = [
+            [max(1, x * new_grid // old_grid) for x in level] if isinstance(level, list) else level
+            for level in sizes
+        ]
 
 
 def _move_ids(d: dict[str, Any], out: dict[str, Any], vocab: int, top: list[int]) -> None:
@@ -765,7 +840,9 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
         elif key == "image_size" and isinstance(v, list) and all(isinstance(x, int) for x in v):
             out[key] = [min(x, IMAGE) for x in v]
         elif key == "hidden_sizes" and isinstance(v, list) and all(isinstance(x, int) for x in v):
-            out[key] = [min(x, 16 * 2**i) for i, x in enumerate(v)]
+            # by rank among its distinct sizes: stages of one width stay one width
+            ranks = sorted(set(v))
+            out[key] = [min(x, 16 * 2 ** ranks.index(x)) for x in v]
         elif key == "mrope_section" and isinstance(v, list) and sum(v) > HEAD_DIM // 2:
             # M-RoPE splits half the head dim in sections: kept in proportion
             out[key] = [max(1, x * (HEAD_DIM // 2) // sum(v)) for x in v]
@@ -812,12 +889,14 @@ def _shrink(d: dict[str, Any]) -> dict[str, Any]:
                 out[key] = kept or [new - 1]
     _keep_relations(d, out)
     _stage_channels(d, out)
+    _backbone_channels(d, out)
+    _out_stages(d, out, depth_from)
     if isinstance(d.get("per_layer_config"), dict):
         out["per_layer_config"] = _per_layer_config(d, out, depth_from)
     return out
 
 
-_CHANNEL_LISTS = re.compile(r"(channels|features|dims)$")
+_CHANNEL_LISTS = re.compile(r"(channels|features|dims|dim_per_stage)$")
 
 
 def _stage_channels(d: dict[str, Any], out: dict[str, Any]) -> None:
@@ -826,9 +905,9 @@ def _stage_channels(d: dict[str, Any], out: dict[str, Any]) -> None:
     lists): divided by the factor the width was, so the last stage is the new width. Only
     multiples of the factor are divided (3 RGB or 1 grey input channels stay)."""
     hidden = next(iter(_ints(d, _HIDDEN)), None)
-    if not hidden or not (0 < out[hidden] < d[hidden]) or d[hidden] % out[hidden]:
+    if not hidden or not (0 < out[hidden] < d[hidden]):
         return
-    factor = d[hidden] // out[hidden]
+    full, small = d[hidden], out[hidden]
 
     def flat(v: Any) -> list[Any]:
         return [y for x in v for y in flat(x)] if isinstance(v, list) else [v]
@@ -836,14 +915,93 @@ def _stage_channels(d: dict[str, Any], out: dict[str, Any]) -> None:
     def scale(v: Any) -> Any:
         if isinstance(v, list):
             return [scale(x) for x in v]
-        return v // factor if type(v) is int and v % factor == 0 else v
+        return v * small // full if type(v) is int and v * small % full == 0 else v
 
     for key, v in d.items():
         if not (isinstance(v, list) and _CHANNEL_LISTS.search(str(key))):
             continue
         values = flat(v)
-        if all(type(x) is int for x in values) and d[hidden] in values:
+        if not (all(type(x) is int for x in values) and full in values):
+            continue
+        # a width not a whole multiple of the new one (Hiera's 96 -> 64): only where
+        # every stage scales to a whole number
+        if full % small == 0 or all(x * small % full == 0 for x in values):
             out[key] = scale(v)
+
+
+def _channel_factor(d: dict[str, Any], out: dict[str, Any]) -> int | None:
+    """The one factor a stage-width list (`hidden_sizes`) was divided by, if one."""
+    full, small = d.get("hidden_sizes"), out.get("hidden_sizes")
+    if not (isinstance(full, list) and isinstance(small, list) and full != small):
+        return None
+    pairs = list(zip(full, small, strict=True))  # the shrink caps it element by element
+    if not all(type(a) is int and type(b) is int and b and a % b == 0 for a, b in pairs):
+        return None
+    ratios = {a // b for a, b in pairs}
+    return ratios.pop() if len(ratios) == 1 else None
+
+
+def _scale_channels(v: Any, factor: int) -> Any:
+    if isinstance(v, list):
+        return [_scale_channels(x, factor) for x in v]
+    return v // factor if type(v) is int and v % factor == 0 else v
+
+
+_FEAT_WIDTH = re.compile(r"feat.*(_dim|_channels)$")
+
+
+def _backbone_channels(d: dict[str, Any], out: dict[str, Any]) -> None:
+    """A CNN's other channel fields (HGNetV2's `stage_in/mid/out_channels`, TextNet's
+    `stem_out_channels` = its first stage width) divided by the factor its `hidden_sizes`
+    were, so stage i's output still feeds stage i+1; and a neck's input channel lists
+    that mirror a sub-config backbone's output channels (RT-DETR-like
+    `encoder_in_channels`) mapped as the backbone's were."""
+    factor = _channel_factor(d, out)
+    if factor:
+        for key, v in d.items():
+            if key != "num_channels" and str(key).endswith("channels") and key in out:
+                out[key] = _scale_channels(v, factor)
+    mapped: dict[int, int] = {}
+    for key, v in d.items():
+        sub = out.get(key)
+        if not (isinstance(v, dict) and isinstance(sub, dict) and str(key).startswith("backbone")):
+            continue
+        for name, full in v.items():
+            small = sub.get(name)
+            if not (name == "hidden_sizes" or _CHANNEL_LISTS.search(str(name))):
+                continue
+            if isinstance(full, list) and isinstance(small, list) and len(full) == len(small):
+                pairs = zip(full, small, strict=True)
+                mapped.update((a, b) for a, b in pairs if type(a) is int and a != b)
+    for key, v in d.items():
+        if (
+            str(key).endswith(("in_channels", "channel_list"))
+            and isinstance(v, list)
+            and v
+            and out.get(key) == v  # not already a width the rules above shrank
+            and all(type(x) is int and x in mapped for x in v)
+        ):
+            out[key] = [mapped[x] for x in v]
+        elif _FEAT_WIDTH.search(str(key)) and type(v) is int and v in mapped and out.get(key) == v:
+            out[key] = mapped[v]  # one stage's width read by the head (PP-DocLayoutV3's x4)
+
+
+def _out_stages(d: dict[str, Any], out: dict[str, Any], depth_from: int | None) -> None:
+    """A backbone's `out_indices` over stages named by layer (a ViT backbone's
+    `stage1..stage12`): where the cut depth drops some, the last as many stages as it
+    had (at least stage 1), `out_features` re-derived from them."""
+    v = out.get("out_indices")
+    if depth_from is None or not (isinstance(v, list) and v and all(type(x) is int for x in v)):
+        return
+    new = next(out[k] for k in out if _LAYERS.search(k) and d[k] == depth_from)
+    if all(0 <= x <= new for x in v):
+        return
+    count = min(len(v), new)
+    out["out_indices"] = list(range(new - count + 1, new + 1))
+    if "out_features" in out:
+        out["out_features"] = None
+    if isinstance(d.get("stage_names"), list):
+        out["stage_names"] = d["stage_names"][: new + 1]
 
 
 def _per_layer_config(d: dict[str, Any], out: dict[str, Any], depth_from: int | None) -> Any:
@@ -952,7 +1110,16 @@ def _fields(config: Any) -> set[str] | None:
     if dataclasses.is_dataclass(cls):
         # and the names `attribute_map` stores fields under (Inkling's vision n_layers)
         aliases = getattr(cls, "attribute_map", None) or {}
-        return {f.name for f in dataclasses.fields(cls)} | set(aliases.values())
+        names = {f.name for f in dataclasses.fields(cls)} | set(aliases.values())
+        # a private field read through its property, which the dict names publicly (a
+        # backbone's `_out_indices` as `out_indices`): dropped, the backbone would fall
+        # back to its last stage alone and leave its neck's other inputs missing
+        exposed = {
+            n[1:]
+            for n in names
+            if n.startswith("_") and isinstance(getattr(cls, n[1:], None), property)
+        }
+        return names | exposed
     params = inspect.signature(cls.__init__).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()) and len(params) <= 3:
         return None  # no declared fields to go by

@@ -114,6 +114,35 @@ def test_validated_relations_survive_the_shrink() -> None:
         families.build(model_type, TYPES[model_type])  # each validates and builds
 
 
+def test_backbone_stages_and_channels_survive_the_shrink() -> None:
+    """A backbone keeps the stages its neck reads, and every channel field that mirrors a
+    stage width is scaled with it (else the neck's convs get the full-width channels)."""
+    rt = families.tiny_config("rt_detr")  # the three stages its encoder projects
+    assert rt.backbone_config.out_indices == [2, 3, 4]
+    hg = families.tiny_config("d_fine").backbone_config  # HGNetV2: stage i feeds stage i+1
+    assert hg.stage_in_channels[1:] == hg.stage_out_channels[:-1]
+    assert max(hg.stage_out_channels) < 2048
+    fine = families.tiny_config("d_fine")
+    outs = [hg.stage_out_channels[i - 1] for i in hg.out_indices]
+    assert fine.encoder_in_channels == outs  # the neck's inputs are the stages it reads
+    text = families.tiny_config("textnet")  # the stem's width is the first stage's
+    assert text.stem_out_channels == text.hidden_sizes[0] < 64
+    hiera = families.tiny_config("sam2_hiera_det_model")  # 96 -> 64: stages scaled by 2/3
+    assert hiera.embed_dim_per_stage[0] == hiera.hidden_size == 64
+    sam = families.tiny_config("sam")  # sine + cosine features: half the embedding width
+    assert 2 * sam.vision_config.num_pos_feats == sam.prompt_encoder_config.hidden_size
+    v3 = families.tiny_config("pp_doclayout_v3")  # its head reads the first stage's width
+    assert v3.x4_feat_dim == v3.backbone_config.stage_out_channels[0] < 128
+    # SAM 3's feature grids are 4, 2 and 1 × its patch grid (1008 / 14 = 72): of 32 / 8 = 4
+    s3 = families.tiny_config("sam3_tracker").vision_config
+    assert s3.backbone_feature_sizes == [[16, 16], [8, 8], [4, 4]]
+    # DepthPro's hooks into its 12-layer patch encoder, at the same places of 4 layers
+    assert families.tiny_config("depth_pro").intermediate_hook_ids == [3, 1]
+    for model_type in ("d_fine", "textnet", "sam2_hiera_det_model"):
+        model = families.build(model_type, TYPES[model_type])
+        assert sum(p.numel() for p in model.parameters()) < 20_000_000
+
+
 def test_a_head_over_a_sub_config_builds_on_it() -> None:
     """The causal-LM mapping lists Emu3ForCausalLM for emu3, whose config is the composite
     Emu3Config: the head is built on its text sub-config, as from_pretrained would."""
