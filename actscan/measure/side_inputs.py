@@ -26,8 +26,7 @@ import torch
 from torch import nn
 
 from actscan.measure.inputs import Batch, InputSource
-from actscan.measure.state import eval_mode
-from actscan.measure.vision_text import config_int, forward_params
+from actscan.measure.vision_text import config_int, forward_params, runs_on
 
 __all__ = ["SIDE_INPUTS", "with_side_inputs"]
 
@@ -64,15 +63,6 @@ def _language(config: Any) -> int | None:
     return 0 if getattr(config, "default_language", None) is None else None
 
 
-def _runs(model: nn.Module, kwargs: dict[str, Any]) -> bool:
-    try:
-        with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model(**kwargs)
-    except Exception:
-        return False
-    return True
-
-
 def with_side_inputs(model: nn.Module, source: InputSource, seed: int) -> InputSource:
     """`source` with the side inputs the forward takes and the batches lack (boxes, a
     language id), or `source` itself when none is needed."""
@@ -86,7 +76,7 @@ def with_side_inputs(model: nn.Module, source: InputSource, seed: int) -> InputS
     if "bbox" in params and "bbox" not in first.kwargs:
         rows, seq = ids.shape
         floats = {**first.kwargs, "bbox": boxes(config, rows, seq, seed, 0, grid=False)}
-        grid = not _runs(model, floats)
+        grid = not runs_on(model, floats)
 
         def add_boxes(b: Batch, i: int) -> dict[str, torch.Tensor]:
             t = _ids(b)
