@@ -1048,3 +1048,24 @@ def test_with_dropout_on_the_proof_takes_its_own_eval_mode_pass() -> None:
         handle.remove()
     assert len(calls) == 2
     assert [p.status for p in report.layout] == ["verified", "verified"]
+
+
+def test_a_block_called_through_its_forward_method_is_said_to_bypass_hooks() -> None:
+    """SqueezeBERT's encoder runs each layer as `layer.forward(...)`, which no module
+    hook sees: the blocks' modules ran, so the proof must not say they did not run; it
+    says the hooks were bypassed (ran stays True) and proves nothing there."""
+
+    class Direct(_Stack):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.inp(x)
+            for b in self.blocks:
+                h = b.forward(h)
+            return self.out(h)
+
+    torch.manual_seed(0)
+    model = Direct(lambda: _MlpBlock(), n=3)
+    x = features()
+    result = prove_layout(model, detect_layout(model), lambda: model(x[:1]))
+    assert [(p.status, p.ran) for p in result.proofs] == [("skipped", True)] * 3
+    assert all("bypasses module hooks" in p.note for p in result.proofs)
+    assert not any("did not run" in n for n in result.notes)

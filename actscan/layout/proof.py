@@ -193,6 +193,9 @@ class BlockWatch:
         # The first error of a hook: the hooks go inert and the proof says so (a hook on
         # the recorded pass must never break it).
         self.failed: Exception | None = None
+        # modules inside a block that ran while no block hook had fired: their block was
+        # run as `block.forward(...)`, which no module hook sees (SqueezeBERT's encoder)
+        self.bypassed: set[str] = set()
 
     def install(self, hooks: HookSet) -> BlockWatch:
         for b in self.blocks:
@@ -266,7 +269,10 @@ class BlockWatch:
 
     def _inner(self, name: str) -> Any:
         def hook(mod: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
-            if not self.stack or not self.stack[-1].shape:
+            if not self.stack:  # inside no block: its block ran without its own hooks
+                self.bypassed.add(name)
+                return
+            if not self.stack[-1].shape:
                 return
             tr = self.stack[-1]
             self.order += 1
@@ -813,6 +819,24 @@ def _unverified(
     return replace(b, proof=proof)
 
 
+def _bypassed(b: BlockInfo, stream: str) -> BlockInfo:
+    """A block whose modules ran but whose own hooks never fired: the model calls it as
+    `block.forward(...)`, past every module hook, so its input and output are never seen
+    and its layout cannot be proven. Said plainly: not a block that did not run."""
+    proof = BlockProof(
+        block=b.index,
+        name=b.name,
+        status="skipped",
+        stream=stream,
+        note=(
+            "the model calls this block as block.forward(...), which bypasses module hooks: "
+            "its modules ran, but its input and output cannot be seen, so its layout is not "
+            "proven and the stream checks have no stream here"
+        ),
+    )
+    return replace(b, proof=proof)
+
+
 def _idle(b: BlockInfo, stream: str) -> BlockInfo:
     """A block the forward never called: nothing was measured there, so there is nothing
     to prove (a tower the inputs did not reach, a list the model calls through a method
@@ -909,7 +933,8 @@ def read_blocks(
             out.append(_reshaped(b, tr, stream or b.stream))
             continue
         if tr is None:
-            out.append(_idle(b, stream or b.stream))
+            inner = any(m.startswith(b.name + ".") for m in watch.bypassed)
+            out.append(_bypassed(b, stream or b.stream) if inner else _idle(b, stream or b.stream))
             continue
         if tr.gram is None:
             out.append(_unverified(b, "skipped", tr.note, stream=stream or b.stream))
