@@ -136,8 +136,32 @@ def _normed(params: list[ParamRecord], ratio: Callable[[ParamRecord], float]) ->
     """Weights above the fan-in rule whose output goes straight into a norm (conv →
     BatchNorm, torchvision's ResNet init: He with fan-out): the norm divides any scale
     out of its input, so the forward sees none of it. Info, with the number."""
+    return _explained_scale(
+        params,
+        ratio,
+        lambda w, like: (
+            f", but its output goes straight into a norm, which divides that "
+            f"scale out ({like}): the forward pass sees none of it."
+        ),
+        "Nothing to fix for the forward pass; with plain SGD a large weight learns "
+        "slower relative to its size (Adam normalises the step).",
+    )
+
+
+def _explained_scale(
+    params: list[ParamRecord],
+    ratio: Callable[[ParamRecord], float],
+    why: Callable[[ParamRecord, str], str],
+    hint: str,
+) -> Finding:
+    """init-scale at info for weights above the fan-in rule whose scale the layout
+    explains: the worst weight's numbers, then `why(worst, "N weight groups like it: …")`."""
     groups = _groups(params)
     w = max(params, key=ratio)
+    like = (
+        f"{len(groups)} weight group{'s' if len(groups) > 1 else ''} like it: "
+        f"{listing(list(groups), 3)}"
+    )
     return finding(
         CheckId.INIT_SCALE,
         Severity.INFO,
@@ -145,11 +169,8 @@ def _normed(params: list[ParamRecord], ratio: Callable[[ParamRecord], float]) ->
         ratio(w),
         None,
         f"{pattern(w.name)} has std {n(w.std)} = {n(ratio(w))}× the fan-in rule "
-        f"√(1/{w.fan_in}), but its output goes straight into a norm, which divides that "
-        f"scale out ({len(groups)} weight group{'s' if len(groups) > 1 else ''} like it: "
-        f"{listing(list(groups), 3)}): the forward pass sees none of it.",
-        "Nothing to fix for the forward pass; with plain SGD a large weight learns "
-        "slower relative to its size (Adam normalises the step).",
+        f"√(1/{w.fan_in})" + why(w, like),
+        hint,
     )
 
 
@@ -197,20 +218,15 @@ def _fan_out(params: list[ParamRecord], ratio: Callable[[ParamRecord], float]) -
     mode keeps one pass's variance, fan-out the backward's; the forward gain is the
     layer's fan_in/fan_out, which the layer expanding back (a squeeze-excite bottleneck,
     RegNet's) returns. Info, with the number."""
-    groups = _groups(params)
-    w = max(params, key=ratio)
-    return finding(
-        CheckId.INIT_SCALE,
-        Severity.INFO,
-        sorted({p.module for p in params}),
-        ratio(w),
-        None,
-        f"{pattern(w.name)} has std {n(w.std)} = {n(ratio(w))}× the fan-in rule "
-        f"√(1/{w.fan_in}), which is He's fan-out rule √(2/{w.fan_out}) (Kaiming "
-        f"mode='fan_out', torchvision's ResNet init; {len(groups)} weight "
-        f"group{'s' if len(groups) > 1 else ''} like it: {listing(list(groups), 3)}): it "
-        f"keeps the backward pass's variance; the forward gain {n(ratio(w) ** 2)} is the "
-        f"layer's reduction, returned by the layer that expands back.",
+    return _explained_scale(
+        params,
+        ratio,
+        lambda w, like: (
+            f", which is He's fan-out rule √(2/{w.fan_out}) (Kaiming "
+            f"mode='fan_out', torchvision's ResNet init; {like}): it "
+            f"keeps the backward pass's variance; the forward gain {n(ratio(w) ** 2)} is the "
+            f"layer's reduction, returned by the layer that expands back."
+        ),
         "Nothing to fix for a bottleneck pair; a reducing layer with nothing expanding after "
         "it grows the forward by fan_in/fan_out: use mode='fan_in' there.",
     )

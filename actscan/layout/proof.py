@@ -344,6 +344,7 @@ def _in_forward() -> bool:
 
 
 _IADDS = {torch.Tensor.add_, torch.Tensor.__iadd__}
+_ANY_ADD = frozenset(_ADDS | _IADDS)
 
 
 class _AddWatch(TorchFunctionMode):
@@ -362,7 +363,8 @@ class _AddWatch(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        if (func in _ADDS or func in _IADDS) and self.watch.stack and _in_forward():
+        # every op of the forward passes here: the cheapest test first
+        if self.watch.stack and func in _ANY_ADD and _in_forward():
             self.record(args, out, func in _IADDS)
         return out
 
