@@ -101,7 +101,6 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "chameleon": {"vocabulary_map": {"<image>": 8}},  # the tokenizer's map, read by the model
     # fields this transformers' model reads but its config class no longer declares
     # (checkpoints saved by older versions carry them)
-    "dbrx": {"attn_config": {"rope_theta": 10000.0}},
     "moonshine_streaming": {"num_key_value_heads": HEADS},
     "t5gemma2_encoder": {"text_config": {"dropout_rate": 0.0}},
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
@@ -217,6 +216,17 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "minicpmv4_6": {"image_token_id": _PLACEHOLDER},
     "minicpmv4_7": {"image_token_id": _PLACEHOLDER},
     "nemotron_h_omni": {"image_token_id": _PLACEHOLDER},
+    # ---- model-error22: fields the model reads unconditionally, which the default leaves
+    # None and every released checkpoint sets (a user's folder without one gets a line
+    # naming the field: `unset_config_fields`)
+    "esm": {"pad_token_id": 1},  # position ids count from it (ESM-2's <pad> is 1)
+    # DBRX clamps q, k, v at 8 (rope_theta: read, no longer declared by its config class)
+    "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8}},
+    # it builds a sliding-window mask even when no layer slides (the released config: 512)
+    "step3p7": {"text_config": {"sliding_window": 512}},
+    # its 2-D RoPE spans head_dim × partial_rotary_factor (4) = half the width: the real
+    # 8 heads (the shrink's 4 give the whole width, and the rotary tables do not fit)
+    "efficientloftr": {"num_attention_heads": 8},
 }
 # Default configs that do not validate as this transformers ships them: the fields that
 # make them valid, given when the default is made (before it is shrunk).

@@ -13,6 +13,7 @@ from torch import nn
 from actscan.errors import UsageError
 from actscan.measure.inputs import Batch
 from actscan.measure.model_inputs import describe_batch
+from actscan.measure.unset_config import unset_config_fields
 
 __all__ = [
     "TORCH_DTYPES",
@@ -191,12 +192,17 @@ def class_name(model: nn.Module) -> str:
 def call_model(model: nn.Module, batch: Batch) -> Any:
     """`model(*args, **kwargs)`. An error the model raises keeps its type for Python
     callers (with a note saying on what inputs), and is marked as the user's, so the CLI
-    gives its first line with exit 2 rather than an internal error."""
+    gives its first line with exit 2 rather than an internal error. The line names the
+    config fields left None that the failing code read (`unset_config_fields`)."""
     try:
         return model(*batch.args, **batch.kwargs)
     except Exception as err:
         what = describe_batch(batch) or "its inputs"
         line = f"{class_name(model)} failed on {what}: {_first_line(err)}"
+        unset = unset_config_fields(err, model)
+        if unset:  # a field its checkpoints set and this config leaves None
+            fields = ", ".join(f"{f} = None" for f in unset)
+            line = line.rstrip(":") + f"; the failing code reads its config's {fields}: set it in config.json"
         with contextlib.suppress(AttributeError, TypeError):
             setattr(err, MODEL_ERROR_ATTR, line)
         err.add_note(f"actscan: raised by the model: {line}")
