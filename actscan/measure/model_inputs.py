@@ -785,6 +785,10 @@ def _hf_source(
         towers = _tower_source(model, batch=batch, seed=seed)
         if towers is not None:
             return towers
+    if input_shape is None and inherited:
+        embeds = _embeds_source(model, batch=batch, seq_len=seq_len, seed=seed)
+        if embeds is not None:
+            return embeds
     images = name == "pixel_values" or (inherited and "pixel_values" in _required(model))
     sequence = _patch_sequence_kind(model) if input_shape is None and images else None
     if sequence is not None:
@@ -924,6 +928,35 @@ def _ids_alone(
         return Batch(kwargs={"input_ids": tokens, "attention_mask": mask, **kinds(tokens)})
 
     return NotedSource(ids, "", f"token ids alone; not fed: {', '.join(unfed)}")
+
+
+def _embeds_source(
+    model: nn.Module, *, batch: int, seq_len: int | None, seed: int
+) -> InputSource | None:
+    """Embeddings for a module that takes them instead of the ids it inherits the name of
+    (BLIP-2's Q-Former: `query_embeds`): each required `<prefix>_embeds` rows of the
+    config's width, `num_<prefix>_tokens` long where the config names it; and, where its
+    layers cross-attend to an encoder of `encoder_hidden_size` (the forward takes
+    `encoder_hidden_states`), that encoder's states too. None when it requires anything
+    else."""
+    config: Any = model.config  # a transformers config: its fields vary by family
+    required = [r for r in _required(model) if r not in ("self", "kwargs")]
+    width = _int(config, "hidden_size", "d_model")
+    if not required or not width or not all(r.endswith("_embeds") for r in required):
+        return None
+    seq = seq_len or DEFAULT_SEQ
+    lengths = {r: _int(config, f"num_{r.removesuffix('_embeds')}_tokens") or seq for r in required}
+    memory = _int(config, "encoder_hidden_size", "encoder_width")
+    memory = memory if "encoder_hidden_states" in forward_params(model) else None
+
+    def embeds(i: int) -> Batch:
+        gen = torch.Generator().manual_seed(seed * 100_003 + i)
+        kw = {r: torch.randn(batch, n, width, generator=gen) for r, n in lengths.items()}
+        if memory:
+            kw["encoder_hidden_states"] = torch.randn(batch, seq, memory, generator=gen)
+        return Batch(kwargs=kw)
+
+    return embeds
 
 
 def _spectrogram(model: nn.Module) -> bool:
@@ -1304,6 +1337,13 @@ def describe_batch(batch: Batch) -> str | None:
                 )
             else:
                 parts.append(f"{n} clips of {_dims(t)} features")
+    for name, t in kw.items():  # embeddings given by name (`query_embeds`), and a memory
+        if not (isinstance(t, torch.Tensor) and t.dim() == 3):
+            continue
+        if name.endswith("_embeds") and name != "inputs_embeds":
+            parts.append(f"{t.shape[0]}×{t.shape[1]} {name} of width {t.shape[2]}")
+        elif name == "encoder_hidden_states":
+            parts.append(f"{t.shape[0]}×{t.shape[1]} encoder states of width {t.shape[2]}")
     flat = kw.get("flattened_patches")
     if isinstance(flat, torch.Tensor) and flat.dim() == 3:
         n, count, width = flat.shape
