@@ -227,6 +227,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # its 2-D RoPE spans head_dim × partial_rotary_factor (4) = half the width: the real
     # 8 heads (the shrink's 4 give the whole width, and the rotary tables do not fit)
     "efficientloftr": {"num_attention_heads": 8},
+    # its M-RoPE index reads vision_start_token_id, which the thinker's config class no
+    # longer declares and the released thinker configs carry (151652): an id in the range
+    "qwen2_5_omni_thinker": {"vision_start_token_id": VOCAB - 7},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": VOCAB - 7},
 }
 # Default configs that do not validate as this transformers ships them: the fields that
 # make them valid, given when the default is made (before it is shrunk).
@@ -253,6 +257,7 @@ MROPE: dict[str, list[int]] = {
     "glm_image_text": [2, 3, 3],
     "paddleocr_vl_text": [2, 3, 3],
     "ernie4_5_vl_moe_text": [3, 3, 2],  # height, width, time (its fallback: [22, 22, 20])
+    "qwen2_5_omni_text": [2, 3, 3],  # the thinker's text model (its fallback: [16, 24, 24])
 }
 
 # Findings argued true on a type's healthy tiny init (check id -> why), or a reason a

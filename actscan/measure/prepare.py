@@ -13,7 +13,7 @@ from torch import nn
 from actscan.errors import UsageError
 from actscan.measure.inputs import Batch
 from actscan.measure.model_inputs import describe_batch
-from actscan.measure.unset_config import unset_config_fields
+from actscan.measure.unset_config import missing_config_field, unset_config_fields
 
 __all__ = [
     "TORCH_DTYPES",
@@ -193,7 +193,8 @@ def call_model(model: nn.Module, batch: Batch) -> Any:
     """`model(*args, **kwargs)`. An error the model raises keeps its type for Python
     callers (with a note saying on what inputs), and is marked as the user's, so the CLI
     gives its first line with exit 2 rather than an internal error. The line names the
-    config fields left None that the failing code read (`unset_config_fields`)."""
+    config fields left None that the failing code read (`unset_config_fields`), or the
+    one it lacks (`missing_config_field`)."""
     try:
         return model(*batch.args, **batch.kwargs)
     except Exception as err:
@@ -202,7 +203,13 @@ def call_model(model: nn.Module, batch: Batch) -> Any:
         unset = unset_config_fields(err, model)
         if unset:  # a field its checkpoints set and this config leaves None
             fields = ", ".join(f"{f} = None" for f in unset)
-            line = line.rstrip(":") + f"; the failing code reads its config's {fields}: set it in config.json"
+            line = (
+                line.rstrip(":")
+                + f"; the failing code reads its config's {fields}: set it in config.json"
+            )
+        missing = missing_config_field(err, model)
+        if missing:  # a field its config class no longer declares (older checkpoints carry it)
+            line += f"; its config has no {missing}: set it in config.json"
         with contextlib.suppress(AttributeError, TypeError):
             setattr(err, MODEL_ERROR_ATTR, line)
         err.add_note(f"actscan: raised by the model: {line}")

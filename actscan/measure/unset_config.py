@@ -6,7 +6,9 @@ A default config leaves to its checkpoints what the model reads unconditionally 
 the model with an error that names a local variable, not the field. The traceback says
 which: a value the failing lines read that is None (a local, `obj.attr`, or `self.attr`
 set in its module's `__init__` from `<config>.<field>`), or a field the error names,
-matched against the fields the config (and its sub-configs) leaves None.
+matched against the fields the config (and its sub-configs) leaves None. A field the
+config class no longer declares (checkpoints saved by older versions carry it) fails as
+an AttributeError on the config itself: `missing_config_field` names it.
 
 Everything duck-types the config; nothing imports transformers.
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["unset_config_fields"]
+__all__ = ["missing_config_field", "unset_config_fields"]
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ATTR = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)\b")
@@ -98,3 +100,18 @@ def unset_config_fields(err: BaseException, model: nn.Module) -> list[str]:
         line = linecache.getline(frame.f_code.co_filename, lineno)
         names |= _read_as_none(frame, line)
     return [path for name, path in unset.items() if name in names]
+
+
+def missing_config_field(err: BaseException, model: nn.Module) -> str | None:
+    """The dotted field the forward asked its config (or a sub-config) for and it lacks
+    (Qwen2.5-Omni's thinker reads `vision_start_token_id`), else None."""
+    config = getattr(model, "config", None)
+    if not isinstance(err, AttributeError) or config is None or not err.name:
+        return None
+    owner = getattr(err, "obj", None)
+    if owner is config:
+        return err.name
+    for key, sub in vars(config).items():
+        if sub is owner and hasattr(sub, "to_dict"):
+            return f"{key}.{err.name}"
+    return None
