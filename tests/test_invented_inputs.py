@@ -666,3 +666,21 @@ def test_a_streaming_audio_model_gets_one_text_token_per_audio_position() -> Non
     assert kw["input_ids"].shape == (2, per_clip) and per_clip != 8
     with torch.no_grad():
         model(**kw)
+
+
+def test_a_module_taking_embeddings_for_inherited_ids_gets_them_by_name() -> None:
+    """BLIP-2's Q-Former inherits `main_input_name = "input_ids"` but requires
+    `query_embeds` (rows of its width) and cross-attends every other layer to an image
+    encoder of `encoder_hidden_size`: both are given, and its forward runs on them."""
+    config = families.tiny_config("blip_2_qformer")
+    config.encoder_hidden_size = 48  # the image encoder's own width, not the Q-Former's
+    model = transformers.Blip2QFormerModel(config).eval()
+    kw = _batch(model)
+    assert "input_ids" not in kw
+    assert kw["query_embeds"].shape == (2, 8, config.hidden_size)
+    assert kw["encoder_hidden_states"].shape == (2, 8, 48)
+    with torch.no_grad():
+        model(**kw)
+    described = describe_batch(Batch(kwargs=kw))
+    assert described is not None and "query_embeds of width" in described
+    assert "encoder states" in described
