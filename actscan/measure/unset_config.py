@@ -51,14 +51,19 @@ def _none_fields(config: Any, prefix: str = "", depth: int = 2) -> dict[str, str
 
 
 def _set_from(cls: type, attr: str) -> set[str]:
-    """The fields `cls.__init__` assigns `self.<attr>` from (`self.clip_qkv =
-    attn_config.clip_qkv`, `self.padding_idx = config.pad_token_id`)."""
-    try:
-        source = inspect.getsource(cls.__init__)
-    except (OSError, TypeError):
-        return set()
+    """The fields the `__init__`s of `cls` and its bases assign `self.<attr>` from
+    (`self.clip_qkv = attn_config.clip_qkv`, `self.padding_idx = config.pad_token_id`)."""
     pattern = rf"self\.{re.escape(attr)}\s*=\s*[A-Za-z_][\w.]*\.(\w+)\b"
-    return set(re.findall(pattern, source))
+    found: set[str] = set()
+    for base in cls.__mro__:
+        init = vars(base).get("__init__")
+        if init is None or base.__module__.startswith("torch."):
+            continue
+        try:
+            found |= set(re.findall(pattern, inspect.getsource(init)))
+        except (OSError, TypeError):
+            continue
+    return found
 
 
 def _read_as_none(frame: Any, line: str) -> set[str]:
