@@ -231,6 +231,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # longer declares and the released thinker configs carry (151652): an id in the range
     "qwen2_5_omni_thinker": {"vision_start_token_id": VOCAB - 7},
     "qwen3_omni_moe_thinker": {"vision_start_token_id": VOCAB - 7},
+    # its prompt encoder's grid (image_size / patch_size) must be the backbone's last
+    # feature grid, 16× finer than the image (stride 4, then two 2× poolings): the
+    # released 16, which the shrink's patch size halves
+    "sam2": {"prompt_encoder_config": {"patch_size": 16}},
 }
 # Default configs that do not validate as this transformers ships them: the fields that
 # make them valid, given when the default is made (before it is shrunk).

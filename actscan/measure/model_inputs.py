@@ -144,10 +144,12 @@ def _main_shapes(
         # CNN backbones (ResNet, RegNet) name no image size: they take any, and were
         # trained at ImageNet's 224 on RGB, the defaults of their image processors. An
         # encoder-decoder (Donut, Nougat) names its encoder's in the encoder's config.
+        # SAM 2's vision config keeps it in its backbone's (Hiera) config
         vision = _sub(config, "vision_config", "encoder_config", "encoder")
         size = (
             _pair(getattr(config, "image_size", None))
             or _pair(getattr(vision, "image_size", None))
+            or _pair(getattr(_sub(vision, "backbone_config"), "image_size", None))
             or (DEFAULT_IMAGE, DEFAULT_IMAGE)
         )
         channels = _int(config, "num_channels") or _int(vision, "num_channels") or 3
@@ -1309,6 +1311,8 @@ def describe_batch(batch: Batch) -> str | None:
                 sizes = kw["target_sizes"]  # packed in one row: the grids say how many
                 patches = int(sizes.prod(dim=-1).sum())
                 parts.append(f"{sizes.shape[0]} images as {patches} patches, packed")
+            elif name == "pixel_values" and t.dim() == 2:  # every image's patches, a row each
+                parts.append(f"{n} image patches of {t.shape[1]}")
             elif name == "pixel_values" and t.dim() == 3:  # a sequence of patches per image
                 parts.append(f"{n} images as {t.shape[1]} patches of {t.shape[2]}")
             elif name == "pixel_values":

@@ -327,7 +327,7 @@ def _layouts(model: nn.Module) -> tuple[str, ...]:
     vision = _vision_config(model.config) or model.config
     if config_int(vision, "num_frames") or config_int(model.config, "num_frames"):
         return ("video", "plain", "nested")
-    return ("plain", "nested", "sizes", "nested+sizes", "tiles", "patches")
+    return ("plain", "nested", "sizes", "nested+sizes", "tiles", "patches", "patch_rows")
 
 
 def _image_side(model: nn.Module) -> int:
@@ -354,7 +354,8 @@ def _images(
     Idefics-like models take; "video": (batch, frames, C, H, W); "tiles": nested with a
     mask per tile (Granite Docling), not per pixel; "sizes": with `image_sizes`;
     "anyres": LLaVA-NeXT's tiles of a pinpoint-sized image and its base view; "patches":
-    each image's patches flattened, (batch, N, C · P · P); Qwen-VL's
+    each image's patches flattened, (batch, N, C · P · P); "patch_rows": those of every
+    image in one list, (batch · N, C · P · P); Qwen-VL's
     patches with their `image_grid_thw` ("flat", "conv", "seq", `patch_grid`);
     "naflex": `patch_sequence`."""
     config: Any = model.config  # a transformers config: its fields vary by family
@@ -372,11 +373,12 @@ def _images(
         return out
     if layout == "naflex":
         return patch_sequence(vision, batch, gen)
-    if layout == "patches":  # Fuyu: each image its patches, flattened, in raster order
+    if layout in ("patches", "patch_rows"):  # Fuyu: each image its patches, raster order
         patch = config_int(vision, "patch_size") or 16
         side = _image_side(model) // patch
         flat = torch.randn(batch, side * side, channels * patch * patch, generator=gen)
-        return {"pixel_values": flat}
+        # NeoMME: every image's patches one after another, a row each
+        return {"pixel_values": flat.flatten(0, 1) if layout == "patch_rows" else flat}
     size = side or _image_side(model)
     views = 1
     point = _pinpoint(config, size) if layout == "anyres" else None
@@ -473,16 +475,17 @@ def feature_rows(out: Any, width: int | None) -> int | None:
     return sum(t.numel() // t.shape[-1] for t in tensors if t.dim() >= 1)
 
 
-def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, str] | None:
-    """Placeholders the batch's images fill, from the model's own vision path, and the
-    layout it took (`_images`); None when no layout runs."""
+def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> list[tuple[int, str]]:
+    """Placeholders the batch's images fill, from the model's own vision path, for each
+    layout (`_images`) it runs on, in `_layouts` order; [] when none runs."""
     get = getattr(model, "get_image_features", None)
     if not callable(get):  # some keep it on the inner model (DeepSeek-VL's `model`)
         get = getattr(getattr(model, "model", None), "get_image_features", None)
     if not callable(get):
-        return None
+        return []
     width = config_int(text_config(model.config), "hidden_size")
     siblings = sibling_ids(model, get, batch, 8, seed, 0)
+    counted: list[tuple[int, str]] = []
     for layout in _layouts(model):
         images = _images(model, batch, seed, 0, layout)
         try:
@@ -492,8 +495,8 @@ def _count_image_tokens(model: nn.Module, batch: int, seed: int) -> tuple[int, s
             continue
         rows = feature_rows(out, width)
         if rows is not None:
-            return rows, layout
-    return None
+            counted.append((rows, layout))
+    return counted
 
 
 _POSITION_MASK = "image_embeds_position_mask"
@@ -535,15 +538,15 @@ def vision_text_source(
         return lambda i: two_tower_at(batch, i, *form)
 
     counted = _count_image_tokens(model, batch, seed)
-    if counted is None or counted[0] % batch:
+    forms = [(n // batch, layout) for n, layout in counted if not n % batch]
+    if not forms or text_ids(config, 1, 1, seed, 0) is None:
         return None
-    per_image, layout = counted[0] // batch, counted[1]
 
-    def vlm(i: int) -> Batch:
-        ids = text_ids(config, batch, seq, seed, i)
+    def vlm_at(rows: int, i: int, per_image: int, layout: str) -> Batch:
+        ids = text_ids(config, rows, seq, seed, i)
         assert ids is not None
         fill = image_token if image_token is not None else int(ids[0, 0])
-        ids = torch.cat([torch.full((batch, per_image), fill), ids], dim=1)
+        ids = torch.cat([torch.full((rows, per_image), fill), ids], dim=1)
         kw: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if marked:  # the positions the image features replace, marked by a mask
             kw[_POSITION_MASK] = torch.zeros_like(ids)
@@ -551,13 +554,17 @@ def vision_text_source(
         if "mm_token_type_ids" in params:  # Qwen-VL's M-RoPE: 1 on image tokens
             kw["mm_token_type_ids"] = torch.zeros_like(ids)
             kw["mm_token_type_ids"][:, :per_image] = 1
-        kw.update(_images(model, batch, seed, i, layout))
-        kw.update(sibling_ids(model, model, batch, seq, seed, i))
+        kw.update(_images(model, rows, seed, i, layout))
+        kw.update(sibling_ids(model, model, rows, seq, seed, i))
         if "token_type_ids" in params:  # PaliGemma/Gemma 3: 0 on image and prompt tokens
             kw["token_type_ids"] = torch.zeros_like(ids)
         return Batch(kwargs=kw)
 
-    return vlm if text_ids(config, 1, 1, seed, 0) is not None else None
+    # the first layout the whole forward takes, one row (a vision path may accept a
+    # layout whose features the placeholder check then counts otherwise: NeoMME's rows
+    # of patches); the first counted when none runs, so the model's own error says why
+    form = next((f for f in forms if runs_on(model, vlm_at(1, 0, *f).kwargs)), forms[0])
+    return lambda i: vlm_at(batch, i, *form)
 
 
 # region features a detector gives a two-stream model, and the config field of their width
