@@ -30,6 +30,7 @@ from actscan.measure.params import param_records
 from actscan.measure.prepare import (
     TORCH_DTYPES,
     dtype_name,
+    one_row_hint,
     refuse_meta,
     resolve_device,
     unwrap_compiled,
@@ -90,7 +91,10 @@ def scan_model(
         model, info, inputs, loss_fn, batch=s.batch, seq_len=s.seq_len, seed=s.seed
     )
     ranks.check(model, spec, s.steps, chosen.source)
-    with kept_state(model, spec.device, spec.dtype, dropout=s.dropout, weights=s.steps > 0) as kept:
+    with (
+        one_row_hint(model),
+        kept_state(model, spec.device, spec.dtype, dropout=s.dropout, weights=s.steps > 0) as kept,
+    ):
         profiled, probe = profile_pass(model, layout, chosen, spec, ranks, s, info, progress)
         traced = trace_profile(model, profiled, s.trace)
         raw_steps = take_steps(model, steps, profiled, kept, info.vocab_size, progress)

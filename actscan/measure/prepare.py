@@ -5,6 +5,7 @@ not actscan's."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -12,8 +13,9 @@ from torch import nn
 
 from actscan.errors import UsageError
 from actscan.measure.inputs import Batch
-from actscan.measure.model_inputs import describe_batch
+from actscan.measure.model_inputs import describe_batch, first_shape
 from actscan.measure.unset_config import missing_config_field, unset_config_fields
+from actscan.measure.vision_text import runs_on
 
 __all__ = [
     "TORCH_DTYPES",
@@ -22,6 +24,7 @@ __all__ = [
     "dtype_name",
     "materialize_meta",
     "model_error_line",
+    "one_row_hint",
     "refuse_meta",
     "resolve_device",
     "unwrap_compiled",
@@ -189,12 +192,63 @@ def class_name(model: nn.Module) -> str:
     return type(model).__name__
 
 
+_BATCH_ATTR = "actscan_failed_batch"
+
+
+@contextlib.contextmanager
+def one_row_hint(model: nn.Module) -> Iterator[None]:
+    """Around the whole run: when the model raised on a batch of several rows and its
+    first row alone runs (eval mode, no gradients), the error's line says so and asks for
+    --batch 1 (TVP views its position embeddings with the batch size). Outermost, so the
+    run's hooks, modes and kept state have all unwound before the row runs."""
+    try:
+        yield
+    except Exception as err:
+        batch = getattr(err, _BATCH_ATTR, None)
+        line = model_error_line(err)
+        if isinstance(batch, Batch) and line is not None:
+            with contextlib.suppress(AttributeError, TypeError):
+                delattr(err, _BATCH_ATTR)
+            rows = _rows(batch)
+            one = _first_row(batch, rows) if rows > 1 else None
+            if one is not None and runs_on(model, one):
+                line += (
+                    f"; it runs on one row, not on {rows}: its forward breaks on a batch (a "
+                    "bug of the model's), so scan with --batch 1 (batch=1 in Python)"
+                )
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(err, MODEL_ERROR_ATTR, line)
+                err.add_note(f"actscan: {line}")
+        raise
+
+
+def _rows(batch: Batch) -> int:
+    """The batch's rows: its token ids', else its first tensor's leading size; 0 in a
+    process group (a rank must not rerun alone: its collectives would wait forever)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return 0
+    shape = first_shape(batch)
+    return shape[0] if shape else 0
+
+
+def _first_row(batch: Batch, rows: int) -> dict[str, Any] | None:
+    """The batch's first row as keyword arguments: every tensor of `rows` rows sliced;
+    None for positional inputs."""
+    if batch.args:
+        return None
+
+    def first(v: Any) -> Any:
+        return v[:1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == rows else v
+
+    return {k: first(v) for k, v in batch.kwargs.items()}
+
+
 def call_model(model: nn.Module, batch: Batch) -> Any:
     """`model(*args, **kwargs)`. An error the model raises keeps its type for Python
     callers (with a note saying on what inputs), and is marked as the user's, so the CLI
     gives its first line with exit 2 rather than an internal error. The line names the
     config fields left None that the failing code read (`unset_config_fields`), or the
-    one it lacks (`missing_config_field`)."""
+    one it lacks (`missing_config_field`); else it keeps the batch for `one_row_hint`."""
     try:
         return model(*batch.args, **batch.kwargs)
     except Exception as err:
@@ -210,6 +264,9 @@ def call_model(model: nn.Module, batch: Batch) -> Any:
         missing = missing_config_field(err, model)
         if missing:  # a field its config class no longer declares (older checkpoints carry it)
             line += f"; its config has no {missing}: set it in config.json"
+        if not unset and not missing:  # `one_row_hint` tries one row once the run unwound
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(err, _BATCH_ATTR, batch)
         with contextlib.suppress(AttributeError, TypeError):
             setattr(err, MODEL_ERROR_ATTR, line)
         err.add_note(f"actscan: raised by the model: {line}")

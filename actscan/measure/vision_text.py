@@ -563,8 +563,8 @@ def vision_text_source(
     # the first layout the whole forward takes, one row (a vision path may accept a
     # layout whose features the placeholder check then counts otherwise: NeoMME's rows
     # of patches); the first counted when none runs, so the model's own error says why
-    form = next((f for f in forms if runs_on(model, vlm_at(1, 0, *f).kwargs)), forms[0])
-    return lambda i: vlm_at(batch, i, *form)
+    per, layout = next((f for f in forms if runs_on(model, vlm_at(1, 0, *f).kwargs)), forms[0])
+    return lambda i: vlm_at(batch, i, per, layout)
 
 
 # region features a detector gives a two-stream model, and the config field of their width
