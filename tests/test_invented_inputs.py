@@ -684,3 +684,29 @@ def test_a_module_taking_embeddings_for_inherited_ids_gets_them_by_name() -> Non
     described = describe_batch(Batch(kwargs=kw))
     assert described is not None and "query_embeds of width" in described
     assert "encoder states" in described
+
+
+def test_patches_given_as_one_row_each_when_the_forward_counts_rows() -> None:
+    """NeoMME's vision path takes patches batched or not, but its placeholder check
+    counts the features' rows: the layout is the first whole forward takes, every
+    image's C·P·P patches one row each, one placeholder per patch."""
+    model = _tiny("neomme")
+    kw = _batch(model)
+    pixels = kw["pixel_values"]
+    assert pixels.dim() == 2 and pixels.shape[1] == model.config.patch_dim
+    placeholders = int((kw["input_ids"] == model.config.image_token_id).sum())
+    assert placeholders == pixels.shape[0]
+    with torch.no_grad():
+        model(**kw)
+    assert describe_batch(Batch(kwargs=kw)).startswith(f"{pixels.shape[0]} image patches of")
+
+
+def test_an_image_side_only_the_backbone_config_names() -> None:
+    """SAM 2 names its image side only in its vision config's Hiera backbone config: the
+    images have that side (not the 224 of CNN backbones), and its forward runs."""
+    model = _tiny("sam2")
+    side = model.config.vision_config.backbone_config.image_size
+    kw = _batch(model)
+    assert list(kw["pixel_values"].shape[-2:]) == list(side) and side[0] != 224
+    with torch.no_grad():
+        model(**kw)

@@ -128,3 +128,49 @@ def test_transformers_models_name_the_field_their_checkpoints_set(
         scan(model, batch=2, seq_len=8)
     line = model_error_line(caught.value)
     assert line is not None and named in line and "set it in config.json" in line
+
+
+class _BatchBug(nn.Module):
+    """Views a per-position table with the batch size (TVP's column embeddings): any
+    batch of more than one row fails, one row runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(4, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        table = self.table(torch.arange(x.shape[1])).view(x.shape[0], x.shape[1], 8)
+        return x + table
+
+
+def test_a_batch_that_fails_where_one_row_runs_asks_for_batch_1() -> None:
+    """Once the run unwound (`one_row_hint` around it), the first row alone runs: the
+    line says so and names --batch 1; a model that fails on one row too gets no hint."""
+    from actscan.measure.prepare import one_row_hint
+
+    model = _BatchBug()
+    with pytest.raises(RuntimeError) as caught, one_row_hint(model):
+        call_model(model, Batch(kwargs={"x": torch.randn(2, 4, 8)}))
+    line = model_error_line(caught.value)
+    assert line is not None and "runs on one row, not on 2" in line and "--batch 1" in line
+    with pytest.raises(IndexError) as caught, one_row_hint(model):
+        call_model(model, Batch(kwargs={"x": torch.randn(2, 5, 8)}))  # 5 positions: never
+    line = model_error_line(caught.value)
+    assert line is not None and "one row" not in line
+
+
+@pytest.mark.slow
+def test_tvp_is_refused_with_batch_1_and_runs_on_it() -> None:
+    """transformers' TVP views its column embeddings with the batch size: a batch of 2
+    fails with the hint, and the scan at batch 1 runs."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(ROOT))
+    from actscan import scan
+    from benchmarks import families
+
+    model = families.build("tvp", families.model_types()["tvp"])
+    with pytest.raises(Exception) as caught:
+        scan(model, batch=2, seq_len=8)
+    line = model_error_line(caught.value)
+    assert line is not None and "scan with --batch 1" in line
+    assert scan(model, batch=1, seq_len=8).findings is not None
