@@ -785,12 +785,9 @@ def _hf_source(
     gridded = name == "pixel_values" and bool(set(_GRIDS) & set(_required(model)))
     if input_shape is None and (inherited or gridded):
         towers = _tower_source(model, batch=batch, seed=seed)
+        towers = towers or (_embeds_source(model, batch, seq_len, seed) if inherited else None)
         if towers is not None:
             return towers
-    if input_shape is None and inherited:
-        embeds = _embeds_source(model, batch=batch, seq_len=seq_len, seed=seed)
-        if embeds is not None:
-            return embeds
     images = name == "pixel_values" or (inherited and "pixel_values" in _required(model))
     sequence = _patch_sequence_kind(model) if input_shape is None and images else None
     if sequence is not None:
@@ -933,7 +930,7 @@ def _ids_alone(
 
 
 def _embeds_source(
-    model: nn.Module, *, batch: int, seq_len: int | None, seed: int
+    model: nn.Module, batch: int, seq_len: int | None, seed: int
 ) -> InputSource | None:
     """Embeddings for a module that takes them instead of the ids it inherits the name of
     (BLIP-2's Q-Former: `query_embeds`): each required `<prefix>_embeds` rows of the
