@@ -412,6 +412,11 @@ ARGUED: dict[str, dict[str, str]] = {
         "(meant for the i/f/o gates), the FFN's proj_up_gate too (std 0 measured): SiLU(0) · "
         "up = 0, so every FFN branch truly writes exactly 0 at init (the mLSTM branches write)"
     },
+    "efficientloftr": {
+        "init-scale": "transformers' EfficientLoFTR init draws BatchNorm2d gains from N(0, "
+        "initializer_range = 0.02), not 1, as MobileViT's: every effective gain truly is ~0 "
+        "(worst mean −0.002, std 0.024)"
+    },
     "mra": {
         "dead-branch": "without its CUDA kernel transformers' mra2_attention returns zeros: "
         "MRA's attention branch truly writes nothing on CPU"
