@@ -159,6 +159,30 @@ def test_a_batch_that_fails_where_one_row_runs_asks_for_batch_1() -> None:
     assert line is not None and "one row" not in line
 
 
+class _TrainOnly(nn.Module):
+    """Fails in training mode only, at any batch (FastSpeech2 asks for labels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            raise ValueError("All labels must be provided to run in training mode.")
+        return self.proj(x)
+
+
+def test_a_model_failing_in_training_alone_is_no_batching_bug() -> None:
+    """One row runs in eval mode, but so does the whole batch: no --batch 1 hint."""
+    from actscan.measure.prepare import one_row_hint
+
+    model = _TrainOnly().train()
+    with pytest.raises(ValueError) as caught, one_row_hint(model):
+        call_model(model, Batch(kwargs={"x": torch.randn(2, 8)}))
+    line = model_error_line(caught.value)
+    assert line is not None and "one row" not in line
+
+
 @pytest.mark.slow
 def test_tvp_is_refused_with_batch_1_and_runs_on_it() -> None:
     """transformers' TVP views its column embeddings with the batch size: a batch of 2

@@ -198,9 +198,10 @@ _BATCH_ATTR = "actscan_failed_batch"
 @contextlib.contextmanager
 def one_row_hint(model: nn.Module) -> Iterator[None]:
     """Around the whole run: when the model raised on a batch of several rows and its
-    first row alone runs (eval mode, no gradients), the error's line says so and asks for
-    --batch 1 (TVP views its position embeddings with the batch size). Outermost, so the
-    run's hooks, modes and kept state have all unwound before the row runs."""
+    first row alone runs where the whole batch does not (eval mode, no gradients, both),
+    the error's line says so and asks for --batch 1 (TVP views its position embeddings
+    with the batch size). Outermost, so the run's hooks, modes and kept state have all
+    unwound before the row runs."""
     try:
         yield
     except Exception as err:
@@ -211,7 +212,9 @@ def one_row_hint(model: nn.Module) -> Iterator[None]:
                 delattr(err, _BATCH_ATTR)
             rows = _rows(batch)
             one = _first_row(batch, rows) if rows > 1 else None
-            if one is not None and runs_on(model, one):
+            # the whole batch fails under the same probe (eval mode: a model that fails
+            # only in training, FastSpeech2's labels, is no batching bug)
+            if one is not None and runs_on(model, one) and not runs_on(model, dict(batch.kwargs)):
                 line += (
                     f"; it runs on one row, not on {rows}: its forward breaks on a batch (a "
                     "bug of the model's), so scan with --batch 1 (batch=1 in Python)"
