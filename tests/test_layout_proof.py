@@ -1069,3 +1069,23 @@ def test_a_block_called_through_its_forward_method_is_said_to_bypass_hooks() -> 
     assert [(p.status, p.ran) for p in result.proofs] == [("skipped", True)] * 3
     assert all("bypasses module hooks" in p.note for p in result.proofs)
     assert not any("did not run" in n for n in result.notes)
+
+
+def test_a_norm_of_an_already_normalised_stream_is_not_taken_for_a_write() -> None:
+    # FocalNet's last stage at 1×1: its input is the patch-merging LayerNorm's output, so
+    # the first layer's norm1(x) equals x; a fit shared the stream's coefficient with it
+    # (0.5 each) and named norm1 an MLP write with no gradient (a false dead-branch). The
+    # writes it fitted at 1 hold with unit coefficients: they are the proof.
+    from benchmarks import families
+
+    model = families.build("focalnet", "FocalNetModel")
+    report = scan(model, batch=2, backward=True)
+    last = report.layout[-1]
+    assert last.name == "encoder.stages.3" and last.status == "verified"
+    assert last.stream_scale is None
+    assert last.writes == tuple(
+        f"encoder.stages.3.layers.{i}.{b}" for i in (0, 1) for b in ("modulation", "mlp")
+    )
+    assert not [
+        f for f in report.findings if f.check == CheckId.DEAD_BRANCH and f.severity.name != "INFO"
+    ]

@@ -67,6 +67,7 @@ MAX_SEARCH = 24  # candidate groups searched in subsets (beyond: unverified)
 # a strided sample of the rows proves what all of them do, at a fixed cost per block.
 PROOF_ROWS = 64
 ZERO_COEF = 1e-3  # a fitted write coefficient this small: the candidate is no write
+UNIT_COEF = 1e-2  # a fitted write coefficient this close to 1: a plain write
 
 Key = tuple[Any, ...]
 
@@ -1110,12 +1111,18 @@ def _unfit(blk: _Block, found: _Outcome, tol: float) -> _Outcome:
         for w in found.writes
         if abs(found.scales.get(w, 1.0)) > ZERO_COEF or blk.norm(blk.idx[w]) == 0
     )
-    if not kept or kept == found.writes:
-        return found
-    for fitted in (False, True):
-        o = blk.evaluate(_Hypothesis(kept, found.norms, fitted))
-        if o.residual <= tol:
-            return o
+    # A candidate equal to the stream itself (a norm of a stream already normalised:
+    # FocalNet's last stage, one token after its patch-merging norm) shares the stream's
+    # coefficient in the fit (0.5 each): the writes it fitted at 1 hold with unit ones.
+    ones = tuple(w for w in kept if abs(found.scales.get(w, 1.0) - 1) <= UNIT_COEF)
+    tries = [(kept, False), (ones, False), (kept, True)] if kept != found.writes else []
+    if not tries and ones != found.writes:
+        tries = [(ones, False)]
+    for writes, fitted in tries:
+        if writes:
+            o = blk.evaluate(_Hypothesis(writes, found.norms, fitted))
+            if o.residual <= tol:
+                return o
     return found
 
 
