@@ -1089,3 +1089,48 @@ def test_a_norm_of_an_already_normalised_stream_is_not_taken_for_a_write() -> No
     assert not [
         f for f in report.findings if f.check == CheckId.DEAD_BRANCH and f.severity.name != "INFO"
     ]
+
+
+class _InplaceConvBlock(nn.Module):
+    """SuperPoint's conv block without pooling: conv → ReLU(inplace=True), twice; with
+    `residual`, x is added in place before a last in-place ReLU (a residual block)."""
+
+    def __init__(self, residual: bool = False) -> None:
+        super().__init__()
+        self.residual = residual
+        self.conv_a, self.conv_b = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv_b(self.relu(self.conv_a(x)))
+        if self.residual:
+            h += x
+        return self.relu(h)
+
+
+class _InplaceStack(nn.Module):
+    def __init__(self, residual: bool) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 1)
+        self.blocks = nn.ModuleList(_InplaceConvBlock(residual) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_block_ending_in_an_in_place_relu_is_a_plain_chain_and_a_residual_is_not(
+    residual: bool,
+) -> None:
+    # ReLU(inplace=True) is recorded after it wrote its input: the chain steps back one
+    # version of the same storage to the conv that made it (LightGlue's SuperPoint block 3
+    # was unverified). A functional in-place add before it is no module: not plain.
+    model = _InplaceStack(residual)
+    report = scan(model, inputs=torch.randn(2, 3, 8, 8), backward=False)
+    if residual:  # relu(F(x) + x) is no sum of writes either: never proven plain
+        assert not [p for p in report.layout if p.placement == "plain"]
+    else:
+        assert [(p.status, p.placement) for p in report.layout] == [("verified", "plain")] * 4

@@ -691,6 +691,11 @@ class _Block:
             first = min(producers, key=lambda nd: nd.order)  # the outermost module
             chain.append(first.name)
             key = first.in_key
+            inplace = getattr(self.modules[first.name], "inplace", False) is True
+            if inplace and key is not None and key == first.out_key and key[0] != "id":
+                # an in-place module (SuperPoint's ReLU(inplace=True)): its input was seen
+                # after it wrote it; before, it was the same storage one version earlier
+                key = (*key[:-1], key[-1] - 1)
         return chain if key is not None and _is_view(key, start) else []
 
     # -- naming ------------------------------------------------------------------------
