@@ -1134,3 +1134,28 @@ def test_a_block_ending_in_an_in_place_relu_is_a_plain_chain_and_a_residual_is_n
         assert not [p for p in report.layout if p.placement == "plain"]
     else:
         assert [(p.status, p.placement) for p in report.layout] == [("verified", "plain")] * 4
+
+
+def test_a_block_that_only_lends_a_module_to_another_method_did_not_run() -> None:
+    """LightGlue calls its match assignment layers' forward on the last layer only; the
+    others only lend their `matchability` Linear to `get_matchability`. Those blocks did
+    not run (ran False, nothing to prove), their hooks were not bypassed."""
+
+    class Helper(_MlpBlock):
+        def gate(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(x)
+
+    class Partial(_Stack):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.inp(x)
+            for b in self.blocks[:-1]:
+                h = h * b.gate(h).sigmoid()
+            return self.out(self.blocks[-1](h))
+
+    torch.manual_seed(0)
+    model = Partial(lambda: Helper(), n=4)
+    x = features()
+    result = prove_layout(model, detect_layout(model), lambda: model(x[:1]))
+    assert [p.ran for p in result.proofs] == [False, False, False, True]
+    assert not any("bypasses module hooks" in p.note for p in result.proofs)
+    assert result.proofs[-1].status == "verified"

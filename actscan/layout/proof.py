@@ -271,7 +271,8 @@ class BlockWatch:
     def _inner(self, name: str) -> Any:
         def hook(mod: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
             if not self.stack:  # inside no block: its block ran without its own hooks
-                self.bypassed.add(name)
+                if self._in_block_forward(name):
+                    self.bypassed.add(name)
                 return
             if not self.stack[-1].shape:
                 return
@@ -290,6 +291,30 @@ class BlockWatch:
             tr.nodes.append(_Node(name, self.order, ins, out_key, in_key))
 
         return hook
+
+    def _in_block_forward(self, name: str) -> bool:
+        """Whether `name`'s block is inside its own forward (called as block.forward(...),
+        which no module hook sees: SqueezeBERT's encoder), rather than only lending a
+        module to another method (LightGlue's match_assignment_layers[i].get_matchability
+        on the layers whose forward never runs). Read off the Python frames, only for a
+        module that runs while no block hook has fired."""
+        block = next(
+            (
+                self.modules[b.name]
+                for b in self.blocks
+                if name.startswith(b.name + ".") and b.name in self.modules
+            ),
+            None,
+        )
+        forward = getattr(getattr(type(block), "forward", None), "__code__", None)
+        if block is None or forward is None:
+            return True
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code is forward and frame.f_locals.get("self") is block:
+                return True
+            frame = frame.f_back
+        return False
 
     def _leave(self, index: int) -> Any:
         def hook(mod: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
