@@ -309,7 +309,7 @@ class BlockWatch:
         forward = getattr(getattr(type(block), "forward", None), "__code__", None)
         if block is None or forward is None:
             return True
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             if frame.f_code is forward and frame.f_locals.get("self") is block:
                 return True
