@@ -25,6 +25,7 @@ proven in the same pass, each block under its own stream's name (`BlockInfo.stre
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import re
@@ -306,12 +307,15 @@ class BlockWatch:
             ),
             None,
         )
-        forward = getattr(getattr(type(block), "forward", None), "__code__", None)
-        if block is None or forward is None:
+        fn = getattr(type(block), "forward", None)
+        # a decorated forward (functools.wraps): the wrapper's frame or the original's
+        fns = (fn, inspect.unwrap(fn)) if callable(fn) else ()
+        codes = {getattr(f, "__code__", None) for f in fns} - {None}
+        if block is None or not codes:
             return True
         frame: FrameType | None = sys._getframe(1)
         while frame is not None:
-            if frame.f_code is forward and frame.f_locals.get("self") is block:
+            if frame.f_code in codes and frame.f_locals.get("self") is block:
                 return True
             frame = frame.f_back
         return False
