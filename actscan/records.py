@@ -304,8 +304,15 @@ class ParamRecord:
     gain: float | None = None
     gain_std: float | None = None
     # At init (usage measured): the weight's linear/conv output goes straight into a norm
-    # (conv → BatchNorm): the norm divides its scale out, whatever the weight's std.
+    # (conv → BatchNorm, an L2 normalisation): the norm divides its scale out, whatever
+    # the weight's std.
     normed: bool = False
+    # At init: its product is read by sin/cos (random Fourier features): the std is a
+    # frequency scale, and the output is bounded whatever it is.
+    periodic: bool = False
+    # At init: the operand it multiplies has unit L2 norm over the contraction (normalised
+    # rows), so its output's std is the weight's own: the fan-in rule is std 1.
+    unit_input: bool = False
 
 
 @dataclass(frozen=True)

@@ -281,6 +281,13 @@ _PE_DAC = "its DAC encoder's conv fan-in 12288"
 ARGUED: dict[str, dict[str, str]] = {
     "sam_vision_model": {"dead-branch": _SAM_INIT},
     "sam_hq_vision_model": {"dead-branch": _SAM_INIT},
+    **{
+        t: {
+            "dead-branch": _SAM_INIT + f" ({who}'s vision tower keeps its own SamVisionConfig "
+            "init: measured block-2 attention RMS ~4e-26 on a stream of ~1e-9)"
+        }
+        for t, who in (("sam", "SamModel"), ("sam_hq", "SamHQModel"))
+    },
     "got_ocr2": {"dead-branch": _SAM_INIT + " (GOT-OCR2's SAM vision tower)"},
     "pp_chart2table": {"dead-branch": _SAM_INIT + " (GOT-OCR2's SAM vision tower)"},
     "deepseek_vl_hybrid": {
@@ -396,11 +403,6 @@ ARGUED: dict[str, dict[str, str]] = {
             "and with or without attention_mask (measured: 1152/1152 at 64 frames; sdpa: 0)"
         }
         for t in ("nemotron3_5_asr", "nemotron_asr_streaming", "nemotron_asr_streaming_encoder")
-    },
-    "aimv2": {
-        "init-scale": "Aimv2Config has no initializer_range, only initializer_factor = 1.0, "
-        "which transformers' default init takes as the std: visual_projection truly is "
-        "N(0, 1) (std 0.994) over fan-in 64"
     },
     "apertus1p5": {
         "init-scale": "Apertus 1.5's vision tokenizer init draws every nn.Linear with "

@@ -1069,3 +1069,93 @@ def test_a_block_called_through_its_forward_method_is_said_to_bypass_hooks() -> 
     assert [(p.status, p.ran) for p in result.proofs] == [("skipped", True)] * 3
     assert all("bypasses module hooks" in p.note for p in result.proofs)
     assert not any("did not run" in n for n in result.notes)
+
+
+def test_a_norm_of_an_already_normalised_stream_is_not_taken_for_a_write() -> None:
+    # FocalNet's last stage at 1×1: its input is the patch-merging LayerNorm's output, so
+    # the first layer's norm1(x) equals x; a fit shared the stream's coefficient with it
+    # (0.5 each) and named norm1 an MLP write with no gradient (a false dead-branch). The
+    # writes it fitted at 1 hold with unit coefficients: they are the proof.
+    from benchmarks import families
+
+    model = families.build("focalnet", "FocalNetModel")
+    report = scan(model, batch=2, backward=True)
+    last = report.layout[-1]
+    assert last.name == "encoder.stages.3" and last.status == "verified"
+    assert last.stream_scale is None
+    assert last.writes == tuple(
+        f"encoder.stages.3.layers.{i}.{b}" for i in (0, 1) for b in ("modulation", "mlp")
+    )
+    assert not [
+        f for f in report.findings if f.check == CheckId.DEAD_BRANCH and f.severity.name != "INFO"
+    ]
+
+
+class _InplaceConvBlock(nn.Module):
+    """SuperPoint's conv block without pooling: conv → ReLU(inplace=True), twice; with
+    `residual`, x is added in place before a last in-place ReLU (a residual block)."""
+
+    def __init__(self, residual: bool = False) -> None:
+        super().__init__()
+        self.residual = residual
+        self.conv_a, self.conv_b = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv_b(self.relu(self.conv_a(x)))
+        if self.residual:
+            h += x
+        return self.relu(h)
+
+
+class _InplaceStack(nn.Module):
+    def __init__(self, residual: bool) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 1)
+        self.blocks = nn.ModuleList(_InplaceConvBlock(residual) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_block_ending_in_an_in_place_relu_is_a_plain_chain_and_a_residual_is_not(
+    residual: bool,
+) -> None:
+    # ReLU(inplace=True) is recorded after it wrote its input: the chain steps back one
+    # version of the same storage to the conv that made it (LightGlue's SuperPoint block 3
+    # was unverified). A functional in-place add before it is no module: not plain.
+    model = _InplaceStack(residual)
+    report = scan(model, inputs=torch.randn(2, 3, 8, 8), backward=False)
+    if residual:  # relu(F(x) + x) is no sum of writes either: never proven plain
+        assert not [p for p in report.layout if p.placement == "plain"]
+    else:
+        assert [(p.status, p.placement) for p in report.layout] == [("verified", "plain")] * 4
+
+
+def test_a_block_that_only_lends_a_module_to_another_method_did_not_run() -> None:
+    """LightGlue calls its match assignment layers' forward on the last layer only; the
+    others only lend their `matchability` Linear to `get_matchability`. Those blocks did
+    not run (ran False, nothing to prove), their hooks were not bypassed."""
+
+    class Helper(_MlpBlock):
+        def gate(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(x)
+
+    class Partial(_Stack):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.inp(x)
+            for b in self.blocks[:-1]:
+                h = h * b.gate(h).sigmoid()
+            return self.out(self.blocks[-1](h))
+
+    torch.manual_seed(0)
+    model = Partial(lambda: Helper(), n=4)
+    x = features()
+    result = prove_layout(model, detect_layout(model), lambda: model(x[:1]))
+    assert [p.ran for p in result.proofs] == [False, False, False, True]
+    assert not any("bypasses module hooks" in p.note for p in result.proofs)
+    assert result.proofs[-1].status == "verified"

@@ -27,6 +27,17 @@ if TYPE_CHECKING:
 DTYPE_MAX = {"fp16": 65504.0, "bf16": 3.3895e38, "fp32": 3.4028e38}
 FP16_MAX = DTYPE_MAX["fp16"]
 FP16_EXP_LIMIT = math.log(FP16_MAX)  # 11.09
+# Each float format's largest finite value, exactly (fp16, bf16, fp32). A value at exactly
+# ±this was written, not computed: arithmetic past it rounds to inf, not onto it, and
+# `masked_fill(mask, torch.finfo(dtype).min)` (the masking idiom) puts it there; a sum
+# with it stays it (its ulp, 2e31 in fp32, swallows any logit).
+FILL_VALUES = frozenset({65504.0, (2 - 2**-7) * 2.0**127, (2 - 2**-23) * 2.0**127})
+
+
+def is_fill(x: float | None) -> bool:
+    """|x| is exactly a float format's largest finite value: a fill constant."""
+    return x is not None and abs(x) in FILL_VALUES
+
 
 # A module that multiplies a branch by a learned gain: attn_gain, ls1, gamma_1, alpha, …
 GAIN_NAME = re.compile(r"(gain|alpha|gamma|rezero|layer_?scale|^ls\d*$|_ls$|scale)", re.I)
@@ -191,3 +202,26 @@ def feeding(act: LayerRecord, layers: tuple[LayerRecord, ...]) -> LayerRecord | 
         and not act.name.startswith(r.name + ".")
     ]
     return max(before, key=lambda r: r.order) if before else None
+
+
+def runs_after(ctx: CheckContext, module: str) -> list[str] | None:
+    """The recorded modules that run after `module` (its own children and the
+    containers holding it aside: they return after it), in execution order; None when
+    `module` was not recorded."""
+    rec = next((r for r in ctx.layers if r.name == module), None)
+    if rec is None:
+        return None
+    later = [
+        o
+        for o in ctx.layers
+        if o.order > rec.order
+        and not o.name.startswith(module + ".")
+        and not module.startswith(o.name + ".")
+    ]
+    return [o.name for o in sorted(later, key=lambda o: o.order)]
+
+
+def is_last(ctx: CheckContext, module: str) -> bool:
+    """No other recorded module runs after `module` (its own children aside): it is the
+    model's output, read by the loss only."""
+    return runs_after(ctx, module) == []

@@ -16,6 +16,7 @@ from actscan.diagnose.common import (
     feeding,
     finding,
     grade,
+    is_last,
     known,
     listing,
     n,
@@ -53,16 +54,20 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
     out_proj = {o.name for _, o, _ in branch_projections(ctx)}
 
     def ratio(p: ParamRecord) -> float:
-        return p.std * math.sqrt(known(p.fan_in))  # std / √(1/fan_in)
+        return p.std * math.sqrt(_fan_in(p))  # std / √(1/fan_in)
 
     high = [p for p in weights if ratio(p) * _sampling_floor(p) >= th.init_scale_high]
-    heads = [p for p in high if not p.normed and p.role == "head" and _is_last(ctx, p.module)]
+    periodic = [p for p in high if p.periodic and not p.normed]
+    high = [p for p in high if not p.periodic or p.normed]
+    heads = [p for p in high if not p.normed and p.role == "head" and is_last(ctx, p.module)]
     fan_out = [p for p in high if not p.normed and _he_fan_out(p)]
     apart = {id(p) for p in (*heads, *fan_out)}
     big = [p for p in high if not p.normed and id(p) not in apart]
     normed = [p for p in high if p.normed]
     if normed:
         out.append(_normed(normed, ratio))
+    if periodic:
+        out.append(_periodic(periodic, ratio))
     if fan_out:
         out.append(_fan_out(fan_out, ratio))
     if big:
@@ -70,7 +75,7 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
         worst_key = max(groups, key=lambda k: max(ratio(p) for p in groups[k]))
         w = max(groups[worst_key], key=ratio)
         r = ratio(w)
-        fan = known(w.fan_in)
+        fan = _fan_in(w)
         severity, threshold = grade(r, th.init_scale_high, th.init_scale_error)
         others = [k for k in groups if k != worst_key]
         more = f"; also {listing(others, 3)}" if others else ""
@@ -78,7 +83,7 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
         count = len(groups[worst_key])
         message = (
             f"{worst_key} ({count} matri{'ces' if count > 1 else 'x'}) "
-            f"has std {n(w.std)} = {n(r)}× the fan-in rule √(1/{w.fan_in}) = "
+            f"has std {n(w.std)} = {n(r)}× the fan-in rule {_rule(w)} = "
             f"{n(1 / math.sqrt(fan))} (He √(2/fan_in) = {n(math.sqrt(2 / fan))}): "
             f"each such layer multiplies its input variance by {n(r * r)} at init{more}."
         )
@@ -107,7 +112,11 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
     if heads:
         out.append(_head(ctx, heads, ratio))
 
-    small = [p for p in weights if ratio(p) <= th.init_scale_low and p.name not in out_proj]
+    small = [
+        p
+        for p in weights
+        if ratio(p) <= th.init_scale_low and p.name not in out_proj and not p.periodic
+    ]
     if small:
         groups = _groups(small)
         w = min(small, key=ratio)
@@ -118,7 +127,7 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
                 sorted({p.module for p in small}),
                 ratio(w),
                 th.init_scale_low,
-                f"{pattern(w.name)} has std {n(w.std)} = {n(ratio(w))}× √(1/{w.fan_in}): each "
+                f"{pattern(w.name)} has std {n(w.std)} = {n(ratio(w))}× {_rule(w)}: each "
                 f"such layer passes on {n(ratio(w) ** 2)} of its input variance at init "
                 f"({len(groups)} weight group{'s' if len(groups) > 1 else ''} this small: "
                 f"{listing(list(groups), 3)}).",
@@ -130,6 +139,37 @@ def init_scale(ctx: CheckContext) -> list[Finding | Skip]:
     out.extend(_residual_budget(ctx))
     out.extend(_gains_and_biases(ctx))
     return out
+
+
+def _fan_in(p: ParamRecord) -> int:
+    """The fan-in the rule takes: the contracted size, or 1 when the input's vectors have
+    unit L2 norm over it (Σ x_i² = 1 rather than fan_in: the output's std is the
+    weight's own, SwiftFormer's w_g on F.normalize'd queries)."""
+    return 1 if p.unit_input else int(known(p.fan_in))
+
+
+def _rule(p: ParamRecord) -> str:
+    """The fan-in rule the weight is held to, in words."""
+    if p.unit_input:
+        return f"√(1/1) (its input has unit L2 norm over the {p.fan_in} it contracts)"
+    return f"√(1/{p.fan_in})"
+
+
+def _periodic(params: list[ParamRecord], ratio: Callable[[ParamRecord], float]) -> Finding:
+    """Weights above the fan-in rule whose product the forward reads through sin/cos
+    (random Fourier features: SAM's positional matrix, NeRF's encodings, Tancik et al.
+    2020): the std is the features' frequency scale, chosen for the bandwidth, and
+    sin/cos bound the output whatever it is. Info, with the number."""
+    return _explained_scale(
+        params,
+        ratio,
+        lambda w, like: (
+            f", but its product is read by sin/cos (random Fourier features; {like}): the "
+            f"std is the features' frequency scale, and the output is bounded whatever it is."
+        ),
+        "Nothing to fix: a Fourier-feature matrix is drawn at the bandwidth it should "
+        "resolve (Tancik et al. 2020), not by the fan-in rule.",
+    )
 
 
 def _normed(params: list[ParamRecord], ratio: Callable[[ParamRecord], float]) -> Finding:
@@ -169,7 +209,7 @@ def _explained_scale(
         ratio(w),
         None,
         f"{pattern(w.name)} has std {n(w.std)} = {n(ratio(w))}× the fan-in rule "
-        f"√(1/{w.fan_in})" + why(w, like),
+        f"{_rule(w)}" + why(w, like),
         hint,
     )
 
@@ -232,15 +272,6 @@ def _fan_out(params: list[ParamRecord], ratio: Callable[[ParamRecord], float]) -
     )
 
 
-def _is_last(ctx: CheckContext, module: str) -> bool:
-    """No other recorded module runs after `module` (its own children aside): it is the
-    model's output, read by the loss only."""
-    rec = next((r for r in ctx.layers if r.name == module), None)
-    if rec is None:
-        return False
-    return all(o.order <= rec.order or o.name.startswith(module + ".") for o in ctx.layers)
-
-
 def _head(
     ctx: CheckContext, params: list[ParamRecord], ratio: Callable[[ParamRecord], float]
 ) -> Finding:
@@ -262,7 +293,7 @@ def _head(
         ratio(w),
         ctx.thresholds.init_scale_high,
         f"{pattern(w.name)} has std {n(w.std)} = {n(ratio(w))}× the fan-in rule "
-        f"√(1/{w.fan_in}), but it is the output head: no layer reads its output, so the "
+        f"{_rule(w)}, but it is the output head: no layer reads its output, so the "
         f"scale compounds nowhere{logits} (logit-scale judges them against √(2 ln V)).",
         "Nothing to fix unless logit-scale reports the logits: a head's init is judged by "
         "what it gives.",

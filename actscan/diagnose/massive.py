@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from actscan.diagnose.common import FP16_MAX, finding, listing, n, skip
+from actscan.diagnose.common import FP16_MAX, finding, is_fill, listing, n, skip
 from actscan.records import CheckId, Finding, Severity, Skip, StreamPoint, TopValue, all_points
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def massive_values(
         med = p.median_abs
         for tv in p.top_values:
             a = abs(tv.value)
-            if not math.isfinite(a) or a < floor or med is None:
+            if not math.isfinite(a) or a < floor or med is None or is_fill(a):
                 continue
             r = a / med if med > 0 else math.inf
             if r >= ratio:

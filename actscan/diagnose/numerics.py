@@ -16,14 +16,16 @@ from actscan.diagnose.common import (
     finding,
     finite,
     grade,
+    is_fill,
     known,
     listing,
     n,
     positive,
+    runs_after,
     skip,
 )
 from actscan.diagnose.steps import divergence_findings
-from actscan.records import CheckId, Finding, Severity, Skip, TraceOp, TraceRecord
+from actscan.records import CheckId, Finding, LayerRecord, Severity, Skip, TraceOp, TraceRecord
 
 if TYPE_CHECKING:
     from actscan.diagnose.context import CheckContext
@@ -213,7 +215,14 @@ def _near_ceiling(ctx: CheckContext, dtype: str, fp16: bool) -> list[Finding]:
     th = ctx.thresholds
     out: list[Finding] = []
     ceiling = DTYPE_MAX.get(dtype, DTYPE_MAX["fp32"])
-    near = [r for r in ctx.layers if positive(r.max_abs) and r.max_abs >= ceiling / th.headroom]
+    filled = [r for r in ctx.layers if is_fill(r.max_abs)]
+    if filled:
+        out.append(_fill_constants(filled))
+    near = [
+        r
+        for r in ctx.layers
+        if positive(r.max_abs) and r.max_abs >= ceiling / th.headroom and not is_fill(r.max_abs)
+    ]
     if near:
         worst = max(near, key=lambda r: known(r.max_abs))
         headroom = ceiling / known(worst.max_abs)
@@ -235,7 +244,11 @@ def _near_ceiling(ctx: CheckContext, dtype: str, fp16: bool) -> list[Finding]:
         )
     elif not fp16:
         over16 = sorted(
-            (r for r in ctx.layers if positive(r.max_abs) and r.max_abs > FP16_MAX),
+            (
+                r
+                for r in ctx.layers
+                if positive(r.max_abs) and r.max_abs > FP16_MAX and not is_fill(r.max_abs)
+            ),
             key=lambda r: r.order,
         )
         if over16:
@@ -254,6 +267,30 @@ def _near_ceiling(ctx: CheckContext, dtype: str, fp16: bool) -> list[Finding]:
                 )
             )
     return out
+
+
+def _fill_constants(filled: list[LayerRecord]) -> Finding:
+    """Outputs whose max|x| is exactly a float format's largest finite value: a fill
+    constant the forward wrote (LightGlue's `similarity.masked_fill(mask == 0,
+    finfo.min)` on padded keypoints), not a value that grew toward overflow. Info, with
+    the number: their std and RMS hold the constant too, so they say nothing there."""
+    filled = sorted(filled, key=lambda r: r.order)
+    first = filled[0]
+    return finding(
+        CheckId.OVERFLOW,
+        Severity.INFO,
+        [r.name for r in filled],
+        first.max_abs,
+        None,
+        f"max|x| = {n(first.max_abs)} at {first.name} is exactly a float format's largest "
+        f"finite value ({len(filled)} module{'s' if len(filled) > 1 else ''}: "
+        f"{listing([r.name for r in filled], 3)}): a fill constant the forward wrote "
+        f"(masked_fill(mask, torch.finfo(dtype).min), the masking idiom), not a value grown "
+        f"toward overflow; arithmetic past the ceiling gives inf, not the ceiling.",
+        "Nothing to fix if the constant is a mask; its std and RMS there are the "
+        "constant's, not the activations'. A -inf (or a large finite fill the softmax "
+        "subtracts) behaves the same.",
+    )
 
 
 def _hot_logits(ctx: CheckContext) -> list[Finding]:
@@ -315,6 +352,24 @@ def logit_scale(ctx: CheckContext) -> list[Finding | Skip]:
         factor = known(head.std) / f
         if factor < th.logit_freeze:
             continue
+        why = _no_logits(ctx, head.name)
+        if why is not None:
+            out.append(
+                finding(
+                    CheckId.LOGIT_SCALE,
+                    Severity.INFO,
+                    [head.name],
+                    factor,
+                    None,
+                    f"{head.name} (the last Linear after the blocks) has outputs of std "
+                    f"{n(head.std)} over {size} outcomes, {n(factor)}× √(2 ln V) = {n(f)}, "
+                    f"but {why}: no softmax reads them as logits over V, so they are not "
+                    f"judged as the head's.",
+                    "Nothing to fix at the head; a similarity softmax with a learned "
+                    "temperature (CLIP's logit_scale) is judged by what it gives.",
+                )
+            )
+            continue
         # A trained model may have chosen sharp logits: information, not a defect.
         sev, threshold = (
             grade(factor, th.logit_freeze, th.logit_freeze_error)
@@ -346,6 +401,23 @@ def logit_scale(ctx: CheckContext) -> list[Finding | Skip]:
         out.append(finding(CheckId.LOGIT_SCALE, sev, [head.name], factor, threshold, message, hint))
     out.extend(_attention_logits(ctx))
     return out
+
+
+def _no_logits(ctx: CheckContext, head: str) -> str | None:
+    """Why the head layer's output is no softmax's logits, or None when it may be: its
+    output goes into a norm (an L2-normalised contrastive embedding: AIMv2's, CLIP's
+    projections), which divides its scale out, or other recorded modules run after it
+    (the last Linear after the blocks is an inner MLP's: OneFormer's task MLP feeds the
+    decoder), so it is not the model's output."""
+    if any(p.normed for p in ctx.params if p.module == head and p.kind == "weight"):
+        return (
+            "its output goes straight into a norm (an L2-normalised embedding), which "
+            "divides that scale out"
+        )
+    later = runs_after(ctx, head)
+    if later:
+        return f"it is not the model's output: {listing(later, 2)} run after it"
+    return None
 
 
 def _attention_logits(ctx: CheckContext) -> list[Finding]:

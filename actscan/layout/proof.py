@@ -25,6 +25,7 @@ proven in the same pass, each block under its own stream's name (`BlockInfo.stre
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import re
@@ -67,6 +68,7 @@ MAX_SEARCH = 24  # candidate groups searched in subsets (beyond: unverified)
 # a strided sample of the rows proves what all of them do, at a fixed cost per block.
 PROOF_ROWS = 64
 ZERO_COEF = 1e-3  # a fitted write coefficient this small: the candidate is no write
+UNIT_COEF = 1e-2  # a fitted write coefficient this close to 1: a plain write
 
 Key = tuple[Any, ...]
 
@@ -270,7 +272,8 @@ class BlockWatch:
     def _inner(self, name: str) -> Any:
         def hook(mod: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
             if not self.stack:  # inside no block: its block ran without its own hooks
-                self.bypassed.add(name)
+                if self._in_block_forward(name):
+                    self.bypassed.add(name)
                 return
             if not self.stack[-1].shape:
                 return
@@ -289,6 +292,33 @@ class BlockWatch:
             tr.nodes.append(_Node(name, self.order, ins, out_key, in_key))
 
         return hook
+
+    def _in_block_forward(self, name: str) -> bool:
+        """Whether `name`'s block is inside its own forward (called as block.forward(...),
+        which no module hook sees: SqueezeBERT's encoder), rather than only lending a
+        module to another method (LightGlue's match_assignment_layers[i].get_matchability
+        on the layers whose forward never runs). Read off the Python frames, only for a
+        module that runs while no block hook has fired."""
+        block = next(
+            (
+                self.modules[b.name]
+                for b in self.blocks
+                if name.startswith(b.name + ".") and b.name in self.modules
+            ),
+            None,
+        )
+        fn = getattr(type(block), "forward", None)
+        # a decorated forward (functools.wraps): the wrapper's frame or the original's
+        fns = (fn, inspect.unwrap(fn)) if callable(fn) else ()
+        codes = {getattr(f, "__code__", None) for f in fns} - {None}
+        if block is None or not codes:
+            return True
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code in codes and frame.f_locals.get("self") is block:
+                return True
+            frame = frame.f_back
+        return False
 
     def _leave(self, index: int) -> Any:
         def hook(mod: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
@@ -690,6 +720,11 @@ class _Block:
             first = min(producers, key=lambda nd: nd.order)  # the outermost module
             chain.append(first.name)
             key = first.in_key
+            inplace = getattr(self.modules[first.name], "inplace", False) is True
+            if inplace and key is not None and key == first.out_key and key[0] != "id":
+                # an in-place module (SuperPoint's ReLU(inplace=True)): its input was seen
+                # after it wrote it; before, it was the same storage one version earlier
+                key = (*key[:-1], key[-1] - 1)
         return chain if key is not None and _is_view(key, start) else []
 
     # -- naming ------------------------------------------------------------------------
@@ -1110,12 +1145,18 @@ def _unfit(blk: _Block, found: _Outcome, tol: float) -> _Outcome:
         for w in found.writes
         if abs(found.scales.get(w, 1.0)) > ZERO_COEF or blk.norm(blk.idx[w]) == 0
     )
-    if not kept or kept == found.writes:
-        return found
-    for fitted in (False, True):
-        o = blk.evaluate(_Hypothesis(kept, found.norms, fitted))
-        if o.residual <= tol:
-            return o
+    # A candidate equal to the stream itself (a norm of a stream already normalised:
+    # FocalNet's last stage, one token after its patch-merging norm) shares the stream's
+    # coefficient in the fit (0.5 each): the writes it fitted at 1 hold with unit ones.
+    ones = tuple(w for w in kept if abs(found.scales.get(w, 1.0) - 1) <= UNIT_COEF)
+    tries = [(kept, False), (ones, False), (kept, True)] if kept != found.writes else []
+    if not tries and ones != found.writes:
+        tries = [(ones, False)]
+    for writes, fitted in tries:
+        if writes:
+            o = blk.evaluate(_Hypothesis(writes, found.norms, fitted))
+            if o.residual <= tol:
+                return o
     return found
 
 

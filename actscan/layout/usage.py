@@ -45,20 +45,31 @@ _FUSED = {
     "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
 }  # fmt: skip
 # Norm calls: a linear/conv output that enters one directly is "normed" (its weight's
-# scale cancels: conv → BatchNorm, linear → LayerNorm).
-_NORMS = {"batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm"}
+# scale cancels: conv → BatchNorm, linear → LayerNorm, F.normalize's L2 norm).
+_NORMS = {"batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm", "normalize"}
+_DIVS = {"div", "__truediv__", "true_divide"}  # x / ‖x‖: an L2 norm written out (CLIP's)
+# A product read by sin/cos (after a scale by a constant): a Fourier-feature map
+_PERIODIC = {"sin", "cos"}
+_SCALAR_MULS = {"mul", "__mul__", "__rmul__"}
 # Every name the spy reads: any other call passes straight through (most calls of a
 # forward, and every call of the hooks sharing the pass: views, reductions, copies).
-_WATCHED = frozenset().union(GEMM_NAMES, _CONV, _CONV_T, _EMBED, _FUSED, _NORMS)
+_WATCHED = frozenset().union(
+    GEMM_NAMES, _CONV, _CONV_T, _EMBED, _FUSED, _NORMS, _DIVS, _PERIODIC, _SCALAR_MULS
+)
 
 
 @dataclass(frozen=True)
 class ParamUse:
     """How one parameter entered the forward pass (its first use of each kind)."""
 
-    op: str  # "matmul" | "conv" | "embedding" | "bias" | "normed" (output into a norm)
+    # "matmul" | "conv" | "embedding" | "bias" | "normed" (output into a norm) |
+    # "periodic" (its product read by sin/cos)
+    op: str
     fan_in: int | None = None  # size the call contracts over (matmul/conv weights)
     fan_out: int | None = None
+    # the operand it multiplies has unit L2 norm over the contraction (F.normalize'd
+    # rows): the output's std is the weight's own, whatever the fan-in
+    unit_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,10 @@ class Usage:
     def normed(self, name: str) -> bool:
         """Whether the parameter's linear/conv output went straight into a norm."""
         return any(u.op == "normed" for u in self.uses.get(name, ()))
+
+    def periodic(self, name: str) -> bool:
+        """Whether the parameter's product went (scaled by a constant) into sin/cos."""
+        return any(u.op == "periodic" for u in self.uses.get(name, ()))
 
     def role(self, name: str) -> ParamUse | None:
         """The use that decides what a parameter is: embedding > matmul/conv > bias."""
@@ -101,6 +116,8 @@ class _Spy(TorchFunctionMode):
         self.uses: dict[str, list[ParamUse]] = {}
         # id of a linear/conv output → (the output, its weight's name), while alive
         self.outputs: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
+        # id of a product with a parameter (any GEMM, or one scaled by a constant) → the same
+        self.products: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
 
     def __torch_function__(
         self, func: Callable[..., Any], types: Any, args: Sequence[Any] = (), kwargs: Any = None
@@ -114,6 +131,9 @@ class _Spy(TorchFunctionMode):
         if (name == "linear" or name in _CONV) and self.owner:
             with contextlib.suppress(Exception):
                 self._keep(args, kwargs, out)
+        if (name in GEMM_NAMES or name in _SCALAR_MULS) and self.owner:
+            with contextlib.suppress(Exception):
+                self._keep_product(name, args, kwargs, out)
         return out
 
     def _keep(self, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
@@ -123,12 +143,44 @@ class _Spy(TorchFunctionMode):
         if pname is not None and isinstance(out, torch.Tensor):
             self.outputs[id(out)] = (weakref.ref(out), pname)
 
+    def _keep_product(
+        self, name: str, args: Sequence[Any], kwargs: dict[str, Any], out: Any
+    ) -> None:
+        """Remember a GEMM's output with its parameter operand, and carry it through a
+        scale by a constant (2π · x): to see whether sin/cos reads it."""
+        if not isinstance(out, torch.Tensor):
+            return
+        if name in _SCALAR_MULS:
+            pair = [a for a in args[:2] if isinstance(a, torch.Tensor) and a.dim() > 0]
+            held = _held(self.products, pair[0]) if len(pair) == 1 else None
+            if held is not None:
+                self.products[id(out)] = (weakref.ref(out), held)
+            return
+        gemm = parse_gemm(name, args, kwargs)
+        for o in gemm.operands if gemm is not None else ():
+            pname = self._param(o.tensor)
+            if pname is not None:
+                self.products[id(out)] = (weakref.ref(out), pname)
+                return
+
+    def _use(self, pname: str, op: str) -> None:
+        got = self.uses.setdefault(pname, [])
+        if all(u.op != op for u in got):
+            got.append(ParamUse(op))
+
     def _normed(self, x: Any) -> None:
-        held = self.outputs.get(id(x)) if isinstance(x, torch.Tensor) else None
-        if held is not None and held[0]() is x:
-            got = self.uses.setdefault(held[1], [])
-            if all(u.op != "normed" for u in got):
-                got.append(ParamUse("normed"))
+        held = _held(self.outputs, x)
+        if held is not None:
+            self._use(held, "normed")
+
+    def _divided(self, x: Any, by: Any) -> None:
+        """x / ‖x‖ over the last dim (an L2 norm written out) of a linear/conv output."""
+        held = _held(self.outputs, x)
+        if held is None or not isinstance(by, torch.Tensor) or x.dim() < 1:
+            return
+        norm = x.detach().float().norm(dim=-1, keepdim=True)
+        if by.shape == norm.shape and bool(torch.allclose(by.detach().float(), norm, rtol=1e-4)):
+            self._use(held, "normed")
 
     def _param(self, t: Any) -> str | None:
         key = _storage_key(t)
@@ -154,6 +206,8 @@ class _Spy(TorchFunctionMode):
             other = operands[1] if operands[0] is o else operands[0]
             if _convex(other):
                 return ParamUse("embedding")
+            if self._param(other.tensor) is None and _unit_rows(other):
+                return ParamUse("matmul", o.fan_in, o.fan_out, unit_input=True)
         return ParamUse("matmul", o.fan_in, o.fan_out)
 
     def _note(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
@@ -162,6 +216,16 @@ class _Spy(TorchFunctionMode):
 
         if name in _NORMS:
             self._normed(arg(0, "input"))
+            return
+        if name in _DIVS:
+            self._divided(arg(0, "input"), arg(1, "other"))
+            return
+        if name in _PERIODIC:
+            held = _held(self.products, arg(0, "input"))
+            if held is not None:
+                self._use(held, "periodic")
+            return
+        if name in _SCALAR_MULS:
             return
         gemm = parse_gemm(name, args, kwargs)
         if gemm is not None:
@@ -209,6 +273,22 @@ def _convex(o: Operand) -> bool:
     if bool((t < 0).any()):
         return False
     return bool(((t.sum(dim=o.contract) - 1).abs() <= 1e-4).all())
+
+
+def _unit_rows(o: Operand) -> bool:
+    """Whether an operand's vectors over its contracted dims all have L2 norm 1 (rows
+    F.normalize'd: SwiftFormer's additive attention reads q @ w_g on them)."""
+    t = o.tensor
+    if not (t.is_floating_point() and o.contract and t.numel()):
+        return False
+    norms = t.detach().float().pow(2).sum(dim=o.contract).sqrt()
+    return bool(((norms - 1).abs() <= 1e-3).all())
+
+
+def _held(table: dict[int, tuple[weakref.ref[torch.Tensor], str]], x: Any) -> str | None:
+    """The parameter name kept for tensor `x` in `table`, while that very tensor lives."""
+    got = table.get(id(x)) if isinstance(x, torch.Tensor) else None
+    return got[1] if got is not None and got[0]() is x else None
 
 
 def _owners(model: nn.Module) -> Owners:
@@ -364,22 +444,59 @@ def probe_gain(
     return None
 
 
-def _probe(
-    mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...], cache: ProbeCache
-) -> torch.Tensor | None:
+def _axes(
+    mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...]
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(normalised dims, dims the gain is constant over) a norm of `weight`'s shape may
+    use on an input of `shape`, the likeliest first: a channel norm's statistics over
+    batch and space, a LayerNorm's over the trailing dims, then any other axis the
+    gain's channels may sit on (a channels-first LayerNorm normalises over dim 1)."""
     nd = weight.dim()
+    out: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     # a channel norm reads (N, C, …): on a recorded (N, C) input the trailing axis is its
     # channel, not the axis it normalises (LeViT's BatchNorm1d over flattened tokens)
     channel = nd == 1 and isinstance(mod, nn.modules.batchnorm._NormBase | nn.GroupNorm)
+    spatial = (0, *range(2, len(shape)))
     if channel and len(shape) >= 2 and shape[1] == weight.shape[0]:
-        norm_dims = reduce_dims = (0, *range(2, len(shape)))
-    elif len(shape) > nd and tuple(shape[-nd:]) == tuple(weight.shape):
-        norm_dims = tuple(range(len(shape) - nd, len(shape)))
-        reduce_dims = tuple(range(len(shape) - nd))
-    elif nd == 1 and len(shape) >= 2 and shape[1] == weight.shape[0]:
-        norm_dims = reduce_dims = (0, *range(2, len(shape)))
-    else:
-        return None
+        out.append((spatial, spatial))
+    if len(shape) > nd and tuple(shape[-nd:]) == tuple(weight.shape):
+        out.append((tuple(range(len(shape) - nd, len(shape))), tuple(range(len(shape) - nd))))
+    if nd == 1 and len(shape) >= 2:
+        for a in range(1, len(shape)):
+            if shape[a] == weight.shape[0]:
+                rest = tuple(d for d in range(len(shape)) if d != a)
+                out += [(rest, rest), ((a,), rest)]
+    return list(dict.fromkeys(out))
+
+
+def _probe(
+    mod: nn.Module, weight: torch.Tensor, shape: tuple[int, ...], cache: ProbeCache
+) -> torch.Tensor | None:
+    """The gain read with the first normalised axes whose probe the norm maps to a
+    per-channel multiple of itself (the fit's residual under 1%); if none does, the
+    likeliest axes' slope, as before."""
+    first: torch.Tensor | None = None
+    for norm_dims, reduce_dims in _axes(mod, weight, shape):
+        got = _probe_axes(mod, weight, shape, norm_dims, reduce_dims, cache)
+        if got is None:
+            continue
+        gain, fit = got
+        if fit <= 1e-2:
+            return gain
+        first = gain if first is None else first
+    return first
+
+
+def _probe_axes(
+    mod: nn.Module,
+    weight: torch.Tensor,
+    shape: tuple[int, ...],
+    norm_dims: tuple[int, ...],
+    reduce_dims: tuple[int, ...],
+    cache: ProbeCache,
+) -> tuple[torch.Tensor, float] | None:
+    """(per-channel gain, relative residual of odd(f)(x) ≈ gain·x) with x normalised over
+    `norm_dims`; None when the norm cannot be run on it."""
     dtype = weight.dtype if weight.is_floating_point() else torch.float32
     key = (tuple(shape), norm_dims, dtype, weight.device)
     if key not in cache:
@@ -400,7 +517,9 @@ def _probe(
     gain = (odd * x).sum(reduce_dims) / xx
     if not torch.isfinite(gain).all():
         return None
-    return gain.reshape(weight.shape)
+    kept = [1 if d in reduce_dims else s for d, s in enumerate(shape)]
+    miss = (odd - gain.reshape(kept) * x).norm() / odd.norm().clamp_min(1e-30)
+    return gain.reshape(weight.shape), float(miss)
 
 
 # where activation classes live: torch's (nn.ReLU, …) and transformers' ACT2FN classes

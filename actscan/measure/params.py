@@ -119,6 +119,13 @@ def param_records(
                 gain=gain[0] if gain else None,
                 gain_std=gain[1] if gain else None,
                 normed=usage is not None and kind == "weight" and usage.normed(full),
+                periodic=usage is not None and kind == "weight" and usage.periodic(full),
+                unit_input=(
+                    usage is not None
+                    and kind == "weight"
+                    and (use := usage.role(full)) is not None
+                    and use.unit_input
+                ),
             )
         )
     return tuple(out)
