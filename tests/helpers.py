@@ -249,7 +249,16 @@ def outlier_rec(name: str, ratio: float, channels: tuple[int, ...] = (17,), **kw
 
 
 def head(std: float, max_abs: float | None = None) -> LayerRecord:
-    return rec("head", role="head", std=std, mean=0.0, max_abs=max_abs or 5 * std, n_channels=512)
+    """The output head: it runs last (logit-scale judges only the model's output)."""
+    return rec(
+        "head",
+        role="head",
+        std=std,
+        mean=0.0,
+        max_abs=max_abs or 5 * std,
+        n_channels=512,
+        order=10**6,
+    )
 
 
 def projections(n_blocks: int, out_scale: float) -> tuple[list[LayerRecord], list[ParamRecord]]:
