@@ -73,6 +73,7 @@ DEFAULT_IMAGE = 224  # the side of an image when the config names none (CNN back
 DEFAULT_FRAMES = 50  # about one second of 16 kHz audio for wav2vec2-like extractors
 TRAJECTORY = 16  # steps of an offline-RL trajectory (return, state, action each)
 LATENT_FRAMES = 16  # latent frames for a codec's decoder: about a second at 12.5 Hz
+WAVE_CHANNELS = 8  # a waveform's channel axis is this narrow or less; a wider one is frames
 LATENT_WIDTHS = ("hidden_size", "latent_dim", "codebook_dim")  # a latent's width, tried in turn
 
 
@@ -167,11 +168,12 @@ def _main_shapes(
         # second, else a whole number of a long hop (19 200 = 10 × 1 920 = 6 × 3 200)
         samples = _samples_for_frames(config, seq_len or DEFAULT_FRAMES)
         channels = _int(config, "audio_channels", "channels") or 1
-        return [
+        waves = [
             shape
             for n in dict.fromkeys((samples, 19_200))
             for shape in ((batch, n), (batch, channels, n))
         ]
+        return waves + _spectrograms(config, batch)
     if name == "input_features":
         mels = _int(config, *MELS)
         positions = _int(config, "max_source_positions")
@@ -231,6 +233,17 @@ def _main_shapes(
             shapes = [(batch, context, series)] if series else []
             return [*shapes, (batch, context)]
     return []
+
+
+def _spectrograms(config: Any, batch: int) -> list[tuple[int, ...]]:
+    """A spectrogram given as `input_values` (AST: frames × mel bins), tried after the
+    waveforms: where the config names mel bins, its `max_length` frames (the patch grid
+    its learned positions fix) else FRAMES, frames first, then mel bins first."""
+    mels = _int(config, "num_mel_bins")
+    if not mels:
+        return []
+    frames = _int(config, "max_length") or FRAMES
+    return [(batch, frames, mels), (batch, mels, frames)]
 
 
 def _lags(config: Any) -> list[int]:
@@ -1293,6 +1306,8 @@ def describe_batch(batch: Batch) -> str | None:
                 parts.append(f"{n} series of {_dims(t)} values{at}")
             elif name == "inputs_embeds":
                 parts.append(f"{n}×{t.shape[1]} embeddings of width {t.shape[-1]}")
+            elif name == "input_values" and t.dim() == 3 and t.shape[1] > WAVE_CHANNELS:
+                parts.append(f"{n} clips of {_dims(t)} spectrogram features")
             elif name == "input_values":
                 parts.append(f"{n} clips of {_dims(t)} samples")
             elif name == "latents":
