@@ -561,19 +561,44 @@ def _kept_masks(
     """The frame masks, less an optional `attention_mask` the forward runs only
     without (Voxtral-Realtime's encoder masks its positions after the convs, not
     frames), two rows (one broadcasts past the mismatch), no gradients."""
-    frames = _frames_axis(model, name, shape) or 0
-    rows = min(2, shape[0])
-
-    def runs(given: list[str]) -> bool:
-        kwargs = {input_arg(model, name): torch.randn(rows, *shape[1:]), **extra(rows)}
-        kwargs.update(_companions(model, name, (rows, *shape[1:])))
-        kwargs.update({m: torch.ones(rows, frames, dtype=torch.long) for m in given})
-        return _runs_on(model, kwargs)
-
-    if runs(masks):
+    if _runs_masked(model, name, shape, masks, extra):
         return masks
     without = [m for m in masks if m != "attention_mask"]
-    return without if runs(without) else masks
+    return without if _runs_masked(model, name, shape, without, extra) else masks
+
+
+def _needed_masks(
+    model: nn.Module,
+    name: str,
+    shape: tuple[int, ...],
+    masks: list[str],
+    extra: Callable[[int], dict[str, torch.Tensor]],
+) -> list[str]:
+    """The frame masks, plus the optional audio masks (`AUDIO_MASKS`) the forward takes
+    where it runs only with them (AudioFlamingo 3's encoder sums `input_features_mask`
+    although its default is None); an optional mask it runs without stays out."""
+    optional = [m for m in AUDIO_MASKS if m in forward_params(model) and m not in masks]
+    if not optional or _runs_masked(model, name, shape, masks, extra):
+        return masks
+    given = masks + optional
+    return given if _runs_masked(model, name, shape, given, extra) else masks
+
+
+def _runs_masked(
+    model: nn.Module,
+    name: str,
+    shape: tuple[int, ...],
+    given: list[str],
+    extra: Callable[[int], dict[str, torch.Tensor]],
+) -> bool:
+    """Whether the forward runs on the features with the masks `given` (every frame
+    real), two rows (one broadcasts past a mismatch), no gradients."""
+    frames = _frames_axis(model, name, shape) or 0
+    rows = min(2, shape[0])
+    kwargs = {input_arg(model, name): torch.randn(rows, *shape[1:]), **extra(rows)}
+    kwargs.update(_companions(model, name, (rows, *shape[1:])))
+    kwargs.update({m: torch.ones(rows, frames, dtype=torch.long) for m in given})
+    return _runs_on(model, kwargs)
 
 
 def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | None:
@@ -851,6 +876,8 @@ def _hf_source(
     masks = _frame_masks(model, name) if frames else []
     if frames and "attention_mask" in masks and "attention_mask" not in _required(model):
         masks = _kept_masks(model, name, shape, masks, decoder)
+    if frames:
+        masks = _needed_masks(model, name, shape, masks, decoder)
     form, why = "shifted", None
 
     def source(i: int, rows: int = shape[0]) -> Batch:
