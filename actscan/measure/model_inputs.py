@@ -1361,6 +1361,14 @@ def describe_batch(batch: Batch) -> str | None:
     if isinstance(box, torch.Tensor) and box.dim() == 3:
         kind = "normalised" if box.is_floating_point() else "integer"
         parts.append(f"{box.shape[0]}×{box.shape[1]} {kind} boxes")
+    spec_key = "spectrogram_labels"
+    spec = kw.get(spec_key)
+    if isinstance(spec, torch.Tensor) and spec.dim() == 3:  # a variance adaptor's targets
+        per = [k.removesuffix("_labels") for k in kw if k.endswith("_labels") and k != spec_key]
+        parts.append(
+            f"{spec.shape[0]}×{spec.shape[1]} target frames of {spec.shape[2]} mel bins "
+            f"({', '.join(per)} targets)"
+        )
     lang = kw.get("lang_ids")
     if isinstance(lang, torch.Tensor) and lang.numel():
         parts.append(f"language id {int(lang.flatten()[0])}")
