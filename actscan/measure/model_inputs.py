@@ -1194,14 +1194,19 @@ def choose_inputs(
             limit = DEFAULT_SEQ
         seq = seq_len or min(DEFAULT_SEQ, limit)
         check_positions(model, seq)
-        source = token_source(
-            vocab,
-            batch,
-            seq,
-            seed,
-            mask=info.task == "encoder",
-            as_kwargs=info.family != "actscan-gpt",
-        )
+        layout = codebook_layout(model, vocab, seq)
+        if layout is not None:
+            hf = layout_source(layout, vocab, batch, seq, seed, mask=info.task == "encoder")
+            source = hf
+        else:
+            source = token_source(
+                vocab,
+                batch,
+                seq,
+                seed,
+                mask=info.task == "encoder",
+                as_kwargs=info.family != "actscan-gpt",
+            )
     else:
         raise UsageError(cannot_invent(model))
     if inputs is None:
@@ -1218,6 +1223,67 @@ def choose_inputs(
     if noted is not None and loss_fn is None and noted.note:
         loss = f"{loss}: {noted.note}"
     return ChosenInputs(source, loss_of, seq, loss, noted.fed if noted is not None else "")
+
+
+@dataclass(frozen=True)
+class CodebookLayout:
+    """Token ids over `codebooks` audio codebooks: one row per (sample, codebook)
+    (`rows`, MusicGen's batch × num_codebooks), else a trailing axis of `channels` per
+    position (Kyutai STT: the text token and each codebook's); `top` bounds every id."""
+
+    codebooks: int
+    rows: bool
+    channels: int = 1
+    top: int = 0
+
+
+def codebook_layout(model: nn.Module, vocab: int, seq: int) -> CodebookLayout | None:
+    """How a model whose config names `num_codebooks` takes its token ids, when plain
+    (batch, seq) ids fail: the first layout one probe forward (no gradients) runs on,
+    of (codebooks, seq) rows for one sample, then one sample's (seq, channels) with a
+    channel per codebook, plus one for the text before them; ids below the smaller of
+    the vocabulary and the config's `codebook_vocab_size` (each channel's own range).
+    None for any other model, or when none runs (the model's own error then says why)."""
+    config: Any = getattr(model, "config", None)
+    codebooks = _int(config, "num_codebooks") if config is not None else None
+    if not codebooks or codebooks < 2:
+        return None
+    top = min(vocab, _int(config, "codebook_vocab_size") or vocab)
+    length = min(seq, 8)
+    if _runs_on(model, {"input_ids": _tokens(vocab, 1, length, 0, 0)}):
+        return None
+    if _runs_on(model, {"input_ids": _tokens(vocab, codebooks, length, 0, 0)}):
+        return CodebookLayout(codebooks, rows=True, top=vocab)
+    for channels in (codebooks, codebooks + 1):
+        ids = _tokens(top, length, channels, 0, 0).unsqueeze(0)
+        if _runs_on(model, {"input_ids": ids}):
+            return CodebookLayout(codebooks, rows=False, channels=channels, top=top)
+    return None
+
+
+def layout_source(
+    layout: CodebookLayout, vocab: int, batch: int, seq: int, seed: int, *, mask: bool
+) -> NotedSource:
+    """Random ids in `layout` (with an all-ones mask per sample and position where
+    `mask`), noting the rows or channels the header's shape stands for."""
+
+    def source(i: int) -> Batch:
+        if layout.rows:
+            ids = _tokens(layout.top, batch * layout.codebooks, seq, seed, i)
+        else:
+            flat = _tokens(layout.top, batch * seq, layout.channels, seed, i)
+            ids = flat.view(batch, seq, layout.channels)
+        kwargs: dict[str, Any] = {"input_ids": ids}
+        if mask:
+            kwargs["attention_mask"] = torch.ones(ids.shape[:2], dtype=torch.long)
+        return Batch(kwargs=kwargs)
+
+    if layout.rows:
+        fed = f"{batch} samples × {layout.codebooks} codebooks, a row each"
+    else:
+        text = "the text's, then " if layout.channels > layout.codebooks else ""
+        fed = f"a position's ids: {text}each of {layout.codebooks} codebooks'"
+    return NotedSource(source, "", fed)
 
 
 def hashed_vocab(model: nn.Module) -> int | None:
@@ -1357,6 +1423,8 @@ def describe_batch(batch: Batch) -> str | None:
     ids = batch.token_ids
     if ids is not None and ids.dim() == 2:
         parts.append(f"{ids.shape[0]}×{ids.shape[1]} tokens")
+    elif ids is not None and ids.dim() == 3:  # a channel per codebook (`codebook_layout`)
+        parts.append(f"{ids.shape[0]}×{ids.shape[1]} tokens of {ids.shape[2]} channels")
     box = kw.get("bbox")
     if isinstance(box, torch.Tensor) and box.dim() == 3:
         kind = "normalised" if box.is_floating_point() else "integer"
