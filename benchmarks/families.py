@@ -235,6 +235,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # feature grid, 16× finer than the image (stride 4, then two 2× poolings): the
     # released 16, which the shrink's patch size halves
     "sam2": {"prompt_encoder_config": {"patch_size": 16}},
+    # ---- h-audio: codec widths the shrink split that the full config keeps equal
+    # Mimi's quantizer projects to `vector_quantization_hidden_dimension` and looks up
+    # codebooks `codebook_dim` wide: both 256 in the default, equal in every checkpoint
+    "mimi": {"vector_quantization_hidden_dimension": HIDDEN},
+    # X-Codec's `codebook_dim` is derived (acoustic + semantic width) when left None; the
+    # default's to_dict writes the full value down, which the shrink then cut alone
+    "xcodec": {"codebook_dim": None},
 }
 # Default configs that do not validate as this transformers ships them: the fields that
 # make them valid, given when the default is made (before it is shrunk).
@@ -408,6 +415,12 @@ ARGUED: dict[str, dict[str, str]] = {
         "init-scale": "Apertus 1.5's vision tokenizer init draws every nn.Linear with "
         "init.normal_ (std 1) on purpose: the IBQ codebook scorer truly is N(0, 1); its "
         "scores feed only an argmax (hard codebook indices, inference-only)"
+    },
+    "mimi": {
+        "dead-branch": "transformers' Mimi init zeroes every codebook (init.zeros_(embed_sum): "
+        "filled by EMA in training, by checkpoints): every code dequantizes to 0, so the "
+        "decoder transformer runs on a zero stream (RMS 0 vs stream 0 measured) and the "
+        "argmin quantizer passes it no gradient; the encoder's branches write"
     },
     "xlstm": {
         "dead-branch": "transformers' xLSTM init zeroes every Linear whose name holds 'gate' "

@@ -214,10 +214,19 @@ def mean_square_loss(output: Any) -> torch.Tensor:
     return t.float().square().mean()
 
 
+def label_keys(kwargs: dict[str, Any]) -> list[str]:
+    """The batch's labels: `labels`, and the named ones a forward takes beside it
+    (FastSpeech 2's `duration_labels`, `spectrogram_labels`, …), in batch order."""
+    return [k for k in kwargs if k == "labels" or k.endswith("_labels")]
+
+
 def describe_loss(task: str, batch: Batch, caller: bool) -> str:
     """The objective `default_loss` uses on `batch`, in words (the report's `run.loss`)."""
     if caller:
         return "the caller's loss"
+    named = [k.removesuffix("_labels") for k in label_keys(batch.kwargs) if k != "labels"]
+    if named:
+        return f"the model's own loss on random {', '.join(named)} labels"
     if "labels" in batch.kwargs:
         return "the model's own loss on random labels"
     if task == "causal-lm" and batch.token_ids is not None:
@@ -234,7 +243,7 @@ def default_loss(task: str, vocab_size: int | None) -> Callable[[Any, Batch], to
 
     def loss(output: Any, batch: Batch) -> torch.Tensor:
         own = getattr(output, "loss", None)
-        if "labels" in batch.kwargs and isinstance(own, torch.Tensor) and own.dim() == 0:
+        if label_keys(batch.kwargs) and isinstance(own, torch.Tensor) and own.dim() == 0:
             return own  # the model's own loss on the labels it was given (encoder-decoders)
         ids = batch.token_ids
         if task == "causal-lm" and ids is not None:

@@ -73,6 +73,7 @@ DEFAULT_IMAGE = 224  # the side of an image when the config names none (CNN back
 DEFAULT_FRAMES = 50  # about one second of 16 kHz audio for wav2vec2-like extractors
 TRAJECTORY = 16  # steps of an offline-RL trajectory (return, state, action each)
 LATENT_FRAMES = 16  # latent frames for a codec's decoder: about a second at 12.5 Hz
+WAVE_CHANNELS = 8  # a waveform's channel axis is this narrow or less; a wider one is frames
 LATENT_WIDTHS = ("hidden_size", "latent_dim", "codebook_dim")  # a latent's width, tried in turn
 
 
@@ -169,11 +170,12 @@ def _main_shapes(
         # second, else a whole number of a long hop (19 200 = 10 × 1 920 = 6 × 3 200)
         samples = _samples_for_frames(config, seq_len or DEFAULT_FRAMES)
         channels = _int(config, "audio_channels", "channels") or 1
-        return [
+        waves = [
             shape
             for n in dict.fromkeys((samples, 19_200))
             for shape in ((batch, n), (batch, channels, n))
         ]
+        return waves + _spectrograms(config, batch)
     if name == "input_features":
         mels = _int(config, *MELS)
         positions = _int(config, "max_source_positions")
@@ -233,6 +235,17 @@ def _main_shapes(
             shapes = [(batch, context, series)] if series else []
             return [*shapes, (batch, context)]
     return []
+
+
+def _spectrograms(config: Any, batch: int) -> list[tuple[int, ...]]:
+    """A spectrogram given as `input_values` (AST: frames × mel bins), tried after the
+    waveforms: where the config names mel bins, its `max_length` frames (the patch grid
+    its learned positions fix) else FRAMES, frames first, then mel bins first."""
+    mels = _int(config, "num_mel_bins")
+    if not mels:
+        return []
+    frames = _int(config, "max_length") or FRAMES
+    return [(batch, frames, mels), (batch, mels, frames)]
 
 
 def _lags(config: Any) -> list[int]:
@@ -550,19 +563,44 @@ def _kept_masks(
     """The frame masks, less an optional `attention_mask` the forward runs only
     without (Voxtral-Realtime's encoder masks its positions after the convs, not
     frames), two rows (one broadcasts past the mismatch), no gradients."""
-    frames = _frames_axis(model, name, shape) or 0
-    rows = min(2, shape[0])
-
-    def runs(given: list[str]) -> bool:
-        kwargs = {input_arg(model, name): torch.randn(rows, *shape[1:]), **extra(rows)}
-        kwargs.update(_companions(model, name, (rows, *shape[1:])))
-        kwargs.update({m: torch.ones(rows, frames, dtype=torch.long) for m in given})
-        return _runs_on(model, kwargs)
-
-    if runs(masks):
+    if _runs_masked(model, name, shape, masks, extra):
         return masks
     without = [m for m in masks if m != "attention_mask"]
-    return without if runs(without) else masks
+    return without if _runs_masked(model, name, shape, without, extra) else masks
+
+
+def _needed_masks(
+    model: nn.Module,
+    name: str,
+    shape: tuple[int, ...],
+    masks: list[str],
+    extra: Callable[[int], dict[str, torch.Tensor]],
+) -> list[str]:
+    """The frame masks, plus the optional audio masks (`AUDIO_MASKS`) the forward takes
+    where it runs only with them (AudioFlamingo 3's encoder sums `input_features_mask`
+    although its default is None); an optional mask it runs without stays out."""
+    optional = [m for m in AUDIO_MASKS if m in forward_params(model) and m not in masks]
+    if not optional or _runs_masked(model, name, shape, masks, extra):
+        return masks
+    given = masks + optional
+    return given if _runs_masked(model, name, shape, given, extra) else masks
+
+
+def _runs_masked(
+    model: nn.Module,
+    name: str,
+    shape: tuple[int, ...],
+    given: list[str],
+    extra: Callable[[int], dict[str, torch.Tensor]],
+) -> bool:
+    """Whether the forward runs on the features with the masks `given` (every frame
+    real), two rows (one broadcasts past a mismatch), no gradients."""
+    frames = _frames_axis(model, name, shape) or 0
+    rows = min(2, shape[0])
+    kwargs = {input_arg(model, name): torch.randn(rows, *shape[1:]), **extra(rows)}
+    kwargs.update(_companions(model, name, (rows, *shape[1:])))
+    kwargs.update({m: torch.ones(rows, frames, dtype=torch.long) for m in given})
+    return _runs_on(model, kwargs)
 
 
 def _frames_axis(model: nn.Module, name: str, shape: tuple[int, ...]) -> int | None:
@@ -841,6 +879,8 @@ def _hf_source(
     masks = _frame_masks(model, name) if frames else []
     if frames and "attention_mask" in masks and "attention_mask" not in _required(model):
         masks = _kept_masks(model, name, shape, masks, decoder)
+    if frames:
+        masks = _needed_masks(model, name, shape, masks, decoder)
     form, why = "shifted", None
 
     def source(i: int, rows: int = shape[0]) -> Batch:
@@ -1186,14 +1226,19 @@ def choose_inputs(
             limit = DEFAULT_SEQ
         seq = seq_len or min(DEFAULT_SEQ, limit)
         check_positions(model, seq)
-        source = token_source(
-            vocab,
-            batch,
-            seq,
-            seed,
-            mask=info.task == "encoder",
-            as_kwargs=info.family != "actscan-gpt",
-        )
+        layout = codebook_layout(model, vocab, seq)
+        if layout is not None:
+            hf = layout_source(layout, vocab, batch, seq, seed, mask=info.task == "encoder")
+            source = hf
+        else:
+            source = token_source(
+                vocab,
+                batch,
+                seq,
+                seed,
+                mask=info.task == "encoder",
+                as_kwargs=info.family != "actscan-gpt",
+            )
     else:
         raise UsageError(cannot_invent(model))
     if inputs is None:
@@ -1210,6 +1255,67 @@ def choose_inputs(
     if noted is not None and loss_fn is None and noted.note:
         loss = f"{loss}: {noted.note}"
     return ChosenInputs(source, loss_of, seq, loss, noted.fed if noted is not None else "")
+
+
+@dataclass(frozen=True)
+class CodebookLayout:
+    """Token ids over `codebooks` audio codebooks: one row per (sample, codebook)
+    (`rows`, MusicGen's batch × num_codebooks), else a trailing axis of `channels` per
+    position (Kyutai STT: the text token and each codebook's); `top` bounds every id."""
+
+    codebooks: int
+    rows: bool
+    channels: int = 1
+    top: int = 0
+
+
+def codebook_layout(model: nn.Module, vocab: int, seq: int) -> CodebookLayout | None:
+    """How a model whose config names `num_codebooks` takes its token ids, when plain
+    (batch, seq) ids fail: the first layout one probe forward (no gradients) runs on,
+    of (codebooks, seq) rows for one sample, then one sample's (seq, channels) with a
+    channel per codebook, plus one for the text before them; ids below the smaller of
+    the vocabulary and the config's `codebook_vocab_size` (each channel's own range).
+    None for any other model, or when none runs (the model's own error then says why)."""
+    config: Any = getattr(model, "config", None)
+    codebooks = _int(config, "num_codebooks") if config is not None else None
+    if not codebooks or codebooks < 2:
+        return None
+    top = min(vocab, _int(config, "codebook_vocab_size") or vocab)
+    length = min(seq, 8)
+    if _runs_on(model, {"input_ids": _tokens(vocab, 1, length, 0, 0)}):
+        return None
+    if _runs_on(model, {"input_ids": _tokens(vocab, codebooks, length, 0, 0)}):
+        return CodebookLayout(codebooks, rows=True, top=vocab)
+    for channels in (codebooks, codebooks + 1):
+        ids = _tokens(top, length, channels, 0, 0).unsqueeze(0)
+        if _runs_on(model, {"input_ids": ids}):
+            return CodebookLayout(codebooks, rows=False, channels=channels, top=top)
+    return None
+
+
+def layout_source(
+    layout: CodebookLayout, vocab: int, batch: int, seq: int, seed: int, *, mask: bool
+) -> NotedSource:
+    """Random ids in `layout` (with an all-ones mask per sample and position where
+    `mask`), noting the rows or channels the header's shape stands for."""
+
+    def source(i: int) -> Batch:
+        if layout.rows:
+            ids = _tokens(layout.top, batch * layout.codebooks, seq, seed, i)
+        else:
+            flat = _tokens(layout.top, batch * seq, layout.channels, seed, i)
+            ids = flat.view(batch, seq, layout.channels)
+        kwargs: dict[str, Any] = {"input_ids": ids}
+        if mask:
+            kwargs["attention_mask"] = torch.ones(ids.shape[:2], dtype=torch.long)
+        return Batch(kwargs=kwargs)
+
+    if layout.rows:
+        fed = f"{batch} samples × {layout.codebooks} codebooks, a row each"
+    else:
+        text = "the text's, then " if layout.channels > layout.codebooks else ""
+        fed = f"a position's ids: {text}each of {layout.codebooks} codebooks'"
+    return NotedSource(source, "", fed)
 
 
 def hashed_vocab(model: nn.Module) -> int | None:
@@ -1327,6 +1433,8 @@ def describe_batch(batch: Batch) -> str | None:
                 parts.append(f"{n} series of {_dims(t)} values{at}")
             elif name == "inputs_embeds":
                 parts.append(f"{n}×{t.shape[1]} embeddings of width {t.shape[-1]}")
+            elif name == "input_values" and t.dim() == 3 and t.shape[1] > WAVE_CHANNELS:
+                parts.append(f"{n} clips of {_dims(t)} spectrogram features")
             elif name == "input_values":
                 parts.append(f"{n} clips of {_dims(t)} samples")
             elif name == "latents":
@@ -1356,10 +1464,20 @@ def describe_batch(batch: Batch) -> str | None:
     ids = batch.token_ids
     if ids is not None and ids.dim() == 2:
         parts.append(f"{ids.shape[0]}×{ids.shape[1]} tokens")
+    elif ids is not None and ids.dim() == 3:  # a channel per codebook (`codebook_layout`)
+        parts.append(f"{ids.shape[0]}×{ids.shape[1]} tokens of {ids.shape[2]} channels")
     box = kw.get("bbox")
     if isinstance(box, torch.Tensor) and box.dim() == 3:
         kind = "normalised" if box.is_floating_point() else "integer"
         parts.append(f"{box.shape[0]}×{box.shape[1]} {kind} boxes")
+    spec_key = "spectrogram_labels"
+    spec = kw.get(spec_key)
+    if isinstance(spec, torch.Tensor) and spec.dim() == 3:  # a variance adaptor's targets
+        per = [k.removesuffix("_labels") for k in kw if k.endswith("_labels") and k != spec_key]
+        parts.append(
+            f"{spec.shape[0]}×{spec.shape[1]} target frames of {spec.shape[2]} mel bins "
+            f"({', '.join(per)} targets)"
+        )
     lang = kw.get("lang_ids")
     if isinstance(lang, torch.Tensor) and lang.numel():
         parts.append(f"language id {int(lang.flatten()[0])}")

@@ -13,6 +13,12 @@ multilingual adapter model a language (`lang_ids`: X-MOD, whose config lists
   degenerate layout, so floats are probed first.
 - **a language**: the first of the config's `languages`, one id per row, as the model
   itself does when a default language is set.
+- **a variance adaptor's targets**: a text-to-speech model that refuses to train without
+  its ground truth (FastSpeech 2: `duration_labels`, `spectrogram_labels` and per-token
+  `pitch_labels`, `energy_labels`) gets `FRAMES_PER_TOKEN` frames per token, a random
+  pitch and energy per token, and a random spectrogram of the config's `num_mel_bins`
+  as long as the durations add up to, so its own loss (duration, pitch, energy and
+  spectrogram terms) runs.
 
 Everything duck-types `model.config`; nothing imports transformers.
 """
@@ -30,7 +36,11 @@ from actscan.measure.vision_text import config_int, forward_params, runs_on
 
 __all__ = ["SIDE_INPUTS", "with_side_inputs"]
 
-SIDE_INPUTS = ("bbox", "lang_ids")  # the keys this module may add to a batch
+VARIANCE = ("duration_labels", "spectrogram_labels")  # a variance adaptor's targets
+PER_TOKEN = ("pitch_labels", "energy_labels")  # its per-token scalar targets
+# the keys this module may add to a batch
+SIDE_INPUTS = ("bbox", "lang_ids", *VARIANCE, *PER_TOKEN)
+FRAMES_PER_TOKEN = 2  # each token's duration in spectrogram frames
 DEFAULT_GRID = 1000  # LayoutLM's box coordinates: integers in [0, 1000]
 
 
@@ -93,6 +103,15 @@ def with_side_inputs(model: nn.Module, source: InputSource, seed: int) -> InputS
             return {} if t is None else {"lang_ids": torch.full((t.shape[0],), language)}
 
         adders.append(add_language)
+    if set(VARIANCE) <= params and not set(VARIANCE) & set(first.kwargs):
+        mels = config_int(config, "num_mel_bins")
+        if mels:
+
+            def add_targets(b: Batch, i: int) -> dict[str, torch.Tensor]:
+                t = _ids(b)
+                return {} if t is None else variance_targets(t, params, mels, seed, i)
+
+            adders.append(add_targets)
     if not adders:
         return source
 
@@ -104,3 +123,19 @@ def with_side_inputs(model: nn.Module, source: InputSource, seed: int) -> InputS
         return Batch(args=b.args, kwargs={**b.kwargs, **extra})
 
     return wrapped
+
+
+def variance_targets(
+    ids: torch.Tensor, params: set[str], mels: int, seed: int, index: int
+) -> dict[str, torch.Tensor]:
+    """Random ground truth for a variance adaptor on `ids`: `FRAMES_PER_TOKEN` frames a
+    token, the per-token targets the forward takes, the spectrogram the durations give."""
+    rows, seq = ids.shape
+    gen = torch.Generator().manual_seed(seed * 100_003 + index + 29)
+    frames = seq * FRAMES_PER_TOKEN
+    out = {
+        "duration_labels": torch.full((rows, seq), FRAMES_PER_TOKEN, dtype=torch.long),
+        "spectrogram_labels": torch.randn(rows, frames, mels, generator=gen),
+    }
+    out.update({k: torch.randn(rows, seq, 1, generator=gen) for k in PER_TOKEN if k in params})
+    return out
