@@ -106,15 +106,17 @@ class _Acc:
             t[k] = t[k] + s[k]
 
     def fold_rows(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> None:
-        """The largest and smallest L2 norm of the query and key rows (per head vector,
-        every position): equal when a norm made them (QK-norm; a rotary embedding after
+        """The largest and smallest nonzero L2 norm of the query and key rows (per head
+        vector, every position): equal when a norm made them (QK-norm; a rotary embedding after
         it is a rotation and keeps them). Device scalars, merged by max/min."""
         self.scaling, self.head_dim = scaling, int(q.shape[-1])
         t = self.t
         for key, x in (("q", q), ("k", k)):
             rows = torch.linalg.vector_norm(x.detach().float(), dim=-1)
+            # an all-zero row (a padding token's zero embedding) is 0 through any norm
+            lo = torch.where(rows > 0, rows, math.inf).amin()
             t[key + "hi"] = torch.maximum(t[key + "hi"], rows.amax().to(torch.float64))
-            t[key + "lo"] = torch.minimum(t[key + "lo"], rows.amin().to(torch.float64))
+            t[key + "lo"] = torch.minimum(t[key + "lo"], lo.to(torch.float64))
 
 
 def head_stats(scores: torch.Tensor, allowed: torch.Tensor, bias: torch.Tensor) -> dict[str, Any]:
