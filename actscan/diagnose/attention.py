@@ -252,7 +252,8 @@ def attn_entropy(ctx: CheckContext) -> list[Finding | Skip]:
         rec, head = min(low, key=lambda x: known(x[1].entropy))
         e = float(known(head.entropy))
         sev, threshold = grade(e, th.attn_entropy_low, th.attn_entropy_collapse, above=False)
-        return out + [
+        return [
+            *out,
             finding(
                 CheckId.ATTN_ENTROPY,
                 sev,
@@ -268,7 +269,7 @@ def attn_entropy(ctx: CheckContext) -> list[Finding | Skip]:
                 "The scores are too large at init: check the q/k projections' init and the "
                 "1/√d_k scale (logit-scale says by how much); QK-norm keeps them near unit "
                 "scale.",
-            )
+            ),
         ]
     collapsed = _hits(ctx, lambda r, h: (e := ent(h)) is not None and e < th.attn_entropy_collapse)
     if not collapsed:
