@@ -690,6 +690,12 @@ class AttentionRecord:
     softcap: float | None = None  # tanh soft-cap the scores passed through (Gemma 2: 50)
     sliding_window: int | None = None  # the layer's local window, when it has one
     stream: str | None = None  # the residual stream it belongs to, when there are several
+    # the query/key rows' L2 norm (per head vector) when every row has the same one (a
+    # norm on q/k: QK-norm), None when they spread or were not measured; the scale on q·kᵀ
+    q_norm: float | None = None
+    k_norm: float | None = None
+    scaling: float | None = None
+    head_dim: int | None = None  # the q/k vectors' width, when measured
 
 
 # -- low-precision readiness (`--formats`; actscan/measure/lowprec.py) ---------------------

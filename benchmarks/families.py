@@ -340,15 +340,12 @@ ARGUED: dict[str, dict[str, str]] = {
         "at init (normalised entropy 0.34–0.5 over 9 keys)"
         for c in ("init-scale", "logit-scale", "attn-entropy")
     },
-    "muse_glimmer_text": {
-        "init-scale": "its (1 + w) RMSNorms get w = 1 from transformers' default norm init "
-        "(no model-specific init): every effective gain is truly 2",
-        **{
-            c: "qk_scale_factor 3.87 on scale-free QK-normed queries makes the score std "
-            "3.87 at any width, past √(2 ln T) = 2.35 at 16 keys (entropy 0.26–0.48): true "
-            "at this length, under it only past ~1800 keys"
-            for c in ("logit-scale", "attn-entropy")
-        },
+    **{
+        t: {
+            "init-scale": "its (1 + w) RMSNorms get w = 1 from transformers' default norm init "
+            "(no model-specific init): every effective gain is truly 2"
+        }
+        for t in ("muse_glimmer", "muse_glimmer_text")
     },
     "pp_formulanet": {
         "dead-branch": _SAM_INIT + " (PP-FormulaNet's vision config, initializer_range "
@@ -364,26 +361,6 @@ ARGUED: dict[str, dict[str, str]] = {
         "init-scale": "transformers' MobileViT init draws BatchNorm2d gains from N(0, "
         "initializer_range = 0.02), not 1: every effective gain truly is ~0 (mean −0.002, "
         "std 0.022)"
-    },
-    **{
-        t: {
-            c: f"{who} QK-norm q and k to unit RMS and attend with scaling 1.0 (no "
-            "1/√d): the scores' std is ≈ √head_dim = 4–5.7 at head_dim 16–32 (measured "
-            f"{std}), normalised entropy {ent} over 16 keys: truly sharp at init, and "
-            "sharper at the real head_dim 256 (√256 = 16)"
-            for c in ("logit-scale", "attn-entropy")
-        }
-        for t, who, std, ent in (
-            ("gemma3n_text", "Gemma 3n's attention layers", "3.5–4.2", "0.29–0.41"),
-            ("gemma4_text", "Gemma 4's attention layers", "3.7–5.9", "0.20–0.41"),
-            ("gemma4_unified_text", "Gemma 4's attention layers", "3.6–5.7", "0.23–0.38"),
-            ("embedding_gemma2_text", "EmbeddingGemma's attention layers", "3.7–6.1", "0.20–0.38"),
-        )
-    },
-    "gemma4_vision": {
-        "logit-scale": "Gemma 4's vision attention QK-norms q and k to unit RMS with scaling "
-        "1.0 (no 1/√d): scores of std ≈ √16 = 4 (measured up to 4.8, entropy down to 0.56 "
-        "over 9 keys), true at init and sharper at the real head_dim"
     },
     "nemotron": {
         "init-scale": "NemotronLayerNorm1P computes with weight + 1 and transformers' "
@@ -410,6 +387,14 @@ ARGUED: dict[str, dict[str, str]] = {
             "and with or without attention_mask (measured: 1152/1152 at 64 frames; sdpa: 0)"
         }
         for t in ("nemotron3_5_asr", "nemotron_asr_streaming", "nemotron_asr_streaming_encoder")
+    },
+    "xclip": {
+        c: "XCLIPConfig has no initializer_range, only initializer_factor = 1.0, which "
+        "transformers' default init takes as the std, and XCLIP's _init_weights leaves its "
+        "prompt generator (XCLIPCrossAttention, the MLP) to it: q/k/v_proj and mlp weights "
+        "truly are N(0, 1) (std 1.01 measured over fan-in 64), q and k of RMS ~8.5 and "
+        "scores of std ≈ ¼·8.7·8.3·√16 = 72 (measured 65.9)"
+        for c in ("init-scale", "logit-scale", "attn-entropy")
     },
     "apertus1p5": {
         "init-scale": "Apertus 1.5's vision tokenizer init draws every nn.Linear with "

@@ -613,3 +613,43 @@ def test_a_mask_value_50_nats_below_its_row_masks_and_a_position_bias_does_not()
     ok, bias = attention_mod._allowed(mask, False, 1, 5, None, "cpu")
     assert ok.flatten().tolist() == [True, True, True, False, False]
     assert bias.flatten()[:3].tolist() == [0.0, -3.0, -49.0]
+
+
+def test_qk_normed_scores_at_init_are_the_designed_temperature() -> None:
+    """Gemma 3's layers RMS-normalise q and k (q_norm/k_norm, learnable gain); with
+    query_pre_attn_scalar = 1 they attend with scaling 1.0, as Gemma 3n/4 do: a score std
+    of ≈ √head_dim = 8 at init is the design's temperature (info, with the number), while
+    the same sharpness from unnormed, too-large q/k projections still warns."""
+    model = build(
+        "gemma3_text",
+        head_dim=64,
+        num_key_value_heads=2,
+        query_pre_attn_scalar=1,
+        sliding_window=64,
+    )
+    report = scan(model, **SMALL)
+    assert report.attention
+    for rec in report.attention:
+        assert rec.scaling == 1.0 and rec.head_dim == 64
+        assert rec.q_norm == pytest.approx(8.0, rel=1e-2)  # unit RMS over 64: √64
+        assert rec.k_norm == pytest.approx(8.0, rel=1e-2)
+    found = [f for f in report.findings if f.check in NEW_CHECKS]
+    assert {f.check for f in found} == set(NEW_CHECKS)
+    for f in found:
+        assert f.severity is Severity.INFO, f.message
+        assert "QK-normed" in f.message and "s·‖q‖‖k‖/√d = " in f.message
+    # the unnormed planted case: llama's q/k ×8 (its rows spread, so no norm is read)
+    llama = build("llama", num_key_value_heads=2, hidden_size=256, intermediate_size=128)
+    with torch.no_grad():
+        llama.model.layers[1].self_attn.q_proj.weight.mul_(8)
+        llama.model.layers[1].self_attn.k_proj.weight.mul_(8)
+    sharp = scan(llama, batch=2, seq_len=32)
+    assert all(r.q_norm is None and r.k_norm is None for r in sharp.attention)
+    loud = [f for f in sharp.findings if f.check in NEW_CHECKS]
+    assert loud and all(f.severity is Severity.WARN for f in loud)
+
+
+def test_rows_of_one_norm_read_as_normed_and_spread_rows_do_not() -> None:
+    assert attention_mod._constant(8.0, 7.99) == pytest.approx(7.995)
+    assert attention_mod._constant(8.0, 6.0) is None
+    assert attention_mod._constant(0.0, math.inf) is None  # never measured (the built-in)

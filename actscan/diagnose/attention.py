@@ -45,6 +45,38 @@ def _layers(hits: Sequence[Hit]) -> list[str]:
     return list(dict.fromkeys(r.name for r, _ in hits))
 
 
+def temperature(r: AttentionRecord) -> float | None:
+    """A QK-normed layer's designed score scale: q and k enter with one row norm each, so
+    a score is s·‖q‖‖k‖·cos θ, of std s·‖q‖‖k‖/√d over random directions at init (None:
+    q or k not normed, or not measured). The scale is the design's (a norm gain learns
+    it, a fixed factor sets it), and no activation can push a score past s·‖q‖‖k‖."""
+    if r.q_norm is None or r.k_norm is None or r.scaling is None or not r.head_dim:
+        return None
+    return r.scaling * r.q_norm * r.k_norm / math.sqrt(r.head_dim)
+
+
+def _normed(hits: Sequence[Hit]) -> tuple[list[Hit], list[Hit]]:
+    """Hits split into (QK-normed layers, the rest)."""
+    normed = [x for x in hits if temperature(x[0]) is not None]
+    return normed, [x for x in hits if temperature(x[0]) is None]
+
+
+def _designed(hits: Sequence[Hit]) -> str:
+    """Why a QK-normed layer's sharp scores at init are its design, with the numbers."""
+    recs = list({r.name: r for r, _ in hits}.values())
+    taus = [known(temperature(r)) for r in recs]
+    r = recs[taus.index(max(taus))]
+    span = n(min(taus)) if len(recs) == 1 else f"{n(min(taus))}–{n(max(taus))}"
+    return (
+        f"q and k enter {'this layer' if len(recs) == 1 else 'these layers'} with one row "
+        f"norm each (QK-normed; {r.name}: ‖q‖ = {n(r.q_norm)}, ‖k‖ = {n(r.k_norm)} over "
+        f"head_dim {r.head_dim}) and scaling {n(r.scaling)}, so the score std at init is "
+        f"s·‖q‖‖k‖/√d = {span}: a temperature the design sets on purpose (the norm gain "
+        f"learns it, a fixed factor keeps it), and no score can pass s·‖q‖‖k‖ = "
+        f"{n(known(r.scaling) * known(r.q_norm) * known(r.k_norm))} whatever the stream does."
+    )
+
+
 def score_findings(ctx: CheckContext) -> list[Finding]:
     """logit-scale on the probed attention scores: std vs √(2 ln T), and the max score."""
     th = ctx.thresholds
@@ -59,6 +91,26 @@ def score_findings(ctx: CheckContext) -> list[Finding]:
     hot = [(r, h) for r, h in hot if not _spread(th.attn_entropy_low, factor(r, h), h)]
     if spread and not hot:
         out.append(_spread_finding(ctx, spread, factor))
+    if at_init:
+        designed, hot = _normed(hot)
+        if designed:
+            rec, head = max(designed, key=lambda x: factor(*x))
+            out.append(
+                finding(
+                    CheckId.LOGIT_SCALE,
+                    Severity.INFO,
+                    _layers(designed),
+                    factor(rec, head),
+                    th.logit_freeze,
+                    f"Attention scores at init have std up to {n(head.score_std)} at "
+                    f"{rec.name} head {head.head} over T = {rec.keys} keys, "
+                    f"{n(factor(rec, head))}× √(2 ln T) = {n(freeze(rec.keys))} "
+                    f"({len(designed)} head{'s' if len(designed) > 1 else ''}: "
+                    f"{heads_text(designed)}), but " + _designed(designed),
+                    "Nothing to fix at init; --steps follows the score maximum as training "
+                    "moves the norm gains.",
+                )
+            )
     if hot:
         rec, head = max(hot, key=lambda x: factor(*x))
         worst = factor(rec, head)
@@ -174,12 +226,34 @@ def attn_entropy(ctx: CheckContext) -> list[Finding | Skip]:
 
     if ctx.info.at_init:
         low = _hits(ctx, lambda r, h: (e := ent(h)) is not None and e < th.attn_entropy_low)
+        designed, low = _normed(low)
+        out: list[Finding | Skip] = []
+        if designed:
+            rec, head = min(designed, key=lambda x: known(x[1].entropy))
+            e = float(known(head.entropy))
+            out.append(
+                finding(
+                    CheckId.ATTN_ENTROPY,
+                    Severity.INFO,
+                    _layers(designed),
+                    e,
+                    th.attn_entropy_low,
+                    f"{len(designed)} attention head{'s' if len(designed) > 1 else ''} at "
+                    f"init {'have' if len(designed) > 1 else 'has'} normalised entropy below "
+                    f"{n(th.attn_entropy_low)}: lowest {rec.name} head {head.head} at {n(e)} "
+                    f"(spread over {keys_of(rec, e)}); {heads_text(designed)}. But "
+                    + _designed(designed),
+                    "Nothing to fix at init; a longer --seq-len judges the spread over as "
+                    "many keys as training sees.",
+                )
+            )
         if not low:
-            return []
+            return out
         rec, head = min(low, key=lambda x: known(x[1].entropy))
         e = float(known(head.entropy))
         sev, threshold = grade(e, th.attn_entropy_low, th.attn_entropy_collapse, above=False)
         return [
+            *out,
             finding(
                 CheckId.ATTN_ENTROPY,
                 sev,
@@ -195,7 +269,7 @@ def attn_entropy(ctx: CheckContext) -> list[Finding | Skip]:
                 "The scores are too large at init: check the q/k projections' init and the "
                 "1/√d_k scale (logit-scale says by how much); QK-norm keeps them near unit "
                 "scale.",
-            )
+            ),
         ]
     collapsed = _hits(ctx, lambda r, h: (e := ent(h)) is not None and e < th.attn_entropy_collapse)
     if not collapsed:

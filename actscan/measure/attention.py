@@ -81,6 +81,8 @@ class _Acc:
     calls: int = 0
     softcap: float | None = None
     window: int | None = None
+    scaling: float | None = None  # the scale on q·kᵀ (None: not measured, the built-in)
+    head_dim: int | None = None
     tol: float = 1e-3
     t: dict[str, torch.Tensor] = field(default_factory=dict)
     error: str | None = None  # why this layer's statistics cannot be trusted
@@ -102,6 +104,19 @@ class _Acc:
         t["err"] = torch.maximum(t["err"], s["err"])
         for k in ("ent", "rows", "sink", "sink_rows", "keys"):
             t[k] = t[k] + s[k]
+
+    def fold_rows(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> None:
+        """The largest and smallest nonzero L2 norm of the query and key rows (per head
+        vector, every position): equal when a norm made them (QK-norm; a rotary embedding after
+        it is a rotation and keeps them). Device scalars, merged by max/min."""
+        self.scaling, self.head_dim = scaling, int(q.shape[-1])
+        t = self.t
+        for key, x in (("q", q), ("k", k)):
+            rows = torch.linalg.vector_norm(x.detach().float(), dim=-1)
+            # an all-zero row (a padding token's zero embedding) is 0 through any norm
+            lo = torch.where(rows > 0, rows, math.inf).amin()
+            t[key + "hi"] = torch.maximum(t[key + "hi"], rows.amax().to(torch.float64))
+            t[key + "lo"] = torch.minimum(t[key + "lo"], lo.to(torch.float64))
 
 
 def head_stats(scores: torch.Tensor, allowed: torch.Tensor, bias: torch.Tensor) -> dict[str, Any]:
@@ -161,13 +176,16 @@ def grouped_scores(q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Te
     return s.reshape(b, hq, tq, tk)
 
 
+def call_scaling(query: torch.Tensor, kwargs: dict[str, Any]) -> float:
+    """The scale an attention call puts on q·kᵀ: its `scaling`, 1/√d when absent."""
+    scaling = kwargs.get("scaling")
+    return float(query.shape[-1] ** -0.5 if scaling is None else scaling)
+
+
 def scores(query: torch.Tensor, key: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
     """The pre-softmax scores (B, Hq, Tq, Tk), float32, before the mask: q·kᵀ times the
     call's scaling (1/√d when absent), soft-capped (Gemma 2), plus a position bias (T5)."""
-    scaling = kwargs.get("scaling")
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-    s = grouped_scores(query, key, float(scaling))
+    s = grouped_scores(query, key, call_scaling(query, kwargs))
     softcap = kwargs.get("softcap")
     if softcap is not None:
         s.div_(softcap).tanh_().mul_(softcap)
@@ -403,6 +421,7 @@ class AttentionProbes:
                 bias = bias.masked_fill(~tri, -math.inf)
             acc.tol = CHECK_TOL.get(q.dtype, CHECK_TOL_HALF)
             stats = self._fold(acc, s, allowed, bias, kv_heads=kh.shape[1], keep=True)
+            acc.fold_rows(qh, kh, d**-0.5 if scaling else 1.0)
             err = stats["p"].sub_(ref.detach().float()).abs_().nan_to_num_(0.0).amax()
             acc.t["err"] = torch.maximum(acc.t["err"], err.to(torch.float64))
 
@@ -532,6 +551,7 @@ class AttentionProbes:
         acc.window = int(window) if isinstance(window, int) else None
         acc.tol = CHECK_TOL_HALF if half else CHECK_TOL.get(query.dtype, CHECK_TOL_HALF)
         stats = self._fold(acc, s, allowed, bias, kv_heads=key.shape[1], keep=True)
+        acc.fold_rows(query, key, call_scaling(query, kwargs))
         dropout = float(kwargs.get("dropout") or 0.0)
         if dropout > 0 and module.training:
             return  # the model's probabilities are dropped out: nothing exact to compare
@@ -566,6 +586,9 @@ class AttentionProbes:
         acc.keys = max(acc.keys, scores.shape[3])
         extra = {k: stats.pop(k) for k in ("p", "rows_ok")}
         acc.merge(stats)
+        if "qhi" not in acc.t:  # no rows seen yet (the built-in never sees q and k)
+            zero = torch.zeros((), dtype=torch.float64, device=scores.device)
+            acc.t.update(qhi=zero, khi=zero, qlo=zero + math.inf, klo=zero + math.inf)
         return {**stats, **extra} if keep else stats
 
     # -- results --------------------------------------------------------------------
@@ -590,6 +613,8 @@ class AttentionProbes:
         "sink": "sum",
         "sink_rows": "sum",
         "keys": "sum",
+        "qhi,khi": "max",
+        "qlo,klo": "min",
     }
 
     def records(self, merge: MergeState | None = None) -> tuple[AttentionRecord, ...]:
@@ -607,18 +632,19 @@ class AttentionProbes:
         if good:
             keys = ("n", "mean", "m2", "max", "ent", "rows", "sink", "sink_rows", "keys")
             rows = [torch.stack([a.t[k].reshape(-1).expand(a.heads) for k in keys]) for a in good]
-            errs = torch.stack([a.t["err"] for a in good])
+            row_keys = ("err", "qhi", "qlo", "khi", "klo")
+            errs = torch.stack([torch.stack([a.t[k] for k in row_keys]) for a in good])
             host = torch.cat(rows, dim=1).cpu().tolist()
             err_host = errs.cpu().tolist()
             col = 0
-            for a, err in zip(good, err_host, strict=True):
+            for a, (err, *norms) in zip(good, err_host, strict=True):
                 cols = [[host[r][col + h] for r in range(len(keys))] for h in range(a.heads)]
                 col += a.heads
                 if not err <= a.tol:
                     failed.append(a)
                     a.error = f"recomputed attention differs from the model's by {err:.2g}"
                     continue
-                out.append(self._record(a, cols))
+                out.append(self._record(a, cols, norms))
         if failed:
             first = failed[0]
             self.notes.append(
@@ -633,7 +659,7 @@ class AttentionProbes:
             )
         return tuple(out)
 
-    def _record(self, a: _Acc, cols: list[list[float]]) -> AttentionRecord:
+    def _record(self, a: _Acc, cols: list[list[float]], norms: list[float]) -> AttentionRecord:
         heads = []
         keys_sum = 0.0
         rows_sum = 0.0
@@ -668,11 +694,28 @@ class AttentionProbes:
             softcap=a.softcap,
             sliding_window=a.window,
             stream=stream,
+            q_norm=_constant(norms[0], norms[1]),
+            k_norm=_constant(norms[2], norms[3]),
+            scaling=a.scaling,
+            head_dim=a.head_dim,
         )
 
     def _attention_like(self) -> bool:
         """Does the model hold attention modules (so silence would mislead)?"""
         return any("Attention" in type(m).__name__ for m in self.model.modules())
+
+
+# Rows of one norm agree to float32 rounding (~1e-6 relative; half precision ~1e-3); rows
+# of a linear map of the stream spread as a χ over head_dim (±1/√(2d): ±4% at d = 256).
+NORMED_SPREAD = 1e-2
+
+
+def _constant(hi: float, lo: float) -> float | None:
+    """The rows' common L2 norm when their largest and smallest agree (a norm made them),
+    else None (they spread, were all zero, or were not measured)."""
+    if not (math.isfinite(hi) and math.isfinite(lo)) or hi <= 0:
+        return None
+    return (hi + lo) / 2 if hi - lo <= NORMED_SPREAD * hi else None
 
 
 # The fallback's readings of q·kᵀ: (scaled by 1/√d, causal). The self-check picks one.
