@@ -214,11 +214,17 @@ def mean_square_loss(output: Any) -> torch.Tensor:
     return t.float().square().mean()
 
 
+def has_labels(batch: Batch) -> bool:
+    """Whether the batch carries labels the model computes its own loss on: `labels`,
+    or labels of a named kind (a TTS model's `duration_labels`, `spectrogram_labels`)."""
+    return any(k == "labels" or k.endswith("_labels") for k in batch.kwargs)
+
+
 def describe_loss(task: str, batch: Batch, caller: bool) -> str:
     """The objective `default_loss` uses on `batch`, in words (the report's `run.loss`)."""
     if caller:
         return "the caller's loss"
-    if "labels" in batch.kwargs:
+    if has_labels(batch):
         return "the model's own loss on random labels"
     if task == "causal-lm" and batch.token_ids is not None:
         return "next-token cross-entropy"
@@ -234,7 +240,7 @@ def default_loss(task: str, vocab_size: int | None) -> Callable[[Any, Batch], to
 
     def loss(output: Any, batch: Batch) -> torch.Tensor:
         own = getattr(output, "loss", None)
-        if "labels" in batch.kwargs and isinstance(own, torch.Tensor) and own.dim() == 0:
+        if has_labels(batch) and isinstance(own, torch.Tensor) and own.dim() == 0:
             return own  # the model's own loss on the labels it was given (encoder-decoders)
         ids = batch.token_ids
         if task == "causal-lm" and ids is not None:

@@ -34,6 +34,7 @@ from actscan.measure.inputs import (
     token_source,
     user_source,
 )
+from actscan.measure.named_inputs import FLOAT_SUFFIXES, named_float_source
 from actscan.measure.recorder import first_tensor
 from actscan.measure.side_inputs import with_side_inputs
 from actscan.measure.state import eval_mode
@@ -795,6 +796,10 @@ def _hf_source(
             return Batch(kwargs=sequence(config_, batch, gen))
 
         return sequences
+    if input_shape is None and name not in (None, "input_ids"):
+        named = _named_floats(model, name, batch=batch, seq_len=seq_len, seed=seed)
+        if named is not None:
+            return named
     if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
         return _ids_alone(model, batch=batch, seq_len=seq_len, seed=seed)
     config: Any = model.config  # a transformers config: its fields vary by family
@@ -872,6 +877,20 @@ def _hf_source(
     return source
 
 
+def _named_floats(
+    model: nn.Module, name: str, *, batch: int, seq_len: int | None, seed: int
+) -> NotedSource | None:
+    """Float tensors named for what they are (`named_inputs`) for a forward whose main
+    input no modality rule shapes (a drafter's `noise_embeds` and a target's
+    `context_hidden_states`), probed as the scan calls the model."""
+    if _main_shapes(model, name, 1, seq_len):
+        return None
+    found = named_float_source(
+        model, batch=batch, seq_len=seq_len, seed=seed, runs=lambda kw: _runs_on(model, kw)
+    )
+    return NotedSource(found[0], "", found[1]) if found is not None else None
+
+
 def _patch_sequence_kind(
     model: nn.Module,
 ) -> Callable[[Any, int, torch.Generator], dict[str, torch.Tensor]] | None:
@@ -895,35 +914,82 @@ _MEDIA = ("pixel_values", "input_features", "input_values", "audio_", "flattened
 def _ids_alone(
     model: nn.Module, *, batch: int, seq_len: int | None, seed: int
 ) -> InputSource | None:
-    """Token ids alone for a multimodal model whose text config holds the vocabulary
-    (Gemma 4, Molmo 2, Aria) when every image, video and audio input its forward takes
-    is optional and it runs without them: the ids avoid every special id the configs
-    name (no placeholder without its features), and the source says what it leaves
-    out. None for a model with a vocabulary of its own (scan() invents its ids)."""
+    """Token ids for a model whose vocabulary lies in a sub-config (Gemma 4, Molmo 2,
+    Aria, Diffusion Gemma, a TTS model's `model_config`): the ids avoid every special
+    id the configs name (no placeholder without its features). The image, video and
+    audio inputs its forward takes go unfed when it runs without them; else the first
+    one whose config shape it runs on goes beside the ids (CLVP's mel features). A
+    canvas or decoder the forward takes beside its prompt (`decoder_input_ids`) gets
+    ids of its own. The source says what it leaves out. None for a model with a
+    vocabulary of its own (scan() invents its ids)."""
     config: Any = model.config  # a transformers config: its fields vary by family
     params = forward_params(model)
     unfed = sorted(p for p in params if p.startswith(_MEDIA) and not p.endswith("_mask"))
-    if not unfed or _required(model) or _int(config, "vocab_size") or "input_ids" not in params:
+    if (
+        set(_required(model)) - {"input_ids"}
+        or _int(config, "vocab_size")
+        or "input_ids" not in params
+    ):
         return None
+    config = _vocab_config(config)
     limit = _int(text_config(config), "max_position_embeddings")
     seq = seq_len or min(DEFAULT_SEQ, limit or DEFAULT_SEQ)
+    canvas = "decoder_input_ids" in params
 
-    def kinds(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-        # Qwen-VL-style M-RoPE (Molmo 2) asks every token's modality: 0, text
-        asked = "mm_token_type_ids" in params
-        return {"mm_token_type_ids": torch.zeros_like(tokens)} if asked else {}
+    def text(rows: int, length: int, i: int) -> dict[str, torch.Tensor]:
+        tokens = text_ids(config, rows, length, seed, i)
+        assert tokens is not None  # the probe had a vocabulary
+        out = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens)}
+        if canvas:  # its own ids, as long as the prompt's
+            decoder = text_ids(config, rows, length, seed + 1, i)
+            assert decoder is not None
+            out["decoder_input_ids"] = decoder
+        if "mm_token_type_ids" in params:  # Qwen-VL-style M-RoPE (Molmo 2): 0, text
+            out["mm_token_type_ids"] = torch.zeros_like(tokens)
+        return out
 
-    probe = text_ids(config, 1, min(seq, 8), seed, 0)
-    if probe is None or not _runs_on(model, {"input_ids": probe, **kinds(probe)}):
+    if text_ids(config, 1, 1, seed, 0) is None:
         return None
+    probe = text(1, min(seq, 8), 0)
+    alone = _runs_on(model, probe)
+    beside = None if alone else _media_beside(model, unfed, probe)
+    if not alone and beside is None:
+        return None
+    media, shape = beside or ("", ())
+    rest = [u for u in unfed if u != media]
 
     def ids(i: int) -> Batch:
-        tokens = text_ids(config, batch, seq, seed, i)
-        assert tokens is not None  # the probe had a vocabulary
-        mask = torch.ones_like(tokens)
-        return Batch(kwargs={"input_ids": tokens, "attention_mask": mask, **kinds(tokens)})
+        kwargs: dict[str, Any] = text(batch, seq, i)
+        if media:
+            gen = torch.Generator().manual_seed(seed * 100_003 + i)
+            kwargs[media] = torch.randn(batch, *shape[1:], generator=gen)
+        return Batch(kwargs=kwargs)
 
-    return NotedSource(ids, "", f"token ids alone; not fed: {', '.join(unfed)}")
+    if not rest:
+        return NotedSource(ids, "", "")
+    lead = f"token ids and {media}" if media else "token ids alone"
+    return NotedSource(ids, "", f"{lead}; not fed: {', '.join(rest)}")
+
+
+def _vocab_config(config: Any) -> Any:
+    """The config whose text vocabulary ids come from: the config (its text config),
+    else the first sub-config naming one (a TTS pair's `model_config`)."""
+    if _int(text_config(config), "vocab_size"):
+        return config
+    subs = (v for k, v in vars(config).items() if k.endswith("_config") and hasattr(v, "to_dict"))
+    return next((v for v in subs if _int(text_config(v), "vocab_size")), config)
+
+
+def _media_beside(
+    model: nn.Module, unfed: list[str], text: dict[str, torch.Tensor]
+) -> tuple[str, tuple[int, ...]] | None:
+    """The first optional media input (features, waveform, images) and shape from its
+    config (`_main_shapes`) that the forward runs on beside the one-row `text`."""
+    for media in (m for m in _MODALITIES if m in unfed):
+        for shape in _main_shapes(model, media, 1, None)[:4]:
+            if _runs_on(model, {**text, media: torch.randn(*shape)}):
+                return media, shape
+    return None
 
 
 def _spectrogram(model: nn.Module) -> bool:
@@ -1304,6 +1370,10 @@ def describe_batch(batch: Batch) -> str | None:
                 )
             else:
                 parts.append(f"{n} clips of {_dims(t)} features")
+    for name, t in kw.items():  # embeddings or hidden states named for what they are
+        known = name in (*media, *named) or name.startswith(("input", "decoder", "pixel"))
+        if not known and name.endswith(FLOAT_SUFFIXES) and isinstance(t, torch.Tensor):
+            parts.append(f"{t.shape[0]} × {name} {_dims(t)}")
     flat = kw.get("flattened_patches")
     if isinstance(flat, torch.Tensor) and flat.dim() == 3:
         n, count, width = flat.shape
@@ -1315,6 +1385,11 @@ def describe_batch(batch: Batch) -> str | None:
     ids = batch.token_ids
     if ids is not None and ids.dim() == 2:
         parts.append(f"{ids.shape[0]}×{ids.shape[1]} tokens")
+    mels = kw.get("spectrogram_labels")
+    if isinstance(mels, torch.Tensor) and mels.dim() == 3 and "duration_labels" in kw:
+        parts.append(
+            f"durations of {mels.shape[1]} frames of {mels.shape[2]} mels, pitch and energy"
+        )
     box = kw.get("bbox")
     if isinstance(box, torch.Tensor) and box.dim() == 3:
         kind = "normalised" if box.is_floating_point() else "integer"
