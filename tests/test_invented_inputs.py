@@ -775,3 +775,22 @@ def test_variance_adaptor_labels_run_the_training_forward() -> None:
     out = model(**b.kwargs)
     assert default_loss("encoder", None)(out, b) is out.loss
     assert describe_loss("encoder", b, caller=False) == "the model's own loss on random labels"
+
+
+def test_a_dict_of_another_models_tensors_is_named_in_the_refusal() -> None:
+    """A drafter that reads its target's key/value states (`shared_kv_states`, a dict of
+    tensor pairs) cannot have them invented: the refusal says what the argument is and
+    that another model builds it."""
+    from actscan.measure.model_inputs import cannot_invent
+
+    class Drafter(torch.nn.Module):
+        def forward(
+            self,
+            input_ids: torch.Tensor | None = None,
+            shared_kv_states: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+        ) -> torch.Tensor:
+            raise ValueError("shared_kv_states cannot be None")
+
+    line = cannot_invent(Drafter())
+    assert "shared_kv_states (a dict of tensors another model computes, not a tensor)" in line
+    assert "inputs={'shared_kv_states': <dict>} in Python (another model builds it)" in line

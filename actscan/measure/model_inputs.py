@@ -1111,17 +1111,24 @@ def cannot_invent(model: nn.Module) -> str:
     required = [p.name for p in params if p.default is p.empty]
     shown = required or [p.name for p in params if "mask" not in p.name][:4]
     kinds = {p.name: _object_kind(p.annotation) for p in params}
+    held = {p.name for p in params if "dict[" in str(p.annotation)}
     named = [
-        f"{n} (an object of class {kinds[n]}, not a tensor)" if kinds.get(n) else n for n in shown
+        f"{n} (an object of class {kinds[n]}, not a tensor)"
+        if kinds.get(n)
+        else f"{n} (a dict of tensors another model computes, not a tensor)"
+        if n in held
+        else n
+        for n in shown
     ]
     takes = f": its forward takes {', '.join(named)}" if shown else ""
-    objects = [n for n in shown if kinds.get(n)]
+    objects = [n for n in shown if kinds.get(n) or n in held]
     single = len(required) == 1 or (not required and len(shown) == 1)
     shape = ", or --input-shape for its one float input" if single and not objects else ""
     given = "them as inputs= (Python)"
     if objects:  # an object the model's processor builds (a video session): say which
-        pairs = ", ".join(f"'{n}': <{kinds[n]}>" for n in objects)
-        given = f"inputs={{{pairs}}} in Python (the model's processor builds it)"
+        pairs = ", ".join(f"'{n}': <{kinds.get(n) or 'dict'}>" for n in objects)
+        maker = "the model's processor" if any(kinds.get(n) for n in objects) else "another model"
+        given = f"inputs={{{pairs}}} in Python ({maker} builds it)"
     return (
         f"cannot invent inputs for {kind}{takes}; pass {given}, or on the CLI "
         f"as a module:function target that returns (model, inputs){shape}"
