@@ -796,10 +796,8 @@ def _hf_source(
             return Batch(kwargs=sequence(config_, batch, gen))
 
         return sequences
-    if input_shape is None and name not in (None, "input_ids"):
-        named = _named_floats(model, name, batch=batch, seq_len=seq_len, seed=seed)
-        if named is not None:
-            return named
+    if named := _named_floats(model, name, input_shape, batch, seq_len, seed):
+        return named
     if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
         return _ids_alone(model, batch=batch, seq_len=seq_len, seed=seed)
     config: Any = model.config  # a transformers config: its fields vary by family
@@ -878,11 +876,19 @@ def _hf_source(
 
 
 def _named_floats(
-    model: nn.Module, name: str, *, batch: int, seq_len: int | None, seed: int
+    model: nn.Module,
+    name: str | None,
+    input_shape: Sequence[int] | None,
+    batch: int,
+    seq_len: int | None,
+    seed: int,
 ) -> NotedSource | None:
     """Float tensors named for what they are (`named_inputs`) for a forward whose main
     input no modality rule shapes (a drafter's `noise_embeds` and a target's
     `context_hidden_states`), probed as the scan calls the model."""
+    if input_shape is not None or name in (None, "input_ids"):
+        return None
+    assert name is not None
     if _main_shapes(model, name, 1, seq_len):
         return None
     found = named_float_source(
