@@ -99,6 +99,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "text_config": {"num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 64}
     },
     "chameleon": {"vocabulary_map": {"<image>": 8}},  # the tokenizer's map, read by the model
+    # the speech encoder reads the decoder's speech codes: its vocabulary is the decoder's
+    # (8194 both in every checkpoint; the default leaves it the text encoder's 256)
+    # its encoders' rotary embedding is at least 32 wide: two heads of 32 at width 64
+    "clvp": {
+        "speech_config": {"vocab_size": VOCAB, "num_attention_heads": 2},
+        "text_config": {"num_attention_heads": 2},
+    },
     # fields this transformers' model reads but its config class no longer declares
     # (checkpoints saved by older versions carry them)
     "moonshine_streaming": {"num_key_value_heads": HEADS},

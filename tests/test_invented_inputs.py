@@ -682,8 +682,8 @@ def test_a_module_taking_embeddings_for_inherited_ids_gets_them_by_name() -> Non
     with torch.no_grad():
         model(**kw)
     described = describe_batch(Batch(kwargs=kw))
-    assert described is not None and "query_embeds of width" in described
-    assert "encoder states" in described
+    assert described is not None and "× query_embeds" in described
+    assert "× encoder_hidden_states" in described
 
 
 def test_patches_given_as_one_row_each_when_the_forward_counts_rows() -> None:
@@ -710,3 +710,131 @@ def test_an_image_side_only_the_backbone_config_names() -> None:
     assert list(kw["pixel_values"].shape[-2:]) == list(side) and side[0] != 224
     with torch.no_grad():
         model(**kw)
+
+
+def test_named_float_inputs_take_the_widths_the_forward_runs_on() -> None:
+    """A drafter's required float inputs (MuseGlimmer's assistant: `noise_embeds` of the
+    hidden width, `context_hidden_states` of several target layers concatenated) get
+    random normal tensors, each width the first the forward runs on: the context's is
+    the input width of its projection, not the config's hidden size; the header names
+    both and says they are random."""
+    model = _tiny("muse_glimmer_assistant")
+    source = hf_input_source(model, batch=2, seq_len=8, seed=0)
+    assert source is not None
+    kw = source(0).kwargs
+    hidden = model.config.hidden_size
+    assert kw["noise_embeds"].shape == (2, 8, hidden)
+    wide = hidden * len(model.config.target_layer_ids)
+    assert kw["context_hidden_states"].shape == (2, 8, wide)
+    with torch.no_grad():
+        model(**kw)
+    assert describe_batch(source(0)) == (
+        f"2 × noise_embeds 8×{hidden} + 2 × context_hidden_states 8×{wide}"
+    )
+    assert "random normal" in getattr(source, "fed", "")
+
+
+def test_named_float_widths_come_from_the_config_then_the_model() -> None:
+    """The width rule on a planted module: a field named after the argument first
+    (`state` → `max_state_dim`), the hidden width next, then its linear layers' inputs;
+    a singular `state` is one vector per row."""
+    from actscan.measure.named_inputs import named_float_source, widths_for
+
+    class Cfg:
+        def __init__(self) -> None:
+            self.hidden_size, self.max_state_dim = 8, 5
+
+    class Policy(torch.nn.Module):
+        config = Cfg()
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.state_in = torch.nn.Linear(5, 8)
+            self.ctx_in = torch.nn.Linear(24, 8)
+
+        def forward(self, state: torch.Tensor, context_hidden_states: torch.Tensor) -> Any:
+            return self.state_in(state)[:, None] + self.ctx_in(context_hidden_states)
+
+    model = Policy()
+    assert widths_for(model, "state")[:2] == [5, 8]
+    assert widths_for(model, "context_hidden_states") == [8, 5, 24]
+    found = named_float_source(model, batch=3, seq_len=4, seed=0, runs=lambda kw: _runs(model, kw))
+    assert found is not None
+    kw = found[0](0).kwargs
+    assert kw["state"].shape == (3, 5) and kw["context_hidden_states"].shape == (3, 4, 24)
+
+
+def _runs(model: Any, kw: dict[str, Any]) -> bool:
+    try:
+        model(**kw)
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_ids_from_a_sub_config_with_a_canvas() -> None:
+    """Diffusion Gemma's vocabulary lies in its text config and its forward refines a
+    canvas beside the prompt: token ids for both (the canvas seeded, not drawn inside the
+    forward), and the forward runs on them."""
+    model = _tiny("diffusion_gemma")
+    kw = _batch(model)
+    vocab = model.config.get_text_config().vocab_size
+    assert kw["input_ids"].shape == kw["decoder_input_ids"].shape == (2, 8)
+    assert int(kw["decoder_input_ids"].max()) < vocab
+    assert not torch.equal(kw["input_ids"], kw["decoder_input_ids"])
+    with torch.no_grad():
+        model(**kw)
+
+
+def test_ids_with_the_media_input_the_forward_needs() -> None:
+    """CLVP takes text and mel features, both optional, but runs only on both: the ids
+    come from its text config and the first feature shape of the config's mel bins it
+    runs on goes beside them."""
+    model = _tiny("clvp")
+    source = hf_input_source(model, batch=2, seq_len=8, seed=0)
+    assert source is not None
+    kw = source(0).kwargs
+    mels = model.config.decoder_config.feature_size
+    assert kw["input_ids"].shape == (2, 8) and kw["input_features"].shape[:2] == (2, mels)
+    with torch.no_grad():
+        model(**kw)
+    assert describe_batch(source(0)) == f"2 clips of {mels}×200 features + 2×8 tokens"
+
+
+@pytest.mark.slow
+def test_variance_adaptor_labels_run_the_training_forward() -> None:
+    """FastSpeech 2's training forward raises without its variance adaptor's labels:
+    durations (2 frames a token), mels for the frames they give, pitch and energy; with
+    them it computes its own loss, the one the scan's default loss then takes."""
+    from actscan.measure.inputs import default_loss, describe_loss
+    from actscan.measure.side_inputs import with_side_inputs
+
+    model = _tiny("fastspeech2_conformer")
+    ids = torch.randint(0, model.config.vocab_size, (2, 6))
+    source = with_side_inputs(model, lambda i: Batch(kwargs={"input_ids": ids}), seed=0)
+    b = source(0)
+    assert b.kwargs["spectrogram_labels"].shape == (2, 12, model.config.num_mel_bins)
+    assert b.kwargs["duration_labels"].sum(dim=1).tolist() == [12, 12]
+    model.train()
+    out = model(**b.kwargs)
+    assert default_loss("encoder", None)(out, b) is out.loss
+    assert describe_loss("encoder", b, caller=False) == "the model's own loss on random labels"
+
+
+def test_a_dict_of_another_models_tensors_is_named_in_the_refusal() -> None:
+    """A drafter that reads its target's key/value states (`shared_kv_states`, a dict of
+    tensor pairs) cannot have them invented: the refusal says what the argument is and
+    that another model builds it."""
+    from actscan.measure.model_inputs import cannot_invent
+
+    class Drafter(torch.nn.Module):
+        def forward(
+            self,
+            input_ids: torch.Tensor | None = None,
+            shared_kv_states: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+        ) -> torch.Tensor:
+            raise ValueError("shared_kv_states cannot be None")
+
+    line = cannot_invent(Drafter())
+    assert "shared_kv_states (a dict of tensors another model computes, not a tensor)" in line
+    assert "inputs={'shared_kv_states': <dict>} in Python (another model builds it)" in line

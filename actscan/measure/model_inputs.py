@@ -34,6 +34,7 @@ from actscan.measure.inputs import (
     token_source,
     user_source,
 )
+from actscan.measure.named_inputs import FLOAT_SUFFIXES, named_float_source
 from actscan.measure.recorder import first_tensor
 from actscan.measure.side_inputs import with_side_inputs
 from actscan.measure.state import eval_mode
@@ -801,21 +802,9 @@ def _hf_source(
     input_shape: Sequence[int] | None = None,
 ) -> InputSource | None:
     if input_shape is None and not _is_encoder_decoder(model):
-        both = vision_text_source(
-            model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ
-        )
-        if both is not None:
-            return both
-        regions = region_source(
-            model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ
-        )
-        if regions is not None:
-            return regions
-        heard = audio_text_source(
-            model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ
-        )
-        if heard is not None:
-            return heard
+        paired = _media_with_text(model, batch, seq_len, seed)
+        if paired is not None:
+            return paired
     name = _main_input(model)
     if name == "inputs":  # a composite's generic name: its encoder's own main input
         name = _encoder_input(model)
@@ -836,6 +825,8 @@ def _hf_source(
             return Batch(kwargs=sequence(config_, batch, gen))
 
         return sequences
+    if named := _named_floats(model, name, input_shape, batch, seq_len, seed):
+        return named
     if name is None or (name == "input_ids" and not _is_encoder_decoder(model)):
         return _ids_alone(model, batch=batch, seq_len=seq_len, seed=seed)
     config: Any = model.config  # a transformers config: its fields vary by family
@@ -915,6 +906,40 @@ def _hf_source(
     return source
 
 
+def _media_with_text(
+    model: nn.Module, batch: int, seq_len: int | None, seed: int
+) -> InputSource | None:
+    """Images, detector regions or audio fed together with token ids (vision-language,
+    region and audio-language models), the first rule whose inputs the model runs on."""
+    for rule in (vision_text_source, region_source, audio_text_source):
+        found = rule(model, batch=batch, seq_len=seq_len, seed=seed, default_seq=DEFAULT_SEQ)
+        if found is not None:
+            return found
+    return None
+
+
+def _named_floats(
+    model: nn.Module,
+    name: str | None,
+    input_shape: Sequence[int] | None,
+    batch: int,
+    seq_len: int | None,
+    seed: int,
+) -> NotedSource | None:
+    """Float tensors named for what they are (`named_inputs`) for a forward whose main
+    input no modality rule shapes (a drafter's `noise_embeds` and a target's
+    `context_hidden_states`), probed as the scan calls the model."""
+    if input_shape is not None or name in (None, "input_ids"):
+        return None
+    assert name is not None
+    if _main_shapes(model, name, 1, seq_len):
+        return None
+    found = named_float_source(
+        model, batch=batch, seq_len=seq_len, seed=seed, runs=lambda kw: _runs_on(model, kw)
+    )
+    return NotedSource(found[0], "", found[1]) if found is not None else None
+
+
 def _patch_sequence_kind(
     model: nn.Module,
 ) -> Callable[[Any, int, torch.Generator], dict[str, torch.Tensor]] | None:
@@ -938,35 +963,82 @@ _MEDIA = ("pixel_values", "input_features", "input_values", "audio_", "flattened
 def _ids_alone(
     model: nn.Module, *, batch: int, seq_len: int | None, seed: int
 ) -> InputSource | None:
-    """Token ids alone for a multimodal model whose text config holds the vocabulary
-    (Gemma 4, Molmo 2, Aria) when every image, video and audio input its forward takes
-    is optional and it runs without them: the ids avoid every special id the configs
-    name (no placeholder without its features), and the source says what it leaves
-    out. None for a model with a vocabulary of its own (scan() invents its ids)."""
+    """Token ids for a model whose vocabulary lies in a sub-config (Gemma 4, Molmo 2,
+    Aria, Diffusion Gemma, a TTS model's `model_config`): the ids avoid every special
+    id the configs name (no placeholder without its features). The image, video and
+    audio inputs its forward takes go unfed when it runs without them; else the first
+    one whose config shape it runs on goes beside the ids (CLVP's mel features). A
+    canvas or decoder the forward takes beside its prompt (`decoder_input_ids`) gets
+    ids of its own. The source says what it leaves out. None for a model with a
+    vocabulary of its own (scan() invents its ids)."""
     config: Any = model.config  # a transformers config: its fields vary by family
     params = forward_params(model)
     unfed = sorted(p for p in params if p.startswith(_MEDIA) and not p.endswith("_mask"))
-    if not unfed or _required(model) or _int(config, "vocab_size") or "input_ids" not in params:
+    if (
+        set(_required(model)) - {"input_ids"}
+        or _int(config, "vocab_size")
+        or "input_ids" not in params
+    ):
         return None
+    config = _vocab_config(config)
     limit = _int(text_config(config), "max_position_embeddings")
     seq = seq_len or min(DEFAULT_SEQ, limit or DEFAULT_SEQ)
+    canvas = "decoder_input_ids" in params
 
-    def kinds(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-        # Qwen-VL-style M-RoPE (Molmo 2) asks every token's modality: 0, text
-        asked = "mm_token_type_ids" in params
-        return {"mm_token_type_ids": torch.zeros_like(tokens)} if asked else {}
+    def text(rows: int, length: int, i: int) -> dict[str, torch.Tensor]:
+        tokens = text_ids(config, rows, length, seed, i)
+        assert tokens is not None  # the probe had a vocabulary
+        out = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens)}
+        if canvas:  # its own ids, as long as the prompt's
+            decoder = text_ids(config, rows, length, seed + 1, i)
+            assert decoder is not None
+            out["decoder_input_ids"] = decoder
+        if "mm_token_type_ids" in params:  # Qwen-VL-style M-RoPE (Molmo 2): 0, text
+            out["mm_token_type_ids"] = torch.zeros_like(tokens)
+        return out
 
-    probe = text_ids(config, 1, min(seq, 8), seed, 0)
-    if probe is None or not _runs_on(model, {"input_ids": probe, **kinds(probe)}):
+    if text_ids(config, 1, 1, seed, 0) is None:
         return None
+    probe = text(1, min(seq, 8), 0)
+    alone = _runs_on(model, probe)
+    beside = None if alone else _media_beside(model, unfed, probe)
+    if not alone and beside is None:
+        return None
+    media, shape = beside or ("", ())
+    rest = [u for u in unfed if u != media]
 
     def ids(i: int) -> Batch:
-        tokens = text_ids(config, batch, seq, seed, i)
-        assert tokens is not None  # the probe had a vocabulary
-        mask = torch.ones_like(tokens)
-        return Batch(kwargs={"input_ids": tokens, "attention_mask": mask, **kinds(tokens)})
+        kwargs: dict[str, Any] = text(batch, seq, i)
+        if media:
+            gen = torch.Generator().manual_seed(seed * 100_003 + i)
+            kwargs[media] = torch.randn(batch, *shape[1:], generator=gen)
+        return Batch(kwargs=kwargs)
 
-    return NotedSource(ids, "", f"token ids alone; not fed: {', '.join(unfed)}")
+    if not rest:
+        return NotedSource(ids, "", "")
+    lead = f"token ids and {media}" if media else "token ids alone"
+    return NotedSource(ids, "", f"{lead}; not fed: {', '.join(rest)}")
+
+
+def _vocab_config(config: Any) -> Any:
+    """The config whose text vocabulary ids come from: the config (its text config),
+    else the first sub-config naming one (a TTS pair's `model_config`)."""
+    if _int(text_config(config), "vocab_size"):
+        return config
+    subs = (v for k, v in vars(config).items() if k.endswith("_config") and hasattr(v, "to_dict"))
+    return next((v for v in subs if _int(text_config(v), "vocab_size")), config)
+
+
+def _media_beside(
+    model: nn.Module, unfed: list[str], text: dict[str, torch.Tensor]
+) -> tuple[str, tuple[int, ...]] | None:
+    """The first optional media input (features, waveform, images) and shape from its
+    config (`_main_shapes`) that the forward runs on beside the one-row `text`."""
+    for media in (m for m in _MODALITIES if m in unfed):
+        for shape in _main_shapes(model, media, 1, None)[:4]:
+            if _runs_on(model, {**text, media: torch.randn(*shape)}):
+                return media, shape
+    return None
 
 
 def _embeds_source(
@@ -1117,17 +1189,24 @@ def cannot_invent(model: nn.Module) -> str:
     required = [p.name for p in params if p.default is p.empty]
     shown = required or [p.name for p in params if "mask" not in p.name][:4]
     kinds = {p.name: _object_kind(p.annotation) for p in params}
+    held = {p.name for p in params if "dict[" in str(p.annotation)}
     named = [
-        f"{n} (an object of class {kinds[n]}, not a tensor)" if kinds.get(n) else n for n in shown
+        f"{n} (an object of class {kinds[n]}, not a tensor)"
+        if kinds.get(n)
+        else f"{n} (a dict of tensors another model computes, not a tensor)"
+        if n in held
+        else n
+        for n in shown
     ]
     takes = f": its forward takes {', '.join(named)}" if shown else ""
-    objects = [n for n in shown if kinds.get(n)]
+    objects = [n for n in shown if kinds.get(n) or n in held]
     single = len(required) == 1 or (not required and len(shown) == 1)
     shape = ", or --input-shape for its one float input" if single and not objects else ""
     given = "them as inputs= (Python)"
     if objects:  # an object the model's processor builds (a video session): say which
-        pairs = ", ".join(f"'{n}': <{kinds[n]}>" for n in objects)
-        given = f"inputs={{{pairs}}} in Python (the model's processor builds it)"
+        pairs = ", ".join(f"'{n}': <{kinds.get(n) or 'dict'}>" for n in objects)
+        maker = "the model's processor" if any(kinds.get(n) for n in objects) else "another model"
+        given = f"inputs={{{pairs}}} in Python ({maker} builds it)"
     return (
         f"cannot invent inputs for {kind}{takes}; pass {given}, or on the CLI "
         f"as a module:function target that returns (model, inputs){shape}"
@@ -1446,13 +1525,10 @@ def describe_batch(batch: Batch) -> str | None:
                 )
             else:
                 parts.append(f"{n} clips of {_dims(t)} features")
-    for name, t in kw.items():  # embeddings given by name (`query_embeds`), and a memory
-        if not (isinstance(t, torch.Tensor) and t.dim() == 3):
-            continue
-        if name.endswith("_embeds") and name != "inputs_embeds":
-            parts.append(f"{t.shape[0]}×{t.shape[1]} {name} of width {t.shape[2]}")
-        elif name == "encoder_hidden_states":
-            parts.append(f"{t.shape[0]}×{t.shape[1]} encoder states of width {t.shape[2]}")
+    for name, t in kw.items():  # embeddings or hidden states named for what they are
+        known = name in (*media, *named) or name.startswith(("input", "decoder", "pixel"))
+        if not known and name.endswith(FLOAT_SUFFIXES) and isinstance(t, torch.Tensor):
+            parts.append(f"{t.shape[0]} × {name} {_dims(t)}")
     flat = kw.get("flattened_patches")
     if isinstance(flat, torch.Tensor) and flat.dim() == 3:
         n, count, width = flat.shape

@@ -13,12 +13,10 @@ multilingual adapter model a language (`lang_ids`: X-MOD, whose config lists
   degenerate layout, so floats are probed first.
 - **a language**: the first of the config's `languages`, one id per row, as the model
   itself does when a default language is set.
-- **a variance adaptor's targets**: a text-to-speech model that refuses to train without
-  its ground truth (FastSpeech 2: `duration_labels`, `spectrogram_labels` and per-token
-  `pitch_labels`, `energy_labels`) gets `FRAMES_PER_TOKEN` frames per token, a random
-  pitch and energy per token, and a random spectrogram of the config's `num_mel_bins`
-  as long as the durations add up to, so its own loss (duration, pitch, energy and
-  spectrogram terms) runs.
+- **variance labels**: a FastSpeech-style TTS model's training forward raises without
+  the labels of its variance adaptor. Each token lasts `FRAMES_PER_TOKEN` mel frames;
+  the frames those durations give are random mels of the config's `num_mel_bins` (a
+  whole number of its reduction factor), with a random pitch and energy per token.
 
 Everything duck-types `model.config`; nothing imports transformers.
 """
@@ -32,15 +30,15 @@ import torch
 from torch import nn
 
 from actscan.measure.inputs import Batch, InputSource
-from actscan.measure.vision_text import config_int, forward_params, runs_on
+from actscan.measure.vision_text import config_int, deep_config_int, forward_params, runs_on
 
-__all__ = ["SIDE_INPUTS", "with_side_inputs"]
+__all__ = ["SIDE_INPUTS", "VARIANCE_LABELS", "variance_labels", "with_side_inputs"]
 
-VARIANCE = ("duration_labels", "spectrogram_labels")  # a variance adaptor's targets
-PER_TOKEN = ("pitch_labels", "energy_labels")  # its per-token scalar targets
-# the keys this module may add to a batch
-SIDE_INPUTS = ("bbox", "lang_ids", *VARIANCE, *PER_TOKEN)
+# the labels a variance-adaptor TTS model (FastSpeech 2) trains on: all, or it raises
+VARIANCE_LABELS = ("duration_labels", "spectrogram_labels", "pitch_labels", "energy_labels")
+SIDE_INPUTS = ("bbox", "lang_ids", *VARIANCE_LABELS)  # the keys this module may add
 FRAMES_PER_TOKEN = 2  # each token's duration in spectrogram frames
+DEFAULT_MELS = 80
 DEFAULT_GRID = 1000  # LayoutLM's box coordinates: integers in [0, 1000]
 
 
@@ -103,15 +101,13 @@ def with_side_inputs(model: nn.Module, source: InputSource, seed: int) -> InputS
             return {} if t is None else {"lang_ids": torch.full((t.shape[0],), language)}
 
         adders.append(add_language)
-    if set(VARIANCE) <= params and not set(VARIANCE) & set(first.kwargs):
-        mels = config_int(config, "num_mel_bins")
-        if mels:
+    if set(VARIANCE_LABELS) <= params and not set(VARIANCE_LABELS) & set(first.kwargs):
 
-            def add_targets(b: Batch, i: int) -> dict[str, torch.Tensor]:
-                t = _ids(b)
-                return {} if t is None else variance_targets(t, params, mels, seed, i)
+        def add_labels(b: Batch, i: int) -> dict[str, torch.Tensor]:
+            t = _ids(b)
+            return {} if t is None else variance_labels(config, t.shape[0], t.shape[1], seed, i)
 
-            adders.append(add_targets)
+        adders.append(add_labels)
     if not adders:
         return source
 
@@ -125,17 +121,19 @@ def with_side_inputs(model: nn.Module, source: InputSource, seed: int) -> InputS
     return wrapped
 
 
-def variance_targets(
-    ids: torch.Tensor, params: set[str], mels: int, seed: int, index: int
+def variance_labels(
+    config: Any, rows: int, seq: int, seed: int, index: int
 ) -> dict[str, torch.Tensor]:
-    """Random ground truth for a variance adaptor on `ids`: `FRAMES_PER_TOKEN` frames a
-    token, the per-token targets the forward takes, the spectrogram the durations give."""
-    rows, seq = ids.shape
-    gen = torch.Generator().manual_seed(seed * 100_003 + index + 29)
+    """The labels of a variance adaptor for `rows` × `seq` tokens: durations of
+    `FRAMES_PER_TOKEN` frames each, random mels for the frames they give, a random pitch
+    and energy per token (see the module's docstring)."""
+    mels = deep_config_int(config, ("num_mel_bins",)) or DEFAULT_MELS
+    factor = deep_config_int(config, ("reduction_factor",)) or 1
     frames = seq * FRAMES_PER_TOKEN
-    out = {
+    gen = torch.Generator().manual_seed(seed * 100_003 + index + 2)
+    return {
         "duration_labels": torch.full((rows, seq), FRAMES_PER_TOKEN, dtype=torch.long),
-        "spectrogram_labels": torch.randn(rows, frames, mels, generator=gen),
+        "spectrogram_labels": torch.randn(rows, frames - frames % factor, mels, generator=gen),
+        "pitch_labels": torch.randn(rows, seq, 1, generator=gen),
+        "energy_labels": torch.randn(rows, seq, 1, generator=gen),
     }
-    out.update({k: torch.randn(rows, seq, 1, generator=gen) for k in PER_TOKEN if k in params})
-    return out
