@@ -274,10 +274,16 @@ _BN_GAIN_INIT = (
     "(measured effective gain mean ~0, std {std}), not 1: the check's reading is right and "
     "true of this init"
 )
+ARGUED_HGNET = {c: _HGNET_FROZEN for c in ("collapse", "exploding-grad")}
 ARGUED: dict[str, dict[str, str]] = {
+    **{t: dict(ARGUED_HGNET) for t in ("d_fine", "deimv2")},
     **{
-        t: {c: _HGNET_FROZEN for c in ("collapse", "exploding-grad")}
-        for t in ("d_fine", "deimv2", "pp_doclayout_v3", "pp_doclayout_v4")
+        t: {
+            **ARGUED_HGNET,
+            "init-scale": _BN_GAIN_INIT.format(cls=f"{cls}PreTrainedModel", r="0.01", std="~0.01")
+            + " (the encoder's BNs; the backbone's are frozen)",
+        }
+        for t, cls in (("pp_doclayout_v3", "PPDocLayoutV3"), ("pp_doclayout_v4", "PPDocLayoutV4"))
     },
     "rt_detr": {
         "init-scale": _BN_GAIN_INIT.format(cls="RTDetrPreTrainedModel", r="0.01", std="0.0118")
