@@ -292,7 +292,50 @@ _FLAT_002 = (
     "width 2048 warns); true at this width"
 )
 _PE_DAC = "its DAC encoder's conv fan-in 12288"
+# HGNetV2's backbone (D-FINE, DEIMv2, PP-DocLayout v3/v4) at the library's init: the
+# stream actscan proves is one HGNetV2 block's 6 plain ConvLayers (conv -> frozen BN -> ReLU,
+# no residual; their outputs are concatenated into the block's aggregation).
+_HGNET_FROZEN = (
+    "freeze_backbone_batch_norms defaults to True: the HGNetV2 backbone's BatchNorms are "
+    "DFineFrozenBatchNorm2d (running stats 0/1, gain 1: the identity) and every conv is "
+    "N(0, 0.02) (measured std 0.018 at fan-in 27): conv -> identity -> ReLU passes ~0.09 per "
+    "layer, so the pixels are at RMS 4e-5 entering stage 0 and 1.9e-11 after its 6 plain "
+    "ConvLayers; the frozen BN is meant for a pretrained backbone, true of this init"
+)
+_BN_GAIN_INIT = (
+    "{cls}._init_weights draws every nn.BatchNorm2d weight N(0, initializer_range = {r}) "
+    "(measured effective gain mean ~0, std {std}), not 1: the check's reading is right and "
+    "true of this init"
+)
+ARGUED_HGNET = {c: _HGNET_FROZEN for c in ("collapse", "exploding-grad")}
 ARGUED: dict[str, dict[str, str]] = {
+    **{t: dict(ARGUED_HGNET) for t in ("d_fine", "deimv2")},
+    **{
+        t: {
+            **ARGUED_HGNET,
+            "init-scale": _BN_GAIN_INIT.format(cls=f"{cls}PreTrainedModel", r="0.01", std="~0.01")
+            + " (the encoder's BNs; the backbone's are frozen)",
+        }
+        for t, cls in (("pp_doclayout_v3", "PPDocLayoutV3"), ("pp_doclayout_v4", "PPDocLayoutV4"))
+    },
+    "rt_detr": {
+        "init-scale": _BN_GAIN_INIT.format(cls="RTDetrPreTrainedModel", r="0.01", std="0.0118")
+        + " (the backbone's BNs are frozen; the encoder's 42 are the ones drawn)"
+    },
+    "rt_detr_v2": {
+        "init-scale": _BN_GAIN_INIT.format(cls="RTDetrV2PreTrainedModel", r="0.01", std="0.0118")
+        + " (the backbone's BNs are frozen; the encoder's 42 are the ones drawn)"
+    },
+    "efficientnet": {
+        "init-scale": _BN_GAIN_INIT.format(
+            cls="EfficientNetPreTrainedModel", r="0.02", std="0.0226"
+        ),
+        "dead-branch": _BN_GAIN_INIT.format(
+            cls="EfficientNetPreTrainedModel", r="0.02", std="0.0226"
+        )
+        + ": each MBConv branch passes three such BNs (and its depthwise conv, 0.02·√9 = 0.06) "
+        "below BN's eps 1e-3, where BN stops renormalising: writes 1e-4 to 1e-13 of the stream",
+    },
     "sam_vision_model": {"dead-branch": _SAM_INIT},
     "sam_hq_vision_model": {"dead-branch": _SAM_INIT},
     **{
