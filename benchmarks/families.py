@@ -374,7 +374,10 @@ ARGUED: dict[str, dict[str, str]] = {
             "overflow": "transformers' NemotronAsrStreaming attention masks with "
             "attention_mask.logical_not() on the float additive mask eager receives (0 where "
             "allowed), so every key is masked: all outputs are NaN under eager, at any length "
-            "and with or without attention_mask (measured: 1152/1152 at 64 frames; sdpa: 0)"
+            "and with or without attention_mask (measured: 1152/1152 at 64 frames; sdpa: 0)",
+            "layout": "the same NaN: from the first conformer block on, the stream itself is "
+            "non-finite (384 inf/nan values out of layers.0.self_attn.o_proj), so x_in + Σ "
+            "writes = x_out cannot be measured in layers.*; the subsampling stages verify",
         }
         for t in ("nemotron3_5_asr", "nemotron_asr_streaming", "nemotron_asr_streaming_encoder")
     },
@@ -406,7 +409,9 @@ _LAYERS = re.compile(r"(^|_)(num_hidden_layers|n_layers?|num_layers|layers|depth
 _HEADS = re.compile(r"(^|_)(num_attention_heads|n_heads?|num_heads|attention_heads)$")
 _KV = re.compile(r"(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num)$")
 _HEAD_DIM = re.compile(r"(^|_)(head_dim|attention_head_dim|kv_channels|head_size|d_head)$")
-_HIDDEN = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim|dim|model_dim|d_embed|hidden_dim)$")
+_HIDDEN = re.compile(
+    r"^(hidden_size|d_model|n_embd|embed_dim|emb_dim|dim|model_dim|d_embed|hidden_dim)$"
+)
 _FFN = re.compile(
     r"(intermediate_size|ffn_dim|^d_ff$|^d_inner$|^n_inner$|mlp_dim|ffn_hidden_size|"
     r"^inner_dim$|intermediate_dim)$"
@@ -1254,9 +1259,15 @@ def _layout(report: Any) -> str:
         return f"no blocks ({note[:100]})" if note else "no blocks"
     # blocks the forward never called have nothing to prove (BlockProof.ran): counted apart
     idle = sum(not getattr(p, "ran", True) for p in proofs)
-    ran = [p for p in proofs if getattr(p, "ran", True)]
-    tail = f"; {idle} did not run" if idle else ""
+    # blocks run past module hooks (block.forward(...)): a reason the report gives itself
+    hidden = sum(getattr(p, "bypassed", False) for p in proofs)
+    ran = [p for p in proofs if getattr(p, "ran", True) and not getattr(p, "bypassed", False)]
+    tail = (f"; {idle} did not run" if idle else "") + (
+        f"; {hidden} bypass module hooks" if hidden else ""
+    )
     bad = [p for p in ran if p.status != "verified"]
+    if not ran and hidden:  # the report's own reason: counts as given, not as verified
+        return f"reason given ({tail.removeprefix('; ')})"
     if not bad:
         return f"verified ({len(ran)}{tail})"
     return f"{len(ran) - len(bad)}/{len(ran)} verified{tail}"
@@ -1334,7 +1345,7 @@ def run_one(model_type: str, cls_name: str) -> Row:
         row.inputs = report.run.inputs or ""
         row.loss = getattr(report.run, "loss", "") or ""
         row.layout = _layout(report)
-        layout_ok = row.layout.startswith("verified") or "layout" in argued
+        layout_ok = row.layout.startswith(("verified", "reason given")) or "layout" in argued
         row.status = "clean" if not loud and layout_ok else "loud"
     row.seconds = time.perf_counter() - t0
     return row

@@ -77,7 +77,7 @@ def per_stream(check: Check) -> Check:
     @functools.wraps(check)
     def run(ctx: CheckContext) -> list[Finding | Skip]:
         if len(ctx.streams) < 2:
-            return check(_stage(ctx))
+            return _chained_only(ctx, check(_stage(ctx)))
         out: list[Finding | Skip] = []
         skips: dict[str, list[str]] = {}
         for s in ctx.streams:
@@ -88,7 +88,7 @@ def per_stream(check: Check) -> Check:
                 fit=growth_fit(s.points),
                 layout=replace(ctx.layout, blocks=blocks),
             )
-            for item in check(_stage(sub)):
+            for item in _chained_only(sub, check(_stage(sub))):
                 if isinstance(item, Skip):
                     skips.setdefault(item.check, []).append(f"{s.name} stream: {item.reason}")
                 else:
@@ -97,6 +97,22 @@ def per_stream(check: Check) -> Check:
         return out
 
     return run
+
+
+def _chained_only(ctx: CheckContext, items: list[Finding | Skip]) -> list[Finding | Skip]:
+    """The check's items, or one skip per check id when the stream's blocks are no chain:
+    none of them reads its predecessor's output (`BlockProof.chained`: a list of branches
+    the model's forward adds itself, a residual quantizer's stages, each reading x − q(x)).
+    Its "depth" is no depth: block k's RMS and gradient do not feed block k + 1."""
+    links = [b.proof for b in ctx.layout.blocks[1:] if b.proof is not None and b.proof.ran]
+    if not links or any(p.chained for p in links):
+        return items
+    name = ctx.layout.blocks[0].name.rsplit(".", 1)[0] if ctx.layout.blocks else "the"
+    reason = (
+        f"the {name} blocks are no stream: none of their {len(links)} later blocks reads "
+        "the previous block's output (its layout proof), so nothing passes through depth"
+    )
+    return [skip(CheckId(c), reason) for c in dict.fromkeys(item.check for item in items)]
 
 
 def _stage(ctx: CheckContext) -> CheckContext:

@@ -173,6 +173,7 @@ class _Trace:
     # module that ran last before the add)
     added: list[tuple[Key, int, str]] = field(default_factory=list)
     sums: set[Key] = field(default_factory=set)  # what those adds returned
+    out: Key | None = None  # the block's output, whatever its shape (the next one's input?)
 
 
 class BlockWatch:
@@ -299,6 +300,7 @@ class BlockWatch:
                 self.traces.setdefault(index, tr)
                 return
             y = _first_float(out)
+            tr.out = None if y is None else _key(y)
             if y is None:
                 tr.note = "the block returned no tensor"
             elif tuple(y.shape) != tr.shape:  # x_out must match x_in exactly
@@ -692,6 +694,20 @@ class _Block:
             key = first.in_key
         return chain if key is not None and _is_view(key, start) else []
 
+    def addless_output(self) -> str | None:
+        """The module whose output x_out is, when no `+` of the stream's shape ran in the
+        block: a residual add has one (a functional or in-place add, recorded by the add
+        watch), so a block without any is no residual block, whatever functional ops (an
+        attention's matmuls and softmax) lie between its modules. XLM's attention list,
+        whose residual add lives in the model's forward. None otherwise."""
+        if self.tr.sums or self.tr.added or self.tr.x_out is None:
+            return None
+        out = self.a(self.tr.x_out)
+        makers = [n for n in self.tr.nodes if n.out_key is not None and self.a(n.out_key) == out]
+        if not makers:
+            return None
+        return min(makers, key=lambda n: n.order).name
+
     # -- naming ------------------------------------------------------------------------
     def _weighted(self, name: str) -> bool:
         return any(p.dim() >= 2 for p in self.modules[name].parameters())
@@ -835,6 +851,7 @@ def _bypassed(b: BlockInfo, stream: str) -> BlockInfo:
             "its modules ran, but its input and output cannot be seen, so its layout is not "
             "proven and the stream checks have no stream here"
         ),
+        bypassed=True,
     )
     return replace(b, proof=proof)
 
@@ -946,7 +963,30 @@ def read_blocks(
         gram = flat[offset : offset + k * k].reshape(k, k)
         offset += k * k
         out.append(_prove_one(b, tr, gram, modules, roles, stream or b.stream))
-    return out, roles
+    return _chain(out, traces), roles
+
+
+def _chain(blocks: list[BlockInfo], traces: Sequence[_Trace | None]) -> list[BlockInfo]:
+    """Marks the blocks whose input is not their stream's previous block's output (nor a
+    view of it): `BlockProof.chained`. Both must have run; a stream's first block is
+    chained by definition."""
+    out: list[BlockInfo] = []
+    prev: dict[str, _Trace | None] = {}
+    for b, tr in zip(blocks, traces, strict=True):
+        before = prev.get(b.stream)
+        prev[b.stream] = tr
+        if (
+            b.proof is None
+            or tr is None
+            or before is None
+            or before.out is None
+            or tr.x_in == ("none",)
+            or _is_view(tr.x_in, before.out)
+        ):
+            out.append(b)
+            continue
+        out.append(replace(b, proof=replace(b.proof, chained=False)))
+    return out
 
 
 def _prove_one(
@@ -958,7 +998,10 @@ def _prove_one(
     stream: str,
 ) -> BlockInfo:
     if not torch.isfinite(gram).all():
-        return _unverified(b, "unverified", "non-finite values in the block", stream=stream)
+        finite, gram = _finite_only(tr, gram)
+        if finite is None:
+            return _unverified(b, "unverified", "non-finite values in the block", stream=stream)
+        tr = finite
     tol = 1e-4 if tr.dtype is None else TOLERANCE.get(tr.dtype, 1e-4)
     if gram.dtype != torch.float64 or tr.dtype == torch.float64:
         tol = max(tol, 1e-3 if gram.dtype != torch.float64 else tol)
@@ -996,6 +1039,12 @@ def _prove_one(
         found = blk.search(tol, added=True)
     if found is None:
         found = blk.restart(tol)
+    if found is None and (made := blk.addless_output()):
+        note = (
+            f"no residual add: the output is {made}'s output and no + of the stream's "
+            "shape ran inside the block"
+        )
+        return _verified_plain(b, stream, note, tol)
     if found is None:
         res = first.residual if first is not None else None
         return _unverified(
@@ -1062,6 +1111,23 @@ def _prove_one(
         branches=tuple(branches),
         proof=proof,
     )
+
+
+def _finite_only(tr: _Trace, gram: torch.Tensor) -> tuple[_Trace | None, torch.Tensor]:
+    """The trace without its non-finite vectors, when the stream itself is finite: a
+    vector holding inf or NaN (an additive −inf attention mask added inside the block, of
+    the stream's size) can be no write of a finite x_out − x_in, so it is no candidate.
+    None when x_in or x_out is not finite (then nothing can be proven)."""
+    diag = gram.diagonal()
+    keep = [i for i, k in enumerate(tr.keys) if bool(torch.isfinite(diag[i]))]
+    kept = {tr.keys[i] for i in keep}
+    if tr.x_in not in kept or tr.x_out not in kept:
+        return None, gram
+    # finite vectors have finite products with each other (fp64 Gram of sampled rows)
+    sub = gram[keep][:, keep]
+    if not torch.isfinite(sub).all():
+        return None, gram
+    return replace(tr, keys=[tr.keys[i] for i in keep]), sub
 
 
 def _proof_note(blk: _Block, found: _Outcome, functional: list[Key], block: str) -> str:
