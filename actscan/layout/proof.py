@@ -284,7 +284,7 @@ class BlockWatch:
             in_key = None
             if x is not None:
                 in_key = _key(x)
-                if is_norm(mod) and _like(x, tr.shape):
+                if _stream_op(mod) and _like(x, tr.shape):
                     self._store(tr, x)
             out_key = self._store(tr, y) if y is not None else None
             tr.nodes.append(_Node(name, self.order, ins, out_key, in_key))
@@ -448,12 +448,27 @@ class _Block:
         self.stream_norms = [
             n
             for n in nodes
-            if is_norm(modules[n.name])
+            if _stream_op(modules[n.name])
             and n.in_key in self.idx
             and self.a(n.in_key) not in produced
             and self.a(n.in_key) != self.a(tr.x_in)
             and n.out_key in self.idx
         ]
+        # …and those the stream enters straight from one of them (Autoformer: a LayerNorm,
+        # then a series decomposition x − AvgPool(x); after the last add, a decomposition
+        # then the final LayerNorm), in execution order
+        for n in nodes:
+            outs = {self.a(m.out_key) for m in self.stream_norms}
+            if (
+                n not in self.stream_norms
+                and _stream_op(modules[n.name])
+                and n.in_key in self.idx
+                and self.a(n.in_key) in outs
+                and n.out_key in self.idx
+                and self.a(n.out_key) != self.a(n.in_key)
+            ):
+                self.stream_norms.append(n)
+        self.stream_norms.sort(key=lambda n: n.order)
         # Norms of the block input itself where the stream continues from their output
         # (x ← LN(x) first: RWKV's first block's pre_ln; MiniMax's residual is its input
         # norm's output). Tried only after every hypothesis from x_in itself fails.
@@ -772,6 +787,16 @@ class _Block:
                     out.add(p.name)
                     todo.extend(p.in_keys)
         return out
+
+
+def _stream_op(mod: nn.Module) -> bool:
+    """A module the stream itself may pass through between its adds: a norm, or a module
+    without parameters that is no activation (a series decomposition's x − trend)."""
+    return is_norm(mod) or (
+        not is_act(mod)
+        and next(mod.parameters(), None) is None
+        and not isinstance(mod, nn.Dropout | nn.Identity)
+    )
 
 
 def role_of(model_modules: dict[str, nn.Module], block: str, branch: str) -> tuple[str, bool]:
