@@ -101,11 +101,14 @@ def per_stream(check: Check) -> Check:
 
 def _chained_only(ctx: CheckContext, items: list[Finding | Skip]) -> list[Finding | Skip]:
     """The check's items, or one skip per check id when the stream's blocks are no chain:
-    none of them reads its predecessor's output (`BlockProof.chained`: a list of branches
-    the model's forward adds itself, a residual quantizer's stages, each reading x − q(x)).
-    Its "depth" is no depth: block k's RMS and gradient do not feed block k + 1."""
-    links = [b.proof for b in ctx.layout.blocks[1:] if b.proof is not None and b.proof.ran]
-    if not links or any(p.chained for p in links):
+    every block is plain (no residual add inside) and none reads its predecessor's output
+    (`BlockProof.chained`): a list of branches the model's forward adds itself (XLM's
+    `attentions`), a residual quantizer's stages, each reading x − q(x). Its "depth" is
+    no depth. Residual blocks carry the stream from input to output even when the model
+    adds more between them (BLT's decoder layers and cross-attentions): judged."""
+    proofs = [b.proof for b in ctx.layout.blocks if b.proof is not None and b.proof.ran]
+    links = proofs[1:]
+    if not links or any(p.chained for p in links) or any(p.placement != "plain" for p in proofs):
         return items
     name = ctx.layout.blocks[0].name.rsplit(".", 1)[0] if ctx.layout.blocks else "the"
     reason = (
@@ -365,6 +368,9 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
     gamma = ctx.fit.gain
     L = len(pts)
     if total >= th.exp_gain_warn and sustained(pts, th.exp_sustain):
+        single = _one_block(pts)
+        if single is not None:
+            return [_one_block_finding(ctx, pts, single)]
         severity, threshold = grade(total, th.exp_gain_warn, th.exp_gain_error)
         cross = _first_crossing(pts, known(first.rms), th.exp_gain_warn) or last
         message = (
@@ -420,6 +426,62 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
             )
         ]
     return []
+
+
+# one block carrying this share of the stream's whole log-growth is a jump, not a gain
+# compounding (geometric growth spreads evenly: 1/(L − 1) of it per block)
+ONE_BLOCK_SHARE = 2 / 3
+
+
+def _one_block(pts: Sequence[StreamPoint]) -> tuple[int, float] | None:
+    """(i, ×jump) when the growth from pts[0] to pts[-1] is mostly one block's: the ratio
+    RMS(x_i)/RMS(x_{i−1}) holds ≥ ONE_BLOCK_SHARE of the log-growth (OLMo-Hybrid's one
+    full-attention layer after three linear-attention ones, on a stream of RMS 0.02). A
+    per-block gain multiplies every block alike; one block writing more than the stream it
+    reads is a step, whatever the fit says. None with fewer than 3 blocks."""
+    if len(pts) < 3:
+        return None
+    logs = [math.log(known(b.rms) / known(a.rms)) for a, b in zip(pts, pts[1:], strict=False)]
+    total = sum(logs)
+    if total <= 0:
+        return None
+    i = max(range(len(logs)), key=lambda j: logs[j])
+    if logs[i] < ONE_BLOCK_SHARE * total:
+        return None
+    return i + 1, math.exp(logs[i])
+
+
+def _one_block_finding(
+    ctx: CheckContext, pts: Sequence[StreamPoint], single: tuple[int, float]
+) -> Finding:
+    """The growth of a stream that one block makes: judged as a jump inside that block
+    (growth-jump's thresholds, as block 0's jump over the embedding), info below them."""
+    th = ctx.thresholds
+    i, jump = single
+    at, before = pts[i], pts[i - 1]
+    rest = known(pts[-1].rms) / known(pts[0].rms) / jump
+    severity, threshold = grade(jump, th.growth_jump, th.growth_jump_error)
+    if jump < th.growth_jump:
+        severity, threshold = Severity.INFO, th.growth_jump
+    message = (
+        f"The {_stream(ctx)}'s RMS grows ×{n(jump)} inside {_b(ctx, at)} alone "
+        f"({n(before.rms)} → {n(at.rms)}), the other {len(pts) - 2} block steps ×{n(rest)} "
+        f"together: one block writing more than the stream it reads, not a per-block gain "
+        f"compounding (a geometric fit would say γ = {n(ctx.fit.gain)})"
+        + (
+            f"; under the ×{n(th.growth_jump)} that warns (a small stream meeting a "
+            "branch of ordinary scale)."
+            if severity is Severity.INFO
+            else f", past ×{n(th.growth_jump)}: that block's branches write far more than "
+            "the stream they read."
+        )
+    )
+    hint = (
+        ""
+        if severity is Severity.INFO
+        else "Check that block's branch init (fan-in std √(1/fan_in)) and its norms' gains."
+    )
+    return finding(CheckId.EXP_GROWTH, severity, (at.name,), jump, threshold, message, hint)
 
 
 def _jump(ctx: CheckContext, pts: Sequence[StreamPoint]) -> Finding | None:
