@@ -1069,3 +1069,104 @@ def test_a_block_called_through_its_forward_method_is_said_to_bypass_hooks() -> 
     assert [(p.status, p.ran) for p in result.proofs] == [("skipped", True)] * 3
     assert all("bypasses module hooks" in p.note for p in result.proofs)
     assert not any("did not run" in n for n in result.notes)
+    assert all(p.bypassed for p in result.proofs)
+
+
+class _MaskedBlock(nn.Module):
+    """A residual block that also adds a stream-sized mask holding −inf (Doge's dynamic
+    mask, added where its numel and sizes pass for the stream's): a candidate with inf."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.mlp = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros_like(x)
+        mask[..., 0] = float("-inf")
+        _ = (x + mask).softmax(-1)  # the masked scores: used, never added to the stream
+        return x + self.mlp(x)
+
+
+def test_a_non_finite_candidate_is_no_write_and_the_block_still_proves() -> None:
+    torch.manual_seed(0)
+    model = _Stack(lambda: _MaskedBlock()).eval()
+    x = features()
+    ps = proofs(proven(model, lambda: model(x[:1])))
+    assert [p.status for p in ps] == ["verified"] * 4
+    assert all(p.writes == (f"blocks.{i}.mlp",) for i, p in enumerate(ps))
+
+
+class _Mixing(nn.Module):
+    """An attention-like module with no residual inside: q/k/v, functional matmuls and
+    softmax, an output projection (XLM's `attentions` list)."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = (self.q(x) @ self.k(x).transpose(-1, -2)).softmax(-1)
+        return self.o(w @ self.v(x))
+
+
+class _BranchLists(nn.Module):
+    """The model's forward holds the residual adds; the block lists are its branches."""
+
+    def __init__(self, n: int = 4, d: int = 32) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, d)
+        self.attentions = nn.ModuleList(_Mixing(d) for _ in range(n))
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
+        self.out = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for attn, norm in zip(self.attentions, self.norms, strict=True):
+            h = norm(h + 30.0 * attn(h))  # each branch's own scale: no stream through them
+        return self.out(h)
+
+
+def test_a_list_of_branches_is_plain_and_no_stream_for_the_depth_checks() -> None:
+    torch.manual_seed(0)
+    model = _BranchLists()
+    x = features()
+    report = scan(model, x, lambda out: out.square().mean())
+    ps = list(report.layout)
+    assert [(p.status, p.placement) for p in ps] == [("verified", "plain")] * 4
+    assert all("no + of the stream's shape" in p.note for p in ps)
+    assert [p.chained for p in ps] == [True, False, False, False]
+    depth = {"sqrt-growth", "exp-growth", "collapse", "vanishing-grad", "exploding-grad"}
+    assert not [f for f in report.findings if f.check in depth]
+    assert any("no stream" in s.reason for s in report.skipped if s.check in depth)
+
+
+class _Decomp(nn.Module):
+    """No parameters: the seasonal part x − (time mean), as a series decomposition."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        trend = x.mean(1, keepdim=True).expand_as(x)
+        return x - trend, trend
+
+
+class _DecompBlock(nn.Module):
+    """Autoformer's layer: add, LayerNorm, decomposition; add, decomposition, LayerNorm."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.attn, self.fc = nn.Linear(d, d), nn.Linear(d, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.decomp1, self.decomp2 = _Decomp(), _Decomp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, _ = self.decomp1(self.ln1(x + self.attn(x)))
+        x, _ = self.decomp2(x + self.fc(x))
+        return self.ln2(x)
+
+
+def test_the_stream_passes_parameter_free_modules_and_chains_of_norms() -> None:
+    torch.manual_seed(0)
+    model = _Stack(lambda: _DecompBlock()).eval()
+    x = features()
+    ps = proofs(proven(model, lambda: model(x[:1])))
+    assert [(p.status, p.placement) for p in ps] == [("verified", "post-norm")] * 4
+    assert all(p.writes == (f"blocks.{i}.attn", f"blocks.{i}.fc") for i, p in enumerate(ps))

@@ -5,8 +5,9 @@ sqrt-growth, exp-growth, collapse, vanishing-grad and exploding-grad)."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -69,15 +70,19 @@ def _stream(ctx: CheckContext) -> str:
     return f"{name} stream" if name else "residual stream"
 
 
-def per_stream(check: Check) -> Check:
-    """Run a depth check on each residual stream of a model that has several (encoder,
-    decoder), each with its own points and growth fit. Findings add up; a check skipped on
-    some stream is listed as skipped there (silence is not a pass), with the stream named."""
+def per_stream(*ids: CheckId) -> Callable[[Check], Check]:
+    """Run a depth check (emitting `ids`) on each residual stream of a model that has
+    several (encoder, decoder), each with its own points and growth fit. Findings add up;
+    a check skipped on some stream is listed as skipped there (silence is not a pass),
+    with the stream named."""
+    return functools.partial(_per_stream, ids=ids)
 
+
+def _per_stream(check: Check, ids: tuple[CheckId, ...]) -> Check:
     @functools.wraps(check)
     def run(ctx: CheckContext) -> list[Finding | Skip]:
         if len(ctx.streams) < 2:
-            return _chained_only(ctx, check(_stage(ctx)))
+            return _chained_only(ctx, check(_stage(ctx)), ids)
         out: list[Finding | Skip] = []
         skips: dict[str, list[str]] = {}
         for s in ctx.streams:
@@ -88,7 +93,7 @@ def per_stream(check: Check) -> Check:
                 fit=growth_fit(s.points),
                 layout=replace(ctx.layout, blocks=blocks),
             )
-            for item in _chained_only(sub, check(_stage(sub))):
+            for item in _chained_only(sub, check(_stage(sub)), ids):
                 if isinstance(item, Skip):
                     skips.setdefault(item.check, []).append(f"{s.name} stream: {item.reason}")
                 else:
@@ -99,7 +104,9 @@ def per_stream(check: Check) -> Check:
     return run
 
 
-def _chained_only(ctx: CheckContext, items: list[Finding | Skip]) -> list[Finding | Skip]:
+def _chained_only(
+    ctx: CheckContext, items: list[Finding | Skip], ids: tuple[CheckId, ...]
+) -> list[Finding | Skip]:
     """The check's items, or one skip per check id when the stream's blocks are no chain:
     every block is plain (no residual add inside) and none reads its predecessor's output
     (`BlockProof.chained`): a list of branches the model's forward adds itself (XLM's
@@ -115,7 +122,7 @@ def _chained_only(ctx: CheckContext, items: list[Finding | Skip]) -> list[Findin
         f"the {name} blocks are no stream: none of their {len(links)} later blocks reads "
         "the previous block's output (its layout proof), so nothing passes through depth"
     )
-    return [skip(CheckId(c), reason) for c in dict.fromkeys(item.check for item in items)]
+    return [skip(c, reason) for c in ids]
 
 
 def _stage(ctx: CheckContext) -> CheckContext:
@@ -240,7 +247,7 @@ def _growth_remedy(ctx: CheckContext, k: int) -> str:
     )
 
 
-@per_stream
+@per_stream(CheckId.SQRT_GROWTH)
 def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
     """Stream RMS ∝ k^p with p near ½ and a large drift: unscaled branches accumulating."""
     th = ctx.thresholds
@@ -350,7 +357,7 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
     ]
 
 
-@per_stream
+@per_stream(CheckId.EXP_GROWTH, CheckId.COLLAPSE)
 def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
     """γ^L far above 1 with sustained growth (exp-growth) or far below 1 (collapse)."""
     th = ctx.thresholds
@@ -441,7 +448,7 @@ def _one_block(pts: Sequence[StreamPoint]) -> tuple[int, float] | None:
     reads is a step, whatever the fit says. None with fewer than 3 blocks."""
     if len(pts) < 3:
         return None
-    logs = [math.log(known(b.rms) / known(a.rms)) for a, b in zip(pts, pts[1:], strict=False)]
+    logs = [math.log(known(b.rms) / known(a.rms)) for a, b in itertools.pairwise(pts)]
     total = sum(logs)
     if total <= 0:
         return None
@@ -535,7 +542,7 @@ def _renormalised(ctx: CheckContext, p: StreamPoint) -> str:
     return ", ".join(proof.norms[:2])
 
 
-@per_stream
+@per_stream(CheckId.VANISHING_GRAD, CheckId.EXPLODING_GRAD)
 def gradients(ctx: CheckContext) -> list[Finding | Skip]:
     """Relative activation gradient r = RMS(∂L/∂x)·RMS(x), first block's input vs last output.
 

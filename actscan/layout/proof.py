@@ -197,6 +197,10 @@ class BlockWatch:
         # modules inside a block that ran while no block hook had fired: their block was
         # run as `block.forward(...)`, which no module hook sees (SqueezeBERT's encoder)
         self.bypassed: set[str] = set()
+        # each stream's last block output, alive until the next block's: its address is
+        # never reused meanwhile, so the next block's input is its view only if it is one
+        self.held: dict[str, torch.Tensor] = {}
+        self.stream_of = {b.index: b.stream for b in blocks}
 
     def install(self, hooks: HookSet) -> BlockWatch:
         for b in self.blocks:
@@ -301,6 +305,8 @@ class BlockWatch:
                 return
             y = _first_float(out)
             tr.out = None if y is None else _key(y)
+            if y is not None:
+                self.held[self.stream_of.get(index, "main")] = y
             if y is None:
                 tr.note = "the block returned no tensor"
             elif tuple(y.shape) != tr.shape:  # x_out must match x_in exactly
@@ -961,6 +967,7 @@ def read_blocks(
     model: nn.Module, watch: BlockWatch, *, stream: str | None = None
 ) -> tuple[list[BlockInfo], dict[str, str]]:
     """The proofs of the blocks `watch` saw in its forward pass (see `prove_blocks`)."""
+    watch.held.clear()
     if watch.failed is not None:
         raise watch.failed
     blocks = watch.blocks
