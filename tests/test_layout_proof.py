@@ -1170,3 +1170,25 @@ def test_the_stream_passes_parameter_free_modules_and_chains_of_norms() -> None:
     ps = proofs(proven(model, lambda: model(x[:1])))
     assert [(p.status, p.placement) for p in ps] == [("verified", "post-norm")] * 4
     assert all(p.writes == (f"blocks.{i}.attn", f"blocks.{i}.fc") for i, p in enumerate(ps))
+
+
+class _ScaledBroadcast(nn.Module):
+    """LayerScale held as a (1, 1, C) parameter that broadcasts (FastViT's RepMixer and
+    SAM3-LiteText hold theirs as (C, 1, 1)), 1e-5 at init."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(d, 64), nn.GELU(), nn.Linear(64, d))
+        self.layer_scale = nn.Parameter(1e-5 * torch.ones(1, 1, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.layer_scale * self.mlp(x)
+
+
+def test_a_broadcast_shaped_layer_scale_is_a_gain_by_design() -> None:
+    torch.manual_seed(0)
+    model = _Stack(lambda: _ScaledBroadcast())
+    report = scan(model, features(), lambda out: out.square().mean())
+    dead = [f for f in report.findings if f.check == CheckId.DEAD_BRANCH]
+    assert [f.severity for f in dead] == ["info"]
+    assert "LayerScale: layer_scale = 1.00e-05" in dead[0].message

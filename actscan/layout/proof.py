@@ -1041,28 +1041,7 @@ def _prove_one(
     # a float32 Gram (MPS) cancels to ~√u32 of ‖x_out‖ itself: the output's norm stays the scale
     rho = 1.0 if gram.dtype != torch.float64 else min(1.0, rounding / tol)
     blk = _Block(tr, gram, modules, rho)
-    first: _Outcome | None = None
-    found: _Outcome | None = None
-    for tried, h in enumerate(blk.hypotheses()):
-        o = blk.evaluate(h)
-        first = first or o
-        if o.residual <= tol:
-            found = o
-            break
-        if tried >= 4096:
-            break
-    if found is None and (
-        blk.operand_terminals != blk.terminals or blk.operand_norms != blk.stream_norms
-    ):
-        found = _first_holding(blk, blk.hypotheses(operands=True), tol)
-    if found is not None and found.scales:
-        found = _unfit(blk, found, tol)
-    if (
-        found is not None
-        and found.stream_scale is not None
-        and abs(found.stream_scale) <= ZERO_COEF
-    ):
-        found = blk.restart(tol) or found  # a stream fitted at 0: it restarts in the block
+    first, found = _hypothesised(blk, tol)
     if found is None:
         found = blk.search(tol)
     if found is None and (chain := blk.plain_chain()):
@@ -1143,6 +1122,35 @@ def _prove_one(
         branches=tuple(branches),
         proof=proof,
     )
+
+
+def _hypothesised(blk: _Block, tol: float) -> tuple[_Outcome | None, _Outcome | None]:
+    """(the first hypothesis's outcome, the first that holds): the data-flow writes and
+    their variants (`_Block.hypotheses`), then with `+` operands; a fit cut back to unit
+    coefficients where they hold, a stream fitted at 0 restarted inside the block."""
+    first: _Outcome | None = None
+    found: _Outcome | None = None
+    for tried, h in enumerate(blk.hypotheses()):
+        o = blk.evaluate(h)
+        first = first or o
+        if o.residual <= tol:
+            found = o
+            break
+        if tried >= 4096:
+            break
+    if found is None and (
+        blk.operand_terminals != blk.terminals or blk.operand_norms != blk.stream_norms
+    ):
+        found = _first_holding(blk, blk.hypotheses(operands=True), tol)
+    if found is not None and found.scales:
+        found = _unfit(blk, found, tol)
+    if (
+        found is not None
+        and found.stream_scale is not None
+        and abs(found.stream_scale) <= ZERO_COEF
+    ):
+        found = blk.restart(tol) or found  # a stream fitted at 0: it restarts in the block
+    return first, found
 
 
 def _finite_only(tr: _Trace, gram: torch.Tensor) -> tuple[_Trace | None, torch.Tensor]:
