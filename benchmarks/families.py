@@ -268,6 +268,13 @@ ARGUED: dict[str, dict[str, str]] = {
         "dead-branch": _SAM_INIT + " (DeepSeek-VL hybrid's high-res tower is a SamVisionConfig)"
     },
     "blip": {"dead-branch": "BlipVisionConfig defaults initializer_range to 1e-10, as SAM's"},
+    "blip-2": {
+        "dead-branch": "Blip2VisionConfig defaults initializer_range to 1e-10, as SAM's: the "
+        "image features the Q-Former's cross-attention reads are ~0 (the vision stream's "
+        "RMS rounds to 0.0), so that cross-attention truly writes 9.1e-9 of the stream "
+        "(block 2); block 0's self-attention reads the zero-initialised query tokens and "
+        "writes exactly 0, not judged (it says nothing of its weights)"
+    },
     "lfm3_vl": {
         "dead-branch": "at width 64 the vision tower's gated short convolution multiplies "
         "three 0.02-std projections (gain 0.02·√64 = 0.16 each) and a 3×3 depthwise conv: "

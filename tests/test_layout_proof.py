@@ -1192,3 +1192,21 @@ def test_a_broadcast_shaped_layer_scale_is_a_gain_by_design() -> None:
     dead = [f for f in report.findings if f.check == CheckId.DEAD_BRANCH]
     assert [f.severity for f in dead] == ["info"]
     assert "LayerScale: layer_scale = 1.00e-05" in dead[0].message
+
+
+def test_zero_writes_on_a_stream_that_is_exactly_zero_are_no_branches() -> None:
+    """BLIP-2's Q-Former starts from zero query tokens: on a stream exactly 0, every
+    zero-bias module writes 0 whatever its weights; the proof keeps no such write, so no
+    dead-branch names them. On a living stream a zeroed projection stays a dead branch."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _MlpBlock(), n=4)
+    with torch.no_grad():
+        model.inp.weight.zero_()
+        model.inp.bias.zero_()
+        for b in model.blocks:
+            for m in b.modules():
+                if isinstance(m, nn.Linear):
+                    m.bias.zero_()
+    x = features()
+    ps = proofs(proven(model, lambda: model(x[:1])))
+    assert [(p.status, p.writes) for p in ps] == [("verified", ())] * 4

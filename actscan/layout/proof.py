@@ -1066,6 +1066,7 @@ def _prove_one(
             tol,
             stream,
         )
+    found = _drop_unfed(blk, found)
     branches: list[BranchInfo] = []
     taken: set[str] = set()
     named: list[tuple[Key, str, str]] = []
@@ -1151,6 +1152,18 @@ def _hypothesised(blk: _Block, tol: float) -> tuple[_Outcome | None, _Outcome | 
     ):
         found = blk.restart(tol) or found  # a stream fitted at 0: it restarts in the block
     return first, found
+
+
+def _drop_unfed(blk: _Block, found: _Outcome) -> _Outcome:
+    """The writes without the exact zeros, when the block's input stream is exactly 0: a
+    module on a zero stream (BLIP-2's zero-initialised query tokens through a zero-bias
+    LayerNorm) writes 0 whatever its weights, so any such candidate holds the equation and
+    says nothing of a branch. Dropping a zero changes no residual. On a living stream a
+    zero write stays (a zeroed projection: a dead branch)."""
+    if blk.norm(blk.idx[blk.tr.x_in]) != 0:
+        return found
+    kept = tuple(w for w in found.writes if blk.norm(blk.idx[w]) != 0)
+    return found if kept == found.writes else replace(found, writes=kept)
 
 
 def _finite_only(tr: _Trace, gram: torch.Tensor) -> tuple[_Trace | None, torch.Tensor]:
