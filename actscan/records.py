@@ -418,6 +418,13 @@ class BlockProof:
     # False: the block never ran in the forward (a tower the inputs did not reach, a list
     # called through a method other than forward): nothing measured, nothing to prove
     ran: bool = True
+    # False: the block's input is not the previous block's output (of its stream), nor a
+    # view of it: a list of branches the model's own forward adds (XLM's `attentions`),
+    # a residual quantizer's stages (each reads the residual x − q(x) the last one left)
+    chained: bool = True
+    # True: the model calls the block as block.forward(...), past every module hook (its
+    # modules ran, its input and output were never seen): skipped with that reason
+    bypassed: bool = False
 
 
 @dataclass(frozen=True)

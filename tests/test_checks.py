@@ -168,6 +168,24 @@ def test_a_jump_inside_block_0_fires_exp_growth_there() -> None:
         assert not run(ctx(points=stream([1.0] + [jump * math.sqrt(i) for i in range(1, 13)])))
 
 
+def test_growth_one_block_makes_is_a_jump_there_not_a_per_block_gain() -> None:
+    """OLMo-Hybrid's tiny init: three blocks ×1.02 each on a stream of RMS 0.02, then one
+    full-attention block ×14.9. A geometric fit says γ = 2.28 (γ^L = 27, past ×10), but
+    nothing compounds: judged as a jump inside that block, info under growth-jump."""
+    rms = [0.0202, 0.0207, 0.0212, 0.0216, 0.321]
+    found = run(ctx(points=stream(rms)))
+    assert [f.check for f in found] == [CheckId.EXP_GROWTH]  # not also sqrt-growth
+    f = found[0]
+    assert f.severity is Severity.INFO and f.threshold == DEFAULT.growth_jump
+    assert f.layers == ("blocks.3",) and f.value == pytest.approx(0.321 / 0.0216)
+    assert "inside block 3 alone" in f.message
+    # the same step past ×100 warns at that block; spread evenly it is a gain (warn)
+    f = only(run(ctx(points=stream([0.02, 0.02, 0.0202, 0.0204, 3.0]))), CheckId.EXP_GROWTH)[0]
+    assert f.severity is Severity.WARN and f.layers == ("blocks.3",)
+    f = only(run(ctx(points=stream(geometric(4, 2.3)))), CheckId.EXP_GROWTH)[0]
+    assert "γ = 2.3" in f.message and f.severity is not Severity.INFO
+
+
 def test_exp_growth_error_at_exp_gain_error() -> None:
     f = only(run(ctx(points=stream(geometric(32, 1.2)))), CheckId.EXP_GROWTH)[0]
     assert f.severity is Severity.ERROR and f.threshold == DEFAULT.exp_gain_error

@@ -1159,3 +1159,145 @@ def test_a_block_that_only_lends_a_module_to_another_method_did_not_run() -> Non
     assert [p.ran for p in result.proofs] == [False, False, False, True]
     assert not any("bypasses module hooks" in p.note for p in result.proofs)
     assert result.proofs[-1].status == "verified"
+
+    assert all(p.bypassed for p in result.proofs)
+
+
+class _MaskedBlock(nn.Module):
+    """A residual block that also adds a stream-sized mask holding −inf (Doge's dynamic
+    mask, added where its numel and sizes pass for the stream's): a candidate with inf."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.mlp = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros_like(x)
+        mask[..., 0] = float("-inf")
+        _ = (x + mask).softmax(-1)  # the masked scores: used, never added to the stream
+        return x + self.mlp(x)
+
+
+def test_a_non_finite_candidate_is_no_write_and_the_block_still_proves() -> None:
+    torch.manual_seed(0)
+    model = _Stack(lambda: _MaskedBlock()).eval()
+    x = features()
+    ps = proofs(proven(model, lambda: model(x[:1])))
+    assert [p.status for p in ps] == ["verified"] * 4
+    assert all(p.writes == (f"blocks.{i}.mlp",) for i, p in enumerate(ps))
+
+
+class _Mixing(nn.Module):
+    """An attention-like module with no residual inside: q/k/v, functional matmuls and
+    softmax, an output projection (XLM's `attentions` list)."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = (self.q(x) @ self.k(x).transpose(-1, -2)).softmax(-1)
+        return self.o(w @ self.v(x))
+
+
+class _BranchLists(nn.Module):
+    """The model's forward holds the residual adds; the block lists are its branches."""
+
+    def __init__(self, n: int = 4, d: int = 32) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, d)
+        self.attentions = nn.ModuleList(_Mixing(d) for _ in range(n))
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
+        self.out = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for attn, norm in zip(self.attentions, self.norms, strict=True):
+            h = norm(h + 30.0 * attn(h))  # each branch's own scale: no stream through them
+        return self.out(h)
+
+
+def test_a_list_of_branches_is_plain_and_no_stream_for_the_depth_checks() -> None:
+    torch.manual_seed(0)
+    model = _BranchLists()
+    x = features()
+    report = scan(model, x, lambda out: out.square().mean())
+    ps = list(report.layout)
+    assert [(p.status, p.placement) for p in ps] == [("verified", "plain")] * 4
+    assert all("no + of the stream's shape" in p.note for p in ps)
+    assert [p.chained for p in ps] == [True, False, False, False]
+    depth = {"sqrt-growth", "exp-growth", "collapse", "vanishing-grad", "exploding-grad"}
+    assert not [f for f in report.findings if f.check in depth]
+    assert any("no stream" in s.reason for s in report.skipped if s.check in depth)
+
+
+class _Decomp(nn.Module):
+    """No parameters: the seasonal part x − (time mean), as a series decomposition."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        trend = x.mean(1, keepdim=True).expand_as(x)
+        return x - trend, trend
+
+
+class _DecompBlock(nn.Module):
+    """Autoformer's layer: add, LayerNorm, decomposition; add, decomposition, LayerNorm."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.attn, self.fc = nn.Linear(d, d), nn.Linear(d, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.decomp1, self.decomp2 = _Decomp(), _Decomp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, _ = self.decomp1(self.ln1(x + self.attn(x)))
+        x, _ = self.decomp2(x + self.fc(x))
+        return self.ln2(x)
+
+
+def test_the_stream_passes_parameter_free_modules_and_chains_of_norms() -> None:
+    torch.manual_seed(0)
+    model = _Stack(lambda: _DecompBlock()).eval()
+    x = features()
+    ps = proofs(proven(model, lambda: model(x[:1])))
+    assert [(p.status, p.placement) for p in ps] == [("verified", "post-norm")] * 4
+    assert all(p.writes == (f"blocks.{i}.attn", f"blocks.{i}.fc") for i, p in enumerate(ps))
+
+
+class _ScaledBroadcast(nn.Module):
+    """LayerScale held as a (1, 1, C) parameter that broadcasts (FastViT's RepMixer and
+    SAM3-LiteText hold theirs as (C, 1, 1)), 1e-5 at init."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(d, 64), nn.GELU(), nn.Linear(64, d))
+        self.layer_scale = nn.Parameter(1e-5 * torch.ones(1, 1, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.layer_scale * self.mlp(x)
+
+
+def test_a_broadcast_shaped_layer_scale_is_a_gain_by_design() -> None:
+    torch.manual_seed(0)
+    model = _Stack(lambda: _ScaledBroadcast())
+    report = scan(model, features(), lambda out: out.square().mean())
+    dead = [f for f in report.findings if f.check == CheckId.DEAD_BRANCH]
+    assert [f.severity for f in dead] == ["info"]
+    assert "LayerScale: layer_scale = 1.00e-05" in dead[0].message
+
+
+def test_zero_writes_on_a_stream_that_is_exactly_zero_are_no_branches() -> None:
+    """BLIP-2's Q-Former starts from zero query tokens: on a stream exactly 0, every
+    zero-bias module writes 0 whatever its weights; the proof keeps no such write, so no
+    dead-branch names them. On a living stream a zeroed projection stays a dead branch."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _MlpBlock(), n=4)
+    with torch.no_grad():
+        model.inp.weight.zero_()
+        model.inp.bias.zero_()
+        for b in model.blocks:
+            for m in b.modules():
+                if isinstance(m, nn.Linear):
+                    m.bias.zero_()
+    x = features()
+    ps = proofs(proven(model, lambda: model(x[:1])))
+    assert [(p.status, p.writes) for p in ps] == [("verified", ())] * 4

@@ -75,13 +75,14 @@ _SCALE_PARAM = re.compile(r"(gain|alpha|gamma|lambda|rezero|layer_?scale|^ls\d*$
 
 def _scale_param(rec: BranchRecord, block: list[ParamRecord]) -> ParamRecord | None:
     """A learnable gain on this branch held as a parameter (no module of its own): named
-    like one, a vector or scalar owned by the branch, inside it, or by a module of the
+    like one, a vector (or a (C, 1, 1) one that broadcasts over a channels-first map:
+    FastViT's RepMixer) or scalar owned by the branch, inside it, or by a module of the
     block that encloses it (ConvNeXt's layer multiplies its branch by
     `layer_scale_parameter` before the add), and not a norm's weight."""
     found = [
         p
         for p in block
-        if len(p.shape) <= 1
+        if sum(d > 1 for d in p.shape) <= 1  # a vector, also shaped to broadcast: (C, 1, 1)
         and p.kind != "norm-gain"
         and p.role != "norm"
         and _SCALE_PARAM.search(p.name.rsplit(".", 1)[-1])

@@ -5,8 +5,9 @@ sqrt-growth, exp-growth, collapse, vanishing-grad and exploding-grad)."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -69,15 +70,19 @@ def _stream(ctx: CheckContext) -> str:
     return f"{name} stream" if name else "residual stream"
 
 
-def per_stream(check: Check) -> Check:
-    """Run a depth check on each residual stream of a model that has several (encoder,
-    decoder), each with its own points and growth fit. Findings add up; a check skipped on
-    some stream is listed as skipped there (silence is not a pass), with the stream named."""
+def per_stream(*ids: CheckId) -> Callable[[Check], Check]:
+    """Run a depth check (emitting `ids`) on each residual stream of a model that has
+    several (encoder, decoder), each with its own points and growth fit. Findings add up;
+    a check skipped on some stream is listed as skipped there (silence is not a pass),
+    with the stream named."""
+    return functools.partial(_per_stream, ids=ids)
 
+
+def _per_stream(check: Check, ids: tuple[CheckId, ...]) -> Check:
     @functools.wraps(check)
     def run(ctx: CheckContext) -> list[Finding | Skip]:
         if len(ctx.streams) < 2:
-            return check(_stage(ctx))
+            return _chained_only(ctx, check(_stage(ctx)), ids)
         out: list[Finding | Skip] = []
         skips: dict[str, list[str]] = {}
         for s in ctx.streams:
@@ -88,7 +93,7 @@ def per_stream(check: Check) -> Check:
                 fit=growth_fit(s.points),
                 layout=replace(ctx.layout, blocks=blocks),
             )
-            for item in check(_stage(sub)):
+            for item in _chained_only(sub, check(_stage(sub)), ids):
                 if isinstance(item, Skip):
                     skips.setdefault(item.check, []).append(f"{s.name} stream: {item.reason}")
                 else:
@@ -97,6 +102,27 @@ def per_stream(check: Check) -> Check:
         return out
 
     return run
+
+
+def _chained_only(
+    ctx: CheckContext, items: list[Finding | Skip], ids: tuple[CheckId, ...]
+) -> list[Finding | Skip]:
+    """The check's items, or one skip per check id when the stream's blocks are no chain:
+    every block is plain (no residual add inside) and none reads its predecessor's output
+    (`BlockProof.chained`): a list of branches the model's forward adds itself (XLM's
+    `attentions`), a residual quantizer's stages, each reading x − q(x). Its "depth" is
+    no depth. Residual blocks carry the stream from input to output even when the model
+    adds more between them (BLT's decoder layers and cross-attentions): judged."""
+    proofs = [b.proof for b in ctx.layout.blocks if b.proof is not None and b.proof.ran]
+    links = proofs[1:]
+    if not links or any(p.chained for p in links) or any(p.placement != "plain" for p in proofs):
+        return items
+    name = ctx.layout.blocks[0].name.rsplit(".", 1)[0] if ctx.layout.blocks else "the"
+    reason = (
+        f"the {name} blocks are no stream: none of their {len(links)} later blocks reads "
+        "the previous block's output (its layout proof), so nothing passes through depth"
+    )
+    return [skip(c, reason) for c in ids]
 
 
 def _stage(ctx: CheckContext) -> CheckContext:
@@ -221,7 +247,7 @@ def _growth_remedy(ctx: CheckContext, k: int) -> str:
     )
 
 
-@per_stream
+@per_stream(CheckId.SQRT_GROWTH)
 def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
     """Stream RMS ∝ k^p with p near ½ and a large drift: unscaled branches accumulating."""
     th = ctx.thresholds
@@ -331,7 +357,7 @@ def sqrt_growth(ctx: CheckContext) -> list[Finding | Skip]:
     ]
 
 
-@per_stream
+@per_stream(CheckId.EXP_GROWTH, CheckId.COLLAPSE)
 def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
     """γ^L far above 1 with sustained growth (exp-growth) or far below 1 (collapse)."""
     th = ctx.thresholds
@@ -349,6 +375,9 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
     gamma = ctx.fit.gain
     L = len(pts)
     if total >= th.exp_gain_warn and sustained(pts, th.exp_sustain):
+        single = _one_block(pts)
+        if single is not None:
+            return [_one_block_finding(ctx, pts, single)]
         severity, threshold = grade(total, th.exp_gain_warn, th.exp_gain_error)
         cross = _first_crossing(pts, known(first.rms), th.exp_gain_warn) or last
         message = (
@@ -406,6 +435,62 @@ def exp_growth_collapse(ctx: CheckContext) -> list[Finding | Skip]:
     return []
 
 
+# one block carrying this share of the stream's whole log-growth is a jump, not a gain
+# compounding (geometric growth spreads evenly: 1/(L − 1) of it per block)
+ONE_BLOCK_SHARE = 2 / 3
+
+
+def _one_block(pts: Sequence[StreamPoint]) -> tuple[int, float] | None:
+    """(i, ×jump) when the growth from pts[0] to pts[-1] is mostly one block's: the ratio
+    RMS(x_i)/RMS(x_{i−1}) holds ≥ ONE_BLOCK_SHARE of the log-growth (OLMo-Hybrid's one
+    full-attention layer after three linear-attention ones, on a stream of RMS 0.02). A
+    per-block gain multiplies every block alike; one block writing more than the stream it
+    reads is a step, whatever the fit says. None with fewer than 3 blocks."""
+    if len(pts) < 3:
+        return None
+    logs = [math.log(known(b.rms) / known(a.rms)) for a, b in itertools.pairwise(pts)]
+    total = sum(logs)
+    if total <= 0:
+        return None
+    i = max(range(len(logs)), key=lambda j: logs[j])
+    if logs[i] < ONE_BLOCK_SHARE * total:
+        return None
+    return i + 1, math.exp(logs[i])
+
+
+def _one_block_finding(
+    ctx: CheckContext, pts: Sequence[StreamPoint], single: tuple[int, float]
+) -> Finding:
+    """The growth of a stream that one block makes: judged as a jump inside that block
+    (growth-jump's thresholds, as block 0's jump over the embedding), info below them."""
+    th = ctx.thresholds
+    i, jump = single
+    at, before = pts[i], pts[i - 1]
+    rest = known(pts[-1].rms) / known(pts[0].rms) / jump
+    severity, threshold = grade(jump, th.growth_jump, th.growth_jump_error)
+    if jump < th.growth_jump:
+        severity, threshold = Severity.INFO, th.growth_jump
+    message = (
+        f"The {_stream(ctx)}'s RMS grows ×{n(jump)} inside {_b(ctx, at)} alone "
+        f"({n(before.rms)} → {n(at.rms)}), the other {len(pts) - 2} block steps ×{n(rest)} "
+        f"together: one block writing more than the stream it reads, not a per-block gain "
+        f"compounding (a geometric fit would say γ = {n(ctx.fit.gain)})"
+        + (
+            f"; under the ×{n(th.growth_jump)} that warns (a small stream meeting a "
+            "branch of ordinary scale)."
+            if severity is Severity.INFO
+            else f", past ×{n(th.growth_jump)}: that block's branches write far more than "
+            "the stream they read."
+        )
+    )
+    hint = (
+        ""
+        if severity is Severity.INFO
+        else "Check that block's branch init (fan-in std √(1/fan_in)) and its norms' gains."
+    )
+    return finding(CheckId.EXP_GROWTH, severity, (at.name,), jump, threshold, message, hint)
+
+
 def _jump(ctx: CheckContext, pts: Sequence[StreamPoint]) -> Finding | None:
     """The stream's growth from the embedding to block 0's output: a jump inside block 0
     (every weight at std 1: ×5.8e3) that the drift and the per-block gain, both measured
@@ -457,7 +542,7 @@ def _renormalised(ctx: CheckContext, p: StreamPoint) -> str:
     return ", ".join(proof.norms[:2])
 
 
-@per_stream
+@per_stream(CheckId.VANISHING_GRAD, CheckId.EXPLODING_GRAD)
 def gradients(ctx: CheckContext) -> list[Finding | Skip]:
     """Relative activation gradient r = RMS(∂L/∂x)·RMS(x), first block's input vs last output.
 

@@ -175,6 +175,7 @@ class _Trace:
     # module that ran last before the add)
     added: list[tuple[Key, int, str]] = field(default_factory=list)
     sums: set[Key] = field(default_factory=set)  # what those adds returned
+    out: Key | None = None  # the block's output, whatever its shape (the next one's input?)
 
 
 class BlockWatch:
@@ -198,6 +199,10 @@ class BlockWatch:
         # modules inside a block that ran while no block hook had fired: their block was
         # run as `block.forward(...)`, which no module hook sees (SqueezeBERT's encoder)
         self.bypassed: set[str] = set()
+        # each stream's last block output, alive until the next block's: its address is
+        # never reused meanwhile, so the next block's input is its view only if it is one
+        self.held: dict[str, torch.Tensor] = {}
+        self.stream_of = {b.index: b.stream for b in blocks}
 
     def install(self, hooks: HookSet) -> BlockWatch:
         for b in self.blocks:
@@ -286,7 +291,7 @@ class BlockWatch:
             in_key = None
             if x is not None:
                 in_key = _key(x)
-                if is_norm(mod) and _like(x, tr.shape):
+                if _stream_op(mod) and _like(x, tr.shape):
                     self._store(tr, x)
             out_key = self._store(tr, y) if y is not None else None
             tr.nodes.append(_Node(name, self.order, ins, out_key, in_key))
@@ -329,6 +334,9 @@ class BlockWatch:
                 self.traces.setdefault(index, tr)
                 return
             y = _first_float(out)
+            tr.out = None if y is None else _key(y)
+            if y is not None:
+                self.held[self.stream_of.get(index, "main")] = y
             if y is None:
                 tr.note = "the block returned no tensor"
             elif tuple(y.shape) != tr.shape:  # x_out must match x_in exactly
@@ -476,12 +484,27 @@ class _Block:
         self.stream_norms = [
             n
             for n in nodes
-            if is_norm(modules[n.name])
+            if _stream_op(modules[n.name])
             and n.in_key in self.idx
             and self.a(n.in_key) not in produced
             and self.a(n.in_key) != self.a(tr.x_in)
             and n.out_key in self.idx
         ]
+        # …and those the stream enters straight from one of them (Autoformer: a LayerNorm,
+        # then a series decomposition x − AvgPool(x); after the last add, a decomposition
+        # then the final LayerNorm), in execution order
+        for n in nodes:
+            outs = {self.a(m.out_key) for m in self.stream_norms}
+            if (
+                n not in self.stream_norms
+                and _stream_op(modules[n.name])
+                and n.in_key in self.idx
+                and self.a(n.in_key) in outs
+                and n.out_key in self.idx
+                and self.a(n.out_key) != self.a(n.in_key)
+            ):
+                self.stream_norms.append(n)
+        self.stream_norms.sort(key=lambda n: n.order)
         # Norms of the block input itself where the stream continues from their output
         # (x ← LN(x) first: RWKV's first block's pre_ln; MiniMax's residual is its input
         # norm's output). Tried only after every hypothesis from x_in itself fails.
@@ -727,6 +750,20 @@ class _Block:
                 key = (*key[:-1], key[-1] - 1)
         return chain if key is not None and _is_view(key, start) else []
 
+    def addless_output(self) -> str | None:
+        """The module whose output x_out is, when no `+` of the stream's shape ran in the
+        block: a residual add has one (a functional or in-place add, recorded by the add
+        watch), so a block without any is no residual block, whatever functional ops (an
+        attention's matmuls and softmax) lie between its modules. XLM's attention list,
+        whose residual add lives in the model's forward. None otherwise."""
+        if self.tr.sums or self.tr.added or self.tr.x_out is None:
+            return None
+        out = self.a(self.tr.x_out)
+        makers = [n for n in self.tr.nodes if n.out_key is not None and self.a(n.out_key) == out]
+        if not makers:
+            return None
+        return min(makers, key=lambda n: n.order).name
+
     # -- naming ------------------------------------------------------------------------
     def _weighted(self, name: str) -> bool:
         return any(p.dim() >= 2 for p in self.modules[name].parameters())
@@ -791,6 +828,16 @@ class _Block:
                     out.add(p.name)
                     todo.extend(p.in_keys)
         return out
+
+
+def _stream_op(mod: nn.Module) -> bool:
+    """A module the stream itself may pass through between its adds: a norm, or a module
+    without parameters that is no activation (a series decomposition's x − trend)."""
+    return is_norm(mod) or (
+        not is_act(mod)
+        and next(mod.parameters(), None) is None
+        and not isinstance(mod, nn.Dropout | nn.Identity)
+    )
 
 
 def role_of(model_modules: dict[str, nn.Module], block: str, branch: str) -> tuple[str, bool]:
@@ -870,6 +917,7 @@ def _bypassed(b: BlockInfo, stream: str) -> BlockInfo:
             "its modules ran, but its input and output cannot be seen, so its layout is not "
             "proven and the stream checks have no stream here"
         ),
+        bypassed=True,
     )
     return replace(b, proof=proof)
 
@@ -954,6 +1002,7 @@ def read_blocks(
     model: nn.Module, watch: BlockWatch, *, stream: str | None = None
 ) -> tuple[list[BlockInfo], dict[str, str]]:
     """The proofs of the blocks `watch` saw in its forward pass (see `prove_blocks`)."""
+    watch.held.clear()
     if watch.failed is not None:
         raise watch.failed
     blocks = watch.blocks
@@ -981,7 +1030,30 @@ def read_blocks(
         gram = flat[offset : offset + k * k].reshape(k, k)
         offset += k * k
         out.append(_prove_one(b, tr, gram, modules, roles, stream or b.stream))
-    return out, roles
+    return _chain(out, traces), roles
+
+
+def _chain(blocks: list[BlockInfo], traces: Sequence[_Trace | None]) -> list[BlockInfo]:
+    """Marks the blocks whose input is not their stream's previous block's output (nor a
+    view of it): `BlockProof.chained`. Both must have run; a stream's first block is
+    chained by definition."""
+    out: list[BlockInfo] = []
+    prev: dict[str, _Trace | None] = {}
+    for b, tr in zip(blocks, traces, strict=True):
+        before = prev.get(b.stream)
+        prev[b.stream] = tr
+        if (
+            b.proof is None
+            or tr is None
+            or before is None
+            or before.out is None
+            or tr.x_in == ("none",)
+            or _is_view(tr.x_in, before.out)
+        ):
+            out.append(b)
+            continue
+        out.append(replace(b, proof=replace(b.proof, chained=False)))
+    return out
 
 
 def _prove_one(
@@ -993,7 +1065,10 @@ def _prove_one(
     stream: str,
 ) -> BlockInfo:
     if not torch.isfinite(gram).all():
-        return _unverified(b, "unverified", "non-finite values in the block", stream=stream)
+        finite, gram = _finite_only(tr, gram)
+        if finite is None:
+            return _unverified(b, "unverified", "non-finite values in the block", stream=stream)
+        tr = finite
     tol = 1e-4 if tr.dtype is None else TOLERANCE.get(tr.dtype, 1e-4)
     if gram.dtype != torch.float64 or tr.dtype == torch.float64:
         tol = max(tol, 1e-3 if gram.dtype != torch.float64 else tol)
@@ -1001,28 +1076,7 @@ def _prove_one(
     # a float32 Gram (MPS) cancels to ~√u32 of ‖x_out‖ itself: the output's norm stays the scale
     rho = 1.0 if gram.dtype != torch.float64 else min(1.0, rounding / tol)
     blk = _Block(tr, gram, modules, rho)
-    first: _Outcome | None = None
-    found: _Outcome | None = None
-    for tried, h in enumerate(blk.hypotheses()):
-        o = blk.evaluate(h)
-        first = first or o
-        if o.residual <= tol:
-            found = o
-            break
-        if tried >= 4096:
-            break
-    if found is None and (
-        blk.operand_terminals != blk.terminals or blk.operand_norms != blk.stream_norms
-    ):
-        found = _first_holding(blk, blk.hypotheses(operands=True), tol)
-    if found is not None and found.scales:
-        found = _unfit(blk, found, tol)
-    if (
-        found is not None
-        and found.stream_scale is not None
-        and abs(found.stream_scale) <= ZERO_COEF
-    ):
-        found = blk.restart(tol) or found  # a stream fitted at 0: it restarts in the block
+    first, found = _hypothesised(blk, tol)
     if found is None:
         found = blk.search(tol)
     if found is None and (chain := blk.plain_chain()):
@@ -1031,6 +1085,12 @@ def _prove_one(
         found = blk.search(tol, added=True)
     if found is None:
         found = blk.restart(tol)
+    if found is None and (made := blk.addless_output()):
+        note = (
+            f"no residual add: the output is {made}'s output and no + of the stream's "
+            "shape ran inside the block"
+        )
+        return _verified_plain(b, stream, note, tol)
     if found is None:
         res = first.residual if first is not None else None
         return _unverified(
@@ -1041,6 +1101,7 @@ def _prove_one(
             tol,
             stream,
         )
+    found = _drop_unfed(blk, found)
     branches: list[BranchInfo] = []
     taken: set[str] = set()
     named: list[tuple[Key, str, str]] = []
@@ -1097,6 +1158,64 @@ def _prove_one(
         branches=tuple(branches),
         proof=proof,
     )
+
+
+def _hypothesised(blk: _Block, tol: float) -> tuple[_Outcome | None, _Outcome | None]:
+    """(the first hypothesis's outcome, the first that holds): the data-flow writes and
+    their variants (`_Block.hypotheses`), then with `+` operands; a fit cut back to unit
+    coefficients where they hold, a stream fitted at 0 restarted inside the block."""
+    first: _Outcome | None = None
+    found: _Outcome | None = None
+    for tried, h in enumerate(blk.hypotheses()):
+        o = blk.evaluate(h)
+        first = first or o
+        if o.residual <= tol:
+            found = o
+            break
+        if tried >= 4096:
+            break
+    if found is None and (
+        blk.operand_terminals != blk.terminals or blk.operand_norms != blk.stream_norms
+    ):
+        found = _first_holding(blk, blk.hypotheses(operands=True), tol)
+    if found is not None and found.scales:
+        found = _unfit(blk, found, tol)
+    if (
+        found is not None
+        and found.stream_scale is not None
+        and abs(found.stream_scale) <= ZERO_COEF
+    ):
+        found = blk.restart(tol) or found  # a stream fitted at 0: it restarts in the block
+    return first, found
+
+
+def _drop_unfed(blk: _Block, found: _Outcome) -> _Outcome:
+    """The writes without the exact zeros, when the block's input stream is exactly 0: a
+    module on a zero stream (BLIP-2's zero-initialised query tokens through a zero-bias
+    LayerNorm) writes 0 whatever its weights, so any such candidate holds the equation and
+    says nothing of a branch. Dropping a zero changes no residual. On a living stream a
+    zero write stays (a zeroed projection: a dead branch)."""
+    if blk.norm(blk.idx[blk.tr.x_in]) != 0:
+        return found
+    kept = tuple(w for w in found.writes if blk.norm(blk.idx[w]) != 0)
+    return found if kept == found.writes else replace(found, writes=kept)
+
+
+def _finite_only(tr: _Trace, gram: torch.Tensor) -> tuple[_Trace | None, torch.Tensor]:
+    """The trace without its non-finite vectors, when the stream itself is finite: a
+    vector holding inf or NaN (an additive −inf attention mask added inside the block, of
+    the stream's size) can be no write of a finite x_out − x_in, so it is no candidate.
+    None when x_in or x_out is not finite (then nothing can be proven)."""
+    diag = gram.diagonal()
+    keep = [i for i, k in enumerate(tr.keys) if bool(torch.isfinite(diag[i]))]
+    kept = {tr.keys[i] for i in keep}
+    if tr.x_in not in kept or tr.x_out not in kept:
+        return None, gram
+    # finite vectors have finite products with each other (fp64 Gram of sampled rows)
+    sub = gram[keep][:, keep]
+    if not torch.isfinite(sub).all():
+        return None, gram
+    return replace(tr, keys=[tr.keys[i] for i in keep]), sub
 
 
 def _proof_note(blk: _Block, found: _Outcome, functional: list[Key], block: str) -> str:
