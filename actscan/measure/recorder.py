@@ -132,6 +132,9 @@ class RawStats:
     # batches of |x_t|²·|g_t|², and the tokens counted.
     token_grad_sumsq: float | None = None
     token_rows: int = 0
+    # The median over tokens of |x_t|·|g_t| (median of the per-batch medians): a robust
+    # view where a few tokens (a causal sequence's first positions) hold the gradient.
+    token_grad_median: float | None = None
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
@@ -178,6 +181,7 @@ class Recorder:
         "_gnumel": "sum",  # host list
         "_tsq": "sum",  # stream points: Σ_t |x_t|²·|g_t|² (token by token)
         "_trows": "sum",  # host list: the tokens counted in _tsq
+        "_tmed": "cat",  # (batches, m): per batch the median over tokens of |x_t|·|g_t|
         "_amax": "max",
         "_chan": "channels",  # per-channel (amax, amin): MAX of amax and of -amin
         "_rep_g": "sum",  # gradients of replicated outputs (list of tensors), summed whole
@@ -220,6 +224,7 @@ class Recorder:
         self._gnumel = [0] * m
         self._tsq = zeros()
         self._trows = [0] * m
+        self._tmed = torch.empty(0, m, dtype=_ACC, device=self.device)
         self._order: list[int] = [-1] * m
         self._seen = 0
         # running per-channel (amax, amin) of each module, while its width is constant
@@ -280,6 +285,7 @@ class Recorder:
         # id of its gradient hook's module list; this batch's (modules, Σ_t |x_t|²|g_t|²).
         self._x_rows: dict[int, tuple[list[int], torch.Tensor]] = {}
         self._t_pend: list[tuple[list[int], torch.Tensor]] = []
+        self._tm_pend: list[tuple[list[int], torch.Tensor]] = []
 
     def _buffer(self, key: tuple[torch.dtype, torch.device], slot: int, n: int) -> torch.Tensor:
         """The first n elements of a preallocated scratch (grown if ever too small)."""
@@ -545,8 +551,9 @@ class Recorder:
         self._g_rows.append(rows)
         held = self._x_rows.get(id(mods))
         if held is not None and held[1].numel() == rows.numel() and grad.shape[-1] <= _MAX_CHANNELS:
-            prod = (held[1].to(_ACC) * rows.reshape(-1).to(_ACC)).square().sum()
-            self._t_pend.append((held[0], prod))
+            prod = held[1].to(_ACC) * rows.reshape(-1).to(_ACC)
+            self._t_pend.append((held[0], prod.square().sum()))
+            self._tm_pend.append((held[0], prod.median()))
             for i in held[0]:
                 self._trows[i] += rows.numel()
 
@@ -644,6 +651,12 @@ class Recorder:
             tidx = [i for mods, _ in self._t_pend for i in mods]
             tsq = torch.stack([q for mods, q in self._t_pend for _ in mods]).to(dev, _ACC)
             self._tsq.index_add_(0, _ix(tidx, dev), tsq)
+        if self._tm_pend:  # one row per batch, NaN where no stream gradient was met
+            row = torch.full((1, m), float("nan"), dtype=_ACC, device=dev)
+            tidx = [i for mods, _ in self._tm_pend for i in mods]
+            meds = torch.stack([q for mods, q in self._tm_pend for _ in mods]).to(dev, _ACC)
+            row[0, _ix(tidx, dev)] = meds
+            self._tmed = torch.cat([self._tmed, row])
         self._merge_underflow()
         self._reset_pending()
         self._grad_hooks.remove()  # the batch's backward ran: its handles go, not pile up
@@ -705,14 +718,17 @@ class Recorder:
                 self._uf.to(_ACC),
                 self._guf.to(_ACC),
                 self._tsq,
+                self._tmed.nanmedian(0).values
+                if self._tmed.shape[0]
+                else torch.full((m,), float("nan"), dtype=_ACC, device=dev),
             ]
         ).flatten()
         tok_parts, tok_layout = self._token_parts()
         flat = torch.cat([head, *summaries, *blocks, *tok_parts]).cpu().tolist()  # the one transfer
-        n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq, uf, guf, tsq = (
-            flat[k * m : (k + 1) * m] for k in range(11)
+        n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq, uf, guf, tsq, tmed = (
+            flat[k * m : (k + 1) * m] for k in range(12)
         )
-        pos = 11 * m
+        pos = 12 * m
         summary: list[dict[str, Any]] = [{} for _ in range(m)]
         for members in groups.values():
             k = len(members)
@@ -751,6 +767,7 @@ class Recorder:
                 order=self._order[i],
                 token_grad_sumsq=tsq[i] if self._trows[i] else None,
                 token_rows=self._trows[i],
+                token_grad_median=tmed[i] if self._trows[i] and math.isfinite(tmed[i]) else None,
                 **summary[i],
                 **views.get(i, {}),
             )
@@ -798,8 +815,8 @@ class Recorder:
 
         s2 = self.loss_scale**2
 
-        def unscaled(x: float | None) -> float | None:
-            return None if x is None else x / s2
+        def unscaled(x: float | None, s: float = s2) -> float | None:
+            return None if x is None else x / s
 
         return {
             name: replace(
@@ -808,6 +825,7 @@ class Recorder:
                 grad_underflow=int(guf[i]) if self.underflow and self._gnumel[i] else None,
                 grad_sumsq=unscaled(r.grad_sumsq),
                 token_grad_sumsq=unscaled(r.token_grad_sumsq),
+                token_grad_median=unscaled(r.token_grad_median, self.loss_scale),
                 param_grad_sumsq=unscaled(r.param_grad_sumsq),
             )
             for i, (name, r) in enumerate(out.items())
