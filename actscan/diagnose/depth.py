@@ -601,10 +601,10 @@ def _few_positions(
     ratio = whole[0] / whole[1]
     check = CheckId.EXPLODING_GRAD if ratio > 1 else CheckId.VANISHING_GRAD
     causal = (
-        "; in a causal model every later query attends to the first positions, which "
-        "collect the gradient of all of them"
+        " (in a causal LM every later query attends to the first positions, which collect "
+        "the gradient of all of them)"
         if ctx.info.task == "causal-lm"
-        else ""
+        else " (as a long causal sequence's first positions do: every later query attends to them)"
     )
     x, y = (ratio, med) if ratio > 1 else (1 / ratio, 1 / med)
     word = "stronger" if ratio > 1 else "weaker"
