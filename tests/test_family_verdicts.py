@@ -96,6 +96,24 @@ def test_the_token_view_matches_an_independent_computation() -> None:
     assert raw["1"].token_grad_median is None
 
 
+def test_the_token_gradient_median_is_unscaled_by_the_loss_scale() -> None:
+    """A loss scaled by s (fp16's GradScaler) scales g_t by s: the median over tokens of
+    |x_t|·|g_t| comes back divided by s, Σ|x_t|²|g_t|² by s²."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 16))
+    x = torch.randn(3, 5, 16)
+    targets = list(recmod.iter_named(model, None))
+    got = []
+    for scale in (1.0, 64.0):
+        with Recorder(targets, tokens=["0"], loss_scale=scale) as rec:
+            (model(x).square().mean() * scale).backward()
+            raw = rec.result(1)["0"]
+        got.append((raw.token_grad_median, raw.token_grad_sumsq))
+    assert got[0][0] and got[0][1]
+    assert got[1][0] == pytest.approx(got[0][0], rel=1e-5)
+    assert got[1][1] == pytest.approx(got[0][1], rel=1e-5)
+
+
 def _deit(zero_tokens: bool = True) -> nn.Module:
     cfg = transformers.DeiTConfig(
         hidden_size=64,
