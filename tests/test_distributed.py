@@ -31,9 +31,8 @@ BATCH, SEQ = 4, 16
 # 2-core machine and has been seen at 80 s on a loaded one.
 JOB_TIMEOUT_S = 300
 # the median |x| is a sample's (≤ 4096 values per batch) in one process too: 2 ranks
-# sample their own rows, so it agrees to the sample's error, not to rounding; the median
-# over tokens of the relative gradient is the median of the ranks' medians, alike
-SAMPLED = {"median_abs", "token_grad_median"}
+# sample their own rows, so it agrees to the sample's error, not to rounding
+SAMPLED = {"median_abs"}
 EXACT = {"max_abs", "numel", "nonfinite", "calls", "order", "dead_channels", "n_channels"}
 # the layout proof's relative residual is a rounding-level number (a proof, not a
 # measurement): one process proves on rows of the recorded batch, ranks on a probe of

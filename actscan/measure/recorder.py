@@ -181,7 +181,7 @@ class Recorder:
         "_gnumel": "sum",  # host list
         "_tsq": "sum",  # stream points: Σ_t |x_t|²·|g_t|² (token by token)
         "_trows": "sum",  # host list: the tokens counted in _tsq
-        "_tmed": "cat",  # (batches, m): per batch the median over tokens of |x_t|·|g_t|
+        "_tprod": "cat",  # stream points: per batch and point the tokens' |x_t|·|g_t|
         "_amax": "max",
         "_chan": "channels",  # per-channel (amax, amin): MAX of amax and of -amin
         "_rep_g": "sum",  # gradients of replicated outputs (list of tensors), summed whole
@@ -224,7 +224,10 @@ class Recorder:
         self._gnumel = [0] * m
         self._tsq = zeros()
         self._trows = [0] * m
-        self._tmed = torch.empty(0, m, dtype=_ACC, device=self.device)
+        # per (batch, stream point) the vector of |x_t|·|g_t| (fp32; a rank's rows, whole
+        # batches once merged) and the modules it belongs to: medians in `result()`
+        self._tprod: list[torch.Tensor] = []
+        self._tprod_mods: list[list[int]] = []
         self._order: list[int] = [-1] * m
         self._seen = 0
         # running per-channel (amax, amin) of each module, while its width is constant
@@ -285,7 +288,6 @@ class Recorder:
         # id of its gradient hook's module list; this batch's (modules, Σ_t |x_t|²|g_t|²).
         self._x_rows: dict[int, tuple[list[int], torch.Tensor]] = {}
         self._t_pend: list[tuple[list[int], torch.Tensor]] = []
-        self._tm_pend: list[tuple[list[int], torch.Tensor]] = []
 
     def _buffer(self, key: tuple[torch.dtype, torch.device], slot: int, n: int) -> torch.Tensor:
         """The first n elements of a preallocated scratch (grown if ever too small)."""
@@ -553,7 +555,8 @@ class Recorder:
         if held is not None and held[1].numel() == rows.numel() and grad.shape[-1] <= _MAX_CHANNELS:
             prod = held[1].to(_ACC) * rows.reshape(-1).to(_ACC)
             self._t_pend.append((held[0], prod.square().sum()))
-            self._tm_pend.append((held[0], prod.median()))
+            self._tprod.append(prod.float())
+            self._tprod_mods.append(held[0])
             for i in held[0]:
                 self._trows[i] += rows.numel()
 
@@ -651,12 +654,6 @@ class Recorder:
             tidx = [i for mods, _ in self._t_pend for i in mods]
             tsq = torch.stack([q for mods, q in self._t_pend for _ in mods]).to(dev, _ACC)
             self._tsq.index_add_(0, _ix(tidx, dev), tsq)
-        if self._tm_pend:  # one row per batch, NaN where no stream gradient was met
-            row = torch.full((1, m), float("nan"), dtype=_ACC, device=dev)
-            tidx = [i for mods, _ in self._tm_pend for i in mods]
-            meds = torch.stack([q for mods, q in self._tm_pend for _ in mods]).to(dev, _ACC)
-            row[0, _ix(tidx, dev)] = meds
-            self._tmed = torch.cat([self._tmed, row])
         self._merge_underflow()
         self._reset_pending()
         self._grad_hooks.remove()  # the batch's backward ran: its handles go, not pile up
@@ -718,9 +715,7 @@ class Recorder:
                 self._uf.to(_ACC),
                 self._guf.to(_ACC),
                 self._tsq,
-                self._tmed.nanmedian(0).values
-                if self._tmed.shape[0]
-                else torch.full((m,), float("nan"), dtype=_ACC, device=dev),
+                self._token_medians(),
             ]
         ).flatten()
         tok_parts, tok_layout = self._token_parts()
@@ -774,6 +769,24 @@ class Recorder:
         if self.underflow or self.loss_scale != 1.0:
             return self._fp16(out, uf, guf)
         return out
+
+    def _token_medians(self) -> torch.Tensor:
+        """(m,) fp64: per stream point the median over the batches of the median over
+        tokens of |x_t|·|g_t| (NaN where none was measured); a few kernels for all."""
+        dev, m = self.device, len(self.names)
+        out = torch.full((m, max(1, len(self._tprod))), float("nan"), dtype=_ACC, device=dev)
+        if not self._tprod:
+            return out[:, 0]
+        meds = torch.stack([v.median() for v in self._tprod]).to(dev, _ACC)
+        rows, cols, src, seen = [], [], [], [0] * m
+        for k, mods in enumerate(self._tprod_mods):
+            for i in mods:
+                rows.append(i)
+                cols.append(seen[i])
+                src.append(k)
+                seen[i] += 1
+        out[_ix(rows, dev), _ix(cols, dev)] = meds[_ix(src, dev)]
+        return out.nanmedian(1).values
 
     def _token_parts(self) -> tuple[list[torch.Tensor], list[tuple[int, int, int]]]:
         """The per-token views as fp64 pieces of the one transfer: per module (index, k,
