@@ -243,6 +243,10 @@ class StreamPoint:
     # Equal to rms·grad_rms where tokens are alike; a token with x ≈ 0 behind a norm (a
     # zero-initialised class token) gets a huge ∂L/∂x_t that this view weighs by its |x_t|.
     token_grad_rel: float | None = None
+    # The median over tokens of RMS(x_t)·RMS(∂L/∂x_t) (median of the batches' medians):
+    # the typical token's relative gradient, which the few positions that collect most of
+    # it (a long causal sequence's first positions) do not move.
+    token_grad_median: float | None = None
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,31 @@ def test_the_token_view_matches_an_independent_computation() -> None:
     r = raw["0"]
     assert r.token_rows == 30 and r.token_grad_sumsq == pytest.approx(want, rel=1e-5)
     assert raw["1"].token_grad_sumsq is None  # not a stream point: no token view
+    # the median over tokens of |x_t|·|g_t|, per batch, then the median of the batches'
+    meds = [
+        (x.norm(dim=-1) * g.norm(dim=-1)).reshape(-1).median()
+        for x, g in zip(seen["x"], seen["g"], strict=True)
+    ]
+    assert r.token_grad_median == pytest.approx(torch.stack(meds).median().item(), rel=1e-5)
+    assert raw["1"].token_grad_median is None
+
+
+def test_the_token_gradient_median_is_unscaled_by_the_loss_scale() -> None:
+    """A loss scaled by s (fp16's GradScaler) scales g_t by s: the median over tokens of
+    |x_t|·|g_t| comes back divided by s, Σ|x_t|²|g_t|² by s²."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 16))
+    x = torch.randn(3, 5, 16)
+    targets = list(recmod.iter_named(model, None))
+    got = []
+    for scale in (1.0, 64.0):
+        with Recorder(targets, tokens=["0"], loss_scale=scale) as rec:
+            (model(x).square().mean() * scale).backward()
+            raw = rec.result(1)["0"]
+        got.append((raw.token_grad_median, raw.token_grad_sumsq))
+    assert got[0][0] and got[0][1]
+    assert got[1][0] == pytest.approx(got[0][0], rel=1e-5)
+    assert got[1][1] == pytest.approx(got[0][1], rel=1e-5)
 
 
 def _deit(zero_tokens: bool = True) -> nn.Module:
@@ -159,6 +184,67 @@ def test_deit_with_a_gradient_amplified_through_depth_is_still_found() -> None:
     assert found and found[0].severity is Severity.ERROR, found
     assert found[0].value is not None and found[0].value > 100
     assert math.isfinite(found[0].value)
+
+
+# -- exploding-grad: the gradient on a causal sequence's first positions -----------------
+
+
+class _Sink(nn.Module):
+    """A pre-norm causal attention block whose every query attends to position 0 (an
+    attention sink, as trained causal models and long audio/vision prefixes show): at each
+    block's input position 0 collects the gradient of all T queries, the other positions
+    keep their own. `amplify`: the block's input also gets a ×5 backward (a real
+    explosion through depth, on every position)."""
+
+    def __init__(self, i: int, d: int = 32, amplify: bool = False) -> None:
+        super().__init__()
+        self.width, self.amplify = d, amplify and i > 0
+        self.ln, self.v, self.o = nn.LayerNorm(d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.amplify:
+            x = _Amplify.apply(x)
+        t = x.shape[1]
+        scores = torch.zeros(t, t, device=x.device)
+        scores[:, 0] = 20.0
+        scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), -torch.inf)
+        return x + 2 * self.o(scores.softmax(-1) @ self.v(self.ln(x)))
+
+
+def test_a_gradient_on_the_first_positions_is_info_and_a_real_explosion_is_not() -> None:
+    ids = torch.randint(0, 64, (2, 512), generator=torch.Generator().manual_seed(0))
+    report = scan(_Stack(_Sink), inputs=ids)
+    first, last = report.stream[0], report.stream[-1]
+    assert first.rms and first.grad_rms and last.rms and last.grad_rms
+    assert (first.rms * first.grad_rms) / (last.rms * last.grad_rms) > 10  # whole tensors
+    assert first.token_grad_rel and last.token_grad_rel
+    assert first.token_grad_rel / last.token_grad_rel > 10  # RMS over tokens: position 0
+    assert first.token_grad_median and last.token_grad_median
+    assert first.token_grad_median / last.token_grad_median < 2  # the median token: flat
+    found = _of(report.findings, CheckId.EXPLODING_GRAD)
+    assert [f.severity for f in found] == [Severity.INFO], found
+    assert "a few positions" in found[0].message and "median token" in found[0].message
+    assert found[0].value == pytest.approx(first.token_grad_median / last.token_grad_median)
+    # the same model with a ×5 gradient at each block's input: every position explodes
+    boom = scan(_Stack(lambda i: _Sink(i, amplify=True)), inputs=ids)
+    found = _of(boom.findings, CheckId.EXPLODING_GRAD)
+    assert [f.severity for f in found] == [Severity.ERROR], found
+    assert boom.stream[0].token_grad_median / boom.stream[-1].token_grad_median > 10  # type: ignore[operator]
+
+
+def test_a_median_token_within_range_turns_a_vanishing_gradient_to_info() -> None:
+    from dataclasses import replace
+
+    rms = [1.0] * 5
+    grads = [0.01, 0.05, 0.2, 0.5, 1.0]  # ×100 weaker as whole tensors
+    pts = stream(rms, grads)
+    meds = [0.9, 1.0, 1.0, 1.0, 1.0]  # the median token: flat
+    flat = tuple(replace(p, token_grad_median=m) for p, m in zip(pts, meds, strict=True))
+    f = _of(run_checks(ctx(points=flat)), CheckId.VANISHING_GRAD)[0]
+    assert f.severity is Severity.INFO and "weaker" in f.message
+    fading = tuple(replace(p, token_grad_median=g) for p, g in zip(pts, grads, strict=True))
+    f = _of(run_checks(ctx(points=fading)), CheckId.VANISHING_GRAD)[0]
+    assert f.severity is Severity.ERROR
 
 
 # -- layout: a first block's extra norm, shape changes, convolutions on a transpose -----

@@ -155,5 +155,6 @@ def test_single_stream_reports_are_unchanged() -> None:
         "top_values",
         "median_abs",
         "token_grad_rel",
+        "token_grad_median",
     }
     assert {p["stream"] for p in data["layout"]} == {"main"}

@@ -567,6 +567,13 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
     ratio = r[0] / top
     first, last = pts[0], pts[-1]
     where = _place(ctx, first) + ("'s output" if first.block is not None else "")
+    # past the threshold as whole tensors, within it for the median token: a few positions
+    # (a zero token behind a norm has its own reading below, by the RMS over tokens)
+    med, tok = _median_ratio(first, last), _token_ratio(first, last)
+    within = lambda v: 1 / th.grad_ratio_warn < v < th.grad_ratio_warn  # noqa: E731
+    zero_token = ratio > 1 and tok is not None and tok < th.grad_ratio_warn
+    if not within(ratio) and med is not None and within(med) and not zero_token:
+        return [_few_positions(ctx, first, last, (r[0], top), med, where)]
     if ratio <= 1 / th.grad_ratio_warn:
         severity, threshold = grade(
             ratio, 1 / th.grad_ratio_warn, 1 / th.grad_ratio_error, above=False
@@ -603,7 +610,6 @@ def gradients(ctx: CheckContext) -> list[Finding | Skip]:
             )
         ]
     if ratio >= th.grad_ratio_warn:
-        tok = _token_ratio(first, last)
         if tok is not None and tok < th.grad_ratio_warn:
             return [_concentrated(ctx, first, last, ratio, tok, where)]
         if tok is not None and tok > ratio / CONCENTRATED:
@@ -653,6 +659,62 @@ def _token_ratio(first: StreamPoint, last: StreamPoint) -> float | None:
     first point vs last; None where either was not measured."""
     a, b = first.token_grad_rel, last.token_grad_rel
     return a / b if positive(a) and positive(b) else None
+
+
+def _median_ratio(first: StreamPoint, last: StreamPoint) -> float | None:
+    """The median token's relative gradient (median over tokens of RMS(x_t)·RMS(g_t)),
+    first point vs last; None where either was not measured or is 0 (most tokens without
+    a gradient there: padding, a loss on one position)."""
+    a, b = first.token_grad_median, last.token_grad_median
+    return a / b if positive(a) and positive(b) else None
+
+
+def _few_positions(
+    ctx: CheckContext,
+    first: StreamPoint,
+    last: StreamPoint,
+    whole: tuple[float, float],
+    med: float,
+    where: str,
+) -> Finding:
+    """exploding-/vanishing-grad at info: the whole tensors' ratio is past the threshold,
+    the median token's is not. The mean square over tokens follows the few positions that
+    hold most of the gradient: in a long causal sequence every later query attends to the
+    first positions, so their gradient sums over the whole sequence's, at any depth's
+    input more than at the last block's output; a uniform amplification through depth
+    moves the median token as much as the whole tensors."""
+    ratio = whole[0] / whole[1]
+    check = CheckId.EXPLODING_GRAD if ratio > 1 else CheckId.VANISHING_GRAD
+    causal = (
+        " (in a causal LM every later query attends to the first positions, which collect "
+        "the gradient of all of them)"
+        if ctx.info.task == "causal-lm"
+        else " (as a long causal sequence's first positions do: every later query attends to them)"
+    )
+    x, y = (ratio, med) if ratio > 1 else (1 / ratio, 1 / med)
+    word = "stronger" if ratio > 1 else "weaker"
+    message = (
+        f"The gradient reaching {where} is {n(x)}× {word} than at {_b(ctx, last)}'s output "
+        f"as whole tensors (RMS(∂L/∂x)·RMS(x): {n(whole[0])} vs {n(whole[1])}), but the "
+        f"median token's only ×{n(y)} (median over "
+        f"tokens of RMS(x_t)·RMS(∂L/∂x_t): {n(first.token_grad_median)} vs "
+        f"{n(last.token_grad_median)}): the gradient sits on a few positions{causal}, "
+        f"not a {'growth' if ratio > 1 else 'decay'} through depth."
+    )
+    hint = (
+        "Nothing to fix through depth: the typical token's gradient keeps its scale. A "
+        "per-position view (the gradient at the first positions vs the rest) shows where it "
+        "sits; a sequence packed from many documents spreads it."
+    )
+    return finding(
+        check,
+        Severity.INFO,
+        (first.name, last.name),
+        med,
+        ctx.thresholds.grad_ratio_warn if ratio > 1 else 1 / ctx.thresholds.grad_ratio_warn,
+        message,
+        hint,
+    )
 
 
 def _concentrated(

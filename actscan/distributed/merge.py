@@ -147,7 +147,7 @@ def merge_state(obj: Any, spec: dict[str, str], device: torch.device) -> None:
     start = time.perf_counter()
     by_op: dict[str, list[str]] = {}
     for attrs, op in spec.items():
-        by_op.setdefault(op, []).append(attrs)
+        by_op.setdefault(op, []).extend([attrs] if op == "chan" else attrs.split(","))
     unknown = set(by_op) - {"sum", "max", "min", "chan", "channels", "cat"}
     if unknown:
         raise ValueError(f"unknown merge op(s) {sorted(unknown)} in {type(obj).__name__}.MERGE")

@@ -132,6 +132,9 @@ class RawStats:
     # batches of |x_t|²·|g_t|², and the tokens counted.
     token_grad_sumsq: float | None = None
     token_rows: int = 0
+    # The median over tokens of |x_t|·|g_t| (median of the per-batch medians): a robust
+    # view where a few tokens (a causal sequence's first positions) hold the gradient.
+    token_grad_median: float | None = None
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
@@ -178,6 +181,7 @@ class Recorder:
         "_gnumel": "sum",  # host list
         "_tsq": "sum",  # stream points: Σ_t |x_t|²·|g_t|² (token by token)
         "_trows": "sum",  # host list: the tokens counted in _tsq
+        "_tprod": "cat",  # stream points: per batch and point the tokens' |x_t|·|g_t|
         "_amax": "max",
         "_chan": "channels",  # per-channel (amax, amin): MAX of amax and of -amin
         "_rep_g": "sum",  # gradients of replicated outputs (list of tensors), summed whole
@@ -220,6 +224,10 @@ class Recorder:
         self._gnumel = [0] * m
         self._tsq = zeros()
         self._trows = [0] * m
+        # per (batch, stream point) the vector of |x_t|·|g_t| (fp32; a rank's rows, whole
+        # batches once merged) and the modules it belongs to: medians in `result()`
+        self._tprod: list[torch.Tensor] = []
+        self._tprod_mods: list[list[int]] = []
         self._order: list[int] = [-1] * m
         self._seen = 0
         # running per-channel (amax, amin) of each module, while its width is constant
@@ -545,8 +553,10 @@ class Recorder:
         self._g_rows.append(rows)
         held = self._x_rows.get(id(mods))
         if held is not None and held[1].numel() == rows.numel() and grad.shape[-1] <= _MAX_CHANNELS:
-            prod = (held[1].to(_ACC) * rows.reshape(-1).to(_ACC)).square().sum()
-            self._t_pend.append((held[0], prod))
+            prod = held[1].to(_ACC) * rows.reshape(-1).to(_ACC)
+            self._t_pend.append((held[0], prod.square().sum()))
+            self._tprod.append(prod.float())
+            self._tprod_mods.append(held[0])
             for i in held[0]:
                 self._trows[i] += rows.numel()
 
@@ -705,14 +715,15 @@ class Recorder:
                 self._uf.to(_ACC),
                 self._guf.to(_ACC),
                 self._tsq,
+                self._token_medians(),
             ]
         ).flatten()
         tok_parts, tok_layout = self._token_parts()
         flat = torch.cat([head, *summaries, *blocks, *tok_parts]).cpu().tolist()  # the one transfer
-        n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq, uf, guf, tsq = (
-            flat[k * m : (k + 1) * m] for k in range(11)
+        n, mean, m2, zeros, nonfin, amax_l, gsq, pgsq, uf, guf, tsq, tmed = (
+            flat[k * m : (k + 1) * m] for k in range(12)
         )
-        pos = 11 * m
+        pos = 12 * m
         summary: list[dict[str, Any]] = [{} for _ in range(m)]
         for members in groups.values():
             k = len(members)
@@ -751,12 +762,31 @@ class Recorder:
                 order=self._order[i],
                 token_grad_sumsq=tsq[i] if self._trows[i] else None,
                 token_rows=self._trows[i],
+                token_grad_median=tmed[i] if self._trows[i] and math.isfinite(tmed[i]) else None,
                 **summary[i],
                 **views.get(i, {}),
             )
         if self.underflow or self.loss_scale != 1.0:
             return self._fp16(out, uf, guf)
         return out
+
+    def _token_medians(self) -> torch.Tensor:
+        """(m,) fp64: per stream point the median over the batches of the median over
+        tokens of |x_t|·|g_t| (NaN where none was measured); a few kernels for all."""
+        dev, m = self.device, len(self.names)
+        out = torch.full((m, max(1, len(self._tprod))), float("nan"), dtype=_ACC, device=dev)
+        if not self._tprod:
+            return out[:, 0]
+        meds = torch.stack([v.median() for v in self._tprod]).to(dev, _ACC)
+        rows, cols, src, seen = [], [], [], [0] * m
+        for k, mods in enumerate(self._tprod_mods):
+            for i in mods:
+                rows.append(i)
+                cols.append(seen[i])
+                src.append(k)
+                seen[i] += 1
+        out[_ix(rows, dev), _ix(cols, dev)] = meds[_ix(src, dev)]
+        return out.nanmedian(1).values
 
     def _token_parts(self) -> tuple[list[torch.Tensor], list[tuple[int, int, int]]]:
         """The per-token views as fp64 pieces of the one transfer: per module (index, k,
@@ -798,8 +828,8 @@ class Recorder:
 
         s2 = self.loss_scale**2
 
-        def unscaled(x: float | None) -> float | None:
-            return None if x is None else x / s2
+        def unscaled(x: float | None, s: float = s2) -> float | None:
+            return None if x is None else x / s
 
         return {
             name: replace(
@@ -808,6 +838,7 @@ class Recorder:
                 grad_underflow=int(guf[i]) if self.underflow and self._gnumel[i] else None,
                 grad_sumsq=unscaled(r.grad_sumsq),
                 token_grad_sumsq=unscaled(r.token_grad_sumsq),
+                token_grad_median=unscaled(r.token_grad_median, self.loss_scale),
                 param_grad_sumsq=unscaled(r.param_grad_sumsq),
             )
             for i, (name, r) in enumerate(out.items())

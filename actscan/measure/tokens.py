@@ -3,7 +3,8 @@
 The recorder keeps, at each stream point, the top-k |x| with their flat positions in one
 batch's tensor, and the median |x| (RawStats.top / shape / median_abs). Here the positions
 become (sequence, token, channel), the token ids are read off the batch that was run, and
-the points of the report get their `top_values`, `median_abs` and `token_grad_rel`.
+the points of the report get their `top_values`, `median_abs`, `token_grad_rel` and
+`token_grad_median`.
 """
 
 from __future__ import annotations
@@ -82,15 +83,18 @@ def with_views(
         if r is None or not r.top:
             out.append(p)
             continue
-        rel = None
+        rel = med = None
         if r.token_grad_sumsq is not None and r.token_rows and r.shape:
             rel = math.sqrt(max(r.token_grad_sumsq, 0.0) / r.token_rows) / r.shape[-1]
+        if r.token_grad_median is not None and r.shape:
+            med = r.token_grad_median / r.shape[-1]
         out.append(
             replace(
                 p,
                 top_values=top_values(r, source, decode),
                 median_abs=r.median_abs,
                 token_grad_rel=rel,
+                token_grad_median=med,
             )
         )
     return tuple(out)
