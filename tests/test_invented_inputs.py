@@ -818,7 +818,9 @@ def test_variance_adaptor_labels_run_the_training_forward() -> None:
     model.train()
     out = model(**b.kwargs)
     assert default_loss("encoder", None)(out, b) is out.loss
-    assert describe_loss("encoder", b, caller=False) == "the model's own loss on random labels"
+    assert describe_loss("encoder", b, caller=False) == (
+        "the model's own loss on random duration, spectrogram, pitch, energy labels"
+    )
 
 
 def test_a_dict_of_another_models_tensors_is_named_in_the_refusal() -> None:
