@@ -1159,3 +1159,49 @@ def test_a_block_that_only_lends_a_module_to_another_method_did_not_run() -> Non
     assert [p.ran for p in result.proofs] == [False, False, False, True]
     assert not any("bypasses module hooks" in p.note for p in result.proofs)
     assert result.proofs[-1].status == "verified"
+
+
+class _MacaronPostNorm(nn.Module):
+    """A post-norm Conformer-style block: two feed-forwards scaled by 0.5 (macaron) around
+    an MLP, each add followed by its norm, then a final norm of the last norm's output
+    (FastSpeech2-Conformer's final_layer_norm). `how="squared"` adds f² at the last
+    feed-forward: no write, no scale fits."""
+
+    def __init__(self, how: str = "half", d: int = 32) -> None:
+        super().__init__()
+        self.how = how
+        self.ff1 = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.ff1_norm = nn.LayerNorm(d)
+        self.mix = nn.Linear(d, d)
+        self.mix_norm = nn.LayerNorm(d)
+        self.ff2 = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.ff2_norm = nn.LayerNorm(d)
+        self.final_norm = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ff1_norm(x + 0.5 * self.ff1(x))
+        x = self.mix_norm(x + self.mix(x))
+        f = self.ff2(x)
+        x = self.ff2_norm(x + (f * f if self.how == "squared" else 0.5 * f))
+        return self.final_norm(x)
+
+
+def test_a_macaron_write_scaled_by_a_constant_behind_chained_norms_is_proven() -> None:
+    """x + 0.5·FFN(x) is a write with a fitted coefficient 0.5 (verified by its residual
+    like any other), and a norm of the last norm's output rides along with that norm; a
+    write of f² instead is still rejected."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _MacaronPostNorm(), n=3)
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified" and p.placement == "post-norm", p
+        assert p.norms[-1] == f"{b.name}.final_norm"
+        scales = {br.name.rsplit(".", 1)[-1]: br.scale for br in b.branches}
+        assert scales == {"ff1": pytest.approx(0.5), "mix": None, "ff2": pytest.approx(0.5)}
+    model.blocks[1] = _MacaronPostNorm("squared")
+    assert [p.status for p in proofs(proven(model, lambda: model(x[:1])))] == [
+        "verified",
+        "unverified",
+        "verified",
+    ]

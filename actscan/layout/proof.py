@@ -482,6 +482,27 @@ class _Block:
             and self.a(n.in_key) != self.a(tr.x_in)
             and n.out_key in self.idx
         ]
+        # …and norms of a stream norm's output (a post-norm block's final norm after its
+        # last post-branch norm: Conformer's final_layer_norm): no write lies between, so
+        # each rides along with the norm it follows in every hypothesis (`_chained`).
+        self.chained: dict[int, list[_Node]] = {}  # by the followed norm's call order
+        level = list(self.stream_norms)
+        while level:
+            nxt = []
+            for m in level:
+                for n in nodes:
+                    if (
+                        is_norm(modules[n.name])
+                        and n is not m
+                        and n.in_key in self.idx
+                        and n.out_key in self.idx
+                        and self.a(n.in_key) == self.a(m.out_key)
+                        and n.order > m.order
+                        and not any(n in v for v in self.chained.values())
+                    ):
+                        self.chained.setdefault(m.order, []).append(n)
+                        nxt.append(n)
+            level = nxt
         # Norms of the block input itself where the stream continues from their output
         # (x ← LN(x) first: RWKV's first block's pre_ln; MiniMax's residual is its input
         # norm's output). Tried only after every hypothesis from x_in itself fails.
@@ -599,6 +620,8 @@ class _Block:
             for c in itertools.combinations(norms, r)
         ]
         norm_sets.sort(key=len, reverse=True)
+        chained = {tuple(n.order for n in c): c for c in map(self._chained, norm_sets)}
+        norm_sets = list(chained.values())
         subsets = [t]
         if len(t) <= 8:
             subsets += [c for r in range(len(t) - 1, 0, -1) for c in itertools.combinations(t, r)]
@@ -615,6 +638,13 @@ class _Block:
                     yield _Hypothesis(sub, (entry,), fitted)
                     for ns in norm_sets:
                         yield _Hypothesis(sub, (entry, *ns), fitted)
+
+    def _chained(self, norms: tuple[_Node, ...]) -> tuple[_Node, ...]:
+        """The norms with the norms chained onto their outputs (see `chained`)."""
+        out = list(norms)
+        for n in out:  # grows while it is walked: chains of chains
+            out.extend(c for c in self.chained.get(n.order, []) if c not in out)
+        return tuple(out)
 
     def search(self, tol: float, added: bool = False) -> _Outcome | None:
         """Subsets (≤ 3) of every stream-shaped output, unit coefficients, vectorised;
