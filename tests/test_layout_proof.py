@@ -1205,3 +1205,48 @@ def test_a_macaron_write_scaled_by_a_constant_behind_chained_norms_is_proven() -
         "unverified",
         "verified",
     ]
+
+
+class _MaybeResidual(nn.Module):
+    """x + mlp(x), or (a stage's first block, no residual add) a projection that writes
+    1e-6 of the stream's scale at the same shape (EfficientNet at a tiny width)."""
+
+    def __init__(self, residual: bool, d: int = 32) -> None:
+        super().__init__()
+        self.residual = residual
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        if not residual:
+            with torch.no_grad():
+                self.mlp[2].weight.mul_(1e-6)
+                self.mlp[2].bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(x) if self.residual else self.mlp(x)
+
+
+class _TwoStages(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, d)
+        self.blocks = nn.ModuleList(_MaybeResidual(i != 6, d) for i in range(12))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return h
+
+
+def test_a_block_fitted_as_a_zero_stream_with_no_write_is_plain_and_starts_a_stage() -> None:
+    """x_out ≈ 1e-6·x_in "holds" as x_out = α·x_in with α ≈ 0 and no write: that says only
+    that the output is tiny, no equation. The block is a plain chain, and in a stream of
+    residual blocks it starts a stage: growth is judged within the stage, so the one-block
+    drop is no collapse."""
+    torch.manual_seed(0)
+    model = _TwoStages().eval()
+    x = features()
+    ps = proofs(proven(model, lambda: model(x[:1])))
+    assert [p.placement for p in ps] == ["additive"] * 6 + ["plain"] + ["additive"] * 5
+    assert ps[6].stream_scale is None and "no residual add" in ps[6].note
+    report = scan(model, x, lambda out: out.square().mean())
+    assert not [f for f in report.findings if f.check == CheckId.COLLAPSE], report.findings
