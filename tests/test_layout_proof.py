@@ -1250,3 +1250,36 @@ def test_a_block_fitted_as_a_zero_stream_with_no_write_is_plain_and_starts_a_sta
     assert ps[6].stream_scale is None and "no residual add" in ps[6].note
     report = scan(model, x, lambda out: out.square().mean())
     assert not [f for f in report.findings if f.check == CheckId.COLLAPSE], report.findings
+
+
+class _PostAct(nn.Module):
+    """ResNet v1's relu(x + F(x)) (UVDoc's residual blocks); "squared" adds F² instead,
+    through `addcmul` (no `+` the add watch sees, so no functional write either)."""
+
+    def __init__(self, how: str = "plain", d: int = 32) -> None:
+        super().__init__()
+        self.how = how
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.mlp(x)
+        return self.act(x.addcmul(f, f) if self.how == "squared" else x + f)
+
+
+def test_a_post_activation_residual_holds_at_the_activations_input() -> None:
+    """x_out = relu(x_in + F(x_in)): the equation holds at the input of the activation
+    that makes the output, as at a post-norm's; F² added instead is rejected."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _PostAct(), n=3)
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert (p.status, p.placement) == ("verified", "post-act"), p
+        assert p.norms == (f"{b.name}.act",) and p.writes == (f"{b.name}.mlp",)
+    model.blocks[1] = _PostAct("squared")
+    assert [p.status for p in proofs(proven(model, lambda: model(x[:1])))] == [
+        "verified",
+        "unverified",
+        "verified",
+    ]

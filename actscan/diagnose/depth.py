@@ -119,7 +119,8 @@ def _stage(ctx: CheckContext) -> CheckContext:
     all-plain chain stays whole: its growth is the chain's own (a planted collapse)."""
     blocks = ctx.layout.blocks
     residual = any(
-        b.proof is not None and b.proof.placement in ("additive", "post-norm") for b in blocks
+        b.proof is not None and b.proof.placement in ("additive", "post-norm", "post-act")
+        for b in blocks
     )
 
     def starts(b: BlockInfo) -> bool:

@@ -175,6 +175,9 @@ class _Trace:
     # module that ran last before the add)
     added: list[tuple[Key, int, str]] = field(default_factory=list)
     sums: set[Key] = field(default_factory=set)  # what those adds returned
+    # the last activation's (input, output key): stored when the output is x_out
+    # (post-activation, relu(x + F(x))), so the equation can hold at its input
+    act: tuple[torch.Tensor, Key] | None = None
 
 
 class BlockWatch:
@@ -289,6 +292,8 @@ class BlockWatch:
                 if is_norm(mod) and _like(x, tr.shape):
                     self._store(tr, x)
             out_key = self._store(tr, y) if y is not None else None
+            if x is not None and out_key is not None and is_act(mod) and _like(x, tr.shape):
+                tr.act = (x, out_key)
             tr.nodes.append(_Node(name, self.order, ins, out_key, in_key))
 
         return hook
@@ -337,6 +342,10 @@ class BlockWatch:
             else:
                 tr.x_out = self._store(tr, y)
                 tr.dtype = y.dtype
+                if tr.act is not None and tr.act[1] == tr.x_out:
+                    x = tr.act[0]
+                    if _key(x) not in tr.values and _key(x) != tr.x_out:  # not in place
+                        self._store(tr, x)
                 keys = list(tr.values)
                 acc = torch.float32 if y.device.type == "mps" else self.acc
                 with torch.no_grad(), aside():  # not a GEMM of the model (--formats)
@@ -345,6 +354,7 @@ class BlockWatch:
                 tr.keys = keys
             tr.values.clear()
             tr.keep.clear()
+            tr.act = None
             self.traces[index] = tr
 
         return hook
@@ -482,6 +492,19 @@ class _Block:
             and self.a(n.in_key) != self.a(tr.x_in)
             and n.out_key in self.idx
         ]
+        # …and the activation that makes the block's output from a sum (post-activation,
+        # ResNet v1's relu(x + F(x)): UVDoc's residual blocks): the equation holds at its
+        # input, as at a post-norm's
+        self.stream_norms += [
+            n
+            for n in nodes
+            if is_act(modules[n.name])
+            and n.in_key in self.idx
+            and self.a(n.in_key) not in produced
+            and self.a(n.in_key) != self.a(tr.x_in)
+            and n.out_key in self.idx
+            and self.a(n.out_key) == self.a(tr.x_out)
+        ][:1]
         # …and norms of a stream norm's output (a post-norm block's final norm after its
         # last post-branch norm: Conformer's final_layer_norm): no write lies between, so
         # each rides along with the norm it follows in every hypothesis (`_chained`).
@@ -1098,7 +1121,8 @@ def _prove_one(
             for sub, mod in modules[m].named_modules(prefix=m):
                 if not (is_norm(mod) or is_act(mod)):
                     roles[sub] = role
-    placement = "post-norm" if found.norms else "additive"
+    acts = found.norms and all(is_act(modules[n.name]) for n in found.norms)
+    placement = "post-act" if acts else "post-norm" if found.norms else "additive"
     note = _proof_note(blk, found, functional, b.name)
     proof = BlockProof(
         block=b.index,
