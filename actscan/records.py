@@ -396,7 +396,9 @@ class BlockProof:
     candidate writes satisfies it: the block's branch checks are skipped) or "skipped" (the
     check could not run on this block, `note` says why).
     placement: "additive" (x_out = x_in + Σ writes), "post-norm" (the equation holds
-    before the block's stream norms: x_out = norm(x_in + Σ writes), post-LN) or "plain" (no
+    before the block's stream norms: x_out = norm(x_in + Σ writes), post-LN), "post-act"
+    (the same at the input of the activation that makes x_out: relu(x_in + Σ writes),
+    ResNet v1) or "plain" (no
     residual add: x_out is a chain of the block's modules applied to x_in; no branches).
     residual: ‖x_in + Σ writes − x_out‖ / (‖x_out − x_in‖ + ρ‖x_out‖), relative to the
     writes plus the rounding of the sum (per segment, the worst, for post-norm).

@@ -1300,3 +1300,127 @@ def test_zero_writes_on_a_stream_that_is_exactly_zero_are_no_branches() -> None:
     x = features()
     ps = proofs(proven(model, lambda: model(x[:1])))
     assert [(p.status, p.writes) for p in ps] == [("verified", ())] * 4
+
+
+class _MacaronPostNorm(nn.Module):
+    """A post-norm Conformer-style block: two feed-forwards scaled by 0.5 (macaron) around
+    an MLP, each add followed by its norm, then a final norm of the last norm's output
+    (FastSpeech2-Conformer's final_layer_norm). `how="squared"` adds f² at the last
+    feed-forward: no write, no scale fits."""
+
+    def __init__(self, how: str = "half", d: int = 32) -> None:
+        super().__init__()
+        self.how = how
+        self.ff1 = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.ff1_norm = nn.LayerNorm(d)
+        self.mix = nn.Linear(d, d)
+        self.mix_norm = nn.LayerNorm(d)
+        self.ff2 = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.ff2_norm = nn.LayerNorm(d)
+        self.final_norm = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ff1_norm(x + 0.5 * self.ff1(x))
+        x = self.mix_norm(x + self.mix(x))
+        f = self.ff2(x)
+        x = self.ff2_norm(x + (f * f if self.how == "squared" else 0.5 * f))
+        return self.final_norm(x)
+
+
+def test_a_macaron_write_scaled_by_a_constant_behind_chained_norms_is_proven() -> None:
+    """x + 0.5·FFN(x) is a write with a fitted coefficient 0.5 (verified by its residual
+    like any other), and a norm of the last norm's output rides along with that norm; a
+    write of f² instead is still rejected."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _MacaronPostNorm(), n=3)
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert p.status == "verified" and p.placement == "post-norm", p
+        assert p.norms[-1] == f"{b.name}.final_norm"
+        scales = {br.name.rsplit(".", 1)[-1]: br.scale for br in b.branches}
+        assert scales == {"ff1": pytest.approx(0.5), "mix": None, "ff2": pytest.approx(0.5)}
+    model.blocks[1] = _MacaronPostNorm("squared")
+    assert [p.status for p in proofs(proven(model, lambda: model(x[:1])))] == [
+        "verified",
+        "unverified",
+        "verified",
+    ]
+
+
+class _MaybeResidual(nn.Module):
+    """x + mlp(x), or (a stage's first block, no residual add) a projection that writes
+    1e-6 of the stream's scale at the same shape (EfficientNet at a tiny width)."""
+
+    def __init__(self, residual: bool, d: int = 32) -> None:
+        super().__init__()
+        self.residual = residual
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        if not residual:
+            with torch.no_grad():
+                self.mlp[2].weight.mul_(1e-6)
+                self.mlp[2].bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(x) if self.residual else self.mlp(x)
+
+
+class _TwoStages(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, d)
+        self.blocks = nn.ModuleList(_MaybeResidual(i != 6, d) for i in range(12))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h)
+        return h
+
+
+def test_a_block_fitted_as_a_zero_stream_with_no_write_is_plain_and_starts_a_stage() -> None:
+    """x_out ≈ 1e-6·x_in "holds" as x_out = α·x_in with α ≈ 0 and no write: that says only
+    that the output is tiny, no equation. The block is a plain chain, and in a stream of
+    residual blocks it starts a stage: growth is judged within the stage, so the one-block
+    drop is no collapse."""
+    torch.manual_seed(0)
+    model = _TwoStages().eval()
+    x = features()
+    ps = proofs(proven(model, lambda: model(x[:1])))
+    assert [p.placement for p in ps] == ["additive"] * 6 + ["plain"] + ["additive"] * 5
+    assert ps[6].stream_scale is None and "no residual add" in ps[6].note
+    report = scan(model, x, lambda out: out.square().mean())
+    assert not [f for f in report.findings if f.check == CheckId.COLLAPSE], report.findings
+
+
+class _PostAct(nn.Module):
+    """ResNet v1's relu(x + F(x)) (UVDoc's residual blocks); "squared" adds F² instead,
+    through `addcmul` (no `+` the add watch sees, so no functional write either)."""
+
+    def __init__(self, how: str = "plain", d: int = 32) -> None:
+        super().__init__()
+        self.how = how
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.mlp(x)
+        return self.act(x.addcmul(f, f) if self.how == "squared" else x + f)
+
+
+def test_a_post_activation_residual_holds_at_the_activations_input() -> None:
+    """x_out = relu(x_in + F(x_in)): the equation holds at the input of the activation
+    that makes the output, as at a post-norm's; F² added instead is rejected."""
+    torch.manual_seed(0)
+    model = _Stack(lambda: _PostAct(), n=3)
+    x = features()
+    layout = proven(model, lambda: model(x[:1]))
+    for b, p in zip(layout.blocks, proofs(layout), strict=True):
+        assert (p.status, p.placement) == ("verified", "post-act"), p
+        assert p.norms == (f"{b.name}.act",) and p.writes == (f"{b.name}.mlp",)
+    model.blocks[1] = _PostAct("squared")
+    # F² is no write of the equation: the block is unverified, or (no `+` the add watch
+    # sees) a plain block that restarts the stream, never a proven post-act residual
+    got = [(p.status, p.placement) for p in proofs(proven(model, lambda: model(x[:1])))]
+    assert got[0] == got[2] == ("verified", "post-act")
+    assert got[1][0] == "unverified" or got[1][1] == "plain", got[1]

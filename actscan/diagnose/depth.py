@@ -26,7 +26,15 @@ from actscan.diagnose.common import (
     skip,
     too_few_blocks,
 )
-from actscan.records import CheckId, Finding, Severity, Skip, StreamPoint, growth_fit
+from actscan.records import (
+    BlockInfo,
+    CheckId,
+    Finding,
+    Severity,
+    Skip,
+    StreamPoint,
+    growth_fit,
+)
 
 if TYPE_CHECKING:
     from actscan.diagnose.context import Check, CheckContext
@@ -130,13 +138,27 @@ def _stage(ctx: CheckContext) -> CheckContext:
     stage, a strided convolution, an FPN level: `BlockProof.reshaped`), growth and
     gradients are not comparable across the change. The longest run of blocks after such
     a change (the changing block's output is its start), the last of equal runs; the run
-    before the first change keeps the stream's input. Unchanged without reshaping blocks."""
+    before the first change keeps the stream's input. Unchanged without reshaping blocks.
+    A block without a residual add (`placement == "plain"`) in a stream that has residual
+    blocks starts a stage too (EfficientNet's first block of a stage, its shape unchanged
+    at a tiny width): it rewrites the stream, the growth across it is no block's gain. An
+    all-plain chain stays whole: its growth is the chain's own (a planted collapse)."""
     blocks = ctx.layout.blocks
-    if not any(b.proof is not None and b.proof.reshaped for b in blocks):
+    residual = any(
+        b.proof is not None and b.proof.placement in ("additive", "post-norm", "post-act")
+        for b in blocks
+    )
+
+    def starts(b: BlockInfo) -> bool:
+        return b.proof is not None and (
+            b.proof.reshaped or (residual and b.proof.placement == "plain")
+        )
+
+    if not any(starts(b) for b in blocks):
         return ctx
     runs: list[list[int]] = [[]]
     for b in blocks:
-        if b.proof is not None and b.proof.reshaped:
+        if starts(b):
             runs.append([b.index])
         else:
             runs[-1].append(b.index)
