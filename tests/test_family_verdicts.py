@@ -526,8 +526,11 @@ def test_a_conv_layer_after_a_functional_pad_is_plain_and_an_add_is_not() -> Non
     def added(i: int) -> nn.Module:
         return _PaddedConv(i, add=True)
 
+    # relu(x + F(x)) with the add inside is ResNet v1's residual, no plain layer: proven
+    # at the activation's input (post-act), the conv branch its write
     proofs = _layout(_scan(_Stack(added)))
-    assert all(p.status == "unverified" for p in proofs), proofs
+    assert [(p.status, p.placement) for p in proofs] == [("verified", "post-act")] * 4, proofs
+    assert all(any(w.endswith(".norm") for w in p.writes) for p in proofs), proofs
 
 
 # -- the loss of a vision-language masked LM reaches its text --------------------------
