@@ -1271,8 +1271,8 @@ def _finite_only(tr: _Trace, gram: torch.Tensor) -> tuple[_Trace | None, torch.T
     vector holding inf or NaN (an additive −inf attention mask added inside the block, of
     the stream's size) can be no write of a finite x_out − x_in, so it is no candidate.
     None when x_in or x_out is not finite (then nothing can be proven)."""
-    diag = gram.diagonal()
-    keep = [i for i, k in enumerate(tr.keys) if bool(torch.isfinite(diag[i]))]
+    finite = torch.isfinite(gram.diagonal()).tolist()  # one transfer, not one per vector
+    keep = [i for i in range(len(tr.keys)) if finite[i]]
     kept = {tr.keys[i] for i in keep}
     if tr.x_in not in kept or tr.x_out not in kept:
         return None, gram
