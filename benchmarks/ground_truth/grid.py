@@ -104,6 +104,24 @@ def curves() -> list[tuple[Config, int, int]]:
     ]
     out += [(Config(fam, 8, 128, "own"), 0, 0) for fam in ("llama", "gpt2", "qwen2")]
     out += [(Config("gemma", 8, 256, "own"), 0, 0)]
+    return out + second_round()
+
+
+def second_round() -> list[tuple[Config, int, int]]:
+    """Curves added after the first scoring (fixed here before any of them ran), for the
+    axes the first round left on one side of the split or out: bf16 (the first round's
+    bf16 curves all hashed into calibration), μP (likewise), depth 12–24 and width 256.
+    Every axis gets curves on both halves; the hash, not this list, decides the side.
+    Cheapest first, so a trimmed run still covers every axis."""
+    fams = ("llama", "gpt2", "qwen2", "gemma", "builtin")
+    out = [(Config(fam, 4, 64, "own", "bf16"), 0, 0) for fam in ("gpt2", "qwen2", "gemma")]
+    out += [(Config(fam, 4, 64, "large", "bf16"), 0, 0) for fam in fams]
+    out += [(Config("builtin", 4, 64, "mup"), 0, 0), (Config("builtin", 12, 64, "mup"), 0, 0)]
+    out += [(Config(fam, 12, 64, "own"), 0, 0) for fam in ("llama", "gemma")]
+    out += [(Config("builtin", 8, 128, "mup"), 0, 0), (Config("builtin", 4, 256, "mup"), 0, 0)]
+    out += [(Config(fam, 4, 256, "own"), 0, 0) for fam in ("gpt2", "gemma")]
+    out += [(Config(fam, 16, 64, "own"), 0, 0) for fam in ("llama", "builtin")]
+    out += [(Config(fam, 24, 64, "own"), 0, 0) for fam in ("builtin", "qwen2", "llama", "gemma")]
     return out
 
 

@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.ground_truth import grid
+from benchmarks.ground_truth.evaluate import read_rows
 
 DATA = Path(__file__).resolve().parent / "data" / "runs.jsonl"
 
@@ -103,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     i_w, n_w = (int(x) for x in args.worker.split("/"))
-    done = set()
+    # every run stored so far (data/runs.jsonl.gz and any runs*.jsonl) is done
+    done = set(read_rows()) if args.out == DATA else set()
     if args.out.exists():
-        done = {json.loads(line)["key"] for line in args.out.read_text().splitlines() if line}
+        done |= {json.loads(line)["key"] for line in args.out.read_text().splitlines() if line}
     if n_w > 1:  # each worker appends to its own file: runs.jsonl → runs.i.jsonl
         args.out = args.out.with_suffix(f".{i_w}.jsonl")
         if args.out.exists():
