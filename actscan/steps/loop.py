@@ -34,8 +34,8 @@ cumulative movement, else the steps take one copy of their own), and one scratch
 largest bucket. No copy of W_t is kept between steps: the optimizer steps bucket by bucket
 (`_Loop.bucketed_step`: runs of small parameters up to 1M values, a larger one alone), each
 bucket's W_t copied into the scratch just before, so ‖W_t‖, ‖W_t − W_{t+1}‖ and
-‖W_{t+1} − W_0‖ read W_t, W_{t+1} and the copy from cache; each gradient is freed as soon
-as its bucket stepped.
+‖W_{t+1} − W_0‖ read W_t, W_{t+1} and the copy from cache, chunk by chunk; the gradients
+that stepped are dropped just before the next backward, where a training loop frees them.
 
 What each figure costs per step (12 × 768, batch 4 × 64; docs/performance.md): the
 probe's forward (a quarter of the batch, no gradient: ≈ 12 % of a plain step), the update
@@ -363,7 +363,8 @@ def run_steps(
 
     step0: (loss, gradients of every trainable parameter in `model.parameters()` order)
     of the profile's batch 0, the t = 0 step's batch: the first update uses them (a list is
-    emptied, each gradient freed as soon as its bucket stepped). The caller restores the
+    emptied as its buckets step; the gradients are dropped at the next backward, as every
+    step's are: `_Loop.spent`). The caller restores the
     weights afterwards (`caller_state`); here they move.
     `prepare` casts a batch to the run's device/dtype; `autocast()` is the run's autocast.
     `attention`: probe transformers' attention interface for the per-layer score maxima
@@ -404,6 +405,7 @@ def run_steps(
                     progress("steps", t, n_steps)
                 loop.step(t, step0)
     finally:
+        loop.spent.clear()
         for p in loop.params:
             p.grad = None
         ranks.settle(model)
@@ -577,6 +579,11 @@ class _Loop:
         )
         self.buckets = _buckets(self.local_params)
         self.scratch = _Scratch()
+        # Gradients that stepped, dropped just before the next backward: where a training
+        # loop's zero_grad(set_to_none=True) frees them. Freed as soon as they stepped,
+        # their pages went back to the OS and the next backward faulted fresh ones in
+        # (on the 2-core VM ~100k more page faults a step, ~1 s of a 3 s step).
+        self.spent: list[torch.Tensor] = []
 
     def step(self, t: int, step0: tuple[torch.Tensor, Sequence[torch.Tensor | None]]) -> None:
         """Measure t and, before the last t, take the update after it."""
@@ -651,13 +658,14 @@ class _Loop:
         if t < self.n_steps:
             scale = self.loss_scale
             scaled = loss.float() * scale if scale != 1.0 else loss
+            self.spent.clear()
             grads = self.ranks.grads(scaled, self.params)
         self.ranks.settle(self.model)
         return loss, grads
 
     def update(self, t: int, grads: list[torch.Tensor | None], figures: StepFigures) -> None:
         """The optimizer step after measurement t, and its gradient and update sums.
-        Empties `grads` (each gradient is freed as soon as its bucket stepped)."""
+        Empties `grads` (each gradient leaves it as soon as its bucket stepped)."""
         scale = self.loss_scale
         if scale != 1.0:
             grads[:] = [g / scale if g is not None else None for g in grads]
@@ -683,7 +691,8 @@ class _Loop:
         weights and W_0 beyond the step's own, and no copy of W_t kept between steps.
         A step of some parameters only is the same step: each optimizer here updates each
         parameter from its own gradient and state alone, and skips one without a gradient.
-        Each gradient is freed once its bucket stepped (`grads` ends empty)."""
+        Each gradient leaves `grads` once its bucket stepped (`grads` ends empty) and is
+        dropped at the next backward (`spent`)."""
         n = len(self.params)
         w_sq: list[torch.Tensor | None] = [None] * n
         dw_sq: list[torch.Tensor | None] = [None] * n
@@ -695,13 +704,13 @@ class _Loop:
                 self.params[k].grad, grads[k] = grads[k], None
             self.optimizer.step()
             for k, old in zip(bucket, held, strict=True):
+                spent = self.params[k].grad
+                if spent is not None:
+                    self.spent.append(spent)
                 self.params[k].grad = None
                 now = self.local_params[k]
-                w_sq[k], dw_sq[k], bad[k] = _moved(old, now)
-                # at t = 0, W_{t+1} − W_0 is −(W_t − W_{t+1}), bit for bit: already there
-                if t > 0:
-                    torch.sub(now.reshape(-1), self.w0[k].reshape(-1), out=old)
-                drift_sq[k] = _whole_sq(old)
+                w0 = self.w0[k] if t > 0 else None
+                w_sq[k], dw_sq[k], drift_sq[k], bad[k] = _moved(old, now, w0)
         grads.clear()
         dev = self.dev
 
@@ -872,35 +881,38 @@ def _acc(t: torch.Tensor) -> torch.dtype | None:
     return None if t.dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def _moved(old: torch.Tensor, now: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(fp64) ‖W_t‖², ‖W_t − W_{t+1}‖² and 1 where W_t − W_{t+1} holds an inf/nan, of W_t's
-    flat copy `old` and the parameter `now` (W_{t+1}); `old` ends holding W_t − W_{t+1}.
-    Chunk by chunk: each chunk's 2-norm taken in fp32 at least, squared and summed in fp64."""
+def _moved(
+    old: torch.Tensor, now: torch.Tensor, w0: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(fp64) ‖W_t‖², ‖W_t − W_{t+1}‖², ‖W_{t+1} − W_0‖² and 1 where W_t − W_{t+1} holds an
+    inf/nan, of W_t's flat copy `old` (overwritten), the parameter `now` (W_{t+1}) and
+    `w0` (None at t = 0, where W_{t+1} − W_0 is −(W_t − W_{t+1}) bit for bit).
+    Chunk by chunk, so every pass after the first read of a chunk finds it in cache: each
+    chunk's 2-norm taken in fp32 at least, squared and summed in fp64."""
     b, acc = now.reshape(-1), _acc(now)
+    w0f = w0.reshape(-1) if w0 is not None else None
     cpu = b.device.type == "cpu"
-    ws, ds, ms = [], [], []
+    ws, ds, drs, ms = [], [], [], []
     for lo in range(0, b.numel(), _CHUNK):
         x, y = old[lo : lo + _CHUNK], b[lo : lo + _CHUNK]
         ws.append(_vnorm(x, dtype=acc))
         d = torch.sub(x, y, out=x)
         ds.append(_vnorm(d, dtype=acc))
-        if not cpu:  # from cache: a host read of the norms would sync
+        # an inf tells itself apart from an overflowing Σ of squares by the max-norm: on
+        # a GPU always (a host read would sync), on a CPU only where the norm is not finite
+        if not cpu or not math.isfinite(float(ds[-1])):
             ms.append(_vnorm(d, math.inf))
+        if w0f is not None:
+            drs.append(_vnorm(torch.sub(y, w0f[lo : lo + _CHUNK], out=x), dtype=acc))
     zero = torch.zeros((), dtype=torch.float64, device=b.device)
-    w2 = torch.stack(ws).double().square().sum() if ws else zero
-    d2 = torch.stack(ds).double().square().sum() if ds else zero
-    if ms:
-        top = torch.stack(ms).double().amax()
-    elif math.isfinite(float(d2)):  # a CPU: a finite Σ of squares says every value is
-        return w2, d2, torch.zeros((), dtype=torch.float64)
-    else:  # an inf, or finite values whose squares overflow: told apart by the max-norm
-        top = _vnorm(old, math.inf).double()
-    return w2, d2, _nonfinite([d2], [top])[0]
 
+    def sq(xs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(xs).double().square().sum() if xs else zero
 
-def _whole_sq(d: torch.Tensor) -> torch.Tensor:
-    """(fp64) ‖d‖² of a flat tensor, its 2-norm taken whole in fp32 at least."""
-    return _vnorm(d, dtype=_acc(d)).double().square()
+    w2, d2 = sq(ws), sq(ds)
+    drift = sq(drs) if w0f is not None else d2
+    bad = _nonfinite([d2], [torch.stack(ms).double().amax()])[0] if ms else zero
+    return w2, d2, drift, bad
 
 
 def _nonfinite(l2: Sequence[torch.Tensor], top: Sequence[torch.Tensor]) -> torch.Tensor:
