@@ -203,3 +203,57 @@ def test_a_fill_constant_is_no_overflow_and_a_value_near_the_ceiling_still_warns
     grown = scan(Masked(-3.0e38), inputs=x, backward=False)
     assert len(loud(grown, CheckId.OVERFLOW)) == 1
     assert loud(grown, CheckId.MASSIVE_ACTIVATIONS)
+
+
+# --------------------------------------------------------------------------- no host sync
+
+
+class _ThreeReads(nn.Module):
+    """Each use the watch decides from values: a table mixed by convex weights, a weight
+    on unit rows, an output divided by its own L2 norm; and a signed mix (a matmul)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(16, 32))
+        self.w_g = nn.Parameter(torch.randn(32, 1))
+        self.signed = nn.Parameter(torch.randn(32, 32))
+        self.proj = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mix = torch.softmax(x[..., :16], dim=-1) @ self.table  # convex rows @ table
+        gate = F.normalize(mix, dim=-1) @ self.w_g  # unit rows @ w_g
+        z = self.proj(mix * gate)
+        z = z / z.norm(dim=-1, keepdim=True)  # the L2 norm written out
+        return torch.matmul(x, self.signed) + z
+
+
+def test_the_usage_watch_reads_values_after_the_pass_not_inside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its value-dependent decisions stay on the device until the pass ends (a host read
+    per call would sync a GPU once per contraction), and decide as before."""
+    from actscan.layout.usage import watch_usage
+    from actscan.measure.hooks import HookSet
+
+    model, x = _ThreeReads(), torch.randn(2, 8, 32)
+
+    def boom(*_a: object, **_k: object) -> None:
+        raise AssertionError("host read inside the watched pass")
+
+    with HookSet() as hooks, watch_usage(model, hooks) as usage, monkeypatch.context() as m:
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+            m.setattr(torch.Tensor, name, boom)
+        model(x)
+    got = usage()
+    assert got.role("table") == _use("embedding")
+    w_g = got.role("w_g")
+    assert w_g is not None and w_g.op == "matmul" and w_g.unit_input and w_g.fan_in == 32
+    signed = got.role("signed")
+    assert signed is not None and signed.op == "matmul" and not signed.unit_input
+    assert got.normed("proj.weight") and not got.normed("signed")
+
+
+def _use(op: str) -> object:
+    from actscan.layout.usage import ParamUse
+
+    return ParamUse(op)

@@ -97,6 +97,64 @@ class Usage:
         return None
 
 
+Flag = torch.Tensor | bool  # a 0-d bool on the pass's device, read after the pass
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A use decided by values the pass computed, read after it in one transfer (a host
+    read inside the forward would sync a GPU once per call): a matmul weight contracted
+    against convex weights is a table ("embedding"), against unit rows a unit-input
+    matmul; `normed`: an output divided by its own L2 norm (None: not that kind)."""
+
+    use: ParamUse
+    convex: Flag = False
+    unit: Flag = False
+    normed: Flag | None = None
+
+    def resolve(self, read: dict[int, bool]) -> ParamUse | None:
+        def val(f: Flag) -> bool:
+            return read[id(f)] if isinstance(f, torch.Tensor) else bool(f)
+
+        if self.normed is not None:
+            return self.use if val(self.normed) else None
+        if val(self.convex):
+            return ParamUse("embedding")
+        if val(self.unit):
+            return ParamUse("matmul", self.use.fan_in, self.use.fan_out, unit_input=True)
+        return self.use
+
+
+def _resolve(uses: dict[str, list[ParamUse | _Pending]]) -> dict[str, tuple[ParamUse, ...]]:
+    """Every pending use decided (one stack and transfer of all their flags), then each
+    parameter's first use of each kind, in the order the pass met them."""
+    flags = [
+        f
+        for got in uses.values()
+        for u in got
+        if isinstance(u, _Pending)
+        for f in (u.convex, u.unit, u.normed)
+        if isinstance(f, torch.Tensor)
+    ]
+    read: dict[int, bool] = {}
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for f in flags:
+        by_device.setdefault(f.device, []).append(f)
+    for fs in by_device.values():
+        values = torch.stack([f.reshape(()) for f in fs]).tolist()
+        read.update((id(f), bool(v)) for f, v in zip(fs, values, strict=True))
+    out: dict[str, tuple[ParamUse, ...]] = {}
+    for pname, got in uses.items():
+        kept: list[ParamUse] = []
+        for u in got:
+            use = u.resolve(read) if isinstance(u, _Pending) else u
+            if use is not None and all(k.op != use.op for k in kept):
+                kept.append(use)
+        if kept:
+            out[pname] = tuple(kept)
+    return out
+
+
 # storage identity → (parameter name, the parameter): a hit counts only while that
 # parameter still holds that storage, so a freed StorageImpl's reused address cannot be
 # mistaken for a parameter (a norm's gain read as a matmul weight under FSDP).
@@ -113,7 +171,7 @@ class _Spy(TorchFunctionMode):
     def __init__(self, owner: Owners) -> None:
         super().__init__()
         self.owner = owner
-        self.uses: dict[str, list[ParamUse]] = {}
+        self.uses: dict[str, list[ParamUse | _Pending]] = {}
         # id of a linear/conv output → (the output, its weight's name), while alive
         self.outputs: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
         # id of a product with a parameter (any GEMM, or one scaled by a constant) → the same
@@ -164,9 +222,12 @@ class _Spy(TorchFunctionMode):
                 return
 
     def _use(self, pname: str, op: str) -> None:
+        self._put(pname, ParamUse(op))
+
+    def _put(self, pname: str, use: ParamUse | _Pending) -> None:
         got = self.uses.setdefault(pname, [])
-        if all(u.op != op for u in got):
-            got.append(ParamUse(op))
+        if isinstance(use, _Pending) or all(isinstance(u, _Pending) or u.op != use.op for u in got):
+            got.append(use)
 
     def _normed(self, x: Any) -> None:
         held = _held(self.outputs, x)
@@ -179,8 +240,9 @@ class _Spy(TorchFunctionMode):
         if held is None or not isinstance(by, torch.Tensor) or x.dim() < 1:
             return
         norm = x.detach().float().norm(dim=-1, keepdim=True)
-        if by.shape == norm.shape and bool(torch.allclose(by.detach().float(), norm, rtol=1e-4)):
-            self._use(held, "normed")
+        if by.shape == norm.shape:
+            close = ((by.detach().float() - norm).abs() <= 1e-8 + 1e-4 * norm.abs()).all()
+            self._put(held, _Pending(ParamUse("normed"), normed=close))
 
     def _param(self, t: Any) -> str | None:
         key = _storage_key(t)
@@ -189,25 +251,20 @@ class _Spy(TorchFunctionMode):
             return None
         return hit[0]
 
-    def _add(self, t: Any, use: ParamUse) -> None:
+    def _add(self, t: Any, use: ParamUse | _Pending) -> None:
         pname = self._param(t)
-        if pname is None:
-            return
-        got = self.uses.setdefault(pname, [])
-        if all(u.op != use.op for u in got):
-            got.append(use)
+        if pname is not None:
+            self._put(pname, use)
 
-    def _contracted(self, o: Operand, operands: Sequence[Operand], op: str) -> ParamUse:
+    def _contracted(self, o: Operand, operands: Sequence[Operand], op: str) -> ParamUse | _Pending:
         """A matmul weight, or a table: a parameter contracted against weights that are
         ≥ 0 and sum to 1 over the contraction (an interpolation, a one-hot selection:
         SigLIP 2 resizes its position table so) is read as a mixture of its rows, whose
         std is at most the table's own: no fan-in rule applies, as for an embedding."""
         if op != "linear" and len(operands) == 2 and self._param(o.tensor) is not None:
             other = operands[1] if operands[0] is o else operands[0]
-            if _convex(other):
-                return ParamUse("embedding")
-            if self._param(other.tensor) is None and _unit_rows(other):
-                return ParamUse("matmul", o.fan_in, o.fan_out, unit_input=True)
+            unit = self._param(other.tensor) is None and _unit_rows(other)
+            return _Pending(ParamUse("matmul", o.fan_in, o.fan_out), _convex(other), unit)
         return ParamUse("matmul", o.fan_in, o.fan_out)
 
     def _note(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
@@ -264,25 +321,24 @@ class _Spy(TorchFunctionMode):
                     self._add(t, ParamUse("embedding"))
 
 
-def _convex(o: Operand) -> bool:
-    """Whether an operand's values are ≥ 0 and sum to 1 over its contracted dims."""
+def _convex(o: Operand) -> Flag:
+    """Whether an operand's values are ≥ 0 and sum to 1 over its contracted dims (on the
+    device: read after the pass)."""
     t = o.tensor
     if not (t.is_floating_point() and o.contract and t.numel()):
         return False
     t = t.detach().float()
-    if bool((t < 0).any()):
-        return False
-    return bool(((t.sum(dim=o.contract) - 1).abs() <= 1e-4).all())
+    return (t >= 0).all() & ((t.sum(dim=o.contract) - 1).abs() <= 1e-4).all()
 
 
-def _unit_rows(o: Operand) -> bool:
+def _unit_rows(o: Operand) -> Flag:
     """Whether an operand's vectors over its contracted dims all have L2 norm 1 (rows
-    F.normalize'd: SwiftFormer's additive attention reads q @ w_g on them)."""
+    F.normalize'd: SwiftFormer's additive attention reads q @ w_g on them); on the device."""
     t = o.tensor
     if not (t.is_floating_point() and o.contract and t.numel()):
         return False
     norms = t.detach().float().pow(2).sum(dim=o.contract).sqrt()
-    return bool(((norms - 1).abs() <= 1e-3).all())
+    return ((norms - 1).abs() <= 1e-3).all()
 
 
 def _held(table: dict[int, tuple[weakref.ref[torch.Tensor], str]], x: Any) -> str | None:
@@ -378,7 +434,7 @@ def watch_usage(model: nn.Module, hooks: HookSet, batch: int = 1) -> Iterator[Ca
     if _sharded(model):
         _live_owners(model, owner, hooks)
     with spy:
-        yield lambda: Usage({k: tuple(v) for k, v in spy.uses.items()}, dict(shapes))
+        yield lambda: Usage(_resolve(spy.uses), dict(shapes))
 
 
 def _usage_pass(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Usage:
