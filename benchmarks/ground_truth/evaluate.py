@@ -20,9 +20,12 @@ import dataclasses
 import gzip
 import json
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
 
 from actscan.diagnose.steps import STEP_CHECKS
 

@@ -25,8 +25,11 @@ import argparse
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
 
 HERE = Path(__file__).resolve().parent
 LABELS = HERE / "data" / "labels.json"
