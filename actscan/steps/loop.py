@@ -35,7 +35,7 @@ largest bucket. No copy of W_t is kept between steps: the optimizer steps bucket
 (`_Loop.bucketed_step`: runs of small parameters up to 1M values, a larger one alone), each
 bucket's W_t copied into the scratch just before, so ‖W_t‖, ‖W_t − W_{t+1}‖ and
 ‖W_{t+1} − W_0‖ read W_t, W_{t+1} and the copy from cache, chunk by chunk; the gradients
-that stepped are dropped just before the next backward, where a training loop frees them.
+that stepped are dropped together when the next step starts.
 
 What each figure costs per step (12 × 768, batch 4 × 64; docs/performance.md): the
 probe's forward (a quarter of the batch, no gradient: ≈ 12 % of a plain step), the update
@@ -363,8 +363,8 @@ def run_steps(
 
     step0: (loss, gradients of every trainable parameter in `model.parameters()` order)
     of the profile's batch 0, the t = 0 step's batch: the first update uses them (a list is
-    emptied as its buckets step; the gradients are dropped at the next backward, as every
-    step's are: `_Loop.spent`). The caller restores the
+    emptied as its buckets step; the gradients are dropped when the next step starts, as
+    every step's are: `_Loop.spent`). The caller restores the
     weights afterwards (`caller_state`); here they move.
     `prepare` casts a batch to the run's device/dtype; `autocast()` is the run's autocast.
     `attention`: probe transformers' attention interface for the per-layer score maxima
@@ -579,15 +579,17 @@ class _Loop:
         )
         self.buckets = _buckets(self.local_params)
         self.scratch = _Scratch()
-        # Gradients that stepped, dropped just before the next backward: where a training
-        # loop's zero_grad(set_to_none=True) frees them. Freed as soon as they stepped,
-        # their pages went back to the OS and the next backward faulted fresh ones in
-        # (on the 2-core VM ~100k more page faults a step, ~1 s of a 3 s step).
+        # Gradients that stepped, dropped when the next step starts, not bucket by bucket
+        # as they step: freed in the middle of the update, their pages went back to the
+        # OS and the next backward faulted fresh ones in (on the 2-core VM ~100k more page
+        # faults a step, ~1 s of a 3 s step). Held no longer: through the next forward
+        # they would be one more weights' worth of memory at its peak.
         self.spent: list[torch.Tensor] = []
 
     def step(self, t: int, step0: tuple[torch.Tensor, Sequence[torch.Tensor | None]]) -> None:
         """Measure t and, before the last t, take the update after it."""
         figures = StepFigures()
+        self.spent.clear()  # the last update's gradients (see `spent`)
         self.run_probe(t, figures)
         if t == 0:  # the profile's batch 0; a list of its gradients is emptied as they step
             loss, grads = step0[0], step0[1] if isinstance(step0[1], list) else list(step0[1])
@@ -658,7 +660,6 @@ class _Loop:
         if t < self.n_steps:
             scale = self.loss_scale
             scaled = loss.float() * scale if scale != 1.0 else loss
-            self.spent.clear()
             grads = self.ranks.grads(scaled, self.params)
         self.ranks.settle(self.model)
         return loss, grads
@@ -692,7 +693,7 @@ class _Loop:
         A step of some parameters only is the same step: each optimizer here updates each
         parameter from its own gradient and state alone, and skips one without a gradient.
         Each gradient leaves `grads` once its bucket stepped (`grads` ends empty) and is
-        dropped at the next backward (`spent`)."""
+        dropped when the next step starts (`spent`)."""
         n = len(self.params)
         w_sq: list[torch.Tensor | None] = [None] * n
         dw_sq: list[torch.Tensor | None] = [None] * n
