@@ -38,6 +38,7 @@ from actscan.measure.casts import (
     FP8,
     N_SUMS,
     Recipe,
+    Scratch,
     operand_figures,
     quantize_all,
 )
@@ -194,6 +195,9 @@ class LowPrecWatch:
     # (GEMM, format) → [‖Q(X)Q(W)ᵀ − XWᵀ‖², ‖XWᵀ‖²] summed over calls, on the device
     output_sums: dict[tuple[Key, str], torch.Tensor] = field(default_factory=dict)
     delayed: Delayed | None = None  # --steps with fp8: seeds it (step 0) or casts by it
+    # the casts' buffers on CPU, kept from operand to operand through the pass (fresh ones
+    # per operand fault their pages in; on a GPU the caching allocator keeps them)
+    scratch: Scratch = field(default_factory=Scratch)
 
     def _fold(
         self, key: Key, operand: str, t: torch.Tensor, contract: Sequence[int], *,
@@ -218,7 +222,8 @@ class LowPrecWatch:
             if not figures:  # a weight already folded: only its casts
                 qs = quantize_all(rows, self.recipes, operand)
                 return [_from_rows(q, t, contract, block) for q in qs]
-            cast = operand_figures(rows, self.recipes, operand, casts=casts)
+            scratch = self.scratch if rows.device.type == "cpu" else None
+            cast = operand_figures(rows, self.recipes, operand, casts=casts, scratch=scratch)
             for r, f in zip(self.recipes, cast, strict=True):
                 slot = self.sums.get((key, operand, r.name))
                 if slot is None:
