@@ -7,7 +7,9 @@ two GEMMs, the probabilities recomputed for the cast only), casts its input and 
 each chosen format (`measure/casts.py`) and, with backward on, puts a tensor hook on its
 output that casts the output gradient. Every figure is summed into a device tensor per
 (GEMM, operand, format); `result()` reads them all in one transfer after the pass. A
-weight is cast once per GEMM (it does not change within the pass).
+weight is cast once per pass (it does not change within it): once per GEMM, and a weight
+several GEMMs share (a tied embedding and head, one Linear under two names) once for all
+of them, its figures kept by its view and version.
 
 A GEMM is named by the module that runs it (the innermost one on the call stack): a
 Linear is its own path; a module whose forward runs several contractions (an attention
