@@ -14,9 +14,8 @@ saturates (clamps to the largest finite value, as the recipes' casts do) and sca
 
 Every element format rounds the same way, in fp32 arithmetic (`_round_abs_`: the tests
 hold it bit for bit to torch's float8 dtypes and to ml_dtypes), on |x|: the rounding is
-symmetric, so |Q(x)| = Q(|x|), and every figure is one of |x|. No function syncs a
-device: every figure stays a device tensor (`cast_figures`); only on CPU, where there is
-nothing to sync, does a count read a piece's sum (`_nonzero`).
+symmetric, so |Q(x)| = Q(|x|), and every figure is one of |x|. No function syncs the
+host: every figure stays a device tensor (`cast_figures`).
 """
 
 from __future__ import annotations
@@ -285,16 +284,12 @@ def _above(y: torch.Tensor, limit: float, scratch: Scratch | None = None) -> tor
 def _nonzero(q: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
     """How many of `q` (≥ 0, or NaN) are nonzero, as `count_nonzero` counts them. On CPU,
     where count_nonzero branches on every value (2-10× slower where zeros are frequent and
-    scattered, as flushed values are), the sum of sign(q); sign takes NaN to 0, so a
-    piece with a NaN (its sum is NaN: read on the host, no device to sync) is counted as
-    before."""
-    flat = q.reshape(-1)
+    scattered, as flushed values are), the sum of sign(q), NaN taken to 1 first (sign
+    takes it to 0)."""
     if q.device.type != "cpu" or q.numel() >= _EXACT:
         return torch.count_nonzero(q)
-    if math.isnan(flat.sum()):
-        return torch.count_nonzero(q).float()  # as the other pieces' counts are
-    ind = _scratch(scratch, "bits", flat, torch.int32).view(torch.float32)
-    return torch.sign(flat, out=ind).sum()
+    ind = _scratch(scratch, "bits", q, torch.int32).view(torch.float32)
+    return torch.nan_to_num(q, nan=1.0, out=ind).sign_().sum()
 
 
 def _unblocked(q: torch.Tensor, x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
