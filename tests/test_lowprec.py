@@ -283,6 +283,46 @@ def test_records_match_an_independent_cast_of_the_captured_operands() -> None:
     assert all(r.calls == 1 for r in report.low_precision)
 
 
+class Tied(nn.Module):
+    """One weight, two GEMMs: `a` and `b` share it (as a tied embedding and head do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 64, bias=False)
+        self.b = nn.Linear(64, 64, bias=False)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_a_weight_two_gemms_share_is_cast_once_with_the_figures_of_both(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from actscan.measure import lowprec
+
+    torch.manual_seed(0)
+    cast = lowprec.operand_figures
+    operands: list[str] = []
+
+    def counted(x: torch.Tensor, recipes: object, operand: str = "input", **kw: object) -> object:
+        operands.append(operand)
+        return cast(x, recipes, operand, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lowprec, "operand_figures", counted)
+    model = Tied()
+    report = scan(model, torch.randn(4, 8, 64), loss_fn=lambda o: o.square().mean(),
+                  formats="fp8,nvfp4")  # fmt: skip
+    assert operands.count("weight") == 1
+    recs = {(r.gemm, r.operand, r.format): r for r in report.low_precision}
+    for fmt in ("fp8", "nvfp4"):
+        a, b = recs[("a", "weight", fmt)], recs[("b", "weight", fmt)]
+        assert replace(a, gemm="b", block=b.block) == b
+        want = oracle_quantize(model.a.weight.detach().numpy(), fmt, "weight")
+        w = model.a.weight.detach().numpy()
+        assert a.error == pytest.approx(float(((want - w) ** 2).sum() / (w**2).sum()), rel=1e-5)
+
+
 def test_formats_off_changes_nothing_and_on_changes_no_measurement() -> None:
     torch.manual_seed(0)
     model = Mixer()

@@ -37,6 +37,7 @@ __all__ = [
     "FP8",
     "Element",
     "Recipe",
+    "Scratch",
     "cast_figures",
     "e8m0_scale",
     "operand_figures",
@@ -102,28 +103,34 @@ N_SUMS = len(FIGURES) - 1
 
 
 _EXPONENT = 0x7F800000  # an fp32's exponent bits
+_ONE = 0x3F800000  # 1.0's fp32 bits
+_EXACT = 1 << 24  # an fp32 sum of 0s and 1s counts exactly below this many values
 
 
-class _Scratch:
+class Scratch:
     """Buffers the passes over one operand's pieces write into, reused from piece to piece
     and recipe to recipe: on CPU a fresh tensor the size of a piece per pass costs the page
     faults of memory the allocator gave back to the system (most of a pass's time)."""
 
     def __init__(self) -> None:
-        self._bufs: dict[tuple[str, int, torch.dtype, torch.device], torch.Tensor] = {}
+        self._bufs: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
 
     def like(self, name: str, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """An uninitialised buffer shaped as `t` (of `dtype`), the same one each time."""
-        dtype = dtype or t.dtype
-        key = (name, t.numel(), dtype, t.device)
+        """An uninitialised buffer shaped as `t` (of `dtype`): the front of the same one
+        each time, grown when a larger `t` comes (pieces of rows differ by a few values)."""
+        return self.flat(name, t.numel(), dtype or t.dtype, t.device).view(t.shape)
+
+    def flat(self, name: str, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """An uninitialised buffer of `n` values: `like`'s, flat."""
+        key = (name, dtype, device)
         buf = self._bufs.get(key)
-        if buf is None:
-            buf = self._bufs[key] = torch.empty(t.numel(), dtype=dtype, device=t.device)
-        return buf.view(t.shape)
+        if buf is None or buf.numel() < n:
+            buf = self._bufs[key] = torch.empty(n, dtype=dtype, device=device)
+        return buf[:n]
 
 
 def _scratch(
-    scratch: _Scratch | None, name: str, t: torch.Tensor, dtype: torch.dtype
+    scratch: Scratch | None, name: str, t: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
     """`scratch`'s buffer `name` shaped as `t`, or a fresh tensor without scratch."""
     return (
@@ -133,7 +140,7 @@ def _scratch(
     )
 
 
-def _round_abs_(a: torch.Tensor, elem: Element, scratch: _Scratch | None = None) -> torch.Tensor:
+def _round_abs_(a: torch.Tensor, elem: Element, scratch: Scratch | None = None) -> torch.Tensor:
     """`a` ≥ 0 (fp32, contiguous; overwritten) rounded to nearest even onto `elem`'s grid,
     saturated at its max. The grid's spacing in a's binade is 2^floor(log2 a) · 2^−m (m
     mantissa bits), never below the smallest subnormal; with c = spacing · 2^23 (a power
@@ -181,7 +188,7 @@ class _Prepared:
     16-blocks, the piece's from any), not read again."""
 
     def __init__(
-        self, x: torch.Tensor, amax: torch.Tensor | None = None, scratch: _Scratch | None = None
+        self, x: torch.Tensor, amax: torch.Tensor | None = None, scratch: Scratch | None = None
     ) -> None:
         self.x = x.detach().float()
         self.scratch = scratch
@@ -261,14 +268,28 @@ def _quantize(
     return q, saturated, bmax, bmin
 
 
-def _above(y: torch.Tensor, limit: float, scratch: _Scratch | None = None) -> torch.Tensor:
+def _above(y: torch.Tensor, limit: float, scratch: Scratch | None = None) -> torch.Tensor:
     """How many of `y` (≥ 0) exceed `limit`: on the int32 bits (|y| orders as they do),
     y − (limit + 1) is negative, its sign bit set, exactly where y ≤ limit; cheaper on CPU
     than a comparison's bool tensor."""
     (top,) = struct.unpack("<i", struct.pack("<f", limit))
     diff = _scratch(scratch, "bits", y, torch.int32)
     torch.sub(y.view(torch.int32), top + 1, out=diff).bitwise_right_shift_(31)
-    return y.numel() - torch.count_nonzero(diff)
+    if y.numel() >= _EXACT:
+        return y.numel() - torch.count_nonzero(diff)
+    # −1 (every bit set) where y ≤ limit: masked to 1.0's bits, an fp32 sum counts them
+    return y.numel() - diff.bitwise_and_(_ONE).view(torch.float32).sum()
+
+
+def _nonzero(q: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
+    """How many of `q` (≥ 0, or NaN) are nonzero, as `count_nonzero` counts them. On CPU,
+    where count_nonzero branches on every value (2-10× slower where zeros are frequent and
+    scattered, as flushed values are), the sum of sign(q), NaN taken to 1 first (sign
+    takes it to 0)."""
+    if q.device.type != "cpu" or q.numel() >= _EXACT:
+        return torch.count_nonzero(q)
+    ind = _scratch(scratch, "bits", q, torch.int32).view(torch.float32)
+    return torch.nan_to_num(q, nan=1.0, out=ind).sign_().sum()
 
 
 def _unblocked(q: torch.Tensor, x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
@@ -313,10 +334,33 @@ def _pieces(x: torch.Tensor) -> list[torch.Tensor]:
     return list(x.split(max(1, _CHUNK // max(int(x.shape[-1]), 1))))
 
 
+def _ranges(
+    extrema: list[tuple[torch.Tensor, torch.Tensor]], amax: torch.Tensor | None,
+    scratch: Scratch,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(each block's log2(amax / smallest nonzero |x|) in fp64, 0 where the block is all
+    zero; which blocks are not) over all pieces' blocks, written into `scratch`'s buffers
+    (a large operand has millions of blocks: fresh tensors would fault their pages in).
+    `amax`: one block, the tensor, its range from the whole's amax."""
+    if amax is not None:
+        bmax = amax.reshape(1)
+        bmin = torch.cat([e[1] for e in extrema]).amin().reshape(1)
+    else:
+        n, dev = sum(int(e[0].numel()) for e in extrema), extrema[0][0].device
+        bmax = torch.cat([e[0] for e in extrema], out=scratch.flat("bmax", n, torch.float32, dev))
+        bmin = torch.cat([e[1] for e in extrema], out=scratch.flat("bmin", n, torch.float32, dev))
+    live = torch.gt(bmax, 0, out=scratch.like("live", bmax, torch.bool))
+    one, zero = bmax.new_ones(()), bmax.new_zeros(())
+    ratio = torch.where(live, bmin, one, out=scratch.like("ratio", bmax))
+    ratio = torch.log2(torch.div(bmax, ratio, out=ratio), out=ratio)
+    ratio = torch.where(live, ratio, zero, out=ratio)
+    return scratch.like("rng", ratio, torch.float64).copy_(ratio), live
+
+
 def operand_figures(
     x: torch.Tensor, recipes: tuple[Recipe, ...] | list[Recipe], operand: str = "input",
     *, scaled: bool = True, casts: list[torch.Tensor] | None = None,
-    ref: torch.Tensor | None = None,
+    ref: torch.Tensor | None = None, scratch: Scratch | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """The figures (`FIGURES`) of casting `x` (rows, K) with each recipe: a (recipes,
     figures) fp64 tensor on x's device, no host sync. Flushed: nonzero values whose cast
@@ -326,7 +370,8 @@ def operand_figures(
     Q(x) as (rows, K). On CPU a large `x` is cast in pieces of rows (the scales are the
     same: a block lies within a row, a per-tensor scale comes from the whole amax).
     `ref`: the amax the per-tensor scales come from instead of x's own (delayed scaling:
-    the previous steps' history); x's values above it saturate."""
+    the previous steps' history); x's values above it saturate. `scratch`: the buffers
+    the passes write into, kept from call to call (a pass's operands on CPU)."""
     x = x.detach().float()
     flat = x.reshape(-1)
     nonzero = torch.count_nonzero(flat).double()
@@ -341,7 +386,7 @@ def operand_figures(
     parts: list[list[torch.Tensor]] = [[] for _ in recipes]
     padded = [0] * len(recipes)  # values of Q, padding included
     scale_ref = amax if ref is None else ref.to(amax)
-    scratch = _Scratch()
+    scratch = Scratch() if scratch is None else scratch
     for piece in _pieces(x):
         p = _Prepared(piece, scale_ref, scratch)
         _warm(p, recipes)
@@ -349,7 +394,7 @@ def operand_figures(
             q, saturated, bmax, bmin = _quantize(p, r, operand, scaled)
             if casts is not None:
                 parts[i].append(_signed(q, p, r))
-            counts[i] += [torch.count_nonzero(q), saturated]
+            counts[i] += [_nonzero(q, scratch), saturated]
             qf = q.reshape(-1).sub_(p.blocks(r.block).reshape(-1))  # Q(|x|) − |x|, in place
             errs[i].append(torch.dot(qf, qf))
             extrema[i].append((bmax.reshape(-1), bmin.reshape(-1)))
@@ -357,14 +402,9 @@ def operand_figures(
     values = torch.full((), float(flat.numel()), dtype=torch.float64, device=x.device)
     rows = []
     for i, r in enumerate(recipes):
-        nz_q, saturated = torch.stack(counts[i]).view(-1, 2).sum(0).double()
+        nz_q, saturated = torch.stack(counts[i]).double().view(-1, 2).sum(0)
         err = torch.stack(errs[i]).sum().double()
-        bmax = torch.cat([e[0] for e in extrema[i]])
-        bmin = torch.cat([e[1] for e in extrema[i]])
-        if r.block == 0:  # one block, the tensor: its range from the whole's extrema
-            bmax, bmin = amax.reshape(1), bmin.amin().reshape(1)
-        live = bmax > 0
-        rng = torch.where(live, torch.log2(bmax / torch.where(live, bmin, 1.0)), 0.0).double()
+        rng, live = _ranges(extrema[i], amax if r.block == 0 else None, scratch)
         flushed = (padded[i] - nz_q) - (padded[i] - nonzero)
         rows.append(
             torch.stack(

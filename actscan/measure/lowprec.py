@@ -7,7 +7,9 @@ two GEMMs, the probabilities recomputed for the cast only), casts its input and 
 each chosen format (`measure/casts.py`) and, with backward on, puts a tensor hook on its
 output that casts the output gradient. Every figure is summed into a device tensor per
 (GEMM, operand, format); `result()` reads them all in one transfer after the pass. A
-weight is cast once per GEMM (it does not change within the pass).
+weight is cast once per pass (it does not change within it): once per GEMM, and a weight
+several GEMMs share (a tied embedding and head, one Linear under two names) once for all
+of them, its figures kept by its view and version.
 
 A GEMM is named by the module that runs it (the innermost one on the call stack): a
 Linear is its own path; a module whose forward runs several contractions (an attention
@@ -38,6 +40,7 @@ from actscan.measure.casts import (
     FP8,
     N_SUMS,
     Recipe,
+    Scratch,
     operand_figures,
     quantize_all,
 )
@@ -173,6 +176,16 @@ class Delayed:
         return tuple(out)
 
 
+def _weight_view(t: torch.Tensor, contract: Sequence[int]) -> tuple[Any, ...] | None:
+    """What a weight's figures depend on: its storage, the view of it the GEMM reads, the
+    contracted dims and the version (an in-place update makes it another weight)."""
+    key = storage_key(t)
+    if key is None:
+        return None
+    return (key, t.storage_offset(), tuple(t.shape), t.stride(), tuple(contract), t.dtype,
+            t._version)  # fmt: skip
+
+
 def _amax(x: torch.Tensor) -> torch.Tensor:
     lo, hi = torch.aminmax(x.detach().float().reshape(-1))
     return torch.maximum(-lo, hi)
@@ -194,6 +207,12 @@ class LowPrecWatch:
     # (GEMM, format) → [‖Q(X)Q(W)ᵀ − XWᵀ‖², ‖XWᵀ‖²] summed over calls, on the device
     output_sums: dict[tuple[Key, str], torch.Tensor] = field(default_factory=dict)
     delayed: Delayed | None = None  # --steps with fp8: seeds it (step 0) or casts by it
+    # the casts' buffers on CPU, kept from operand to operand through the pass (fresh ones
+    # per operand fault their pages in; on a GPU the caching allocator keeps them)
+    scratch: Scratch = field(default_factory=Scratch)
+    # a weight's figures by its view (`_weight_view`): a weight two GEMMs share (tied, or
+    # the same Linear under two names) is cast once per pass
+    weight_figures: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
 
     def _fold(
         self, key: Key, operand: str, t: torch.Tensor, contract: Sequence[int], *,
@@ -218,7 +237,13 @@ class LowPrecWatch:
             if not figures:  # a weight already folded: only its casts
                 qs = quantize_all(rows, self.recipes, operand)
                 return [_from_rows(q, t, contract, block) for q in qs]
-            cast = operand_figures(rows, self.recipes, operand, casts=casts)
+            view = _weight_view(t, contract) if operand == "weight" and casts is None else None
+            cast = self.weight_figures.get(view) if view is not None else None
+            if cast is None:
+                scratch = self.scratch if rows.device.type == "cpu" else None
+                cast = operand_figures(rows, self.recipes, operand, casts=casts, scratch=scratch)
+                if view is not None:
+                    self.weight_figures[view] = cast
             for r, f in zip(self.recipes, cast, strict=True):
                 slot = self.sums.get((key, operand, r.name))
                 if slot is None:
