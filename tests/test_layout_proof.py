@@ -185,6 +185,14 @@ def proofs(layout: Layout) -> list[BlockProof]:
     return out  # type: ignore[return-value]
 
 
+def only_block_1_fails(model: nn.Module, x: torch.Tensor, wrong: nn.Module) -> None:
+    """With block 1 replaced by `wrong` (a write the equation must reject), only its
+    proof fails: the others still hold."""
+    model.blocks[1] = wrong
+    got = [p.status for p in proofs(proven(model, lambda: model(x[:1])))]
+    assert got == ["verified", "unverified"] + ["verified"] * (len(model.blocks) - 2), got
+
+
 # --------------------------------------------------------------------------- the matrix
 
 
@@ -714,13 +722,7 @@ def test_a_write_computed_by_functional_ops_proves_the_stream_not_a_branch() -> 
     proven(model, lambda: model(x[:1]))
     with torch.no_grad():
         assert torch.equal(model(x), out)  # the add watch reads only
-    model.blocks[1] = _Warped(32)
-    assert [p.status for p in proofs(proven(model, lambda: model(x[:1])))] == [
-        "verified",
-        "unverified",
-        "verified",
-        "verified",
-    ]
+    only_block_1_fails(model, x, _Warped(32))
 
     # another tool's hook adding the block's delta onto its input is no write of the model
     def delta(_m: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
@@ -821,12 +823,7 @@ def test_post_ln_whose_add_lives_in_the_wrapper_that_takes_the_branch(how: str) 
         assert p.status == "verified" and p.placement == "post-norm", p
         assert p.writes == (f"{b.name}.mix", f"{b.name}.fc")
         assert p.norms == (f"{b.name}.mix_out.LayerNorm", f"{b.name}.fc_out.LayerNorm")
-    model.blocks[1] = _PostLnWrapped("wrong")
-    assert [p.status for p in proofs(proven(model, lambda: model(x[:1])))] == [
-        "verified",
-        "unverified",
-        "verified",
-    ]
+    only_block_1_fails(model, x, _PostLnWrapped("wrong"))
 
 
 class _PrefixThenResidual(nn.Module):
@@ -1340,12 +1337,7 @@ def test_a_macaron_write_scaled_by_a_constant_behind_chained_norms_is_proven() -
         assert p.norms[-1] == f"{b.name}.final_norm"
         scales = {br.name.rsplit(".", 1)[-1]: br.scale for br in b.branches}
         assert scales == {"ff1": pytest.approx(0.5), "mix": None, "ff2": pytest.approx(0.5)}
-    model.blocks[1] = _MacaronPostNorm("squared")
-    assert [p.status for p in proofs(proven(model, lambda: model(x[:1])))] == [
-        "verified",
-        "unverified",
-        "verified",
-    ]
+    only_block_1_fails(model, x, _MacaronPostNorm("squared"))
 
 
 class _MaybeResidual(nn.Module):

@@ -543,7 +543,6 @@ class _Block:
                 and self.a(n.out_key) != self.a(n.in_key)
             ):
                 self.stream_norms.append(n)
-        self.stream_norms.sort(key=lambda n: n.order)
         # …and the activation that makes the block's output from a sum (post-activation,
         # ResNet v1's relu(x + F(x)): UVDoc's residual blocks): the equation holds at its
         # input, as at a post-norm's
