@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -360,7 +362,7 @@ def test_the_check_names_the_module_operand_and_format_of_a_planted_outlier() ->
     x[:, 7] *= 3e4
     report = scan(model, x, formats="fp8,mxfp8")
     (f,) = [f for f in report.findings if f.check == "low-precision"]
-    assert f.severity == "warn" and f.layers == ("0",)
+    assert f.severity == "info" and f.layers == ("0",)  # not earned: docs/checks.md
     assert "0 input fp8 12%" in f.message and "mxfp8" not in f.message
     assert "SmoothQuant" in f.hint
     clean = scan(model, torch.randn(64, 256), formats="fp8,mxfp8")
@@ -433,9 +435,10 @@ def test_check_thresholds_severity_and_remedy_by_cause() -> None:
     healthy = [lp(f"b.{i}", op, fmt) for i in range(3) for op in ("input", "weight", "grad")
                for fmt in FORMATS]  # fmt: skip
     assert judge(*healthy) == []
-    # per-tensor fp8 flushes 6% of an input that MXFP8 keeps: warn, smoothing or blocks
+    # per-tensor fp8 flushes 6% of an input that MXFP8 keeps: reported (info: the
+    # calibration did not earn a warning), smoothing or blocks
     (f,) = judge(*healthy, lp("b.x", "input", "fp8", underflow=0.06), lp("b.x", "input", "mxfp8"))
-    assert f.severity is Severity.WARN and f.layers == ("b.x",)
+    assert f.severity is Severity.INFO and f.layers == ("b.x",)
     assert "b.x input fp8 6%" in f.message and "SmoothQuant" in f.hint
     assert "bf16" not in f.hint  # block 1 of 4 blocks: neither the first nor the last
     assert judge(lp("b.x", "input", "fp8", underflow=0.04)) == []  # under TE's 5%
@@ -801,3 +804,95 @@ def test_two_ranks_merge_the_low_precision_records_exactly(tmp_path: Path) -> No
                     assert abs(x - y) <= 1e-6 * max(abs(x), abs(y), 1e-30), (key, k, x, y)
     # a weight's GEMM error mixes its rows' inputs: present on both, finite
     assert all(r["gemm_error"] is not None for r in b.values() if r["operand"] == "weight")
+
+
+@pytest.mark.slow  # two processes (gloo on CPU), FSDP2-sharded steps
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="torch.distributed with gloo is needed",
+)
+def test_two_ranks_share_the_delayed_scaling_history(tmp_path: Path) -> None:
+    """`--nproc 2 --steps 2 --formats fp8`: the amax history is MAX-reduced over the ranks
+    before each step, so each rank casts its rows under the scale one process uses for
+    the whole batch, and the figures summed over the ranks equal one process's (to the
+    few values the ranks' slightly different weights move across a rounding boundary).
+    Each rank's own history would saturate more: its rows' amax is below the batch's."""
+    from test_distributed import JOB_TIMEOUT_S, STEPS, TINY, _env
+
+    from actscan.api import TargetSpec, scan_target
+    from actscan.settings import Settings
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)
+    out = tmp_path / "r2.json"
+    cmd = [sys.executable, "-m", "actscan", "profile", str(cfg), "--nproc", "2", *STEPS,
+           "--formats", "fp8", "--json", str(out), "-q"]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, env=_env())
+    assert res.returncode in (0, 1), res.stderr
+    two = json.loads(out.read_text())
+    assert not [n for n in two["notes"] if "not merged" in n]
+    settings = Settings(batch=8, seq_len=16, steps=2, lr=0.2, eps=1e-3, formats="fp8")
+    one = scan_target(TargetSpec(str(cfg)), settings).report.to_dict()
+    a = {(r["gemm"], r["operand"]): r for r in one["low_precision"]}
+    b = {(r["gemm"], r["operand"]): r for r in two["low_precision"]}
+    assert set(a) == set(b)
+    keys = ("delayed_underflow", "delayed_saturation", "delayed_error")
+    compared = saturating = 0
+    for key, ra in a.items():
+        rb = b[key]
+        assert ra["steps"] == rb["steps"], key
+        if ra["steps"] == 0 or key[1] == "weight":
+            continue  # a weight is the whole gathered weight on both: not the merge's test
+        for k in keys:
+            x, y = ra[k], rb[k]
+            assert (x is None) == (y is None), (key, k)
+            if x is not None:
+                assert abs(x - y) <= 2e-3 * max(abs(x), abs(y)) + 1e-4, (key, k, x, y)
+                compared += 1
+        saturating += ra["delayed_saturation"] > 0
+    assert compared >= 30 and saturating >= 3
+
+
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="torch.distributed with gloo is needed",
+)
+def test_fsdp_sharded_conv1d_weights_stay_weights(tmp_path: Path) -> None:
+    """GPT-2's Conv1D runs addmm(bias, x, W): W is the weight only by being a parameter.
+    Under FSDP2 the module holds the gathered, unsharded W while it runs (new storage,
+    not the shard the watch saw at its start): the records still name input and weight,
+    with the figures of the unsharded model (rank 0 of a 1-rank gloo group)."""
+    import torch.distributed as dist
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from actscan.distributed.fsdp import shard_model
+    from actscan.distributed.runtime import DistRun, active
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        cfg = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=16,
+                         bos_token_id=0, eos_token_id=0)  # fmt: skip
+        return GPT2LMHeadModel(cfg).eval()
+
+    ids = {"input_ids": torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))}
+    plain = {(r.gemm, r.operand): r for r in scan(build(), inputs=ids, formats="fp8").low_precision}
+    model = build()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        shard_model(model, ["transformer.h.0", "transformer.h.1"], torch.device("cpu"))
+        run = DistRun(
+            rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu")
+        )
+        with active(run):
+            sharded = {
+                (r.gemm, r.operand): r for r in scan(model, inputs=ids, formats="fp8").low_precision
+            }
+    finally:
+        dist.destroy_process_group()
+    assert set(sharded) == set(plain)
+    conv = [k for k in plain if k[0].endswith(("c_attn", "c_fc", "mlp.c_proj", "attn.c_proj"))]
+    assert {op for _, op in conv} >= {"input", "weight"} and len(conv) >= 16
+    for key in conv:
+        a, b = plain[key], sharded[key]
+        assert (a.values, a.nonzero) == (b.values, b.nonzero), key
+        assert b.error == pytest.approx(a.error, rel=1e-6), key

@@ -108,6 +108,7 @@ class _Frame:
     path: str
     gemms: int = 0
     sdpa: int = 0  # its scaled_dot_product_attention calls (named apart: `path.sdpa.qk`)
+    module: nn.Module | None = None  # its own parameters, as they are while it runs
 
 
 # the delayed figures' sums per (GEMM, operand), in this order
@@ -128,6 +129,28 @@ class Delayed:
     sums: dict[tuple[Key, str], torch.Tensor] = field(default_factory=dict)
     names: dict[Key, str] = field(default_factory=dict)
     steps: bool = False  # False while the recorded pass seeds the history
+    # data parallel (a distributed run's ranks): the history is reduced (MAX) over the
+    # ranks before every step's forward, as TE reduces the amax over the group, and the
+    # figures SUM over the ranks' rows at the end; None: one process
+    merge: MergeState | None = None
+    device: torch.device | None = None
+    unmerged: bool = False  # the ranks cast different GEMMs: each kept its own history
+
+    def sync(self) -> None:
+        """Before a step's forward: every rank's history becomes the ranks' MAX (their
+        step-0 rows, then each step's inputs and gradients), so each rank casts its rows
+        under the scale one process would use for the whole batch."""
+        if self.merge is None or self.device is None or self.unmerged or not self.history:
+            return
+        keys = sorted(self.history, key=repr)
+        if not _same_keys(keys, self.merge, self.device):
+            self.unmerged = True
+            return
+        st = _Merged()
+        st.maxes = torch.stack([self.history[k].to(self.device, torch.float64) for k in keys])
+        self.merge(st, {"maxes": "max"}, self.device)
+        for i, k in enumerate(keys):
+            self.history[k] = st.maxes[i].to(self.history[k])
 
     def seed(self, key: Key, operand: str, x: torch.Tensor) -> None:
         """Step 0: the operand's amax joins the history."""
@@ -153,10 +176,22 @@ class Delayed:
         self.history[k] = torch.maximum(hist, amax)
 
     def merged(self, records: Sequence[LowPrecRecord]) -> tuple[LowPrecRecord, ...]:
-        """The fp8 records with their delayed figures (one transfer)."""
+        """The fp8 records with their delayed figures (one transfer; a distributed run's
+        sums merged over the ranks first)."""
         if not self.sums:
             return tuple(records)
         keys = list(self.sums)
+        if self.merge is not None and self.device is not None and not self.unmerged:
+            keys.sort(key=repr)
+            if _same_keys(keys, self.merge, self.device):
+                st = _Merged()
+                st.sums = torch.stack([self.sums[k][:5].to(self.device) for k in keys])
+                st.maxes = torch.stack([self.sums[k][5:].to(self.device) for k in keys])
+                self.merge(st, {"sums": "sum", "maxes": "max"}, self.device)
+                for i, k in enumerate(keys):
+                    self.sums[k] = torch.cat([st.sums[i], st.maxes[i]]).to(self.sums[k])
+            else:
+                self.unmerged = True
         values = torch.stack([self.sums[k] for k in keys]).cpu().tolist()  # the one transfer
         by = {(self.names.get(key), operand): dict(zip(DELAYED, v, strict=True))
               for (key, operand), v in zip(keys, values, strict=True)}  # fmt: skip
@@ -271,8 +306,21 @@ class LowPrecWatch:
                 else:
                     slot += sums
 
+    def _is_param(self, t: torch.Tensor) -> bool:
+        """A parameter of the model, or of the module running: FSDP2 swaps a module's
+        parameters for their gathered, unsharded tensors while it runs (new storage,
+        not the sharded one the watch saw at its start), as GPT-2's Conv1D reads them."""
+        key = storage_key(t)
+        if key is None:
+            return False
+        if key in self.params:
+            return True
+        mod = self._frame().module
+        own = mod._parameters.values() if mod is not None else ()
+        return any(p is not None and storage_key(p) == key for p in own)
+
     def _names(self, operands: Sequence[Operand], op: str) -> tuple[str, ...]:
-        is_param = [storage_key(o.tensor) in self.params for o in operands]
+        is_param = [self._is_param(o.tensor) for o in operands]
         if op == "linear" and len(operands) == 2:
             return ("input", "weight")
         if len(operands) == 2 and sum(is_param) == 1:
@@ -362,12 +410,7 @@ class LowPrecWatch:
         when the ranks did not run the same GEMMs (checked by a key count and digest)."""
         keys = sorted(self.sums, key=repr)
         outs = sorted(self.output_sums, key=repr)
-        digest = float(zlib.crc32(repr((keys, outs)).encode()))
-        same = _Merged()
-        same.lo = torch.tensor([float(len(keys)), digest], dtype=torch.float64, device=device)
-        same.hi = same.lo.clone()
-        merge_state(same, {"lo": "min", "hi": "max"}, device)
-        if not torch.equal(same.lo, same.hi):  # once per pass, at its end
+        if not _same_keys((keys, outs), merge_state, device):  # once per pass, at its end
             return False
         data = [k for k in keys if k[1] != "weight"]
         weights = [k for k in keys if k[1] == "weight"]
@@ -423,6 +466,18 @@ class LowPrecWatch:
                 record = replace(record, gemm_error=math.sqrt(err[0] / err[1]))
             out.append(record)
         return tuple(out)
+
+
+def _same_keys(keys: Any, merge_state: MergeState, device: torch.device) -> bool:
+    """Whether every rank holds the same keys (their count and a digest of their reprs,
+    reduced MIN and MAX over the ranks): what an element-wise merge needs."""
+    n = len(keys[0]) if isinstance(keys, tuple) else len(keys)
+    digest = float(zlib.crc32(repr(keys).encode()))
+    same = _Merged()
+    same.lo = torch.tensor([float(n), digest], dtype=torch.float64, device=device)
+    same.hi = same.lo.clone()
+    merge_state(same, {"lo": "min", "hi": "max"}, device)
+    return torch.equal(same.lo, same.hi)
 
 
 class _Merged:
@@ -541,8 +596,8 @@ def lowprec_watch(
     watch = LowPrecWatch(recipes, backward, hooks, params, gemm_error=gemm_error, delayed=delayed)
 
     def pre(path: str) -> Callable[..., None]:
-        def hook(_mod: nn.Module, _args: Any) -> None:
-            watch.stack.append(_Frame(path))
+        def hook(mod: nn.Module, _args: Any) -> None:
+            watch.stack.append(_Frame(path, module=mod))
 
         return hook
 
@@ -582,4 +637,12 @@ def delayed_steps(
         return
     delayed.steps = True
     with HookSet() as hooks, lowprec_watch(model, ("fp8",), True, hooks, delayed=delayed) as got:
-        yield got[1]
+        watch_forward = got[1]
+
+        @contextlib.contextmanager
+        def forward() -> Iterator[None]:
+            delayed.sync()  # the ranks' amax history, MAX-reduced (one process: nothing)
+            with watch_forward():
+                yield
+
+        yield forward

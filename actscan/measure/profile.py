@@ -22,7 +22,13 @@ from torch import nn
 from actscan.measure.attention import attention_probes
 from actscan.measure.hooks import HookSet
 from actscan.measure.inputs import Batch, InputSource
-from actscan.measure.lowprec import Delayed, LowPrecWatch, low_precision_records, lowprec_watch
+from actscan.measure.lowprec import (
+    Delayed,
+    LowPrecWatch,
+    MergeState,
+    low_precision_records,
+    lowprec_watch,
+)
 from actscan.measure.model_inputs import ChosenInputs, describe_batch
 from actscan.measure.prepare import TORCH_DTYPES, call_model, cast_batch, dtype_name
 from actscan.measure.recorder import RawStats, Recorder, iter_named, moments
@@ -249,14 +255,19 @@ def _recorders(
 
 @contextlib.contextmanager
 def _lowprec(
-    model: nn.Module, spec: PassSpec, world: int = 1
+    model: nn.Module, spec: PassSpec, world: int = 1, merge: MergeState | None = None
 ) -> Iterator[tuple[LowPrecWatch | None, Callable[[], contextlib.AbstractContextManager[Any]]]]:
     """The low-precision watch of `--formats` (actscan.measure.lowprec); off: nothing."""
     if not spec.formats:
         yield None, contextlib.nullcontext
         return
-    # delayed scaling across ranks would all-reduce every step's amax: one process only
-    delayed = Delayed() if spec.first_step and "fp8" in spec.formats and world == 1 else None
+    # fp8 delayed scaling over the steps; across ranks, its amax history is MAX-reduced
+    # before each step (Delayed.sync), as data-parallel FP8 training reduces it
+    delayed = (
+        Delayed(merge=merge if world > 1 else None, device=spec.device)
+        if spec.first_step and "fp8" in spec.formats
+        else None
+    )
     with (
         HookSet() as hooks,
         lowprec_watch(
@@ -292,7 +303,7 @@ def record_pass(
     with (
         _recorders(model, layout, spec, ranks, ranks.rows(recorded)) as (rec, extra, targets),
         attention_probes(model, layout, spec.family, enabled=spec.attention) as probes,
-        _lowprec(model, spec, ranks.world_size) as (lowprec, lowprec_forward),
+        _lowprec(model, spec, ranks.world_size, ranks.merge_state) as (lowprec, lowprec_forward),
     ):
         for i in range(spec.batches):
             if progress:

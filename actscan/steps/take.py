@@ -99,7 +99,14 @@ def with_delayed(profiled: Profiled) -> Profiled:
     d = profiled.delayed
     if d is None:
         return profiled
-    return replace(profiled, low_precision=d.merged(profiled.low_precision))
+    records = d.merged(profiled.low_precision)
+    notes = profiled.notes
+    if d.unmerged:
+        notes += (
+            "--formats fp8 --steps: the ranks cast different GEMMs, so each kept its own "
+            "delayed-scaling history; the delayed figures are this rank's rows, not merged",
+        )
+    return replace(profiled, low_precision=records, notes=notes)
 
 
 def diverged_step(raw: StepsRaw | None) -> int | None:
