@@ -139,9 +139,10 @@ def _current(ctx: CheckContext) -> list[Finding | Skip]:
             f" (worst: {n(ranked[0].error or 0.0)}; {shown})"
         )
     message = "In simulated low precision, " + "; ".join(parts) + "."
-    # TE's own fallback rule (underflow) earns a warning; the error ratio is not yet
-    # calibrated against training runs: info (docs/checks.md, low-precision)
-    severity = Severity.WARN if flushed else Severity.INFO
+    # Neither rule has earned a warning: on simulated low-precision trainings (300 steps,
+    # 3 paired seeds) TE's 5% underflow flagged 4 fp8 configurations, 1 with a loss gap;
+    # the error ratio none (docs/checks.md, low-precision). Reported, at info.
+    severity = Severity.INFO
     value = max(_excess_underflow(r) for r in flushed) if flushed else max(map(_error_ratio, lossy))
     threshold = th.lowprec_underflow if flushed else th.lowprec_error_ratio
     hint = "; ".join(_hints(ctx, hits))
