@@ -231,11 +231,14 @@ def _hf(family: str, d: int, n: int) -> nn.Module:
             "mistral": (tr.MistralConfig, tr.MistralForCausalLM),
         }[family]
         extra: dict[str, Any] = {"head_dim": d // HEADS} if family == "gemma" else {}
+        # Mistral with Llama's shapes is Llama (no window reaches past 64 tokens): its own
+        # 4:1 grouped-query attention and MLP of 3.5·d make it a family of its own
+        mistral = family == "mistral"
         config = cls[0](
             hidden_size=d,
-            intermediate_size=int(8 * d / 3) // 8 * 8,
+            intermediate_size=int(3.5 * d) if mistral else int(8 * d / 3) // 8 * 8,
             num_attention_heads=HEADS,
-            num_key_value_heads=HEADS,
+            num_key_value_heads=HEADS // 4 if mistral else HEADS,
             max_position_embeddings=SEQ,
             tie_word_embeddings=family in ("gemma", "qwen2"),
             **common,
