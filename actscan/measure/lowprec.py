@@ -140,11 +140,14 @@ class Delayed:
         """Before a step's forward: every rank's history becomes the ranks' MAX (their
         step-0 rows, then each step's inputs and gradients), so each rank casts its rows
         under the scale one process would use for the whole batch."""
-        if self.merge is None or self.device is None or self.unmerged or not self.history:
+        # every rank takes the same branches here: a collective one rank skipped would hang
+        if self.merge is None or self.device is None or self.unmerged:
             return
         keys = sorted(self.history, key=repr)
         if not _same_keys(keys, self.merge, self.device):
             self.unmerged = True
+            return
+        if not keys:
             return
         st = _Merged()
         st.maxes = torch.stack([self.history[k].to(self.device, torch.float64) for k in keys])
@@ -178,20 +181,20 @@ class Delayed:
     def merged(self, records: Sequence[LowPrecRecord]) -> tuple[LowPrecRecord, ...]:
         """The fp8 records with their delayed figures (one transfer; a distributed run's
         sums merged over the ranks first)."""
-        if not self.sums:
-            return tuple(records)
         keys = list(self.sums)
         if self.merge is not None and self.device is not None and not self.unmerged:
-            keys.sort(key=repr)
-            if _same_keys(keys, self.merge, self.device):
+            keys.sort(key=repr)  # before any early return: every rank joins the collectives
+            if not _same_keys(keys, self.merge, self.device):
+                self.unmerged = True
+            elif keys:
                 st = _Merged()
                 st.sums = torch.stack([self.sums[k][:5].to(self.device) for k in keys])
                 st.maxes = torch.stack([self.sums[k][5:].to(self.device) for k in keys])
                 self.merge(st, {"sums": "sum", "maxes": "max"}, self.device)
                 for i, k in enumerate(keys):
                     self.sums[k] = torch.cat([st.sums[i], st.maxes[i]]).to(self.sums[k])
-            else:
-                self.unmerged = True
+        if not self.sums:
+            return tuple(records)
         values = torch.stack([self.sums[k] for k in keys]).cpu().tolist()  # the one transfer
         by = {(self.names.get(key), operand): dict(zip(DELAYED, v, strict=True))
               for (key, operand), v in zip(keys, values, strict=True)}  # fmt: skip
