@@ -327,8 +327,9 @@ def _convex(o: Operand) -> Flag:
     t = o.tensor
     if not (t.is_floating_point() and o.contract and t.numel()):
         return False
-    t = t.detach().float()
-    return (t >= 0).all() & ((t.sum(dim=o.contract) - 1).abs() <= 1e-4).all()
+    t = t.detach()  # two reductions, no copy: its min (NaN stays NaN: not ≥ 0), its sums
+    sums = t.sum(dim=o.contract, dtype=torch.float32)
+    return (t.amin() >= 0) & ((sums - 1).abs() <= 1e-4).all()
 
 
 def _unit_rows(o: Operand) -> Flag:
@@ -337,7 +338,7 @@ def _unit_rows(o: Operand) -> Flag:
     t = o.tensor
     if not (t.is_floating_point() and o.contract and t.numel()):
         return False
-    norms = t.detach().float().pow(2).sum(dim=o.contract).sqrt()
+    norms = torch.linalg.vector_norm(t.detach(), dim=o.contract, dtype=torch.float32)
     return ((norms - 1).abs() <= 1e-3).all()
 
 
