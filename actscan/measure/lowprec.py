@@ -323,9 +323,9 @@ class LowPrecWatch:
         return any(p is not None and storage_key(p) == key for p in own)
 
     def _names(self, operands: Sequence[Operand], op: str) -> tuple[str, ...]:
-        is_param = [self._is_param(o.tensor) for o in operands]
         if op == "linear" and len(operands) == 2:
-            return ("input", "weight")
+            return ("input", "weight")  # by position: no parameter lookup on this path
+        is_param = [self._is_param(o.tensor) for o in operands]
         if len(operands) == 2 and sum(is_param) == 1:
             return tuple("weight" if p else "input" for p in is_param)
         return ("lhs", "rhs", "third")[: len(operands)]  # an einsum's further operands: not cast
@@ -413,7 +413,7 @@ class LowPrecWatch:
         when the ranks did not run the same GEMMs (checked by a key count and digest)."""
         keys = sorted(self.sums, key=repr)
         outs = sorted(self.output_sums, key=repr)
-        if not _same_keys((keys, outs), merge_state, device):  # once per pass, at its end
+        if not _same_keys([*keys, *outs], merge_state, device):  # once per pass, at its end
             return False
         data = [k for k in keys if k[1] != "weight"]
         weights = [k for k in keys if k[1] == "weight"]
@@ -471,13 +471,12 @@ class LowPrecWatch:
         return tuple(out)
 
 
-def _same_keys(keys: Any, merge_state: MergeState, device: torch.device) -> bool:
-    """Whether every rank holds the same keys (their count and a digest of their reprs,
-    reduced MIN and MAX over the ranks): what an element-wise merge needs."""
-    n = len(keys[0]) if isinstance(keys, tuple) else len(keys)
-    digest = float(zlib.crc32(repr(keys).encode()))
+def _same_keys(keys: Sequence[Any], merge_state: MergeState, device: torch.device) -> bool:
+    """Whether every rank holds the same keys, in the same order (their count and a digest
+    of their reprs, reduced MIN and MAX over the ranks): what an element-wise merge needs."""
+    digest = float(zlib.crc32(repr(list(keys)).encode()))
     same = _Merged()
-    same.lo = torch.tensor([float(n), digest], dtype=torch.float64, device=device)
+    same.lo = torch.tensor([float(len(keys)), digest], dtype=torch.float64, device=device)
     same.hi = same.lo.clone()
     merge_state(same, {"lo": "min", "hi": "max"}, device)
     return torch.equal(same.lo, same.hi)

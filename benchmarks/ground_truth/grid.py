@@ -83,8 +83,14 @@ class Run:
 
 
 def curves() -> list[tuple[Config, int, int]]:
-    """(configuration, warmup, seed) of every lr curve of the grid, cheapest first (a
-    trimmed run still covers every family)."""
+    """(configuration, warmup, seed) of every lr curve of the grid: the rounds in the
+    order they were added, each cheapest first (a trimmed run still covers every family)."""
+    return first_round() + second_round() + third_round()
+
+
+def first_round() -> list[tuple[Config, int, int]]:
+    """The curves scored first: every family at depth 4, width 64 under each init, then
+    one of each other axis."""
     fams = ("llama", "gpt2", "qwen2", "gemma", "builtin")
     out: list[tuple[Config, int, int]] = [
         (Config(fam, 4, 64, init), 0, 0) for init in ("own", "large") for fam in fams
@@ -104,7 +110,7 @@ def curves() -> list[tuple[Config, int, int]]:
     ]
     out += [(Config(fam, 8, 128, "own"), 0, 0) for fam in ("llama", "gpt2", "qwen2")]
     out += [(Config("gemma", 8, 256, "own"), 0, 0)]
-    return out + second_round() + third_round()
+    return out
 
 
 def second_round() -> list[tuple[Config, int, int]]:
