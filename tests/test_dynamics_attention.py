@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from actscan import scan
+from actscan.diagnose.thresholds import DEFAULT
 from actscan.models.arch import ArchConfig
 from actscan.models.gpt import build_model
 from actscan.records import CheckId, Severity
@@ -90,9 +91,11 @@ def test_the_layer_whose_scores_grow_is_the_one_named() -> None:
     assert len(found) == 1 and found[0].severity is Severity.WARN
     assert found[0].layers == ("model.layers.1.self_attn",)
     assert "in model.layers.1.self_attn (block 1)" in found[0].message
-    assert "the only one of 2 attention layers ≥ 150 and grown ≥ ×10" in found[0].message
+    warn = f"≥ {DEFAULT.attn_logit_warn:g} and grown ≥ ×{DEFAULT.attn_logit_growth:g}"
+    assert f"the only one of 2 attention layers {warn}" in found[0].message
     last = dict(report.dynamics.steps[-1].attn_layers)  # type: ignore[union-attr]
-    assert last["model.layers.0.self_attn"] < 50 <= last["model.layers.1.self_attn"]
+    assert last["model.layers.0.self_attn"] < 50 <= DEFAULT.attn_logit_warn
+    assert last["model.layers.1.self_attn"] >= DEFAULT.attn_logit_warn
     quiet = scan(llama(gain=4.0), steps=2, lr=1e-3, **SMALL)
     assert not [f for f in quiet.findings if f.check == CheckId.ATTN_LOGIT_GROWTH.value]
 

@@ -53,6 +53,7 @@ def dyn(
     loss_drop: float = 0.1,
     drift: float | None = None,
     step_rms: tuple[float, float] | None = None,
+    logit_max: tuple[float, float] = (3.0, 3.0),
 ) -> Dynamics:
     """A synthetic record; `drift`: every matrix's ‖W_t − W_0‖/‖W_0‖ after the last step
     (reached linearly), `step_rms`: its update per coordinate ÷ lr at the first and last
@@ -75,7 +76,11 @@ def dyn(
                 loss=4.8 - loss_drop * t,
                 lr=lr,
                 change=change,
-                logits=LogitStats(max=3.0, log_z_mean=z, log_z_std=0.1),
+                logits=LogitStats(
+                    max=logit_max[0] + f * (logit_max[1] - logit_max[0]),
+                    log_z_mean=z,
+                    log_z_std=0.1,
+                ),
                 attn_max=attn[0] * (attn[1] / attn[0]) ** f,
             )
         )
@@ -264,8 +269,46 @@ def test_logit_drift() -> None:
     assert flat[0].value == pytest.approx(rise)
     learns = findings(dyn(log_z=(4.85, 4.85 + rise), loss_drop=rise / STEPS), CheckId.LOGIT_DRIFT)
     assert [f.severity for f in learns] == [Severity.INFO]
-    assert learns[0].value == pytest.approx(rise) and "no more than the loss" in learns[0].message
+    assert learns[0].value == pytest.approx(rise) and "under the" in learns[0].message
     assert not findings(dyn(log_z=(4.85, 4.5)), CheckId.LOGIT_DRIFT)
+
+
+def _from_init(d: Dynamics, at_init: bool = True) -> list:
+    c = with_dyn(d)
+    found, _ = evaluate(replace(c, info=replace(c.info, at_init=at_init)))
+    return only(found, CheckId.LOGIT_DRIFT.value)
+
+
+def test_logit_peak_warns_when_the_top_logit_runs_away_from_log_z() -> None:
+    """The largest logit after an update far above the mean log Z (a few positions' logits
+    ran away: their own log Z rises with them, the mean does not) is a warning for a model
+    at init, whatever log Z's mean drift; short of the threshold, or only before any
+    update, it is not; for a checkpoint (no evidence there) it is info."""
+    peak = DEFAULT.logit_peak_warn
+    z = (4.85, 4.85)  # the mean log Z stays put: log-z-drift is silent
+    ran = _from_init(dyn(log_z=z, logit_max=(3.0, 4.85 + 1.5 * peak)))
+    assert [f.severity for f in ran] == [Severity.WARN]
+    assert ran[0].value == pytest.approx(1.5 * peak) and ran[0].threshold == peak
+    assert f"After step {STEPS}" in ran[0].message and "ran away" in ran[0].message
+    assert "Lower the learning rate" in ran[0].hint
+    ckpt = _from_init(dyn(log_z=z, logit_max=(3.0, 4.85 + 1.5 * peak)), at_init=False)
+    assert [f.severity for f in ckpt] == [Severity.INFO] and "checkpoint" in ckpt[0].message
+    assert not _from_init(dyn(log_z=z, logit_max=(3.0, 4.85 + 0.9 * peak)))
+    # only t ≥ 1 counts: an init's peak that the first update removes is not judged
+    d = dyn(log_z=z)
+    s0 = d.steps[0]
+    assert s0.logits is not None
+    big0 = replace(s0, logits=replace(s0.logits, max=4.85 + 3 * peak))
+    assert not _from_init(replace(d, steps=(big0, *d.steps[1:])))
+    # an init's peak that the updates leave in place: warned, with the init's remedy
+    kept = _from_init(dyn(log_z=z, logit_max=(4.85 + 2 * peak, 4.85 + 1.5 * peak)))
+    assert [f.severity for f in kept] == [Severity.WARN]
+    assert "at init and the updates have not brought it down" in kept[0].message
+    assert "readout smaller" in kept[0].hint
+    both = _from_init(
+        dyn(log_z=(4.85, 4.85 + 2 * DEFAULT.log_z_excess), loss_drop=0.0, logit_max=(3.0, 60.0))
+    )
+    assert [f.threshold for f in both] == [DEFAULT.log_z_excess, peak]
 
 
 def test_adam_epsilon() -> None:

@@ -140,6 +140,7 @@ def judge(row: dict[str, Any], thresholds: Any) -> dict[str, str]:
             family=row["scan"]["family"],
             n_params=0,
             arch=row["scan"]["arch"],
+            at_init=True,  # every grid run trains a freshly initialised model
         ),
         run=RunInfo(),
         layout=Layout(),

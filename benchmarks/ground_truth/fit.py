@@ -34,6 +34,9 @@ Number = Callable[[Any], float | None]
 
 def numbers() -> dict[str, Number]:
     from actscan.diagnose.steps import ADAM_EPS_RATIO
+    from actscan.diagnose.thresholds import Thresholds
+
+    ATTN_GROWTH = Thresholds().attn_logit_growth
 
     def ratio_share(s: Any, below: float) -> float | None:
         return s.collapsed(below)[1] if s.grad_over_eps else None
@@ -45,11 +48,15 @@ def numbers() -> dict[str, Number]:
         "gain_drift_median (norm gains ‖g_N−g_0‖/‖g_0‖)": lambda s: s.gain_drift_median,
         "attn_last": lambda s: s.attn_last,
         "attn_growth (last ÷ first)": lambda s: s.attn_growth,
+        "attn_grown (attn_last where grown ≥ ×10, as the check judges)": lambda s: (
+            s.attn_last if s.attn_growth is None or s.attn_growth >= ATTN_GROWTH else None
+        ),
         "attn_layer_growth (max over layers)": lambda s: max(
             (b / a for a, b in s.attn_layers.values() if a > 0), default=None
         ),
         "log_z_drift": lambda s: s.log_z_drift,
         "log_z_excess (drift − loss learned)": lambda s: s.log_z_excess,
+        "logit_peak (max logit − mean log Z, after step 0)": lambda s: s.logit_peak,
         "loss_rise (max loss_t − loss_0)": lambda s: (
             max((x - s.loss[0] for x in s.loss if x is not None and math.isfinite(x)), default=None)
             if s.loss and s.loss[0] is not None
@@ -86,15 +93,6 @@ def record_numbers() -> dict[str, Callable[[Any], float | None]]:
             if s.logits and s.logits.log_z_std is not None and math.isfinite(s.logits.log_z_std)
         ]
 
-    def top_over_z(d: Any) -> float | None:
-        xs = [
-            s.logits.max - s.logits.log_z_mean
-            for s in d.steps[1:]
-            if s.logits and s.logits.max is not None and s.logits.log_z_mean is not None
-        ]
-        xs = [x for x in xs if math.isfinite(x)]
-        return max(xs) if xs else None
-
     return {
         "drift_q75 (matrices)": lambda d: drift_q(d, 0.75),
         "drift_q90 (matrices)": lambda d: drift_q(d, 0.9),
@@ -102,7 +100,6 @@ def record_numbers() -> dict[str, Callable[[Any], float | None]]:
         "log_z_std_growth (last ÷ first)": lambda d: (
             z_std(d)[-1] / z_std(d)[0] if len(z_std(d)) > 1 and z_std(d)[0] > 0 else None
         ),
-        "top_logit_over_log_z (max after step 0)": top_over_z,
     }
 
 
