@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -163,6 +164,24 @@ def test_lr_sweep_reports_the_highest_lr_below_the_first_flagged_one(isolated: P
     res = cli(*args, "--lrs", "1e-4,3e-4,1e-3", "--steps", "2", *RUN, obj=wired)
     (b,) = json.loads(res.stdout)["lr_brackets"]
     assert b["safe"] == 1e-4 and b["flagged"] == 3e-4  # 1e-3 is quiet, but above a flag
+
+
+def test_lr_verdict_when_only_the_lowest_lrs_are_flagged() -> None:
+    """No safe lr because the lowest is flagged, while a higher one is quiet: the verdict
+    names the quiet ones and does not advise lower lrs; all flagged: it does."""
+    from actscan.compare.sweep import LrBracket, LrPoint
+    from actscan.render.compare import lr_verdict
+
+    def pt(lr: float, trains: bool) -> LrPoint:
+        return LrPoint(lr, trains, () if trains else ("logit-drift warn: 12",), 5.5, 4.0)
+
+    sw = SimpleNamespace(sides=("a",))
+    low = LrBracket("a", None, None, None, 1e-3, (pt(1e-3, False), pt(3e-3, True), pt(1e-2, False)))
+    text = lr_verdict(sw, low).plain  # type: ignore[arg-type]
+    assert "no lr is called safe; yet 0.003 looks like runs that trained" in text
+    assert "try lower" not in text
+    every = LrBracket("a", None, None, None, 1e-3, (pt(1e-3, False), pt(3e-3, False)))
+    assert "try lower learning rates" in lr_verdict(sw, every).plain  # type: ignore[arg-type]
 
 
 # -- the command ------------------------------------------------------------------------------

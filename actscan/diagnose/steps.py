@@ -923,8 +923,8 @@ def _logit_peak_warns(ctx: CheckContext, s: DynStats, th: Thresholds) -> list[Fi
             peak,
             th.logit_peak_warn,
             f"After step {t} at lr {n(s.lr)} the largest output logit stands {n(peak)} nats "
-            f"above the mean log Z of the probe batch: {how}. A position's log Z is never "
-            "below its own top logit (≈ −log V below it at a uniform init), so past 0 "
+            f"above the mean log Z of the probe batch: {how}. A position's top logit is "
+            "never above its own log Z (≈ log V below it at a uniform init), so past 0 "
             "some positions' softmax is one-hot while the rest is not. In the ground "
             "truth's calibration half every run from init that stood this far after an "
             "update failed to train or spiked: diverging runs whose logits ran away, and "

@@ -475,6 +475,17 @@ def lr_verdict(sw: Sweep, b: LrBracket) -> Text:
     name = _bracket_name(sw, b)
     head = f"{name}: " if name else ""
     if b.safe is None:
+        quiet = [pt.lr for pt in b.points if pt.trains]
+        if quiet:  # flagged at the bottom, not above: not an lr too large
+            return Text(
+                f"{head}the lowest lr, {b.points[0].lr:g}, has a warn/error step finding, so "
+                "no lr is called safe; yet "
+                + ", ".join(f"{lr:g}" for lr in quiet)
+                + f" {'looks' if len(quiet) == 1 else 'look'} like runs that trained. A "
+                "finding at small lrs alone is not an lr too large: read its evidence "
+                "(an init the first steps have not corrected is one).",
+                style="yellow",
+            )
         return Text(
             f"{head}even the lowest lr, {b.points[0].lr:g}, has a warn/error step finding: "
             "try lower learning rates.",
