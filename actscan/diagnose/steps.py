@@ -909,7 +909,8 @@ def _logit_peak_warns(ctx: CheckContext, s: DynStats, th: Thresholds) -> list[Fi
     )
     kept = start is not None and start >= th.logit_peak_warn
     how = (
-        f"it was {n(start)} at init and the updates have not brought it down"
+        f"it was {n(start)} at init and the updates have not brought it down (an "
+        "init whose logits are this far apart is what `logit-scale` judges at step 0)"
         if kept and start is not None
         else f"{'from ' + n(start) + ' at step 0, ' if start is not None else ''}"
         "the logits of a few positions ran away from the rest"
