@@ -98,3 +98,20 @@ def test_the_rules_fitted_for_the_target_are_the_shipped_ones(calibration: list[
         assert mid == pytest.approx(shipped[name], rel=0.02)
     tp, flagged, unstable = ceiling.score(calibration, list(shipped.items()))
     assert tp / flagged >= 0.9 and tp / unstable >= 0.9
+
+
+def test_the_label_boundary_band_holds_only_near_cut_runs_above_the_best_lr() -> None:
+    """The band is the runs above their curve's best lr that neither diverged nor spiked
+    and ended within ±BAND of the 0.5-nat label cut; `boundary` counts the errors there."""
+    base = {"lr": 3e-2, "best_lr": 3e-3, "best_val": 2.0, "why": "", "sevs": {}}
+    near = {**base, "val": 2.45, "unstable": False}
+    far = {**base, "val": 3.5, "unstable": True, "why": "worse"}
+    below = {**base, "lr": 1e-3, "val": 2.5, "unstable": False}
+    spiked = {**base, "val": 2.55, "unstable": True, "why": "spike"}
+    assert evaluate.in_band(near) and not evaluate.in_band(far)
+    assert not evaluate.in_band(below) and not evaluate.in_band(spiked)
+    flagged_far = {**far, "sevs": {"update-size": "warn"}}
+    line = evaluate.boundary([near, flagged_far, below, spiked])
+    # errors: the spike (unflagged, unstable) only; it lies outside the band
+    assert "1 run, holding 0 of the 1 errors" in line
+    assert "recall 0.50" in line and "precision 1.00" in line

@@ -300,12 +300,13 @@ def boundary(sub: list[dict[str, Any]]) -> str:
     """Where the errors of "any step check" sit: inside the band, and the figures outside."""
     wrong = [r for r in sub if flagged(r["sevs"]) != r["unstable"]]
     out = [r for r in sub if not in_band(r)]
+    k = sum(map(in_band, sub))
     tp = sum(flagged(r["sevs"]) and r["unstable"] for r in out)
     fl = sum(flagged(r["sevs"]) for r in out)
     n_u = sum(r["unstable"] for r in out)
     return (
         f"Label boundary (above the best lr, neither diverged nor spiked, "
-        f"{WORSE_NATS:g} ± {BAND:g} nats worse than the best): {sum(map(in_band, sub))} runs, "
+        f"{WORSE_NATS:g} ± {BAND:g} nats worse than the best): {k} run{'s' * (k != 1)}, "
         f"holding {sum(map(in_band, wrong))} of the {len(wrong)} errors of any step check; "
         f"outside it precision {rate(tp, fl)}, recall {rate(tp, n_u)}."
     )
