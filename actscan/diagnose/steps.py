@@ -93,6 +93,7 @@ class DynStats:
     # its own top logit, so past 0 some positions' logits ran away from the rest)
     logit_peak: float | None = None
     logit_peak_step: int | None = None
+    logit_peak_start: float | None = None  # the same at step 0 (the init's)
     # per matrix parameter: ‖W_N − W_0‖/‖W_0‖ after the last step (UpdateRecord.drift)
     drift: dict[str, float] = field(default_factory=dict)
     # the same for every norm gain that starts away from 0 (a gain at 1: its relative
@@ -250,16 +251,19 @@ def _log_z_excess(d: Dynamics) -> float | None:
     return max(abs(z - z0) - max(0.0, l0 - loss) for z, loss in pairs)
 
 
-def _logit_peak(d: Dynamics) -> tuple[float | None, int | None]:
+def _logit_peak(d: Dynamics) -> tuple[float | None, int | None, float | None]:
+    """(the largest max logit − mean log Z after an update, its step, the step-0 value)."""
     peaks = [
         (st.logits.max - st.logits.log_z_mean, t)
         for t, st in enumerate(d.steps)
-        if t >= 1 and st.logits and finite(st.logits.max) and finite(st.logits.log_z_mean)
+        if st.logits and finite(st.logits.max) and finite(st.logits.log_z_mean)
     ]
-    if not peaks:
-        return None, None
-    peak, t = max(peaks)
-    return peak, t
+    start = next((p for p, t in peaks if t == 0), None)
+    after = [pt for pt in peaks if pt[1] >= 1]
+    if not after:
+        return None, None, start
+    peak, t = max(after)
+    return peak, t, start
 
 
 def statistics(d: Dynamics, eps_ratio: float = ADAM_EPS_RATIO) -> DynStats:
@@ -279,7 +283,7 @@ def statistics(d: Dynamics, eps_ratio: float = ADAM_EPS_RATIO) -> DynStats:
     attn_layers = {name: (vs[0], vs[-1]) for name, vs in per_layer.items() if len(vs) >= 2}
     log_z = tuple(s.logits.log_z_mean for s in d.steps if s.logits and finite(s.logits.log_z_mean))
     drift = max(abs(z - log_z[0]) for z in log_z) if len(log_z) >= 2 else None
-    peak, peak_step = _logit_peak(d)
+    peak, peak_step, peak_start = _logit_peak(d)
     g_eps: dict[str, float] = {}
     if adam and positive(opt.eps):
         first = [u.grad_rms[0] for u in d.updates if u.grad_rms and positive(u.grad_rms[0])]
@@ -312,6 +316,7 @@ def statistics(d: Dynamics, eps_ratio: float = ADAM_EPS_RATIO) -> DynStats:
         log_z_excess=_log_z_excess(d),
         logit_peak=peak,
         logit_peak_step=peak_step,
+        logit_peak_start=peak_start,
         drift=_drift(d.updates),
         gain_drift=_drift(d.updates, ("norm-gain",)),
         collapse=_collapse(d),
@@ -848,7 +853,7 @@ def _log_z_moved(ctx: CheckContext, s: DynStats, th: Thresholds) -> list[Finding
     if s.log_z_drift < th.log_z_drift and (excess is None or excess < th.log_z_excess):
         return []
     worst = max(range(len(s.log_z)), key=lambda t: abs(s.log_z[t] - s.log_z[0]))
-    head = next((r.name for r in ctx.layers if r.role == "head"), "head")
+    head = _head_name(ctx)
     learned = s.log_z_drift - excess if excess is not None else None
     if excess is None or excess < th.log_z_excess:
         return [
@@ -899,14 +904,8 @@ def _logit_peak_warns(ctx: CheckContext, s: DynStats, th: Thresholds) -> list[Fi
     peak, t = s.logit_peak, s.logit_peak_step
     if peak is None or t is None or peak < th.logit_peak_warn:
         return []
-    head = next((r.name for r in ctx.layers if r.role == "head"), "head")
-    d = ctx.dynamics
-    first = d.steps[0].logits if d and d.steps else None
-    start = (
-        first.max - first.log_z_mean
-        if first and finite(first.max) and finite(first.log_z_mean)
-        else None
-    )
+    head = _head_name(ctx)
+    start = s.logit_peak_start
     kept = start is not None and start >= th.logit_peak_warn
     how = (
         f"it was {n(start)} at init and the updates have not brought it down (an "
@@ -947,6 +946,10 @@ def _logit_peak_warns(ctx: CheckContext, s: DynStats, th: Thresholds) -> list[Fi
             ),
         )
     ]
+
+
+def _head_name(ctx: CheckContext) -> str:
+    return next((r.name for r in ctx.layers if r.role == "head"), "head")
 
 
 def _any_logits(ctx: CheckContext) -> bool:

@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
 
 from benchmarks.ground_truth.evaluate import wilson
-from benchmarks.ground_truth.fit import best_cut, calibration_table
+from benchmarks.ground_truth.fit import best_cut, calibration_table, midpoint, value
 
 SHIPPED = (
     "drift_median",
@@ -46,18 +46,8 @@ SHIPPED = (
 Rule = tuple[str, float]
 
 
-def _value(r: dict[str, Any], name: str) -> float | None:
-    v = r["values"][name]
-    return v if v is not None and math.isfinite(v) else None
-
-
 def _flags(r: dict[str, Any], rules: list[Rule]) -> bool:
-    return any((v := _value(r, n)) is not None and v >= cut for n, cut in rules)
-
-
-def _midpoint(runs: list[dict[str, Any]], name: str, cut: float) -> float:
-    below = [v for r in runs if (v := _value(r, name)) is not None and v < cut]
-    return math.sqrt(cut * max(below)) if below and max(below) > 0 and cut > 0 else cut
+    return any((v := value(r, n)) is not None and v >= cut for n, cut in rules)
 
 
 def fit_shipped(runs: list[dict[str, Any]]) -> list[Rule]:
@@ -65,7 +55,7 @@ def fit_shipped(runs: list[dict[str, Any]]) -> list[Rule]:
     for name in SHIPPED:
         got = best_cut(runs, name)
         if got is not None:
-            rules.append((name, _midpoint(runs, name, got[0])))
+            rules.append((name, midpoint(runs, name, got[0])))
     return rules
 
 
@@ -74,7 +64,7 @@ def fit_greedy(runs: list[dict[str, Any]], names: list[str], n_rules: int) -> li
     for _ in range(n_rules):
         best: tuple[int, int, Rule] | None = None
         for name in names:
-            for cut in sorted({v for r in runs if (v := _value(r, name)) is not None}):
+            for cut in sorted({v for r in runs if (v := value(r, name)) is not None}):
                 trial = [*rules, (name, cut)]
                 pred = [_flags(r, trial) for r in runs]
                 pairs = list(zip(pred, runs, strict=True))
@@ -85,7 +75,7 @@ def fit_greedy(runs: list[dict[str, Any]], names: list[str], n_rules: int) -> li
                 if not fl or tp / fl < 0.9:
                     continue
                 if best is None or (tp, -fl) > (best[0], -best[1]):
-                    best = (tp, fl, (name, _midpoint(runs, name, cut)))
+                    best = (tp, fl, (name, midpoint(runs, name, cut)))
         if best is None or best[0] <= (score(runs, rules)[0] if rules else 0):
             break
         rules.append(best[2])

@@ -123,14 +123,30 @@ def calibration_table() -> list[dict[str, Any]]:
     return out
 
 
+def value(r: dict[str, Any], name: str) -> float | None:
+    """A run's number, None where it was not measured or is not finite."""
+    v = r["values"][name]
+    return v if v is not None and math.isfinite(v) else None
+
+
+def below_cut(runs: list[dict[str, Any]], name: str, cut: float) -> float | None:
+    """The largest value under `cut` among the runs."""
+    return max((v for r in runs if (v := value(r, name)) is not None and v < cut), default=None)
+
+
+def midpoint(runs: list[dict[str, Any]], name: str, cut: float) -> float:
+    """Where a threshold goes: halfway (geometrically) between the cut and the value below
+    it, so that it does not sit on a calibration run."""
+    low = below_cut(runs, name, cut)
+    return math.sqrt(cut * low) if low is not None and low > 0 and cut > 0 else cut
+
+
 def best_cut(runs: list[dict[str, Any]], name: str) -> tuple[float, int, int, int, int] | None:
-    vals = sorted({v for r in runs if (v := r["values"][name]) is not None and math.isfinite(v)})
+    vals = sorted({v for r in runs if (v := value(r, name)) is not None})
     best = None
     n_u = sum(r["unstable"] for r in runs)
     for cut in vals:
-        pred = [
-            (v := r["values"][name]) is not None and math.isfinite(v) and v >= cut for r in runs
-        ]
+        pred = [(v := value(r, name)) is not None and v >= cut for r in runs]
         if any(p and r["is_best"] and not r["unstable"] for p, r in zip(pred, runs, strict=True)):
             continue
         tp = sum(p and r["unstable"] for p, r in zip(pred, runs, strict=True))
@@ -147,8 +163,7 @@ def clean_cut(runs: list[dict[str, Any]], name: str) -> tuple[float, float, int,
     half): (the smallest unstable value above every healthy one, the largest healthy
     value, TP, unstable runs). Where the best-F1 cut falls inside a cluster of healthy
     and unstable runs at the same lr, this one keeps the whole gap as margin."""
-    vals = [(v, r["unstable"]) for r in runs if (v := r["values"][name]) is not None]
-    vals = [(v, u) for v, u in vals if math.isfinite(v)]
+    vals = [(v, r["unstable"]) for r in runs if (v := value(r, name)) is not None]
     healthy = max((v for v, u in vals if not u), default=None)
     above = sorted(v for v, u in vals if u and (healthy is None or v > healthy))
     if not above or healthy is None:
@@ -170,16 +185,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cut, tp, fp, fn, _ = got
         p = tp / (tp + fp) if tp + fp else math.nan
-        below = [
-            v for r in runs if (v := r["values"][name]) is not None and math.isfinite(v) and v < cut
-        ]
-        # the threshold: halfway (geometrically) between the cut and the value below it,
-        # so that it does not sit on a calibration run
-        mid = math.sqrt(cut * max(below)) if below and max(below) > 0 and cut > 0 else cut
+        low = below_cut(runs, name, cut)
         print(
             f"  {name:55s} ≥ {cut:<10.4g} P {p:.2f} R {tp / n_u if n_u else math.nan:.2f}"
-            f" (TP {tp} FP {fp} FN {fn}); below it {max(below) if below else math.nan:.3g},"
-            f" midpoint {mid:.3g}"
+            f" (TP {tp} FP {fp} FN {fn}); below it {low if low is not None else math.nan:.3g},"
+            f" midpoint {midpoint(runs, name, cut):.3g}"
         )
         clean = clean_cut(runs, name)
         if clean is not None and clean[0] != cut:
