@@ -8,9 +8,10 @@ next-token loss and backward (autograd.grad over the parameters); "watched" is t
 with actscan.measure.lowprec's watch entered as the recorded pass enters it (its module
 hooks, the TorchFunctionMode around the forward, the output-gradient hooks) and its
 records read once at the end (one transfer). Interleaved, median of --reps after a
-warm-up, wall and process CPU time (steadier on a shared machine). A third, untimed run
-splits the watch's own time by operand (each operand's casts, all formats at once, timed
-around the call: exact on CPU, where nothing is asynchronous).
+warm-up, wall and process CPU time (steadier on a shared machine), and the median of each
+round's ratio (the machine's drift over the run, ±20 % here, cancels within a round). A
+third, untimed run splits the watch's own time by operand (each operand's casts, all
+formats at once, timed around the call: exact on CPU, where nothing is asynchronous).
 Results go to benchmarks/results/lowprec-cost-<timestamp>.json.
 """
 
@@ -82,6 +83,10 @@ def main() -> None:
             cpu[k].append(c)
     med = {k: statistics.median(v) for k, v in samples.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    # each round's watched ÷ its own plain: the machine's drift over the run cancels
+    pairs = zip(samples["watched"], samples["plain"], strict=True)
+    paired = statistics.median(w / p for w, p in pairs)
+    paired_cpu = statistics.median(w / p for w, p in zip(cpu["watched"], cpu["plain"], strict=True))
 
     # where the watch's time goes: each operand's casts timed, by operand kind
     split: dict[str, float] = defaultdict(float)
@@ -111,6 +116,8 @@ def main() -> None:
         "ratio": med["watched"] / med["plain"],
         "cpu_s": cpu,  # process CPU time: steadier than wall on a shared machine
         "cpu_ratio": med_cpu["watched"] / med_cpu["plain"],
+        "paired_ratio": paired,
+        "paired_cpu_ratio": paired_cpu,
         "split_s": dict(sorted(split.items(), key=lambda kv: -kv[1])),
         "casts_share_of_extra": casts / max(total - med["plain"], 1e-9),
         "load": os.getloadavg(),  # the 1/5/15-minute load at the end (a shared machine)
@@ -124,6 +131,7 @@ def main() -> None:
     print(f"plain fwd+bwd     {med['plain']:.2f} s")
     print(f"--formats (3)     {med['watched']:.2f} s   ×{result['ratio']:.2f}  (target ≤ 1.5)")
     print(f"CPU time          ×{result['cpu_ratio']:.2f}")
+    print(f"paired by round   ×{paired:.2f}  (CPU ×{paired_cpu:.2f}; median of the rounds' ratios)")
     print(f"casts: {casts:.2f} s of the {total - med['plain']:.2f} s extra; by operand:")
     for k, v in result["split_s"].items():
         print(f"  {k:14s} {v:.2f} s")

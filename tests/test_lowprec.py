@@ -204,6 +204,25 @@ def test_tiny_gradient_flushes_in_e5m2_unscaled_not_with_per_tensor_scaling() ->
     assert scaled[0] < 1e-3 and scaled[2] < 1e-2
 
 
+def test_a_non_finite_operand_keeps_its_scale_and_counts_inf_and_nan_as_saturated() -> None:
+    """An inf or NaN amax keeps the per-tensor scale at 1, as Transformer Engine keeps its
+    previous scale (its first: 1) when the amax is not finite: the finite values cast
+    unscaled (a 0 scale would turn inf into NaN and flush everything else), and in every
+    format the inf and the NaN count as nonzero values the cast saturated."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(4, 64, generator=g)
+    x[0, :8] *= 1e-4  # some values E4M3 flushes unscaled
+    x[1, 5], x[2, 9] = math.inf, math.nan
+    f = fig(x, "fp8")
+    finite = x[torch.isfinite(x)].abs().numpy()
+    assert f["nonzero"] == 256 and f["saturated"] == 2
+    assert f["flushed"] == int((oracle_round(finite, E4M3) == 0).sum()) > 0
+    for fmt in ("mxfp8", "nvfp4"):
+        f = fig(x, fmt)
+        assert f["nonzero"] == 256 and f["saturated"] >= 2, fmt
+        assert all(math.isfinite(f[k]) for k in ("flushed", "saturated", "range_blocks")), fmt
+
+
 def test_one_huge_value_ruins_its_block_only() -> None:
     g = torch.Generator().manual_seed(2)
     x = torch.randn(8, 256, generator=g)

@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 __all__ = [
     "E2M1",
@@ -103,7 +102,6 @@ N_SUMS = len(FIGURES) - 1
 
 
 _EXPONENT = 0x7F800000  # an fp32's exponent bits
-_ONE = 0x3F800000  # 1.0's fp32 bits
 _EXACT = 1 << 24  # an fp32 sum of 0s and 1s counts exactly below this many values
 
 
@@ -150,8 +148,11 @@ def _round_abs_(a: torch.Tensor, elem: Element, scratch: Scratch | None = None) 
     a = a.clamp_(max=elem.max)
     bits = _scratch(scratch, "bits", a, torch.int32)
     binade = torch.bitwise_and(a.view(torch.int32), _EXPONENT, out=bits).view(torch.float32)
-    c = binade.mul_(2.0 ** (23 - elem.mantissa)).clamp_(min=elem.tiny * 2.0**23)
-    return a.add_(c).sub_(c)
+    # c = binade · 2^(23−m) as add's and sub's alpha (exact: powers of two), its floor the
+    # smallest subnormal's 2^23 · tiny as binade's floor tiny · 2^m: one pass fewer
+    binade = binade.clamp_(min=elem.tiny * 2.0**elem.mantissa)
+    k = 2.0 ** (23 - elem.mantissa)
+    return a.add_(binade, alpha=k).sub_(binade, alpha=k)
 
 
 def round_element(y: torch.Tensor, elem: Element) -> torch.Tensor:
@@ -161,23 +162,16 @@ def round_element(y: torch.Tensor, elem: Element) -> torch.Tensor:
 
 def e8m0_scale(amax: torch.Tensor, elem: Element) -> torch.Tensor:
     """The MX block scale 2^(floor(log2 amax) − emax_elem), its exponent clamped to E8M0's
-    [−127, 127] (an all-zero block gets 2^−127·…, harmless: its values stay 0)."""
-    _, e = torch.frexp(amax)
-    return torch.ldexp(torch.ones_like(amax), (e - 1 - elem.emax).clamp(-127, 127))
+    [−127, 127]: amax's exponent bits (2^floor(log2 amax) for a normal amax, 0 below)
+    times 2^−emax_elem, exact (powers of two). An all-zero or subnormal block gets 2^−127
+    (harmless: its values stay 0 or flush), a non-finite one 2^127."""
+    binade = torch.bitwise_and(amax.float().view(torch.int32), _EXPONENT).view(torch.float32)
+    return binade.mul_(2.0**-elem.emax).clamp_(2.0**-127, 2.0**127)
 
 
-def _blocks(x: torch.Tensor, size: int, fill: float = 0.0) -> torch.Tensor:
-    """(rows, K) → (rows, ceil(K / size), size), padded with `fill` (zeros change no
-    figure; |x| padded with inf changes no block minimum)."""
-    k = x.shape[-1]
-    pad = (-k) % size
-    if pad:
-        x = F.pad(x, (0, pad), value=fill)
-    return x.reshape(x.shape[0], -1, size)
-
-
-# values per piece an operand is cast in on CPU: its temporaries stay in cache
-_CHUNK = 1 << 18
+# values per piece an operand is cast in on CPU: a piece's few buffers (4 MB each) stay
+# in the last-level cache; smaller pieces pay more per-op dispatch than they gain in cache
+_CHUNK = 1 << 20
 
 
 class _Prepared:
@@ -188,11 +182,24 @@ class _Prepared:
     16-blocks, the piece's from any), not read again."""
 
     def __init__(
-        self, x: torch.Tensor, amax: torch.Tensor | None = None, scratch: Scratch | None = None
-    ) -> None:
+        self, x: torch.Tensor, amax: torch.Tensor | None = None,
+        scratch: Scratch | None = None, recipes: Sequence[Recipe] = (),
+    ) -> None:  # fmt: skip
         self.x = x.detach().float()
         self.scratch = scratch
-        self.ab = torch.abs(self.x, out=_scratch(scratch, "ab", self.x, torch.float32))
+        # |x| (rows, K) padded with zeros to a whole number of every recipe's blocks
+        # (zeros change no figure), written where the padded buffer has it: no copy
+        rows, k = self.x.shape
+        unit = math.lcm(*[r.block for r in recipes if r.block], 1)
+        width = k + (-k) % unit
+        if scratch is None:
+            ab = torch.empty((rows, width), dtype=torch.float32, device=self.x.device)
+        else:
+            ab = scratch.flat("ab", rows * width, torch.float32, self.x.device).view(rows, width)
+        torch.abs(self.x, out=ab[:, :k] if width > k else ab)
+        if width > k:
+            ab[:, k:].zero_()
+        self.ab = ab
         self.amax = self.ab.amax() if amax is None else amax
         self._blocked: dict[int, torch.Tensor] = {}
         self._extrema: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -201,7 +208,8 @@ class _Prepared:
         """|x| in blocks of `size` (one block: the tensor)."""
         got = self._blocked.get(size)
         if got is None:
-            got = self.ab.reshape(1, 1, -1) if size == 0 else _blocks(self.ab, size)
+            rows = 1 if size == 0 else self.ab.shape[0]
+            got = self.ab.reshape(rows, -1, self.ab.numel() // rows if size == 0 else size)
             self._blocked[size] = got
         return got
 
@@ -235,70 +243,90 @@ class _Prepared:
         return got
 
 
+def _tensor_scale(amax: torch.Tensor, recipe: Recipe, elem: Element, scaled: bool) -> torch.Tensor:
+    """The per-tensor factor a recipe takes from the whole tensor's amax, computed once
+    per operand: FP8's scale fmt_max / amax (1 unscaled), NVFP4's encoding scale
+    448·6 / amax; MXFP8 has none (1). An amax of 0, inf or NaN keeps the scale at 1, as
+    Transformer Engine keeps its previous scale (its first is 1) when the amax is not a
+    positive finite number: a 0 scale would turn inf into NaN."""
+    one = torch.ones_like(amax)
+    if (recipe.block == 0 and not scaled) or recipe.scale == "e8m0":
+        return one
+    top = elem.max if recipe.block == 0 else E4M3.max * elem.max
+    scale = torch.full_like(amax, top) / amax  # (a / t: t.__rtruediv__ rounds 1/t first)
+    if recipe.block == 0:
+        scale = scale.clamp(max=torch.finfo(torch.float32).max)
+    return torch.where((amax > 0) & torch.isfinite(amax), scale, one)
+
+
 def _quantize(
-    p: _Prepared, recipe: Recipe, operand: str, scaled: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(|Q(x)| in blocks, the saturated count, block amax, block min nonzero |x|); the
-    per-tensor scales come from the whole tensor's amax."""
+    p: _Prepared, recipe: Recipe, operand: str, tscale: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """(Q of the scaled |x| in blocks, the factor that takes it back to |Q(x)|
+    (`_descaled`), the saturated count, the nonzero count of Q, block amax, block min
+    nonzero |x|); `tscale`: the recipe's per-tensor factor (`_tensor_scale`). Both
+    counts are read off the scaled |x| before it is rounded in place: Q(y) is 0 exactly
+    where y ≤ half the smallest subnormal (that tie rounds to even, 0), and saturates
+    where y > max."""
     elem = recipe.element(operand)
     ab = p.blocks(recipe.block)
     bmax, bmin = p.extrema(recipe.block)
+    y = _scratch(p.scratch, "y", ab, torch.float32)
     if recipe.block == 0:
-        fmax = torch.finfo(torch.float32).max
-        amax = p.amax
-        scale = torch.full_like(amax, elem.max) / amax if scaled else torch.ones_like(amax)
-        scale = torch.where(amax > 0, scale.clamp(max=fmax), torch.ones_like(scale))
-        y = torch.mul(ab, scale, out=_scratch(p.scratch, "y", ab, torch.float32))
-        saturated = _above(y, elem.max, p.scratch)
-        q = _round_abs_(y, elem, p.scratch).div_(scale)
+        torch.mul(ab, tscale, out=y)
+        back = tscale
     elif recipe.scale == "e8m0":
-        s = e8m0_scale(bmax, elem)
-        y = torch.div(ab, s, out=_scratch(p.scratch, "y", ab, torch.float32))
-        saturated = _above(y, elem.max, p.scratch)
-        q = _round_abs_(y, elem, p.scratch).mul_(s)
+        back = e8m0_scale(bmax, elem)
+        torch.div(ab, back, out=y)
     else:  # two levels: an E4M3 scale per block under an fp32 scale per tensor
-        tmax = p.amax
-        enc = torch.full_like(tmax, E4M3.max * elem.max) / tmax  # (a / t: t.__rtruediv__
-        enc = torch.where(tmax > 0, enc, torch.ones_like(tmax))  # rounds 1/t first)
-        dec = round_element(bmax / elem.max * enc, E4M3)  # the stored block scale
-        factor = torch.where(dec > 0, enc / dec, torch.zeros_like(dec))
-        y = torch.mul(ab, factor, out=_scratch(p.scratch, "y", ab, torch.float32))
-        saturated = _above(y, elem.max, p.scratch)
-        q = _round_abs_(y, elem, p.scratch).mul_(dec / enc)
-    return q, saturated, bmax, bmin
+        dec = _round_abs_(bmax / elem.max * tscale, E4M3)  # the stored block scale (≥ 0)
+        factor = torch.where(dec > 0, tscale / dec, 0.0)
+        torch.mul(ab, factor, out=y)
+        back = dec / tscale
+    saturated = _count_above(y, elem.max, p.scratch)
+    nonzero = _count_above(y, elem.tiny / 2, p.scratch)
+    q = _round_abs_(y, elem, p.scratch)
+    return q, back, saturated, nonzero, bmax, bmin
 
 
-def _above(y: torch.Tensor, limit: float, scratch: Scratch | None = None) -> torch.Tensor:
-    """How many of `y` (≥ 0) exceed `limit`: on the int32 bits (|y| orders as they do),
-    y − (limit + 1) is negative, its sign bit set, exactly where y ≤ limit; cheaper on CPU
-    than a comparison's bool tensor."""
+def _descaled(q: torch.Tensor, back: torch.Tensor, recipe: Recipe) -> torch.Tensor:
+    """|Q(x)| from Q of the scaled |x| (in place): ÷ the per-tensor scale, × a block's."""
+    return q.div_(back) if recipe.block == 0 else q.mul_(back)
+
+
+def _count_above(y: torch.Tensor, limit: float, scratch: Scratch | None = None) -> torch.Tensor:
+    """How many of `y` (≥ 0, or +NaN: counted) exceed `limit`, on the int32 bits (|y|
+    orders as they do). On CPU, where comparisons' bool tensors and int sums are slow, in
+    three cheap passes: the bits clamped to [b, b + 1] (b: limit's bits) are, as floats,
+    limit or the next float up; less limit, 0 or one ulp, whose fp32 sum counts exactly
+    below 2^24 values."""
     (top,) = struct.unpack("<i", struct.pack("<f", limit))
-    diff = _scratch(scratch, "bits", y, torch.int32)
-    torch.sub(y.view(torch.int32), top + 1, out=diff).bitwise_right_shift_(31)
-    if y.numel() >= _EXACT:
-        return y.numel() - torch.count_nonzero(diff)
-    # −1 (every bit set) where y ≤ limit: masked to 1.0's bits, an fp32 sum counts them
-    return y.numel() - diff.bitwise_and_(_ONE).view(torch.float32).sum()
+    bits = y.view(torch.int32)
+    if y.device.type != "cpu" or y.numel() >= _EXACT:
+        return torch.count_nonzero(bits > top)
+    ulp = struct.unpack("<f", struct.pack("<i", top + 1))[0] - limit
+    ind = torch.clamp(bits, top, top + 1, out=_scratch(scratch, "bits", y, torch.int32))
+    return ind.view(torch.float32).sub_(limit).sum() / ulp
 
 
-def _nonzero(q: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
-    """How many of `q` (≥ 0, or NaN) are nonzero, as `count_nonzero` counts them. On CPU,
-    where count_nonzero branches on every value (2-10× slower where zeros are frequent and
-    scattered, as flushed values are), the sum of sign(q), NaN taken to 1 first (sign
-    takes it to 0)."""
-    if q.device.type != "cpu" or q.numel() >= _EXACT:
-        return torch.count_nonzero(q)
-    ind = _scratch(scratch, "bits", q, torch.int32).view(torch.float32)
-    return torch.nan_to_num(q, nan=1.0, out=ind).sign_().sum()
+def _count_nonzero(ab: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:
+    """How many of `ab` (≥ 0, or +NaN: counted) are nonzero, as `count_nonzero` counts
+    them. On CPU, where count_nonzero branches on every value, the int32 bits clamped to
+    [0, 1] and shifted into the exponent: 0 or 2^−126 (the smallest normal float, so a
+    flush-to-zero mode cannot drop it), whose fp32 sum counts exactly below 2^24 values."""
+    if ab.device.type != "cpu" or ab.numel() >= _EXACT:
+        return torch.count_nonzero(ab)
+    ind = torch.clamp(ab.view(torch.int32), max=1, out=_scratch(scratch, "bits", ab, torch.int32))
+    return ind.bitwise_left_shift_(23).view(torch.float32).sum().double() * 2.0**126
 
 
-def _unblocked(q: torch.Tensor, x: torch.Tensor, recipe: Recipe) -> torch.Tensor:
+def _unblocked(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Q(x) in blocks back to x's (rows, K) shape (the padding dropped)."""
-    return q.reshape(x.shape[0], -1)[:, : x.shape[-1]] if recipe.block else q.reshape(x.shape)
+    return q.reshape(x.shape[0], -1)[:, : x.shape[-1]]
 
 
-def _signed(q: torch.Tensor, p: _Prepared, recipe: Recipe) -> torch.Tensor:
-    return torch.copysign(_unblocked(q, p.x, recipe), p.x)
+def _signed(q: torch.Tensor, p: _Prepared) -> torch.Tensor:
+    return torch.copysign(_unblocked(q, p.x), p.x)
 
 
 def quantize(
@@ -307,17 +335,23 @@ def quantize(
     """Q(x) for `x` of shape (rows, K), K the contraction dimension, in fp32.
     `scaled=False`: a per-tensor recipe casts unscaled (what a plain cast to the element
     dtype does)."""
-    p = _Prepared(x)
-    return _signed(_quantize(p, recipe, operand, scaled)[0], p, recipe)
+    p = _Prepared(x, recipes=[recipe])
+    tscale = _tensor_scale(p.amax, recipe, recipe.element(operand), scaled)
+    q, back = _quantize(p, recipe, operand, tscale)[:2]
+    return _signed(_descaled(q, back, recipe), p)
 
 
 def quantize_all(
     x: torch.Tensor, recipes: Sequence[Recipe], operand: str = "input"
 ) -> list[torch.Tensor]:
     """Q(x) of `x` (rows, K) in each recipe (what `--gemm-error` multiplies)."""
-    p = _Prepared(x)
+    p = _Prepared(x, recipes=recipes)
     _warm(p, recipes)
-    return [_signed(_quantize(p, r, operand, True)[0], p, r) for r in recipes]
+    out = []
+    for r in recipes:
+        q, back = _quantize(p, r, operand, _tensor_scale(p.amax, r, r.element(operand), True))[:2]
+        out.append(_signed(_descaled(q, back, r), p))
+    return out
 
 
 def _warm(p: _Prepared, recipes: Sequence[Recipe]) -> None:
@@ -326,11 +360,15 @@ def _warm(p: _Prepared, recipes: Sequence[Recipe]) -> None:
         p.extrema(size)
 
 
-def _pieces(x: torch.Tensor) -> list[torch.Tensor]:
+def _pieces(x: torch.Tensor, recipes: Sequence[Recipe] = ()) -> list[torch.Tensor]:
     """`x` (rows, K) in pieces of whole rows of about `_CHUNK` values on CPU, where
-    elementwise passes over a cached piece beat passes over memory; one piece elsewhere."""
+    elementwise passes over a cached piece beat passes over memory; one piece elsewhere.
+    Per-tensor recipes alone have no blocks: their pieces are flat runs of values (a
+    tensor as one row is not one piece)."""
     if x.device.type != "cpu" or x.numel() <= 2 * _CHUNK or x.dim() != 2:
         return [x]
+    if recipes and all(r.block == 0 for r in recipes) and x.is_contiguous():
+        return list(x.reshape(1, -1).split(_CHUNK, dim=1))
     return list(x.split(max(1, _CHUNK // max(int(x.shape[-1]), 1))))
 
 
@@ -374,31 +412,40 @@ def operand_figures(
     the passes write into, kept from call to call (a pass's operands on CPU)."""
     x = x.detach().float()
     flat = x.reshape(-1)
-    nonzero = torch.count_nonzero(flat).double()
     sq = torch.dot(flat, flat).double()
     lo, hi = torch.aminmax(flat)  # |x|'s max without a pass writing |x| (vector_norm's
     amax = torch.maximum(-lo, hi)  # inf-norm is an order of magnitude slower on CPU)
     # per recipe and piece: Q's nonzero count, the saturated count, ‖Q(|x|) − |x|‖², and
     # the block extrema (the ranges are taken once, over all pieces' blocks, at the end)
     counts: list[list[torch.Tensor]] = [[] for _ in recipes]
+    nonzeros: list[torch.Tensor] = []  # x's nonzero values, per piece
     errs: list[list[torch.Tensor]] = [[] for _ in recipes]
     extrema: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in recipes]
     parts: list[list[torch.Tensor]] = [[] for _ in recipes]
     padded = [0] * len(recipes)  # values of Q, padding included
     scale_ref = amax if ref is None else ref.to(amax)
     scratch = Scratch() if scratch is None else scratch
-    for piece in _pieces(x):
-        p = _Prepared(piece, scale_ref, scratch)
+    tscales = [_tensor_scale(scale_ref, r, r.element(operand), scaled) for r in recipes]
+    for piece in _pieces(x, recipes):
+        p = _Prepared(piece, scale_ref, scratch, recipes)
+        nonzeros.append(_count_nonzero(p.ab, scratch))
         _warm(p, recipes)
         for i, r in enumerate(recipes):
-            q, saturated, bmax, bmin = _quantize(p, r, operand, scaled)
-            if casts is not None:
-                parts[i].append(_signed(q, p, r))
-            counts[i] += [_nonzero(q, scratch), saturated]
-            qf = q.reshape(-1).sub_(p.blocks(r.block).reshape(-1))  # Q(|x|) − |x|, in place
+            q, back, saturated, nz_q, bmax, bmin = _quantize(p, r, operand, tscales[i])
+            ab = p.blocks(r.block)
+            counts[i] += [nz_q, saturated]
+            if casts is not None or not r.block:
+                q = _descaled(q, back, r)
+                if casts is not None:
+                    parts[i].append(_signed(q, p))
+                diff = q.sub_(ab)
+            else:  # a block's factor: |x| − Q(|x|) in one pass, ab − q · back, in place
+                diff = torch.addcmul(ab, q, back, value=-1, out=q)
+            qf = diff.reshape(-1)
             errs[i].append(torch.dot(qf, qf))
             extrema[i].append((bmax.reshape(-1), bmin.reshape(-1)))
             padded[i] += q.numel()
+    nonzero = torch.stack(nonzeros).double().sum()
     values = torch.full((), float(flat.numel()), dtype=torch.float64, device=x.device)
     rows = []
     for i, r in enumerate(recipes):
@@ -413,7 +460,9 @@ def operand_figures(
             )
         )  # fmt: skip
         if casts is not None:
-            casts.append(torch.cat(parts[i]) if len(parts[i]) > 1 else parts[i][0])
+            got = parts[i]  # pieces of rows, or flat runs: contiguous either way
+            casts.append(torch.cat([g.reshape(-1) for g in got]).view(x.shape) if len(got) > 1
+                         else got[0].reshape(x.shape))  # fmt: skip
     return torch.stack(rows)
 
 
