@@ -317,6 +317,67 @@ class Tied(nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
+class Fanout(nn.Module):
+    """q, k, v projections of one input (as Llama's attention reads its normed input), and
+    one of another tensor."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 1.0
+        return self.o(self.q(h) + self.k(h) * self.v(h))
+
+
+def test_an_input_the_next_gemms_read_again_is_cast_once_with_the_figures_of_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from actscan.measure import lowprec
+
+    cast = lowprec.operand_figures
+    inputs: list[str] = []
+
+    def counted(x: torch.Tensor, recipes: object, operand: str = "input", **kw: object) -> object:
+        inputs.append(operand)
+        return cast(x, recipes, operand, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lowprec, "operand_figures", counted)
+    x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(4))
+    report = scan(Fanout(), x, loss_fn=lambda o: o.square().mean(), formats="fp8,mxfp8")
+    assert inputs.count("input") == 2  # q, k and v share one cast; o reads another tensor
+    recs = {(r.gemm, r.operand, r.format): r for r in report.low_precision}
+    rows = x.reshape(-1, 64).numpy()
+    for fmt in ("fp8", "mxfp8"):
+        want = oracle_quantize(rows, fmt)
+        err = float(((want - rows) ** 2).sum() / (rows**2).sum())
+        for name in ("q", "k", "v"):
+            assert recs[(name, "input", fmt)].error == pytest.approx(err, rel=1e-5), (name, fmt)
+        assert recs[("o", "input", fmt)].error != pytest.approx(err, rel=1e-3)
+
+
+def test_an_input_changed_in_place_between_two_gemms_is_cast_again() -> None:
+    """The cached cast is keyed by the tensor's view and version: an in-place change
+    between two GEMMs that read the same storage is another input."""
+    from actscan.measure.hooks import HookSet
+    from actscan.measure.lowprec import lowprec_watch
+
+    h = torch.randn(16, 64, generator=torch.Generator().manual_seed(5))
+    with HookSet() as hooks, lowprec_watch(nn.Linear(64, 64), ["fp8"], False, hooks) as got:
+        watch = got[0]
+        watch._fold(("a", 0, "linear"), "input", h, [1])
+        watch._fold(("b", 0, "linear"), "input", h, [1])  # the same: the cached cast
+        h.mul_(1e-3)
+        watch._fold(("c", 0, "linear"), "input", h, [1])
+        sums = {k[0][0]: v.acc for k, v in watch.sums.items()}
+    assert torch.equal(sums["a"], sums["b"])
+    assert not torch.equal(sums["a"], sums["c"])
+    rows = h.numpy()
+    want = oracle_quantize(rows, "fp8")
+    err, sq = float(sums["c"][FIGURES.index("err")]), float(sums["c"][FIGURES.index("sq")])
+    assert err / sq == pytest.approx(float(((want - rows) ** 2).sum() / (rows**2).sum()), rel=1e-5)
+
+
 def test_a_weight_two_gemms_share_is_cast_once_with_the_figures_of_both(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

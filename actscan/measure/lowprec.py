@@ -9,7 +9,8 @@ output that casts the output gradient. Every figure is summed into a device tens
 (GEMM, operand, format); `result()` reads them all in one transfer after the pass. A
 weight is cast once per pass (it does not change within it): once per GEMM, and a weight
 several GEMMs share (a tied embedding and head, one Linear under two names) once for all
-of them, its figures kept by its view and version.
+of them, its figures kept by its view and version; so is an input the next GEMM reads
+again (a normed input into q, k and v or gate and up projections).
 
 A GEMM is named by the module that runs it (the innermost one on the call stack): a
 Linear is its own path; a module whose forward runs several contractions (an attention
@@ -251,6 +252,10 @@ class LowPrecWatch:
     # a weight's figures by its view (`_weight_view`): a weight two GEMMs share (tied, or
     # the same Linear under two names) is cast once per pass
     weight_figures: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
+    # the last input's (view, tensor, figures): the same activation read by the next GEMM
+    # (q/k/v or gate/up projections of one normed input) is cast once. The tensor is kept
+    # so that its storage, part of the view's key, cannot be freed and reused meanwhile.
+    last_input: tuple[tuple[Any, ...], torch.Tensor, torch.Tensor] | None = None
 
     def _fold(
         self, key: Key, operand: str, t: torch.Tensor, contract: Sequence[int], *,
@@ -275,13 +280,20 @@ class LowPrecWatch:
             if not figures:  # a weight already folded: only its casts
                 qs = quantize_all(rows, self.recipes, operand)
                 return [_from_rows(q, t, contract, block) for q in qs]
-            view = _weight_view(t, contract) if operand == "weight" and casts is None else None
-            cast = self.weight_figures.get(view) if view is not None else None
+            shared = operand in ("weight", "input") and casts is None
+            view = _weight_view(t, contract) if shared else None
+            cast = None
+            if view is not None and operand == "weight":
+                cast = self.weight_figures.get(view)
+            elif view is not None and self.last_input is not None and self.last_input[0] == view:
+                cast = self.last_input[2]
             if cast is None:
                 scratch = self.scratch if rows.device.type == "cpu" else None
                 cast = operand_figures(rows, self.recipes, operand, casts=casts, scratch=scratch)
-                if view is not None:
+                if view is not None and operand == "weight":
                     self.weight_figures[view] = cast
+                elif view is not None:
+                    self.last_input = (view, t, cast)
             for r, f in zip(self.recipes, cast, strict=True):
                 slot = self.sums.get((key, operand, r.name))
                 if slot is None:
@@ -614,8 +626,11 @@ def lowprec_watch(
     @contextlib.contextmanager
     def forward() -> Iterator[None]:
         watch.stack.clear()
-        with _Mode(watch):
-            yield
+        try:
+            with _Mode(watch):
+                yield
+        finally:
+            watch.last_input = None  # no activation kept past its forward
 
     yield watch, forward
 
