@@ -23,6 +23,7 @@ from torch import nn
 from actscan import scan
 from actscan.diagnose import run_checks
 from actscan.diagnose.thresholds import DEFAULT
+from actscan.measure import fused_casts
 from actscan.measure.casts import (
     E2M1,
     E4M3,
@@ -141,6 +142,7 @@ def test_figures_of_a_large_operand_cast_in_pieces_equal_the_whole_cast(
     from the whole tensor's amax, so every count is the same and the sums agree."""
     import actscan.measure.casts as casts
 
+    monkeypatch.setattr(fused_casts, "numba", None)  # the pieces are the torch path's
     g = torch.Generator().manual_seed(5)
     x = torch.randn(96, 100, generator=g)
     x[:, 7] *= 1e4  # an outlier channel: per-tensor scales flush
@@ -164,7 +166,18 @@ def rates(f: dict[str, float]) -> tuple[float, float, float]:
     return f["flushed"] / f["nonzero"], f["saturated"] / f["nonzero"], f["err"] / f["sq"]
 
 
-def test_figures_count_what_the_cast_did() -> None:
+@pytest.fixture(params=["torch", "compiled"])
+def cast_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The figures two ways: torch's elementwise passes, and the compiled casts
+    (actscan/measure/fused_casts.py, with numba: the dev extras install it)."""
+    if request.param == "torch":
+        monkeypatch.setattr(fused_casts, "numba", None)
+    elif not fused_casts.available():
+        pytest.skip("numba is not installed")
+    return str(request.param)
+
+
+def test_figures_count_what_the_cast_did(cast_path: str) -> None:
     x = torch.tensor([[0.0, 1.0, -2.0, 1e-30, 3.0, 0.0, 5.0, 8.0]])
     f = fig(x, "fp8")
     q = quantize(x, FORMATS["fp8"])
@@ -175,7 +188,7 @@ def test_figures_count_what_the_cast_did() -> None:
     assert f["range_blocks"] == 1  # one per-tensor block
 
 
-def test_outlier_channel_flushes_per_tensor_e4m3_but_not_mxfp8() -> None:
+def test_outlier_channel_flushes_per_tensor_e4m3_but_not_mxfp8(cast_path: str) -> None:
     """×1e6 on one channel: per-tensor E4M3's scale follows the outlier, and most other
     values fall below its smallest subnormal; MXFP8's 32-blocks along the contraction
     dimension confine that to the one block per row holding the channel. (×1000 is not
@@ -195,7 +208,7 @@ def test_outlier_channel_flushes_per_tensor_e4m3_but_not_mxfp8() -> None:
     assert uf_t > 0.003 and uf_t > 20 * uf_b
 
 
-def test_tiny_gradient_flushes_in_e5m2_unscaled_not_with_per_tensor_scaling() -> None:
+def test_tiny_gradient_flushes_in_e5m2_unscaled_not_with_per_tensor_scaling(cast_path: str) -> None:
     g = torch.Generator().manual_seed(1)
     grad = torch.randn(128, 256, generator=g) * 1e-9
     plain = rates(fig(grad, "fp8", "grad", scaled=False))
@@ -204,7 +217,9 @@ def test_tiny_gradient_flushes_in_e5m2_unscaled_not_with_per_tensor_scaling() ->
     assert scaled[0] < 1e-3 and scaled[2] < 1e-2
 
 
-def test_a_non_finite_operand_keeps_its_scale_and_counts_inf_and_nan_as_saturated() -> None:
+def test_a_non_finite_operand_keeps_its_scale_and_counts_inf_and_nan_as_saturated(
+    cast_path: str,
+) -> None:
     """An inf or NaN amax keeps the per-tensor scale at 1, as Transformer Engine keeps its
     previous scale (its first: 1) when the amax is not finite: the finite values cast
     unscaled (a 0 scale would turn inf into NaN and flush everything else), and in every
@@ -223,7 +238,7 @@ def test_a_non_finite_operand_keeps_its_scale_and_counts_inf_and_nan_as_saturate
         assert all(math.isfinite(f[k]) for k in ("flushed", "saturated", "range_blocks")), fmt
 
 
-def test_one_huge_value_ruins_its_block_only() -> None:
+def test_one_huge_value_ruins_its_block_only(cast_path: str) -> None:
     g = torch.Generator().manual_seed(2)
     x = torch.randn(8, 256, generator=g)
     # beyond each element format's spread (E4M3: 2^17.8, E2M1: 2^3.6) above its neighbours
@@ -239,6 +254,106 @@ def test_one_huge_value_ruins_its_block_only() -> None:
             assert not ((q == 0) & (x != 0) & others).any()
         f = fig(x, fmt)
         assert f["range_max"] > math.log2(huge / 4)  # the worst block's spread shows it
+
+
+def oracle_figures(x: np.ndarray, fmt: str, operand: str) -> dict[str, float]:
+    """The figures from the oracle's cast, summed in fp64: flushed, ‖Q(x) − x‖², and the
+    blocks' ranges log2(amax / smallest nonzero |x|)."""
+    r = FORMATS[fmt]
+    q = oracle_quantize(x, fmt, operand).astype(np.float64)
+    x64 = x.astype(np.float64)
+    a = np.abs(x64) if r.block == 0 else np.pad(np.abs(x64), ((0, 0), (0, (-x.shape[1]) % r.block)))
+    blocks = a.reshape(1, -1) if r.block == 0 else a.reshape(-1, r.block)
+    top = blocks.max(-1)
+    low = np.where(blocks > 0, blocks, np.inf).min(-1)
+    live = top > 0
+    rng = np.log2(top[live] / low[live])
+    return {
+        "nonzero": float((x != 0).sum()),
+        "flushed": float(((q == 0) & (x != 0)).sum()),
+        "err": float(((q - x64) ** 2).sum()),
+        "range_sum": float(rng.sum()),
+        "range_blocks": float(live.sum()),
+        "range_max": float(rng.max()) if live.any() else 0.0,
+    }
+
+
+def awkward(rows: int, k: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, k)) * np.exp2(rng.uniform(-6, 6, (rows, 1)))).astype(np.float32)
+    x[:, 3] *= 2000.0  # an outlier channel
+    x[1, : min(k, 70)] = 0.0  # zero blocks
+    x[2] *= 1e-7  # a row deep in the subnormals of every format's scale
+    x[0, 5] = 2.0**-140  # an fp32 subnormal
+    return x
+
+
+@pytest.mark.parametrize("operand", ["input", "grad"])
+@pytest.mark.parametrize("shape", [(24, 100), (5, 16384 + 48 + 17), (64, 768)], ids=str)
+def test_compiled_casts_match_an_fp64_oracle_and_the_torch_casts(
+    operand: str, shape: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled casts count exactly what the oracle's casts and torch's do, and sum
+    the error and the ranges in fp64 as the oracle does: K = 100 pads each row's last
+    block, K = 16,449 also runs a row over more than one group, K = 768 none."""
+    if not fused_casts.available():
+        pytest.skip("numba is not installed")
+    x = awkward(*shape, seed=sum(shape))
+    t = torch.from_numpy(x)
+    recipes = list(FORMATS.values())
+    assert fused_casts.supports(t, recipes)
+    got = operand_figures(t, recipes, operand)
+    with monkeypatch.context() as m:
+        m.setattr(fused_casts, "numba", None)
+        torch_path = operand_figures(t, recipes, operand)
+    exact = [
+        FIGURES.index(f) for f in ("values", "nonzero", "flushed", "saturated", "range_blocks")
+    ]
+    assert torch.equal(got[:, exact], torch_path[:, exact])
+    assert torch.allclose(got, torch_path, rtol=2e-4, atol=0)  # torch sums in fp32
+    for i, fmt in enumerate(FORMATS):
+        f = dict(zip(FIGURES, got[i].tolist(), strict=True))
+        want = oracle_figures(x, fmt, operand)
+        assert f["flushed"] > 0, fmt  # the planted tiny values flush in every format
+        for k in ("nonzero", "flushed", "range_blocks"):
+            assert f[k] == want[k], (fmt, k)
+        assert f["err"] == pytest.approx(want["err"], rel=1e-6), fmt
+        assert f["range_sum"] == pytest.approx(want["range_sum"], rel=1e-7), fmt
+        assert f["range_max"] == pytest.approx(want["range_max"], abs=1e-5), fmt
+        assert f["sq"] == pytest.approx(float((x.astype(np.float64) ** 2).sum()), rel=1e-12)
+
+
+def test_compiled_casts_on_several_threads_sum_to_the_one_thread_figures() -> None:
+    """A user's torch threads split the operand's rows among the kernels: the same
+    counts, and sums that differ only by their order."""
+    if not fused_casts.available():
+        pytest.skip("numba is not installed")
+    x = torch.from_numpy(awkward(96, 6000, seed=4))
+    recipes = list(FORMATS.values())
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = operand_figures(x, recipes, "input")
+        torch.set_num_threads(3)
+        assert min(3, x.numel() // fused_casts._MIN_PART) > 1  # split, really
+        three = operand_figures(x, recipes, "input")
+    finally:
+        torch.set_num_threads(threads)
+    counts = [FIGURES.index(f) for f in ("values", "nonzero", "flushed", "saturated")]
+    assert torch.equal(one[:, counts], three[:, counts])
+    assert torch.allclose(one, three, rtol=1e-12, atol=0)
+
+
+def test_without_numba_the_torch_casts_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No numba (the `fast` extra not installed): `supports` says no and the figures come
+    from torch's passes, the kernel never called."""
+    monkeypatch.setattr(fused_casts, "numba", None)
+    called: list[int] = []
+    monkeypatch.setattr(fused_casts, "operand_figures", lambda *a, **k: called.append(1))
+    x = torch.from_numpy(awkward(8, 64, seed=1))
+    assert not fused_casts.supports(x, list(FORMATS.values()))
+    f = dict(zip(FIGURES, cast_figures(x, FORMATS["mxfp8"]).tolist(), strict=True))
+    assert not called and f["flushed"] == oracle_figures(x.numpy(), "mxfp8", "input")["flushed"]
 
 
 # -- the recorded pass (`--formats`: actscan/measure/lowprec.py) ------------------------

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from actscan.measure import fused_casts
+
 __all__ = [
     "E2M1",
     "E4M3",
@@ -376,7 +378,7 @@ def _ranges(
     extrema: list[tuple[torch.Tensor, torch.Tensor]], amax: torch.Tensor | None,
     scratch: Scratch,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(each block's log2(amax / smallest nonzero |x|) in fp64, 0 where the block is all
+    """(each block's log2(amax / smallest nonzero |x|), in fp64, 0 where the block is all
     zero; which blocks are not) over all pieces' blocks, written into `scratch`'s buffers
     (a large operand has millions of blocks: fresh tensors would fault their pages in).
     `amax`: one block, the tensor, its range from the whole's amax."""
@@ -388,11 +390,10 @@ def _ranges(
         bmax = torch.cat([e[0] for e in extrema], out=scratch.flat("bmax", n, torch.float32, dev))
         bmin = torch.cat([e[1] for e in extrema], out=scratch.flat("bmin", n, torch.float32, dev))
     live = torch.gt(bmax, 0, out=scratch.like("live", bmax, torch.bool))
-    one, zero = bmax.new_ones(()), bmax.new_zeros(())
-    ratio = torch.where(live, bmin, one, out=scratch.like("ratio", bmax))
-    ratio = torch.log2(torch.div(bmax, ratio, out=ratio), out=ratio)
-    ratio = torch.where(live, ratio, zero, out=ratio)
-    return scratch.like("rng", ratio, torch.float64).copy_(ratio), live
+    # in fp64: a block's spread can pass fp32's 2^128 (a subnormal beside a large value)
+    rng = scratch.like("rng", bmax, torch.float64).copy_(bmax)
+    rng = rng.div_(scratch.like("den", bmax, torch.float64).copy_(bmin)).log2_()
+    return torch.where(live, rng, rng.new_zeros(()), out=rng), live
 
 
 def operand_figures(
@@ -412,9 +413,13 @@ def operand_figures(
     the passes write into, kept from call to call (a pass's operands on CPU)."""
     x = x.detach().float()
     flat = x.reshape(-1)
-    sq = torch.dot(flat, flat).double()
-    lo, hi = torch.aminmax(flat)  # |x|'s max without a pass writing |x| (vector_norm's
-    amax = torch.maximum(-lo, hi)  # inf-norm is an order of magnitude slower on CPU)
+    fused = casts is None and fused_casts.supports(x, recipes)
+    if fused:
+        amax, sq = fused_casts.amax_sq(x)
+    else:
+        sq = torch.dot(flat, flat).double()
+        lo, hi = torch.aminmax(flat)  # |x|'s max without a pass writing |x| (vector_norm's
+        amax = torch.maximum(-lo, hi)  # inf-norm is an order of magnitude slower on CPU)
     # per recipe and piece: Q's nonzero count, the saturated count, ‖Q(|x|) − |x|‖², and
     # the block extrema (the ranges are taken once, over all pieces' blocks, at the end)
     counts: list[list[torch.Tensor]] = [[] for _ in recipes]
@@ -424,8 +429,10 @@ def operand_figures(
     parts: list[list[torch.Tensor]] = [[] for _ in recipes]
     padded = [0] * len(recipes)  # values of Q, padding included
     scale_ref = amax if ref is None else ref.to(amax)
-    scratch = Scratch() if scratch is None else scratch
     tscales = [_tensor_scale(scale_ref, r, r.element(operand), scaled) for r in recipes]
+    if fused:  # one read of x for every format, compiled
+        return fused_casts.operand_figures(x, recipes, tscales, operand, amax, sq)
+    scratch = Scratch() if scratch is None else scratch
     for piece in _pieces(x, recipes):
         p = _Prepared(piece, scale_ref, scratch, recipes)
         nonzeros.append(_count_nonzero(p.ab, scratch))
