@@ -44,7 +44,7 @@ def main() -> None:
 
     import torch
 
-    from actscan.measure import lowprec
+    from actscan.measure import fused_casts, lowprec
     from actscan.measure.hooks import HookSet
     from actscan.measure.inputs import next_token_loss
     from actscan.models.arch import build_config, read_config_file
@@ -120,6 +120,7 @@ def main() -> None:
         "paired_cpu_ratio": paired_cpu,
         "split_s": dict(sorted(split.items(), key=lambda kv: -kv[1])),
         "casts_share_of_extra": casts / max(total - med["plain"], 1e-9),
+        "compiled_casts": fused_casts.available(),  # numba (the `fast` extra) or torch's passes
         "load": os.getloadavg(),  # the 1/5/15-minute load at the end (a shared machine)
         "machine": machine("cpu"),
     }
@@ -127,7 +128,9 @@ def main() -> None:
     out = RESULTS / f"lowprec-cost-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2))
     load = "/".join(f"{x:.1f}" for x in result["load"])
+    how = "compiled (numba)" if result["compiled_casts"] else "torch passes (no numba)"
     print(f"12 x 768, batch {args.batch} x seq {args.seq}, {args.threads} thread(s), load {load}")
+    print(f"casts: {how}")
     print(f"plain fwd+bwd     {med['plain']:.2f} s")
     print(f"--formats (3)     {med['watched']:.2f} s   ×{result['ratio']:.2f}  (target ≤ 1.5)")
     print(f"CPU time          ×{result['cpu_ratio']:.2f}")

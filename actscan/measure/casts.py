@@ -415,7 +415,7 @@ def operand_figures(
     flat = x.reshape(-1)
     fused = casts is None and fused_casts.supports(x, recipes)
     if fused:
-        amax, sq = fused_casts.amax_sq(x)
+        amax = fused_casts.amax(x)
     else:
         sq = torch.dot(flat, flat).double()
         lo, hi = torch.aminmax(flat)  # |x|'s max without a pass writing |x| (vector_norm's
@@ -431,7 +431,7 @@ def operand_figures(
     scale_ref = amax if ref is None else ref.to(amax)
     tscales = [_tensor_scale(scale_ref, r, r.element(operand), scaled) for r in recipes]
     if fused:  # one read of x for every format, compiled
-        return fused_casts.operand_figures(x, recipes, tscales, operand, amax, sq)
+        return fused_casts.operand_figures(x, recipes, tscales, operand, amax)
     scratch = Scratch() if scratch is None else scratch
     for piece in _pieces(x, recipes):
         p = _Prepared(piece, scale_ref, scratch, recipes)
