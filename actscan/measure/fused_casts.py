@@ -390,10 +390,12 @@ def _run(fn: Callable[[Any], Any], xa: Any) -> list[Any]:
     if n == 1:
         return [fn(xa)]
     global _POOL
-    if _POOL is None or _POOL._max_workers < n:
-        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="actscan-casts")
+    if _POOL is None or _POOL._max_workers < n - 1:
+        _POOL = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="actscan-casts")
     cuts = [rows * i // n for i in range(n + 1)]
-    return list(_POOL.map(fn, [xa[cuts[i] : cuts[i + 1]] for i in range(n)]))
+    pieces = [xa[cuts[i] : cuts[i + 1]] for i in range(n)]
+    rest = [_POOL.submit(fn, piece) for piece in pieces[1:]]
+    return [fn(pieces[0]), *(f.result() for f in rest)]  # the caller's thread does one
 
 
 def operand_figures(
