@@ -1092,3 +1092,23 @@ def test_fsdp_sharded_conv1d_weights_stay_weights(tmp_path: Path) -> None:
         a, b = plain[key], sharded[key]
         assert (a.values, a.nonzero) == (b.values, b.nonzero), key
         assert b.error == pytest.approx(a.error, rel=1e-6), key
+
+
+def test_without_numba_the_report_says_the_casts_ran_as_torch_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The slower path is not silent: a note names it and the extra that compiles the
+    casts; with numba, no note."""
+    model, x = Mixer(), mixer_batch()
+
+    def loss(out: torch.Tensor) -> torch.Tensor:
+        return out.square().mean()
+
+    def slow_note(report: Report) -> list[str]:
+        return [n for n in report.notes if "actscan[fast]" in n]
+
+    if fused_casts.available():
+        assert not slow_note(scan(model, x, loss_fn=loss, formats="fp8"))
+    monkeypatch.setattr(fused_casts, "numba", None)
+    assert slow_note(scan(model, x, loss_fn=loss, formats="fp8"))
+    assert not slow_note(scan(model, x, loss_fn=loss))  # formats off: nothing to say

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from actscan.measure import fused_casts
 from actscan.measure.attention import attention_probes
 from actscan.measure.hooks import HookSet
 from actscan.measure.inputs import Batch, InputSource
@@ -341,6 +342,11 @@ def record_pass(
                     "this rank's rows, not merged"
                 )
         low_precision = low_precision_records(lowprec, [b.name for b in layout.blocks])
+        if lowprec is not None and spec.device.type == "cpu" and not fused_casts.available():
+            notes.append(
+                "--formats: the casts ran as torch passes (2-3x a plain pass on CPU); "
+                "pip install 'actscan[fast]' compiles them (numba): 1.3-1.4x"
+            )
     if ride is not None:
         layout = ride.layout()  # before the attention records, which name roles
         if probes is not None:
