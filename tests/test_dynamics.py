@@ -625,3 +625,43 @@ def test_a_bucketed_step_is_the_whole_optimizer_step(monkeypatch: pytest.MonkeyP
         vocab_size=VOCAB,
     )
     assert grads == []
+
+
+@pytest.mark.parametrize("case", ["finite", "nan", "inf", "first step"])
+def test_compiled_update_figures_match_an_fp64_sum_and_the_torch_passes(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step's ‖W_t‖², ‖ΔW‖², ‖W_{t+1} − W_0‖² and non-finite flag from the compiled read
+    (actscan/steps/fused_moved.py) against the same fp32 differences summed in fp64 (to
+    1e-12), and against `_moved`'s torch passes (their fp32 norms, to 1e-4): over several
+    chunks and groups, an inf or a NaN in the update, and the first step (no W_0: the
+    drift is the update)."""
+    from actscan.steps import fused_moved
+    from actscan.steps.loop import _moved
+
+    g = torch.Generator().manual_seed(3)
+    n = 3 * (1 << 20) + 17
+    old = torch.randn(n, generator=g)
+    now = old + 1e-3 * torch.randn(n, generator=g)
+    w0 = old + 1e-2 * torch.randn(n, generator=g)
+    if case == "nan":
+        now[5] = math.nan
+    if case == "inf":
+        now[n - 3] = math.inf
+    first = w0 if case != "first step" else None
+    if not fused_moved.supports(old, now):
+        pytest.skip("numba is not installed")
+    got = _moved(old.clone(), now, first)
+    d = (old - now).double()
+    want = [old.double().square().sum(), d.square().sum()]
+    want.append((now - w0).double().square().sum() if first is not None else want[1])
+    bad = float(case in ("nan", "inf"))
+    assert float(got[3]) == bad
+    for a, b in zip(got[:3], want, strict=True):
+        assert torch.allclose(a, b, rtol=1e-12, equal_nan=True), (a, b)
+    with monkeypatch.context() as m:
+        m.setattr(fused_moved, "numba", None)
+        torch_passes = _moved(old.clone(), now, first)
+    assert float(torch_passes[3]) == bad
+    for a, b in zip(got[:3], torch_passes[:3], strict=True):  # torch's fp32 norms: 2e-5
+        assert torch.allclose(a, b, rtol=1e-4, equal_nan=True), (a, b)

@@ -36,7 +36,7 @@ try:  # optional: the torch path in `casts` stands in without it
 except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None  # type: ignore[assignment]
 
-__all__ = ["amax", "available", "operand_figures", "supports"]
+__all__ = ["amax", "available", "borrowed", "operand_figures", "supports"]
 
 
 class Recipe(Protocol):
@@ -369,8 +369,14 @@ class _Borrowed:
         }
 
 
+def borrowed(t: torch.Tensor) -> Any:
+    """`t`'s memory (fp32, C-contiguous) as a numpy array, not a copy: for the compiled
+    kernels here and in `steps.fused_moved`."""
+    return np.asarray(_Borrowed(t))
+
+
 def _numpy(x: torch.Tensor) -> Any:
-    return np.asarray(_Borrowed(x.detach().float().contiguous()))
+    return borrowed(x.detach().float().contiguous())
 
 
 def _pattern(v: Any) -> int:

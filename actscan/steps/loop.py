@@ -84,6 +84,7 @@ from actscan.records import (
     UpdateRecord,
     block_updates,
 )
+from actscan.steps import fused_moved
 from actscan.steps.figures import StepFigures, exchange, host_values
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -890,6 +891,8 @@ def _moved(
     `w0` (None at t = 0, where W_{t+1} − W_0 is −(W_t − W_{t+1}) bit for bit).
     Chunk by chunk, so every pass after the first read of a chunk finds it in cache: each
     chunk's 2-norm taken in fp32 at least, squared and summed in fp64."""
+    if fused_moved.supports(old, now):  # one compiled read of the three
+        return fused_moved.moved(old, now, w0)
     b, acc = now.reshape(-1), _acc(now)
     w0f = w0.reshape(-1) if w0 is not None else None
     cpu = b.device.type == "cpu"
