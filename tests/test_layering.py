@@ -8,6 +8,7 @@ today's exceptions, each to be removed, never added to: a new exception fails th
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -422,9 +423,14 @@ def _help_path() -> set[str]:
 
 def test_function_local_imports_only_where_they_keep_startup_light() -> None:
     """A function-local import is there to keep `actscan --help` fast and free of torch, a
-    light module free of torch, or a single-process run free of the distributed stack;
-    anywhere else it belongs at the top of the module (the cycle test counts it anyway)."""
+    light module free of torch, a single-process run free of the distributed stack, or
+    every run free of an optional dependency's import until it is used (the numba kernels
+    of the `fast` extra); anywhere else it belongs at the top of the module (the cycle test
+    counts it anyway)."""
     heavy, help_path = _heavy_modules(), _help_path()
+    optional = {
+        m for m, path in MODULES.items() if re.search(r"^import numba$", path.read_text(), re.M)
+    }
 
     def justified(e: Edge) -> bool:
         lazy_stack = e.dst.startswith(("torch.distributed", "actscan.distributed"))
@@ -433,6 +439,7 @@ def test_function_local_imports_only_where_they_keep_startup_light() -> None:
             or e.src == "actscan"
             or (e.src not in heavy and (e.dst.split(".")[0] == "torch" or e.dst in heavy))
             or lazy_stack
+            or e.dst in optional
         )
 
     needless = [

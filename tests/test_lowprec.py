@@ -142,7 +142,7 @@ def test_figures_of_a_large_operand_cast_in_pieces_equal_the_whole_cast(
     from the whole tensor's amax, so every count is the same and the sums agree."""
     import actscan.measure.casts as casts
 
-    monkeypatch.setattr(fused_casts, "numba", None)  # the pieces are the torch path's
+    monkeypatch.setattr(fused_casts, "_kernels", lambda: None)  # the pieces are the torch path's
     g = torch.Generator().manual_seed(5)
     x = torch.randn(96, 100, generator=g)
     x[:, 7] *= 1e4  # an outlier channel: per-tensor scales flush
@@ -171,7 +171,7 @@ def cast_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     """The figures two ways: torch's elementwise passes, and the compiled casts
     (actscan/measure/fused_casts.py, with numba: the dev extras install it)."""
     if request.param == "torch":
-        monkeypatch.setattr(fused_casts, "numba", None)
+        monkeypatch.setattr(fused_casts, "_kernels", lambda: None)
     elif not fused_casts.available():
         pytest.skip("numba is not installed")
     return str(request.param)
@@ -305,7 +305,7 @@ def test_compiled_casts_match_an_fp64_oracle_and_the_torch_casts(
     assert fused_casts.supports(t, recipes)
     got = operand_figures(t, recipes, operand)
     with monkeypatch.context() as m:
-        m.setattr(fused_casts, "numba", None)
+        m.setattr(fused_casts, "_kernels", lambda: None)
         torch_path = operand_figures(t, recipes, operand)
     exact = [
         FIGURES.index(f) for f in ("values", "nonzero", "flushed", "saturated", "range_blocks")
@@ -348,7 +348,7 @@ def test_compiled_casts_on_several_threads_sum_to_the_one_thread_figures() -> No
 def test_without_numba_the_torch_casts_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
     """No numba (the `fast` extra not installed): `supports` says no and the figures come
     from torch's passes, the kernel never called."""
-    monkeypatch.setattr(fused_casts, "numba", None)
+    monkeypatch.setattr(fused_casts, "_kernels", lambda: None)
     called: list[int] = []
     monkeypatch.setattr(fused_casts, "operand_figures", lambda *a, **k: called.append(1))
     x = torch.from_numpy(awkward(8, 64, seed=1))
@@ -1109,6 +1109,6 @@ def test_without_numba_the_report_says_the_casts_ran_as_torch_passes(
 
     if fused_casts.available():
         assert not slow_note(scan(model, x, loss_fn=loss, formats="fp8"))
-    monkeypatch.setattr(fused_casts, "numba", None)
+    monkeypatch.setattr(fused_casts, "_kernels", lambda: None)
     assert slow_note(scan(model, x, loss_fn=loss, formats="fp8"))
     assert not slow_note(scan(model, x, loss_fn=loss))  # formats off: nothing to say
