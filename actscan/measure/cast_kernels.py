@@ -27,7 +27,6 @@ _S_LO, _S_HI = np.float32(2.0**-127), np.float32(2.0**127)
 _ZERO, _ONE = np.float32(0.0), np.float32(1.0)
 _BIG = np.float32(math.inf)
 NONE = np.int32(0x7FFFFFFF).view(np.float32)  # `_prev` of 0: NaN's pattern, compared as bits
-_NONE = NONE
 
 
 def _codegen(op: Any) -> Any:
@@ -224,7 +223,7 @@ def _group(seg: Any, p: Any, acc: Any, lo: Any, w: Any) -> None:
     on_t, on_m, on_n = p[0, 0] > 0, p[1, 0] > 0, p[2, 0] > 0
     for b in range(n16 if on_m or on_n else 0):  # the 16-block extrema, on the bits
         m = _ZERO
-        s = _NONE
+        s = NONE
         for j in range(16):
             a = abs(seg[b * 16 + j])
             m = _top(a, m)
@@ -257,7 +256,7 @@ def _group(seg: Any, p: Any, acc: Any, lo: Any, w: Any) -> None:
         sq += seg[i] * seg[i]
     q0, s0, q1, s1, q2, s2 = _ZERO, _ZERO, _ZERO, _ZERO, _ZERO, _ZERO
     e0, e1, e2 = _ZERO, _ZERO, _ZERO
-    low = _NONE
+    low = NONE
     if on_t:
         ts, mx, half, floor, step = p[0, 1], p[0, 2], p[0, 3], p[0, 4], p[0, 5]
         for i in range(seg.shape[0]):

@@ -412,14 +412,19 @@ def operand_figures(
     the previous steps' history); x's values above it saturate. `scratch`: the buffers
     the passes write into, kept from call to call (a pass's operands on CPU)."""
     x = x.detach().float()
-    flat = x.reshape(-1)
     fused = casts is None and fused_casts.supports(x, recipes)
-    if fused:
+    if fused:  # one read of x for every format, compiled
+        x = x.contiguous()  # once: both kernels read its memory as it is
         amax = fused_casts.amax(x)
     else:
+        flat = x.reshape(-1)
         sq = torch.dot(flat, flat).double()
         lo, hi = torch.aminmax(flat)  # |x|'s max without a pass writing |x| (vector_norm's
         amax = torch.maximum(-lo, hi)  # inf-norm is an order of magnitude slower on CPU)
+    scale_ref = amax if ref is None else ref.to(amax)
+    tscales = [_tensor_scale(scale_ref, r, r.element(operand), scaled) for r in recipes]
+    if fused:
+        return fused_casts.operand_figures(x, recipes, tscales, operand, amax)
     # per recipe and piece: Q's nonzero count, the saturated count, ‖Q(|x|) − |x|‖², and
     # the block extrema (the ranges are taken once, over all pieces' blocks, at the end)
     counts: list[list[torch.Tensor]] = [[] for _ in recipes]
@@ -428,10 +433,6 @@ def operand_figures(
     extrema: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in recipes]
     parts: list[list[torch.Tensor]] = [[] for _ in recipes]
     padded = [0] * len(recipes)  # values of Q, padding included
-    scale_ref = amax if ref is None else ref.to(amax)
-    tscales = [_tensor_scale(scale_ref, r, r.element(operand), scaled) for r in recipes]
-    if fused:  # one read of x for every format, compiled
-        return fused_casts.operand_figures(x, recipes, tscales, operand, amax)
     scratch = Scratch() if scratch is None else scratch
     for piece in _pieces(x, recipes):
         p = _Prepared(piece, scale_ref, scratch, recipes)

@@ -120,7 +120,7 @@ def borrowed(t: torch.Tensor) -> Any:
 
 
 def _numpy(x: torch.Tensor) -> Any:
-    return borrowed(x.detach().float().contiguous())
+    return borrowed(x.detach().float().contiguous())  # no copy of what `casts` passes
 
 
 def _pattern(v: Any) -> int:
@@ -183,7 +183,7 @@ def operand_figures(
         if k == 0:  # one block, the tensor: its range from the whole amax
             top = float(amax)
             live = float(top > 0)  # 0 for NaN, as `casts` takes it
-            low = _after(lo) if _pattern(lo) != 0x7FFFFFFF else math.inf
+            low = _after(lo) if _pattern(lo) != _pattern(kern.NONE) else math.inf  # none: inf
             rsum = rmax = math.log2(top) - math.log2(low) if live else 0.0
         out.append([values, nonzero, nonzero - nzq, sat, err, sq, rsum, live, rmax])
     return torch.tensor(out, dtype=torch.float64)
