@@ -145,10 +145,11 @@ def scan_target(
     gate on the same findings. `checks` replaces the check runner (None: the real checks,
     actscan.diagnose.evaluate).
     """
-    from actscan.run import scan_model  # looked up per call: tests may watch it
+    from actscan.run import preload_kernels, scan_model  # looked up per call: tests may watch it
 
     spec = TargetSpec(spec) if isinstance(spec, str) else spec
     settings = Settings() if settings is None else settings
+    preload_kernels(settings)
     if progress is not None:
         progress.stage(f"building {spec.target}")
     with resource_limits(f"building {spec.target}", BUILD_ADVICE):

@@ -25,6 +25,7 @@ from actscan.distributed.ranks import ShardedPass
 from actscan.distributed.runtime import current as dist_current
 from actscan.layout.detect import detect_layout
 from actscan.layout.probe import PassProbe, Probe, probe_pass
+from actscan.measure import compiled, fused_casts, fused_reduce
 from actscan.measure.model_inputs import ChosenInputs, choose_inputs
 from actscan.measure.params import param_records
 from actscan.measure.prepare import (
@@ -51,12 +52,21 @@ from actscan.measure.trace import trace_profile, untraced_note
 from actscan.records import BlockProof, Finding, Layout, ModelInfo, ParamRecord, Skip
 from actscan.report.report import Report
 from actscan.settings import SOURCE_SCAN, Ignore, Settings, apply_ignores
+from actscan.steps import fused_moved
 from actscan.steps.loop import StepSpec, StepsRaw
 from actscan.steps.take import steps_record, take_steps, trace_steps, with_delayed
 from actscan.targets.info import infer_info
 from actscan.targets.stored_dtype import stored_dtype_note
 
-__all__ = ["CheckRunner", "infer_info", "scan", "scan_model", "scan_settings", "with_at_init"]
+__all__ = [
+    "CheckRunner",
+    "infer_info",
+    "preload_kernels",
+    "scan",
+    "scan_model",
+    "scan_settings",
+    "with_at_init",
+]
 
 # The check runner: the records of one run → (findings, checks that did not run).
 CheckRunner = Callable[[CheckContext], tuple[tuple[Finding, ...], tuple[Skip, ...]]]
@@ -247,6 +257,24 @@ def scan_settings(
         thresholds = {k: v for k, v in thresholds.as_dict().items() if v != defaults[k]}
     dev = None if device is None else str(device)
     return Settings.given(SOURCE_SCAN, thresholds=thresholds, dtype=dtype, device=dev, **values)
+
+
+def preload_kernels(s: Settings) -> None:
+    """Start loading, in the background, the compiled CPU kernels a run with these
+    settings uses (the recorder's read of each output; the casts with `--formats`; the
+    update figures with `--steps`): the CLI calls it before it builds the model, so the
+    ~0.5 s of numba's import and cache load overlaps the build (actscan.measure.compiled)."""
+    device = str(s.device or "cpu")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not device.startswith("cpu"):
+        return  # the kernels are CPU-only
+    loaders = [fused_reduce.loader]
+    if s.formats:
+        loaders.append(fused_casts.loader)
+    if s.steps:
+        loaders.append(fused_moved.loader)
+    compiled.preload(*loaders)
 
 
 def step_spec(s: Settings) -> StepSpec:

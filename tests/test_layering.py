@@ -424,13 +424,12 @@ def _help_path() -> set[str]:
 def test_function_local_imports_only_where_they_keep_startup_light() -> None:
     """A function-local import is there to keep `actscan --help` fast and free of torch, a
     light module free of torch, a single-process run free of the distributed stack, or
-    every run free of an optional dependency's import until it is used (the numba kernels
-    of the `fast` extra); anywhere else it belongs at the top of the module (the cycle test
-    counts it anyway)."""
+    every run free of an optional dependency's import until it is used (the numba and
+    llvmlite kernels of the `fast` extra); anywhere else it belongs at the top of the
+    module (the cycle test counts it anyway)."""
     heavy, help_path = _heavy_modules(), _help_path()
-    optional = {
-        m for m, path in MODULES.items() if re.search(r"^import numba$", path.read_text(), re.M)
-    }
+    kernel_deps = re.compile(r"^import (numba|llvmlite)\b", re.M)
+    optional = {m for m, path in MODULES.items() if kernel_deps.search(path.read_text())}
 
     def justified(e: Edge) -> bool:
         lazy_stack = e.dst.startswith(("torch.distributed", "actscan.distributed"))

@@ -23,7 +23,7 @@ from torch import nn
 from actscan import scan
 from actscan.diagnose import run_checks
 from actscan.diagnose.thresholds import DEFAULT
-from actscan.measure import fused_casts
+from actscan.measure import compiled, fused_casts
 from actscan.measure.casts import (
     E2M1,
     E4M3,
@@ -336,7 +336,7 @@ def test_compiled_casts_on_several_threads_sum_to_the_one_thread_figures() -> No
         torch.set_num_threads(1)
         one = operand_figures(x, recipes, "input")
         torch.set_num_threads(3)
-        assert min(3, x.numel() // fused_casts._MIN_PART) > 1  # split, really
+        assert min(3, x.numel() // compiled.MIN_PART) > 1  # split, really
         three = operand_figures(x, recipes, "input")
     finally:
         torch.set_num_threads(threads)

@@ -20,11 +20,24 @@ import torch.nn.functional as F
 from torch import nn
 
 import actscan.measure.recorder as recmod
+from actscan.measure import fused_reduce
 from actscan.measure.recorder import RawStats, Recorder, iter_named
 from actscan.models.arch import ArchConfig
 from actscan.models.gpt import build_model
 
 REL = 1e-5
+
+
+@pytest.fixture(autouse=True, params=["torch", "compiled"])
+def reduce_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test two ways: the recorder's torch passes, and the compiled read of an
+    output (actscan/measure/fused_reduce.py, with llvmlite: the dev extras install it)."""
+    if request.param == "torch":
+        monkeypatch.setattr(fused_reduce, "_kernels", lambda: None)
+    else:
+        pytest.importorskip("llvmlite", reason="llvmlite (the `fast` extra) is not installed")
+        assert fused_reduce.available()  # installed, so the loop must build
+    return str(request.param)
 
 
 # -- an independent fp64 reference ------------------------------------------------------
@@ -388,18 +401,19 @@ def test_moments_match_fp64_and_count_nonfinite_exactly() -> None:
         torch.randn(7, generator=gen),  # 1-d
         torch.tensor(2.5),  # 0-d
         torch.randn(16, 8, generator=gen).to(torch.bfloat16),
+        torch.randn(64, 32, 3, 3, generator=gen) * 0.1 - 0.02,  # a conv weight: 4-d, large
         bad,
         torch.zeros(0),
         torch.arange(6),  # integer: skipped
     ]
     got = recmod.moments(tensors)
-    for t, (mean, std, nonfinite) in zip(tensors[:5], got[:5], strict=True):
+    for t, (mean, std, nonfinite) in zip(tensors[:6], got[:6], strict=True):
         ref = t.detach().to(torch.float64)
         assert mean == pytest.approx(ref.mean().item(), rel=REL)
         assert std == pytest.approx(ref.var(correction=0).sqrt().item(), rel=REL, abs=1e-12)
         assert nonfinite == 0
-    assert got[5][2] == 3 and not math.isfinite(got[5][0])
-    assert got[6] == got[7] == (0.0, 0.0, 0)
+    assert got[6][2] == 3 and not math.isfinite(got[6][0])
+    assert got[7] == got[8] == (0.0, 0.0, 0)
 
 
 def test_channel_summary_matches_the_python_statistics(monkeypatch: Any) -> None:
@@ -459,5 +473,41 @@ def test_small_outputs_on_one_thread_leave_the_thread_count_alone() -> None:
             with pytest.raises(RuntimeError, match="boom"):
                 boom(torch.randn(3, 4))
         assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_compiled_read_matches_fp64_and_the_torch_passes(reduce_path: str) -> None:
+    """One compiled read of an fp32 output gives the torch passes' figures: Σx and row
+    norms to fp64 within fp32 rounding, counts and per-channel extrema exactly, on any
+    thread count; a NaN stays in its column's max and min (first row or later), as in
+    torch's amax and amin."""
+    if reduce_path == "torch":
+        pytest.skip("the compiled read itself")
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(700, 1024, generator=gen) * 3 + 0.5
+    x[3, 7] = 0.0
+    x[10, :5] = -0.0
+    x64 = x.double()
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            s, norms, counts, hi, lo = fused_reduce.reduce(x)
+            assert s.dtype == torch.float64
+            assert s.item() == pytest.approx(x64.sum().item(), rel=1e-6)
+            assert torch.allclose(norms.double(), x64.norm(dim=1), rtol=1e-6, atol=0)
+            assert counts.tolist() == [x.numel(), 6]
+            assert torch.equal(hi, x.amax(0)) and torch.equal(lo, x.amin(0))
+        y = x.clone()
+        y[5, 2], y[6, 3], y[7, 3] = float("nan"), float("inf"), float("-inf")
+        y[0, 4] = float("nan")
+        s, norms, counts, hi, lo = fused_reduce.reduce(y)
+        assert counts.tolist() == [x.numel() - 4, 6] and math.isnan(s.item())
+        assert math.isnan(norms[5]) and norms[6] == math.inf and norms[7] == math.inf
+        assert math.isnan(hi[2]) and math.isnan(lo[2]) and math.isnan(hi[4])
+        assert math.isnan(lo[4]) and hi[3] == math.inf and lo[3] == -math.inf
+        assert torch.allclose(hi, y.amax(0), rtol=0, atol=0, equal_nan=True)
+        assert torch.allclose(lo, y.amin(0), rtol=0, atol=0, equal_nan=True)
     finally:
         torch.set_num_threads(threads)

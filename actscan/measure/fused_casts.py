@@ -22,14 +22,15 @@ cast is reordered.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-__all__ = ["amax", "available", "borrowed", "lazy", "operand_figures", "supports"]
+from actscan.measure.compiled import borrowed, lazy, split_rows
+
+__all__ = ["amax", "available", "loader", "operand_figures", "supports"]
 
 
 class Recipe(Protocol):
@@ -43,29 +44,24 @@ class Recipe(Protocol):
     def element(self, operand: str) -> Any: ...
 
 
-def lazy(load: Callable[[], Any]) -> Callable[[], Any]:
-    """`load()` (an import of an optional dependency's module) on the first call, then
-    its module, or None if the import failed: nothing is imported until it is used."""
-    got: list[Any] = []
-
-    def module() -> Any:
-        if not got:
-            try:
-                got.append(load())
-            except ImportError:  # numba (the `fast` extra) is not installed
-                got.append(None)
-        return got[0]
-
-    return module
-
-
 def _load() -> Any:
     from actscan.measure import cast_kernels
 
+    # the first calls load the compiled code from numba's cache: here, so that
+    # `compiled.preload` takes it off the pass; the argument types are the calls' own
+    x = borrowed(torch.zeros(1, 32))
+    cast_kernels.amax(x.reshape(-1))
+    lo = np.full(1, cast_kernels.NONE, np.float32)
+    cast_kernels.kernel(x, np.ones((3, 7), np.float32), np.zeros((4, 7)), lo)
     return cast_kernels
 
 
 _kernels = lazy(_load)  # `cast_kernels` (numba's loops), or None without numba
+
+
+def loader() -> Any:
+    """The kernels' loader, for `compiled.preload` (None: not installed)."""
+    return _kernels()
 
 
 def available() -> bool:
@@ -93,30 +89,9 @@ def amax(x: torch.Tensor) -> torch.Tensor:
     """|x|'s amax of a CPU `x` (NaN if it holds one), in one read: the per-tensor
     scales' reference, before the casts."""
     kern = _kernels()
-    got = _run(lambda part: kern.amax(part.reshape(-1)), _numpy(x))
+    xa = _numpy(x)
+    got = split_rows(lambda b: kern.amax(xa[b[0] : b[1]].reshape(-1)), xa.shape[0], xa.size)
     return torch.tensor(max((np.float32(t) for t in got), key=_pattern), dtype=torch.float32)
-
-
-class _Borrowed:
-    """A C-contiguous fp32 tensor's memory as numpy sees it, through the array
-    interface: `Tensor.numpy()` would mark the storage not resizable for good, and FSDP
-    frees an unsharded parameter by resizing its storage to 0. Holds the tensor, so the
-    memory lives as long as the array does."""
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self.t = t
-        self.__array_interface__ = {
-            "shape": tuple(t.shape),
-            "typestr": "<f4",
-            "data": (t.data_ptr(), True),
-            "version": 3,
-        }
-
-
-def borrowed(t: torch.Tensor) -> Any:
-    """`t`'s memory (fp32, C-contiguous) as a numpy array, not a copy: for the compiled
-    kernels here and in `steps.fused_moved`."""
-    return np.asarray(_Borrowed(t))
 
 
 def _numpy(x: torch.Tensor) -> Any:
@@ -126,26 +101,6 @@ def _numpy(x: torch.Tensor) -> Any:
 def _pattern(v: Any) -> int:
     """An fp32's int32 bits: the order `casts` takes |x| in (+NaN above inf)."""
     return int(np.float32(v).view(np.int32))
-
-
-_POOL: ThreadPoolExecutor | None = None
-_MIN_PART = 1 << 18  # values below which a thread costs more than it saves
-
-
-def _run(fn: Callable[[Any], Any], xa: Any) -> list[Any]:
-    """`fn` over pieces of whole rows of `xa`, one per torch thread (the kernels release
-    the GIL): a user's threads speed the casts as they speed the pass."""
-    rows = xa.shape[0]
-    n = max(1, min(torch.get_num_threads(), rows, xa.size // _MIN_PART))
-    if n == 1:
-        return [fn(xa)]
-    global _POOL
-    if _POOL is None or _POOL._max_workers < n - 1:
-        _POOL = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="actscan-casts")
-    cuts = [rows * i // n for i in range(n + 1)]
-    pieces = [xa[cuts[i] : cuts[i + 1]] for i in range(n)]
-    rest = [_POOL.submit(fn, piece) for piece in pieces[1:]]
-    return [fn(pieces[0]), *(f.result() for f in rest)]  # the caller's thread does one
 
 
 def operand_figures(
@@ -165,13 +120,13 @@ def operand_figures(
                     2.0**-elem.mantissa)  # fmt: skip
         p[k, 6] = 2.0**-elem.emax
 
-    def part(piece: Any) -> tuple[Any, Any]:
+    def part(b: tuple[int, int]) -> tuple[Any, Any]:
         acc = np.zeros((4, 7))
         lo = np.full(1, kern.NONE, np.float32)
-        kern.kernel(piece, p, acc, lo)
+        kern.kernel(xa[b[0] : b[1]], p, acc, lo)
         return acc, lo[0]
 
-    got = _run(part, xa)
+    got = split_rows(part, xa.shape[0], xa.size)
     acc = np.sum([g[0] for g in got], axis=0)
     acc[:, 5] = np.max([g[0][:, 5] for g in got], axis=0)  # the range's maximum
     lo = min((g[1] for g in got), key=_pattern)

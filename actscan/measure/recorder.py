@@ -60,6 +60,7 @@ import torch
 from torch import nn
 
 from actscan.errors import UsageError
+from actscan.measure import fused_reduce
 from actscan.measure.hooks import HookSet
 from actscan.measure.moments import merge_moments
 
@@ -408,13 +409,13 @@ class Recorder:
         per_channel = self.channels and c <= _MAX_CHANNELS
         work = x.dtype if x.dtype in _WORK else torch.float32
         key = (work, x.device)
-        one = self._ones.get(key)
-        if one is None:
-            one = self._ones[key] = torch.ones((), dtype=work, device=x.device)
+        # one compiled read per chunk (fused_reduce: llvmlite, CPU, fp32); whole if x is fp32
+        fused = work == torch.float32 and fused_reduce.runs_on(x.device)
+        whole = fused and x.dtype == torch.float32
         if c <= _MAX_CHANNELS:
             x2 = x.view(-1, c)
             rows, per = x2.shape[0], max(1, _CHUNK // c)
-            if x2.numel() <= _WHOLE or rows <= per:
+            if whole or x2.numel() <= _WHOLE or rows <= per:
                 chunks: Sequence[torch.Tensor] = (x2,)
             else:
                 chunks = [x2[r : r + per] for r in range(0, rows, per)]
@@ -422,7 +423,7 @@ class Recorder:
             flat = x.view(-1)
             cut = flat.numel() - flat.numel() % _WIDE_ROW
             x2 = flat[:cut].view(-1, _WIDE_ROW)
-            per = max(1, _CHUNK // _WIDE_ROW)
+            per = max(1, x2.shape[0] if whole else _CHUNK // _WIDE_ROW)
             chunks = [x2[r : r + per] for r in range(0, x2.shape[0], per)]
             if cut < flat.numel():
                 chunks.append(flat[cut:].view(1, -1))
@@ -431,6 +432,20 @@ class Recorder:
             m = ch.numel()
             if ch.dtype != work:  # upcast into the scratch before anything is squared
                 ch = self._buffer(key, 0, m).view(ch.shape).copy_(ch)
+            if fused:
+                s, norms, counts, h, low = fused_reduce.reduce(ch)
+                self._pend.append((i, m, s, norms, counts))
+                if not per_channel:
+                    h, low = h.amax(), low.amin()
+                if hi is None or lo is None:
+                    hi, lo = h, low
+                else:
+                    torch.maximum(hi, h, out=hi)
+                    torch.minimum(lo, low, out=lo)
+                continue
+            one = self._ones.get(key)
+            if one is None:
+                one = self._ones[key] = torch.ones((), dtype=work, device=x.device)
             maps = self._buffer(key, 1, 2 * m).view(2, *ch.shape)
             torch.add(one, ch, alpha=0, out=maps[0])  # 1 where finite, else NaN (0·inf)
             torch.eq(ch, 0, out=maps[1])  # 1.0 where ±0, else 0.0
@@ -953,6 +968,11 @@ def _fast_moments(x: torch.Tensor) -> torch.Tensor:
     x = x.reshape(1, -1) if x.dim() < 2 else x
     if x.shape[-1] > _MAX_CHANNELS and x.is_contiguous() and x.numel() % _WIDE_ROW == 0:
         x = x.view(-1, _WIDE_ROW)
+    if x.dtype == torch.float32 and x.is_contiguous() and fused_reduce.runs_on(x.device):
+        total, rows, *_ = fused_reduce.reduce(x.view(-1, x.shape[-1]))  # one read, both sums
+        mean = total / x.numel()
+        q2 = rows.to(_ACC).square().sum()
+        return torch.stack([mean, q2 / x.numel() - mean * mean])
     mean = x.sum(-1).sum(dtype=_ACC) / x.numel()  # row sums: faster than one long sum on CPU
     q = _vnorm(_vnorm(x, dim=-1), dtype=_ACC)
     return torch.stack([mean, q * q / x.numel() - mean * mean])

@@ -15,15 +15,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from actscan.measure.fused_casts import borrowed, lazy
+from actscan.measure.compiled import borrowed, lazy
 
-__all__ = ["moved", "supports"]
+__all__ = ["loader", "moved", "supports"]
 
 
 def _load() -> Any:
     from actscan.steps import moved_kernel
 
+    # the first call loads the compiled code from numba's cache: here, so that
+    # `compiled.preload` takes it off the steps; the argument types are `moved`'s own
+    x = borrowed(torch.zeros(1))
+    moved_kernel.kernel(x, x, x, True, np.zeros(4))
     return moved_kernel
+
+
+def loader() -> Any:
+    """The kernel's loader, for `compiled.preload` (None: not installed)."""
+    return _kernels()
 
 
 _kernels = lazy(_load)  # `moved_kernel` (numba's loop), or None without numba
