@@ -262,8 +262,9 @@ def scan_settings(
 def preload_kernels(s: Settings) -> None:
     """Start loading, in the background, the compiled CPU kernels a run with these
     settings uses (the recorder's read of each output; the casts with `--formats`; the
-    update figures with `--steps`): the CLI calls it before it builds the model, so the
-    ~0.5 s of numba's import and cache load overlaps the build (actscan.measure.compiled)."""
+    update figures with `--steps`): the CLI calls it before it builds the model, so their
+    load (llvmlite's builds ~0.07 s; numba's import and cache load for the casts ~0.5 s)
+    overlaps the build (actscan.measure.compiled)."""
     device = str(s.device or "cpu")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -649,8 +649,8 @@ def test_compiled_update_figures_match_an_fp64_sum_and_the_torch_passes(
     if case == "inf":
         now[n - 3] = math.inf
     first = w0 if case != "first step" else None
-    if not fused_moved.supports(old, now):
-        pytest.skip("numba is not installed")
+    pytest.importorskip("llvmlite", reason="llvmlite (the `fast` extra) is not installed")
+    assert fused_moved.supports(old, now)  # installed, so the loop must build
     got = _moved(old.clone(), now, first)
     d = (old - now).double()
     want = [old.double().square().sum(), d.square().sum()]

@@ -2,10 +2,10 @@
 background, ahead of the pass), lending a tensor's memory to numpy, and splitting rows
 over the torch threads.
 
-The kernels (`cast_kernels` and `steps.moved_kernel` with numba, `reduce_kernels` with
-llvmlite) are optional: both come with the `fast` extra, and without it each caller runs
-its torch passes. A kernel's dependency is imported only when it first runs, so
-`actscan --help` and a run that needs none of them never pay the import.
+The kernels (`cast_kernels` with numba; `reduce_kernels` and `steps.moved_kernel` with
+llvmlite, through `jit`) are optional: both come with the `fast` extra, and without it
+each caller runs its torch passes. A kernel's dependency is imported only when it first
+runs, so `actscan --help` and a run that needs none of them never pay the import.
 """
 
 from __future__ import annotations

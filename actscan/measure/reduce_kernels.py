@@ -1,28 +1,25 @@
-"""`fused_reduce`'s loop, written as LLVM IR and compiled for this CPU when first used.
-
-numba would compile the same loop, but its import and first call cost ~0.5 s per
-process, more than the loop saves on a one-shot scan of a 124M model. llvmlite (the LLVM
-binding numba itself is built on, part of the `fast` extra) builds and optimises this
-one function in ~0.07 s: the loop vectoriser turns the row's sums into fp32 lanes (the
-`reassoc` flag on those adds alone) and the max/min into vector selects. Imported on first
-use only (`compiled.lazy`); any failure to build raises ImportError, and the recorder then
-takes its torch passes.
+"""`fused_reduce`'s loop, written as LLVM IR and built for this CPU when first used
+(`jit`: ~0.07 s with the import, where numba's import and first call cost ~0.5 s). The loop
+vectoriser turns the row's sums into fp32 lanes (the `reassoc` flag on those adds alone)
+and the max/min into vector selects. Imported on first use only (`compiled.lazy`); a
+failure to build raises ImportError, and the recorder then takes its torch passes.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
-from typing import Any
 
-import llvmlite.binding as llvm
 import llvmlite.ir as ir
 import torch
 
-__all__ = ["rows"]
+from actscan.measure.jit import F32 as _F
+from actscan.measure.jit import F64 as _D
+from actscan.measure.jit import I64 as _I64
+from actscan.measure.jit import SUMS as _SUMS
+from actscan.measure.jit import add_totals, build, new_module
 
-_F, _D, _I64 = ir.FloatType(), ir.DoubleType(), ir.IntType(64)
-_SUMS = ("reassoc", "nsz")  # only the sums are reordered (into lanes)
+__all__ = ["rows"]
 
 
 def _module() -> ir.Module:
@@ -30,8 +27,7 @@ def _module() -> ir.Module:
     for each row i of x (r × c, row-major): norms[i] = √Σx², hi[j]/lo[j] ← the running
     max/min of column j (a NaN, once seen, stays), acc += (Σx, finite values, zeros),
     each row's sums in fp32, rows added in fp64."""
-    mod = ir.Module(name="actscan_reduce")
-    mod.triple = llvm.get_process_triple()
+    mod = new_module("actscan_reduce")
     fp, dp = _F.as_pointer(), _D.as_pointer()
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [fp, _I64, _I64, fp, fp, fp, dp]), "rows")
     x, r, c, hi, lo, norms, acc = fn.args
@@ -82,44 +78,13 @@ def _module() -> ir.Module:
         phi.add_incoming(nxt, row_end)
 
     b.position_at_end(done)
-    totals = [b.phi(_D) for _ in range(3)]  # the phis first, then the stores
-    for got, total in zip(totals, (st2, ft2, zt2), strict=True):
-        got.add_incoming(d0, entry)
-        got.add_incoming(total, row_end)
-    for k, got in enumerate(totals):
-        at = b.gep(acc, [ir.Constant(_I64, k)])
-        b.store(b.fadd(b.load(at), got), at)
+    add_totals(b, acc, (st2, ft2, zt2), entry, row_end)
     b.ret_void()
     return mod
 
 
-def _compile() -> tuple[Any, Any]:
-    """The JIT engine (kept alive with the module) and the function, for this CPU."""
-    try:
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        target = llvm.Target.from_default_triple()
-        tm = target.create_target_machine(
-            opt=3, cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten()
-        )
-        code = llvm.parse_assembly(str(_module()))
-        code.verify()
-        tuning = llvm.create_pipeline_tuning_options(speed_level=3)
-        tuning.loop_vectorization = tuning.slp_vectorization = True
-        passes = llvm.create_pass_builder(tm, tuning)
-        passes.getModulePassManager().run(code, passes)
-        engine = llvm.create_mcjit_compiler(code, tm)
-        engine.finalize_object()
-        ptr = ctypes.c_void_p
-        fn = ctypes.CFUNCTYPE(None, ptr, ctypes.c_int64, ctypes.c_int64, ptr, ptr, ptr, ptr)(
-            engine.get_function_address("rows")
-        )  # a ctypes call releases the GIL: threads run pieces side by side
-    except Exception as err:  # an llvmlite without this API, a target LLVM lacks
-        raise ImportError(f"the compiled reduction could not be built: {err}") from err
-    return engine, fn
-
-
-_ENGINE, _ROWS = _compile()
+_P = ctypes.c_void_p
+_ENGINE, _ROWS = build(_module(), "rows", [_P, ctypes.c_int64, ctypes.c_int64, _P, _P, _P, _P])
 
 
 def rows(

@@ -2,31 +2,27 @@
 
 `loop._moved` takes ‖W_t‖², ‖W_t − W_{t+1}‖², ‖W_{t+1} − W_0‖² and the non-finite flag in
 torch passes: two subtractions that write a chunk each and three norms, six passes over a
-chunk. On CPU a compiled loop (numba, the optional `fast` extra, as for the casts) reads
-each value of the three once and keeps the sums in registers. The differences are the
-same fp32 subtractions; the squares are summed in fp64 (as torch's CPU norm accumulates),
-in lanes, so only the order of the sum differs (`fastmath`'s `reassoc` on the sums alone).
+chunk. On CPU a compiled loop (`moved_kernel`, built with llvmlite, the optional `fast`
+extra) reads each value of the three once and keeps the sums in registers. The
+differences are the same fp32 subtractions; the squares are summed in fp64 (as torch's
+CPU norm accumulates), in lanes, so only the order of the sum differs (`reassoc` on the
+sums' adds alone).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
-from actscan.measure.compiled import borrowed, lazy
+from actscan.measure.compiled import lazy
 
 __all__ = ["loader", "moved", "supports"]
 
 
 def _load() -> Any:
-    from actscan.steps import moved_kernel
+    from actscan.steps import moved_kernel  # builds the loop (~0.03 s)
 
-    # the first call loads the compiled code from numba's cache: here, so that
-    # `compiled.preload` takes it off the steps; the argument types are `moved`'s own
-    x = borrowed(torch.zeros(1))
-    moved_kernel.kernel(x, x, x, True, np.zeros(4))
     return moved_kernel
 
 
@@ -35,12 +31,12 @@ def loader() -> Any:
     return _kernels()
 
 
-_kernels = lazy(_load)  # `moved_kernel` (numba's loop), or None without numba
+_kernels = lazy(_load)  # `moved_kernel` (the compiled loop), or None without llvmlite
 
 
 def supports(old: torch.Tensor, now: torch.Tensor) -> bool:
-    """numba is here and both are fp32 on the CPU (a half-precision parameter's norms are
-    taken by torch, in fp32 at least)."""
+    """The loop is built (llvmlite is here) and both are fp32 on the CPU (a half-precision
+    parameter's norms are taken by torch, in fp32 at least)."""
     return (
         now.device.type == "cpu"
         and now.dtype == torch.float32
@@ -49,8 +45,8 @@ def supports(old: torch.Tensor, now: torch.Tensor) -> bool:
     )
 
 
-def _array(t: torch.Tensor) -> Any:
-    return borrowed(t.detach().reshape(-1).contiguous())
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).contiguous()
 
 
 def moved(
@@ -59,9 +55,9 @@ def moved(
     """`loop._moved`'s (fp64) ‖W_t‖², ‖W_t − W_{t+1}‖², ‖W_{t+1} − W_0‖² (at t = 0, w0
     None: the second, as W_{t+1} − W_0 = −(W_t − W_{t+1})) and 1 where W_t − W_{t+1}
     holds an inf/nan, from one read of W_t's copy `old`, the parameter `now` and `w0`."""
-    x, y = _array(old), _array(now)
-    z = _array(w0) if w0 is not None else x
-    out = np.zeros(4)
-    _kernels().kernel(x, y, z, w0 is not None, out)
-    w2, d2, r2, bad = (torch.tensor(v, dtype=torch.float64) for v in out)
+    x, y = _flat(old), _flat(now)
+    z = _flat(w0) if w0 is not None else y  # y − y = 0: read from cache, unused
+    out = torch.zeros(4, dtype=torch.float64)
+    _kernels().moved(x, y, z, out)
+    w2, d2, r2, bad = out.unbind()
     return w2, d2, (r2 if w0 is not None else d2), (bad > 0).double()
