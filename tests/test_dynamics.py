@@ -97,6 +97,33 @@ def test_steps_zero_is_todays_report() -> None:
     assert plain.to_json() == zero.to_json()
 
 
+def steps_on(model: nn.Module, spec: Any, grads: list[Any] | None = None) -> Any:
+    """`run_steps` on `model` (weights left moved) from batch 0's gradients, as a scan
+    hands them over; `grads`, if given, is the list handed over (to see it emptied)."""
+    from actscan.layout.detect import detect_layout
+    from actscan.measure.inputs import default_loss, token_source
+    from actscan.steps.loop import run_steps
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    src = token_source(VOCAB, BATCH, SEQ, seed=SEED)
+    loss_of = default_loss("causal-lm", VOCAB)
+    b = src(0)
+    loss = loss_of(model(*b.args), b)
+    handed = grads if grads is not None else []
+    handed[:] = torch.autograd.grad(loss, params)
+    return run_steps(
+        model,
+        spec,
+        layout=detect_layout(model),
+        source=src,
+        step0=(loss.detach(), handed),
+        loss_of=loss_of,
+        prepare=lambda x: x,
+        autocast=contextlib.nullcontext,
+        vocab_size=VOCAB,
+    )
+
+
 def test_update_ratios_and_probe_change_match_a_hand_written_adamw_loop() -> None:
     model = tiny()
     report = run(model, steps=2, lr=3e-3)
@@ -595,35 +622,19 @@ def test_a_bucketed_step_is_the_whole_optimizer_step(monkeypatch: pytest.MonkeyP
         "each": lambda ps: [[k] for k in range(len(ps))],
         "pairs": lambda ps: [list(range(k, min(k + 2, len(ps)))) for k in range(0, len(ps), 2)],
     }
+    monkeypatch.setattr(loop, "_units", lambda *_: None)  # the bucketed path (a GPU's)
     for name, buckets in variants.items():
         monkeypatch.setattr(loop, "_buckets", buckets)
         got[name] = run(model, steps=2, lr=1e-2, weight_decay=0.1).to_json()
-    assert got["each"] == got["default"] == got["pairs"]
+    assert got["each"] == got["pairs"]
+    got["bucketed"] = run(model, steps=2, lr=1e-2, weight_decay=0.1).to_json()
+    assert got["bucketed"] == got["each"]
     monkeypatch.undo()
     # run_steps empties a list of step-0 gradients (each freed once its bucket stepped)
-    from actscan.measure.inputs import default_loss, token_source
+    from actscan.steps.loop import StepSpec
 
-    m = copy.deepcopy(model).train()
-    params = [p for p in m.parameters() if p.requires_grad]
-    src = token_source(VOCAB, BATCH, SEQ, seed=SEED)
-    loss_of = default_loss("causal-lm", VOCAB)
-    b = src(0)
-    loss = loss_of(m(*b.args), b)
-    grads = list(torch.autograd.grad(loss, params))
-    from actscan.layout.detect import detect_layout
-    from actscan.steps.loop import StepSpec, run_steps
-
-    run_steps(
-        m,
-        StepSpec(1),
-        layout=detect_layout(m),
-        source=src,
-        step0=(loss.detach(), grads),
-        loss_of=loss_of,
-        prepare=lambda x: x,
-        autocast=contextlib.nullcontext,
-        vocab_size=VOCAB,
-    )
+    grads: list[torch.Tensor | None] = []
+    steps_on(copy.deepcopy(model).train(), StepSpec(1), grads)
     assert grads == []
 
 
@@ -665,3 +676,112 @@ def test_compiled_update_figures_match_an_fp64_sum_and_the_torch_passes(
     assert float(torch_passes[3]) == bad
     for a, b in zip(got[:3], torch_passes[:3], strict=True):  # torch's fp32 norms: 2e-5
         assert torch.allclose(a, b, rtol=1e-4, equal_nan=True), (a, b)
+
+
+def test_compiled_change_sums_match_an_fp64_sum() -> None:
+    """A probe point's Σ(x − x0)², Σx², Σ|x|, Σ|x − x0| (`fused_moved.change`) against the
+    same fp32 values summed in fp64 (to 1e-12), over a size no lane width divides."""
+    pytest.importorskip("llvmlite", reason="llvmlite (the `fast` extra) is not installed")
+    from actscan.steps import fused_moved
+
+    g = torch.Generator().manual_seed(5)
+    n = (1 << 20) + 13
+    x, x0 = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    assert fused_moved.fits(x, x0)
+    sums = torch.zeros(4, dtype=torch.float64)
+    fused_moved.change(x, x0, sums)
+    d, xd = (x - x0).double(), x.double()
+    want = torch.stack([d.square().sum(), xd.square().sum(), xd.abs().sum(), d.abs().sum()])
+    assert torch.allclose(sums, want, rtol=1e-12), (sums, want)
+    assert not fused_moved.fits(x[::2], x0[::2])  # strided: torch's passes take it
+
+
+def test_the_steps_figures_are_the_same_without_the_compiled_loops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the compiled loops (the update figures, the probe's change sums) and with
+    torch's passes alone, one run's gradient RMS, update ratios, probe change and
+    non-finite records agree; the run that diverges (an inf update, then NaN gradients)
+    flags the same stages and names either way."""
+    pytest.importorskip("llvmlite", reason="llvmlite (the `fast` extra) is not installed")
+    from test_divergence import _planted
+
+    from actscan.steps import fused_moved
+
+    def both(make: Any, **kw: Any) -> tuple[Any, Any]:
+        fast = run(make(), **kw).dynamics
+        with monkeypatch.context() as m:
+            m.setattr(fused_moved, "_kernels", lambda: None)
+            slow = run(make(), **kw).dynamics
+        assert fast is not None and slow is not None
+        return fast, slow
+
+    fast, slow = both(tiny, steps=2, lr=3e-3)
+    checked = 0
+    for a, b in zip(fast.updates, slow.updates, strict=True):
+        for x, y in [
+            *zip(a.grad_rms, b.grad_rms, strict=True),
+            *zip(a.ratio, b.ratio, strict=True),
+        ]:
+            assert (x is None) == (y is None)
+            if x is not None and y is not None:
+                assert x == pytest.approx(y, rel=1e-5, abs=1e-12), a.param
+                checked += 1
+    assert checked > 40
+    for s, r in zip(fast.steps, slow.steps, strict=True):
+        for c, e in zip(s.change, r.change, strict=True):
+            for x, y in ((c.rel, e.rel), (c.abs_mean, e.abs_mean), (c.delta_mean, e.delta_mean)):
+                assert x == pytest.approx(y, rel=1e-5, abs=1e-12), (s.t, c.name)
+    fast, slow = both(_planted, steps=3, optimizer="sgd", lr=1e-3)
+    assert [s.nonfinite for s in fast.steps] == [s.nonfinite for s in slow.steps]
+    assert any(stage == "gradient" for s in fast.steps for stage, _ in s.nonfinite)
+
+
+class _Grouped(ActscanGPT):
+    """The built-in model with two param groups: the MLPs at a tenth of the lr."""
+
+    def actscan_param_groups(self, lr: float) -> list[dict[str, Any]]:
+        named = list(self.named_parameters())
+        return [
+            {"params": [p for n, p in named if ".mlp." not in n]},
+            {"params": [p for n, p in named if ".mlp." in n], "lr": lr / 10},
+        ]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd"])
+def test_the_piecewise_cpu_step_writes_the_whole_optimizers_weights_bit_for_bit(
+    optimizer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU the steps run each optimizer on pieces of the parameters (`_units`: here
+    of 300 values, so pieces cut parameters and units span several): after three steps
+    with warmup, weight decay and two param groups, every weight equals the one torch's
+    optimizer over the whole parameters writes (the bucketed path), bit for bit, and the
+    update figures agree to rounding (their sums are taken piece by piece)."""
+    import actscan.steps.loop as loop
+
+    base = tiny()
+    base.__class__ = _Grouped
+    monkeypatch.setattr(loop, "_CHUNK", 300)
+    sizes = [p.numel() for p in base.parameters()]
+    assert max(sizes) > 300 and min(sizes) < 300  # cut, and grouped with neighbours
+    spec = loop.StepSpec(3, optimizer=optimizer, lr=3e-3, weight_decay=0.1, warmup=2)
+    pieces, whole = copy.deepcopy(base).train(), copy.deepcopy(base).train()
+    built: list[Any] = []
+    units = loop._units
+    monkeypatch.setattr(loop, "_units", lambda *a: built.append(units(*a)) or built[-1])
+    got = steps_on(pieces, spec)
+    assert built and len(built[0]) > 2 and len({u.group for u in built[0]}) == 2
+    monkeypatch.setattr(loop, "_units", lambda *_: None)
+    want = steps_on(whole, spec)
+    for (name, a), b in zip(pieces.named_parameters(), whole.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert not torch.equal(next(pieces.parameters()), next(base.parameters()))  # it moved
+    assert got.losses == want.losses
+    pairs = [(got.ratio, want.ratio, 1e-12), (got.drift, want.drift, 1e-12)]
+    pairs.append((got.grad_rms, want.grad_rms, 1e-6))  # fp32 norms, piece by piece
+    for rows_a, rows_b, rel in pairs:
+        for ra, rb in zip(rows_a, rows_b, strict=True):
+            assert [x is None for x in ra] == [x is None for x in rb]
+            assert [x for x in ra if x is not None] == pytest.approx(
+                [x for x in rb if x is not None], rel=rel
+            )

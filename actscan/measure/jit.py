@@ -17,7 +17,7 @@ from typing import Any
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
-__all__ = ["F32", "F64", "I64", "SUMS", "add_totals", "build", "new_module"]
+__all__ = ["F32", "F64", "I64", "SUMS", "add_totals", "build", "build_all", "new_module"]
 
 F32, F64, I64 = ir.FloatType(), ir.DoubleType(), ir.IntType(64)
 SUMS = ("reassoc", "nsz")  # on a sum's adds only: they may be reordered into lanes
@@ -47,6 +47,13 @@ def add_totals(
 def build(mod: ir.Module, name: str, argtypes: list[Any]) -> tuple[Any, Any]:
     """(the engine, which must stay alive while the function is used; `name` as a ctypes
     function of `argtypes` returning void: a ctypes call releases the GIL)."""
+    engine, fns = build_all(mod, {name: argtypes})
+    return engine, fns[name]
+
+
+def build_all(mod: ir.Module, fns: dict[str, list[Any]]) -> tuple[Any, dict[str, Any]]:
+    """`build` for several functions of one module: one parse, one optimisation, one
+    MCJIT for all of them."""
     try:
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
@@ -61,7 +68,10 @@ def build(mod: ir.Module, name: str, argtypes: list[Any]) -> tuple[Any, Any]:
         passes.getModulePassManager().run(code, passes)
         engine = llvm.create_mcjit_compiler(code, tm)
         engine.finalize_object()
-        fn = ctypes.CFUNCTYPE(None, *argtypes)(engine.get_function_address(name))
+        got = {
+            name: ctypes.CFUNCTYPE(None, *argtypes)(engine.get_function_address(name))
+            for name, argtypes in fns.items()
+        }
     except Exception as err:  # an llvmlite without this API, a target LLVM lacks
-        raise ImportError(f"the compiled loop {name} could not be built: {err}") from err
-    return engine, fn
+        raise ImportError(f"the compiled loops {list(fns)} could not be built: {err}") from err
+    return engine, got

@@ -35,15 +35,20 @@ largest bucket. No copy of W_t is kept between steps: the optimizer steps bucket
 (`_Loop.bucketed_step`: runs of small parameters up to 1M values, a larger one alone), each
 bucket's W_t copied into the scratch just before, so ‖W_t‖, ‖W_t − W_{t+1}‖ and
 ‖W_{t+1} − W_0‖ read W_t, W_{t+1} and the copy from cache, chunk by chunk; the gradients
-that stepped are dropped together when the next step starts.
+that stepped are dropped together when the next step starts. On a CPU in one process the
+buckets are finer (`_Loop.piecewise_step`): the parameters are cut into pieces of at most
+1M values, each run of pieces stepped by an optimizer of its own with its group's
+hyperparameters (`_units`), so the optimizer's own passes run in cache as well; the same
+arithmetic value by value, so the weights are those of one whole step, bit for bit.
 
 What each figure costs per step (12 × 768, batch 4 × 64; docs/performance.md): the
 probe's forward (a quarter of the batch, no gradient: ≈ 12 % of a plain step), the update
 figures (one read of the weights for the copy of W_t, one of W_0 for the movement; at
-t = 0 W_{t+1} − W_0 is the difference already taken), the gradients' norms
-(one read of the gradients; their max-norm only where a norm is not finite, on a CPU),
-the logits' log-sum-exp (two passes over the probe's logits), the stream taps (one norm
-per stream point) and one host transfer.
+t = 0 W_{t+1} − W_0 is the difference already taken), the gradients' norms (one read of
+the gradients; their max-norm only where a norm is not finite, on a CPU), the
+logits' log-sum-exp (two passes over the probe's logits), the probe's change sums (one
+read of x_t and x_0 per point where compiled), the stream taps (one norm per stream point)
+and one host transfer.
 
 Per-group learning rates: a model with a method `actscan_param_groups(lr) -> list[dict]`
 (torch param-group dicts, each with its "params" and optionally its own "lr") trains with
@@ -432,19 +437,29 @@ class _ProbeSums:
         self.sums.clear()
 
     def sink(self, i: int, x: torch.Tensor) -> None:
-        # Σ|x| as ‖x‖₁: one pass, no |x| tensor; one difference tensor per point
         f64 = torch.float64
-        xf = x.float()
-        n = torch.full((), float(x.numel()), dtype=f64, device=x.device)  # no host copy
+        n = float(x.numel())
         if self.t == 0:
-            self.x0[i] = x.clone()
-            self.sq0[i] = _vnorm(xf, dtype=f64).square()
-            zero = self.zero.to(x.device)
-            self.sums[i] = torch.stack([zero, self.sq0[i], _vnorm(xf, 1, dtype=f64), zero, n])
-            return
+            self.x0[i] = x.clone(memory_format=torch.contiguous_format)
         ref = self.x0.get(i)
         if ref is None or ref.shape != x.shape:
             self.sums[i] = self.missing.to(x.device)
+            return
+        if fused_moved.fits(x, ref):  # one compiled read (at t = 0, x − x_0 = 0)
+            out = torch.zeros(5, dtype=f64)
+            fused_moved.change(x, ref, out)
+            if self.t == 0:
+                self.sq0[i] = out[1].clone()
+            out[1], out[4] = self.sq0[i], n
+            self.sums[i] = out
+            return
+        # Σ|x| as ‖x‖₁: one pass, no |x| tensor; one difference tensor per point
+        xf = x.float()
+        count = torch.full((), n, dtype=f64, device=x.device)  # no host copy
+        if self.t == 0:
+            self.sq0[i] = _vnorm(xf, dtype=f64).square()
+            zero = self.zero.to(x.device)
+            self.sums[i] = torch.stack([zero, self.sq0[i], _vnorm(xf, 1, dtype=f64), zero, count])
             return
         d = xf - ref
         self.sums[i] = torch.stack(
@@ -453,7 +468,7 @@ class _ProbeSums:
                 self.sq0[i],
                 _vnorm(xf, 1, dtype=f64),
                 _vnorm(d, 1, dtype=f64),
-                n,
+                count,
             ]
         )
 
@@ -580,6 +595,11 @@ class _Loop:
         )
         self.buckets = _buckets(self.local_params)
         self.scratch = _Scratch()
+        # on a CPU in one process the optimizer's arithmetic runs piece by piece (`_units`)
+        cpu = all(p.device.type == "cpu" for p in self.local_params)
+        self.units = (
+            _units(self.optimizer, self.params) if cpu and type(ranks) is LocalRanks else None
+        )
         # Gradients that stepped, dropped when the next step starts, not bucket by bucket
         # as they step: freed in the middle of the update, their pages went back to the
         # OS and the next backward faulted fresh ones in (on the 2-core VM ~100k more page
@@ -671,17 +691,68 @@ class _Loop:
         scale = self.loss_scale
         if scale != 1.0:
             grads[:] = [g / scale if g is not None else None for g in grads]
-        figures.grad_sq, figures.grad_bad = _grad_sq(grads, self.ranks, self.param_w, self.nan)
+        if self.units is None:  # else the pieces' norms, read while in cache
+            figures.grad_sq, figures.grad_bad = _grad_sq(grads, self.ranks, self.param_w, self.nan)
         factor = warmup_factor(t, self.spec.warmup)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = base * factor
+        for unit in self.units or ():
+            unit.optimizer.param_groups[0]["lr"] = self.base_lrs[unit.group] * factor
         self.raw.lrs.append(self.spec.lr * factor)
         with torch.no_grad():
-            w_sq, dw_sq, drift_sq, bad = self.bucketed_step(t, grads)
+            if self.units is not None:
+                w_sq, dw_sq, drift_sq, bad, gsq, gbad = self.piecewise_step(t, grads)
+                figures.grad_sq, figures.grad_bad = gsq, gbad
+            else:
+                w_sq, dw_sq, drift_sq, bad = self.bucketed_step(t, grads)
         figures.w_sq = w_sq * self.param_wt
         figures.dw_sq = dw_sq * self.param_wt
         figures.drift_sq = drift_sq * self.param_wt
         figures.update_bad = bad * self.param_wt
+
+    def piecewise_step(self, t: int, grads: list[torch.Tensor | None]) -> tuple[torch.Tensor, ...]:
+        """`bucketed_step`'s step and figures, unit by unit (`_units`): each unit's W_t
+        copied into the scratch, its optimizer's step on the pieces (the parameters'
+        own memory: the same arithmetic, value by value, as the whole optimizer's step),
+        then the pieces' figures and their gradients' norms, all while the unit's W_t,
+        W_{t+1}, gradient and state are in cache; each parameter's sums are its pieces'
+        sums. Also returns `_grad_sq`'s two (Σg², 1 where it holds an inf/nan; NaN and 0
+        for a parameter without a gradient). Empties `grads`."""
+        n = len(self.params)
+        parts: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        gparts: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        gbad = torch.zeros(n, dtype=torch.float64)
+        for unit in self.units or ():
+            held = self.scratch.hold([pc.view for pc in unit.pieces])
+            stepped: list[tuple[int, torch.Tensor]] = []
+            for pc in unit.pieces:
+                g = grads[pc.k]
+                if g is not None:
+                    pc.view.grad = g.reshape(-1)[pc.lo : pc.hi] if pc.flat else g
+                    stepped.append((pc.k, pc.view.grad))
+            unit.optimizer.step()
+            if stepped:
+                gs = [g for _, g in stepped]
+                norms = torch._foreach_norm(gs)
+                for (k, _), v in zip(stepped, norms, strict=True):
+                    gparts[k].append(v.double().square())
+                if not math.isfinite(float(sum(norms))):  # an inf/nan, or an fp32 overflow
+                    flags = _nonfinite(norms, torch._foreach_norm(gs, math.inf))
+                    for (k, _), f in zip(stepped, flags.tolist(), strict=True):
+                        gbad[k] = max(float(gbad[k]), f)
+            for pc, old in zip(unit.pieces, held, strict=True):
+                pc.view.grad = None
+                w0 = None
+                if t > 0:
+                    w0 = self.w0[pc.k].reshape(-1)[pc.lo : pc.hi] if pc.flat else self.w0[pc.k]
+                parts[pc.k].append(torch.stack(_moved(old, pc.view, w0)))
+        self.spent += [g for g in grads if g is not None]
+        grads.clear()
+        sums = torch.stack([torch.stack(p).sum(0) if len(p) > 1 else p[0] for p in parts])
+        w_sq, dw_sq, drift_sq, bad = sums.unbind(1)
+        nan = self.nan.cpu()
+        gsq = torch.stack([torch.stack(p).sum() if p else nan for p in gparts])
+        return w_sq, dw_sq, drift_sq, (bad > 0).double(), gsq, gbad
 
     def bucketed_step(
         self, t: int, grads: list[torch.Tensor | None]
@@ -852,6 +923,76 @@ def _buckets(params: Sequence[torch.Tensor]) -> list[list[int]]:
             size, key = 0, kk
         out[-1].append(k)
         size += n
+    return out
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Values lo:hi of parameter k (flat), as a leaf tensor on the parameter's memory: what
+    an optimizer steps in place of the parameter (`flat` False: the whole parameter, for
+    one whose memory is not contiguous)."""
+
+    k: int
+    lo: int
+    hi: int
+    view: torch.Tensor
+    flat: bool = True
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """Pieces of one param group stepped together by an optimizer of their own (its
+    hyperparameters the group's, `group` its index in the whole optimizer's groups)."""
+
+    optimizer: torch.optim.Optimizer
+    group: int
+    pieces: tuple[_Piece, ...]
+
+
+def _units(whole: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> list[_Unit]:
+    """The parameters cut into pieces of at most `_CHUNK` values, and consecutive pieces
+    of one group into units of at most `_CHUNK` values, each unit with an optimizer of
+    `whole`'s class and its group's hyperparameters.
+
+    Why: torch's CPU AdamW (its for-loop implementation, the default there) makes ~10
+    passes over each parameter, its gradient and its state; a 50257 × 768 embedding's
+    passes stream from memory, a 4 MiB piece's stay in cache (on the 2-core Xeon of
+    docs/performance.md the whole step 0.93 → 0.56 s at 124M). The three optimizers
+    here are elementwise (each value from its own gradient and state, and the step
+    count each unit keeps alike), so the weights are the same bit for bit; W_t's copy
+    and the update figures then read the piece from cache too."""
+    group_of = {id(p): gi for gi, g in enumerate(whole.param_groups) for p in g["params"]}
+    out: list[_Unit] = []
+    cur: list[_Piece] = []
+    size, cur_group = 0, -1
+
+    def close() -> None:
+        if cur:
+            hyper = {k: v for k, v in whole.param_groups[cur_group].items() if k != "params"}
+            views = [pc.view for pc in cur]
+            cls: Any = type(whole)
+            opt = cls([{"params": views, **hyper}], lr=hyper["lr"])
+            out.append(_Unit(opt, cur_group, tuple(cur)))
+            cur.clear()
+
+    for k, p in enumerate(params):
+        gi, n = group_of[id(p)], p.numel()
+        if p.is_contiguous():
+            flat = p.detach().view(-1)
+            pieces = [
+                _Piece(k, lo, min(lo + _CHUNK, n), flat[lo : lo + _CHUNK])
+                for lo in range(0, n, _CHUNK)
+            ]
+        else:
+            pieces = [_Piece(k, 0, n, p.detach(), flat=False)]
+        for pc in pieces:
+            m = pc.hi - pc.lo
+            if gi != cur_group or size + m > _CHUNK:
+                close()
+                size, cur_group = 0, gi
+            cur.append(pc)
+            size += m
+    close()
     return out
 
 
