@@ -697,7 +697,8 @@ class _Loop:
         for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = base * factor
         for unit in self.units or ():
-            unit.optimizer.param_groups[0]["lr"] = self.base_lrs[unit.group] * factor
+            if unit.optimizer is not None:
+                unit.optimizer.param_groups[0]["lr"] = self.base_lrs[unit.group] * factor
         self.raw.lrs.append(self.spec.lr * factor)
         with torch.no_grad():
             if self.units is not None:
@@ -730,7 +731,8 @@ class _Loop:
                 if g is not None:
                     pc.view.grad = g.reshape(-1)[pc.lo : pc.hi] if pc.flat else g
                     stepped.append((pc.k, pc.view.grad))
-            unit.optimizer.step()
+            if unit.optimizer is not None:
+                unit.optimizer.step()
             if stepped:
                 gs = [g for _, g in stepped]
                 norms = torch._foreach_norm(gs)
@@ -944,7 +946,7 @@ class _Unit:
     """Pieces of one param group stepped together by an optimizer of their own (its
     hyperparameters the group's, `group` its index in the whole optimizer's groups)."""
 
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | None  # None: in no group, so never stepped
     group: int
     pieces: tuple[_Piece, ...]
 
@@ -968,15 +970,16 @@ def _units(whole: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> list
 
     def close() -> None:
         if cur:
-            hyper = {k: v for k, v in whole.param_groups[cur_group].items() if k != "params"}
-            views = [pc.view for pc in cur]
-            cls: Any = type(whole)
-            opt = cls([{"params": views, **hyper}], lr=hyper["lr"])
+            opt = None
+            if cur_group >= 0:
+                hyper = {k: v for k, v in whole.param_groups[cur_group].items() if k != "params"}
+                cls: Any = type(whole)
+                opt = cls([{"params": [pc.view for pc in cur], **hyper}], lr=hyper["lr"])
             out.append(_Unit(opt, cur_group, tuple(cur)))
             cur.clear()
 
     for k, p in enumerate(params):
-        gi, n = group_of[id(p)], p.numel()
+        gi, n = group_of.get(id(p), -1), p.numel()  # -1: a model's groups left it out
         if p.is_contiguous():
             flat = p.detach().view(-1)
             pieces = [
