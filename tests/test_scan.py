@@ -298,3 +298,47 @@ def test_nonfinite_values_are_counted() -> None:
     assert report.layer("blocks.1.mlp.up").nonfinite > 0
     json_text = report.to_json()  # non-finite floats must not break JSON
     assert "NaN" not in json_text and "Infinity" not in json_text
+
+
+class _Bag(nn.Module):
+    """A residual stack behind an embedding table whose gradient is sparse or not."""
+
+    def __init__(self, sparse: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(64, 16, sparse=sparse)
+        self.blocks = nn.ModuleList([nn.Linear(16, 16) for _ in range(3)])
+        self.head = nn.Linear(16, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        for b in self.blocks:
+            h = h + b(h)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_sparse_embedding_gradient_measures_as_its_dense_equal(optimizer: str) -> None:
+    """nn.Embedding(sparse=True) hands autograd a sparse gradient, which torch's norms
+    cannot read (it used to end the scan in a NotImplementedError): the profile and the
+    steps now read its dense equal, so the report is the one of the same model with a
+    dense gradient (the table's gradient norm included), and the caller's weights and
+    `.grad` come back as they were."""
+    x = torch.randint(0, 64, (4, 12), generator=torch.Generator().manual_seed(1))
+    sparse, dense = _Bag(True), _Bag(False)
+    pairs = zip(sparse.parameters(), dense.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    before = [p.detach().clone() for p in sparse.parameters()]
+    got = scan(sparse, [x], steps=2, optimizer=optimizer, lr=1e-2)
+    want = scan(dense, [x], steps=2, optimizer=optimizer, lr=1e-2)
+    assert all(torch.equal(a, b) for a, b in zip(sparse.parameters(), before, strict=True))
+    assert all(p.grad is None for p in sparse.parameters())
+    a, b = got.to_dict(), want.to_dict()
+    for doc in (a, b):
+        doc.pop("run", None)  # timings and the like
+    assert a == b
+    table = next(rec for rec in got.layers if rec.name == "emb")
+    assert table.param_grad_norm is not None and table.param_grad_norm > 0
+    assert got.dynamics is not None
+    moved = next(u for u in got.dynamics.updates if u.param == "emb.weight")
+    assert all(r is not None and r > 0 for r in moved.ratio)  # the table was stepped

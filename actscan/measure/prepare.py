@@ -5,7 +5,7 @@ not actscan's."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ __all__ = [
     "TORCH_DTYPES",
     "call_model",
     "cast_batch",
+    "dense_grads",
     "dtype_name",
     "materialize_meta",
     "model_error_line",
@@ -48,6 +49,18 @@ def unwrap_compiled(model: nn.Module) -> tuple[nn.Module, str | None]:
     if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule":
         return inner, COMPILED_NOTE
     return model, None
+
+
+def dense_grads(
+    grads: Sequence[torch.Tensor | None],
+) -> tuple[torch.Tensor | None, ...]:
+    """Each gradient as a strided tensor: a sparse one (`nn.Embedding(sparse=True)`,
+    `EmbeddingBag(sparse=True)`) densified. Why: norms, per-row statistics and the
+    steps' pieces are strided operations (torch has no sparse `vector_norm`), and a
+    sparse gradient's dense equal has the same norms and moves SGD the same way; AdamW
+    and Adam, which refuse sparse gradients, then take the dense step. One dense copy
+    of that parameter's size, for the pass."""
+    return tuple(g.to_dense() if g is not None and g.layout != torch.strided else g for g in grads)
 
 
 def dtype_name(dt: torch.dtype) -> str:

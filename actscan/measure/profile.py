@@ -31,7 +31,7 @@ from actscan.measure.lowprec import (
     lowprec_watch,
 )
 from actscan.measure.model_inputs import ChosenInputs, describe_batch
-from actscan.measure.prepare import TORCH_DTYPES, call_model, cast_batch, dtype_name
+from actscan.measure.prepare import TORCH_DTYPES, call_model, cast_batch, dense_grads, dtype_name
 from actscan.measure.recorder import RawStats, Recorder, iter_named, moments
 from actscan.measure.streams import input_name, stream_inputs
 from actscan.measure.tokens import stream_names
@@ -139,7 +139,7 @@ class LocalPass:
     def grads(self, loss: torch.Tensor, params: Sequence[torch.Tensor]) -> tuple[Grads, Grads]:
         """(gradients the recorder reads, gradients the first optimizer step uses) of
         `loss`; `.grad` is never written."""
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        grads = dense_grads(torch.autograd.grad(loss, params, allow_unused=True))
         return grads, grads
 
     def moments(self, tensors: Sequence[torch.Tensor]) -> list[tuple[float, float, int]]:

@@ -73,7 +73,7 @@ from actscan.measure.attention import AttentionProbes
 from actscan.measure.hooks import HookSet
 from actscan.measure.inputs import Batch, InputSource
 from actscan.measure.model_inputs import describe_batch
-from actscan.measure.prepare import call_model, class_name
+from actscan.measure.prepare import call_model, class_name, dense_grads
 from actscan.measure.recorder import first_tensor
 from actscan.measure.state import CallerWeights
 from actscan.measure.streams import input_name
@@ -337,7 +337,7 @@ class LocalRanks:
     ) -> list[torch.Tensor | None]:
         """Gradients of the global mean `loss` (this process's share of it); `.grad` is
         never written."""
-        return list(torch.autograd.grad(loss, params, allow_unused=True))
+        return list(dense_grads(torch.autograd.grad(loss, params, allow_unused=True)))
 
     def reduce(self, sums: torch.Tensor, maxima: torch.Tensor) -> None:
         """Add `sums` and take the max of `maxima` over the processes, in place."""
