@@ -755,13 +755,17 @@ def test_the_piecewise_cpu_step_writes_the_whole_optimizers_weights_bit_for_bit(
 ) -> None:
     """On a CPU the steps run each optimizer on pieces of the parameters (`_units`: here
     of 300 values, so pieces cut parameters and units span several): after three steps
-    with warmup, weight decay and two param groups, every weight equals the one torch's
+    with warmup, weight decay, two param groups and a parameter whose memory is not
+    contiguous (stepped whole), every weight equals the one torch's
     optimizer over the whole parameters writes (the bucketed path), bit for bit, and the
     update figures agree to rounding (their sums are taken piece by piece)."""
     import actscan.steps.loop as loop
 
     base = tiny()
     base.__class__ = _Grouped
+    up = base.blocks[0].mlp.up
+    up.weight = nn.Parameter(up.weight.detach().t().contiguous().t())
+    assert not up.weight.is_contiguous()
     monkeypatch.setattr(loop, "_CHUNK", 300)
     sizes = [p.numel() for p in base.parameters()]
     assert max(sizes) > 300 and min(sizes) < 300  # cut, and grouped with neighbours
