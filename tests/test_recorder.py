@@ -511,3 +511,20 @@ def test_compiled_read_matches_fp64_and_the_torch_passes(reduce_path: str) -> No
         assert torch.allclose(lo, y.amin(0), rtol=0, atol=0, equal_nan=True)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_parameter_moments_of_a_large_tensor_match_an_fp64_recomputation(reduce_path: str) -> None:
+    """A large parameter's mean and std (compiled: the one-read fp64 sums of
+    `fused_reduce.sums`; torch: fp32 row sums and norms) against an fp64 recomputation;
+    an offset tensor (mean² ≫ var) is measured again exactly either way."""
+    from actscan.measure.recorder import moments
+
+    g = torch.Generator().manual_seed(11)
+    plain = 0.02 * torch.randn(1 << 20, generator=g).reshape(1024, 1024)
+    offset = 3.0 + 0.01 * torch.randn(70_001, generator=g)
+    tol = 1e-9 if reduce_path == "compiled" else 1e-5  # fp64 sums vs fp32 rows
+    for (mean, std, bad), t in zip(moments([plain, offset]), (plain, offset), strict=True):
+        wm, ws = float(t.double().mean()), float(t.double().std(correction=0))
+        assert bad == 0
+        assert mean == pytest.approx(wm, abs=tol * ws)  # near 0: judged against the spread
+        assert std == pytest.approx(ws, rel=tol)

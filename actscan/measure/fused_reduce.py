@@ -23,7 +23,7 @@ import torch
 
 from actscan.measure.compiled import lazy
 
-__all__ = ["available", "loader", "reduce", "runs_on"]
+__all__ = ["available", "loader", "reduce", "runs_on", "sums"]
 
 
 def _load() -> Any:
@@ -66,3 +66,10 @@ def reduce(
     norms, acc = torch.empty(r), torch.zeros(3, dtype=torch.float64)
     _kernels().rows(x, hi, lo, norms, acc)
     return acc[0], norms, acc[1:], hi, lo
+
+
+def sums(x: torch.Tensor) -> torch.Tensor:
+    """(Σx, Σx²) in fp64 of a contiguous fp32 CPU `x`, in one read (`runs_on(x.device)`)."""
+    acc = torch.zeros(2, dtype=torch.float64)
+    _kernels().sums(x, acc)
+    return acc

@@ -17,9 +17,9 @@ from actscan.measure.jit import F32 as _F
 from actscan.measure.jit import F64 as _D
 from actscan.measure.jit import I64 as _I64
 from actscan.measure.jit import SUMS as _SUMS
-from actscan.measure.jit import add_totals, build, new_module
+from actscan.measure.jit import add_totals, build_all, new_module
 
-__all__ = ["rows"]
+__all__ = ["rows", "sums"]
 
 
 def _module() -> ir.Module:
@@ -83,8 +83,56 @@ def _module() -> ir.Module:
     return mod
 
 
+def _sums_fn(mod: ir.Module) -> None:
+    """void sums(float *x, i64 n, double *acc): acc += (Σx, Σx²), both in fp64 lanes: a
+    parameter's mean and variance in one read (its moments need no per-row or
+    per-column figure)."""
+    fn = ir.Function(
+        mod, ir.FunctionType(ir.VoidType(), [_F.as_pointer(), _I64, _D.as_pointer()]), "sums"
+    )
+    x, n, acc = fn.args
+    for a in (x, acc):
+        a.add_attribute("noalias")
+    d0, i0, i1 = ir.Constant(_D, 0.0), ir.Constant(_I64, 0), ir.Constant(_I64, 1)
+    entry, loop, done = (fn.append_basic_block(b) for b in ("entry", "loop", "done"))
+    b = ir.IRBuilder(entry)
+    b.cbranch(b.icmp_signed(">", n, i0), loop, done)
+    b.position_at_end(loop)
+    i, s1, s2 = b.phi(_I64), b.phi(_D), b.phi(_D)
+    v = b.fpext(b.load(b.gep(x, [i])), _D)
+    s1n = b.fadd(s1, v, flags=_SUMS)
+    s2n = b.fadd(s2, b.fmul(v, v), flags=_SUMS)
+    nxt = b.add(i, i1)
+    b.cbranch(b.icmp_signed("<", nxt, n), loop, done)
+    for phi, new, start in ((i, nxt, i0), (s1, s1n, d0), (s2, s2n, d0)):
+        phi.add_incoming(start, entry)
+        phi.add_incoming(new, loop)
+    b.position_at_end(done)
+    add_totals(b, acc, (s1n, s2n), entry, loop)
+    b.ret_void()
+
+
+def _all() -> ir.Module:
+    mod = _module()
+    _sums_fn(mod)
+    return mod
+
+
 _P = ctypes.c_void_p
-_ENGINE, _ROWS = build(_module(), "rows", [_P, ctypes.c_int64, ctypes.c_int64, _P, _P, _P, _P])
+_ENGINE, _FNS = build_all(
+    _all(),
+    {
+        "rows": [_P, ctypes.c_int64, ctypes.c_int64, _P, _P, _P, _P],
+        "sums": [_P, ctypes.c_int64, _P],
+    },
+)
+_ROWS, _SUMS_FN = _FNS["rows"], _FNS["sums"]
+
+
+def sums(x: torch.Tensor, acc: torch.Tensor) -> None:
+    """acc[:2] += (Σx, Σx²) in fp64 of a contiguous fp32 CPU `x`."""
+    assert x.is_contiguous() and x.dtype == torch.float32 and acc.dtype == torch.float64
+    _SUMS_FN(x.data_ptr(), x.numel(), acc.data_ptr())
 
 
 def rows(
