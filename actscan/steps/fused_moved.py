@@ -39,23 +39,17 @@ def loader() -> Any:
 _kernels = lazy(_load)  # `moved_kernel` (the compiled loop), or None without llvmlite
 
 
-def supports(old: torch.Tensor, now: torch.Tensor) -> bool:
-    """The loop is built (llvmlite is here) and both are fp32 on the CPU (a half-precision
-    parameter's norms are taken by torch, in fp32 at least)."""
-    return (
-        now.device.type == "cpu"
-        and now.dtype == torch.float32
-        and old.dtype == torch.float32
-        and _kernels() is not None
+def supports(*ts: torch.Tensor) -> bool:
+    """The loops are built (llvmlite is here) and every one of `ts` is fp32 on the CPU
+    (a half-precision parameter's norms are taken by torch, in fp32 at least)."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ts) and (
+        _kernels() is not None
     )
 
 
 def fits(*ts: torch.Tensor) -> bool:
-    """The loops are built and every one of `ts` is a contiguous fp32 CPU tensor."""
-    return (
-        all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in ts)
-        and _kernels() is not None
-    )
+    """`supports`, and every one of `ts` contiguous (read in place, not copied flat)."""
+    return all(t.is_contiguous() for t in ts) and supports(*ts)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

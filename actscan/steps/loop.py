@@ -734,14 +734,11 @@ class _Loop:
             if unit.optimizer is not None:
                 unit.optimizer.step()
             if stepped:
-                gs = [g for _, g in stepped]
-                norms = torch._foreach_norm(gs)
-                for (k, _), v in zip(stepped, norms, strict=True):
-                    gparts[k].append(v.double().square())
-                if not math.isfinite(float(sum(norms))):  # an inf/nan, or an fp32 overflow
-                    flags = _nonfinite(norms, torch._foreach_norm(gs, math.inf))
-                    for (k, _), f in zip(stepped, flags.tolist(), strict=True):
-                        gbad[k] = max(float(gbad[k]), f)
+                ones = [1.0] * len(stepped)
+                sq, flags = _grad_sq([g for _, g in stepped], self.ranks, ones, self.nan)
+                for (k, _), v, f in zip(stepped, sq, flags, strict=True):
+                    gparts[k].append(v)
+                    gbad[k] = torch.maximum(gbad[k], f)
             for pc, old in zip(unit.pieces, held, strict=True):
                 pc.view.grad = None
                 w0 = None
@@ -752,8 +749,7 @@ class _Loop:
         grads.clear()
         sums = torch.stack([torch.stack(p).sum(0) if len(p) > 1 else p[0] for p in parts])
         w_sq, dw_sq, drift_sq, bad = sums.unbind(1)
-        nan = self.nan.cpu()
-        gsq = torch.stack([torch.stack(p).sum() if p else nan for p in gparts])
+        gsq = torch.stack([torch.stack(p).sum() if p else self.nan for p in gparts])
         return w_sq, dw_sq, drift_sq, (bad > 0).double(), gsq, gbad
 
     def bucketed_step(
