@@ -916,6 +916,7 @@ def finish(
         f"\n{m['cpu']} · {m['cores']} cores · torch {m['torch']} ({m['torch_threads']} "
         f"threads) · {device} · load {res['load_before'][0]:.1f} → "
         f"{res['load_after'][0]:.1f} · {res['seconds']:.0f} s"
+        + (f" · {m['allocator']}" if "allocator" in m else "")
     )
     print_table(table)
     print(f"\nwritten {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")

@@ -270,6 +270,35 @@ def test_self_check_drops_a_layer_the_recomputation_gets_wrong(
     assert any("attention probes dropped 2 layers of llama" in n for n in report.notes)
 
 
+def test_sdpas_self_check_on_a_spread_of_queries_still_sees_late_queries_it_got_wrong(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past CHECKED_QUERIES queries the p·V comparison reads a spread of them, the first
+    and the last included: a recomputation wrong only at the last queries (a window or an
+    offset read wrong shows there) is still caught; read right, every layer is kept."""
+    seq = 4 * attention_mod.CHECKED_QUERIES
+    at = attention_mod.checked_queries(seq, torch.device("cpu"))
+    assert at is not None and at[0] == 0 and at[-1] == seq - 1
+    assert len(at) <= attention_mod.CHECKED_QUERIES + 1
+    kw = {"num_key_value_heads": 2, "sliding_window": 5, "max_position_embeddings": seq}
+    run = {"batch": 2, "seq_len": seq}
+    report = scan(build("mistral", "sdpa", **kw), **run)
+    assert len(report.attention) == 2
+    assert not [n for n in report.notes if "attention probes" in n]
+    real = attention_mod._allowed
+
+    def late_unmasked(mask: Any, causal: bool, tq: int, tk: int, window: Any, dev: Any) -> Any:
+        ok, bias = real(mask, causal, tq, tk, window, dev)
+        ok, bias = ok.clone(), bias.clone()
+        ok[..., -2:, :], bias[..., -2:, :] = True, 0.0  # the last two queries see every key
+        return ok, bias
+
+    monkeypatch.setattr(attention_mod, "_allowed", late_unmasked)
+    report = scan(build("mistral", "sdpa", **kw), **run)
+    assert report.attention == ()
+    assert any("attention probes dropped 2 layers of mistral" in n for n in report.notes)
+
+
 # -- families ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("model_type", "kw"),

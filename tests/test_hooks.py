@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
-from actscan.measure.hooks import HookSet
+from actscan.measure.gemms import aside
+from actscan.measure.hooks import HookSet, Watcher
 
 
 def _hook_counts(m: nn.Module) -> tuple[int, int, int]:
@@ -42,3 +44,55 @@ def test_nested_sets_remove_only_their_own_and_tensor_hooks_go_too() -> None:
         assert grads == []  # the tensor hook left with the inner set
     assert _hook_counts(lin) == (0, 0, 0)
     outer.remove()  # a second removal is harmless
+
+
+class _Names(TorchFunctionMode):
+    """A user's mode: records the names of the calls it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.names.append(getattr(func, "__name__", ""))
+        return func(*args, **(kwargs or {}))
+
+
+class _WatcherNames(Watcher, _Names):
+    pass
+
+
+def test_watchers_do_not_see_the_hooks_computation_and_a_users_mode_still_does() -> None:
+    """actscan's watchers see the model's calls, never a hook's (a hook's `x / ‖x‖` on a
+    linear output must not read as the model's normalisation); a user's mode below them
+    sees both, and the mode stack is the same after each hook, also when a hook raises."""
+    lin = nn.Linear(4, 4)
+    user, watcher = _Names(), _WatcherNames()
+
+    def hook(_m: nn.Module, _a: object, out: torch.Tensor) -> None:
+        assert torch._C._len_torch_function_stack() == 1  # the watcher is off, the user's on
+        (out / out.norm(dim=-1, keepdim=True)).amax()
+
+    def aside_part(x: torch.Tensor) -> torch.Tensor:
+        with aside():
+            x.detach().square().sum()
+        return torch.tanh(x)
+
+    with HookSet() as hooks:
+        hooks.forward(lin, hook)
+        with user, watcher:
+            y = aside_part(lin(torch.ones(2, 4)))
+            assert torch._C._len_torch_function_stack() == 2
+    assert "linear" in watcher.names and "tanh" in watcher.names
+    assert not {"div", "norm", "amax", "square", "sum"} & set(watcher.names)
+    assert {"linear", "div", "amax", "square", "tanh"} <= set(user.names)
+    assert y.shape == (2, 4)
+
+    def bad(_m: nn.Module, _a: object, _out: torch.Tensor) -> None:
+        raise ValueError("a hook's own error")
+
+    with HookSet() as hooks:
+        hooks.forward(lin, bad)
+        with watcher, pytest.raises(ValueError):
+            lin(torch.ones(1, 4))
+        assert torch._C._len_torch_function_stack() == 0

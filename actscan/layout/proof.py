@@ -38,11 +38,10 @@ from typing import Any, overload
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from actscan.layout.detect import is_act, is_norm
 from actscan.measure.gemms import aside
-from actscan.measure.hooks import HookSet
+from actscan.measure.hooks import HookSet, Watcher
 from actscan.measure.state import eval_mode
 from actscan.records import BlockInfo, BlockProof, BranchInfo, Layout, Role
 
@@ -395,7 +394,7 @@ _IADDS = {torch.Tensor.add_, torch.Tensor.__iadd__}
 _ANY_ADD = frozenset(_ADDS | _IADDS)
 
 
-class _AddWatch(TorchFunctionMode):
+class _AddWatch(Watcher):
     """The `+` calls of the forward, for `BlockWatch._add` (results returned untouched)."""
 
     def __init__(self, watch: BlockWatch) -> None:

@@ -26,12 +26,11 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from actscan.layout.detect import is_norm
 from actscan.measure.gemms import GEMM_NAMES, Operand, parse_gemm
 from actscan.measure.gemms import storage_key as _storage_key
-from actscan.measure.hooks import HookSet
+from actscan.measure.hooks import HookSet, Watcher
 from actscan.measure.recorder import first_tensor
 
 _CONV = {"conv1d", "conv2d", "conv3d"}
@@ -165,7 +164,7 @@ def _prod(xs: Sequence[int]) -> int:
     return math.prod(int(x) for x in xs)
 
 
-class _Spy(TorchFunctionMode):
+class _Spy(Watcher):
     """Notes which parameters enter contraction calls, and with what contracted size."""
 
     def __init__(self, owner: Owners) -> None:

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from actscan.measure.hooks import unwatched_scope
+
 __all__ = [
     "GEMM_NAMES",
     "SDPA_NAME",
@@ -60,11 +62,13 @@ _ASIDE = threading.local()
 @contextlib.contextmanager
 def aside() -> Iterator[None]:
     """Marks actscan's own side computations inside a forward (the attention probes'
-    recomputed scores, the layout proof's Gram matrix): not GEMMs of the model."""
+    recomputed scores, the layout proof's Gram matrix): not GEMMs of the model, and not
+    seen by actscan's own `Watcher` modes (`hooks.unwatched_scope`)."""
     depth = getattr(_ASIDE, "depth", 0)
     _ASIDE.depth = depth + 1
     try:
-        yield
+        with unwatched_scope():
+            yield
     finally:
         _ASIDE.depth = depth
 

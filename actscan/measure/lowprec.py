@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from actscan.measure.casts import (
     FIGURES,
@@ -56,7 +55,7 @@ from actscan.measure.gemms import (
     parse_sdpa,
     storage_key,
 )
-from actscan.measure.hooks import HookSet
+from actscan.measure.hooks import HookSet, Watcher
 from actscan.records import LowPrecRecord
 
 __all__ = ["Delayed", "LowPrecWatch", "delayed_steps", "low_precision_records", "lowprec_watch"]
@@ -569,7 +568,7 @@ def _record(
     )
 
 
-class _Mode(TorchFunctionMode):
+class _Mode(Watcher):
     """Sees every torch call of the forward; hands the model's contraction calls on."""
 
     def __init__(self, watch: LowPrecWatch) -> None:
