@@ -678,6 +678,37 @@ def test_compiled_update_figures_match_an_fp64_sum_and_the_torch_passes(
         assert torch.allclose(a, b, rtol=1e-4, equal_nan=True), (a, b)
 
 
+def test_compiled_sum_loops_at_every_length_around_their_vector_width() -> None:
+    """`jit.sum_kernel`'s loops (parameter moments, update figures, change sums) at every
+    length from 0 to two vector steps and one over: the vector part, the tail, and where
+    one meets the other, against the same fp32 values summed in fp64; a non-finite
+    difference counted wherever it falls."""
+    pytest.importorskip("llvmlite", reason="llvmlite (the `fast` extra) is not installed")
+    from actscan.measure import jit, reduce_kernels
+    from actscan.steps import moved_kernel
+
+    g = torch.Generator().manual_seed(7)
+    for n in range(2 * jit.LANES * jit.UNROLL + 2):
+        x, y, z = (torch.randn(n, generator=g) for _ in range(3))
+        xd, d, r = x.double(), (x - y).double(), (y - z).double()
+        got = torch.zeros(2, dtype=torch.float64)
+        reduce_kernels.sums(x, got)
+        assert torch.allclose(got, torch.stack([xd.sum(), xd.square().sum()]), rtol=1e-12)
+        got = torch.zeros(4, dtype=torch.float64)
+        moved_kernel.moved(x, y, z, got)
+        want = [xd.square().sum(), d.square().sum(), r.square().sum(), torch.tensor(0.0)]
+        assert torch.allclose(got, torch.stack(want).double(), rtol=1e-12), n
+        got = torch.zeros(4, dtype=torch.float64)
+        moved_kernel.change(x, y, got)
+        want = [d.square().sum(), xd.square().sum(), xd.abs().sum(), d.abs().sum()]
+        assert torch.allclose(got, torch.stack(want), rtol=1e-12), n
+        if n:
+            x[n - 1], x[n // 2] = math.inf, math.nan
+            got = torch.zeros(4, dtype=torch.float64)
+            moved_kernel.moved(x, y, z, got)
+            assert got[3] == len({n - 1, n // 2}), n
+
+
 def test_compiled_change_sums_match_an_fp64_sum() -> None:
     """A probe point's Σ(x − x0)², Σx², Σ|x|, Σ|x − x0| (`fused_moved.change`) against the
     same fp32 values summed in fp64 (to 1e-12), over a size no lane width divides."""

@@ -17,7 +17,7 @@ from actscan.measure.jit import F32 as _F
 from actscan.measure.jit import F64 as _D
 from actscan.measure.jit import I64 as _I64
 from actscan.measure.jit import SUMS as _SUMS
-from actscan.measure.jit import add_totals, build_all, new_module
+from actscan.measure.jit import Lanes, add_totals, build_all, new_module, sum_kernel
 
 __all__ = ["rows", "sums"]
 
@@ -83,87 +83,16 @@ def _module() -> ir.Module:
     return mod
 
 
-_LANES, _UNROLL = 8, 4  # fp64 lanes per vector, independent vectors per sum
+def _sums_terms(b: ir.IRBuilder, lanes: Lanes, xs: list[ir.Value]) -> list[ir.Value]:
+    v = lanes.ext(b, xs[0])
+    return [v, b.fmul(v, v)]
 
 
 def _sums_fn(mod: ir.Module) -> None:
     """void sums(float *x, i64 n, double *acc): acc += (Σx, Σx²), both in fp64 lanes: a
     parameter's mean and variance in one read (its moments need no per-row or
-    per-column figure). Written with explicit vectors, `_UNROLL` independent ones per sum:
-    the loop vectoriser's single chain of fp64 adds waited on the add's latency (0.05–0.06 s
-    over GPT-2's 124M weights, where a read of them takes 0.04 s)."""
-    fn = ir.Function(
-        mod, ir.FunctionType(ir.VoidType(), [_F.as_pointer(), _I64, _D.as_pointer()]), "sums"
-    )
-    x, n, acc = fn.args
-    for a in (x, acc):
-        a.add_attribute("noalias")
-    vf, vd = ir.VectorType(_F, _LANES), ir.VectorType(_D, _LANES)
-    zero, i0, i1 = ir.Constant(vd, [0.0] * _LANES), ir.Constant(_I64, 0), ir.Constant(_I64, 1)
-    step = ir.Constant(_I64, _LANES * _UNROLL)
-    entry, vloop, vdone, tail, done = (
-        fn.append_basic_block(b) for b in ("entry", "vloop", "vdone", "tail", "done")
-    )
-    b = ir.IRBuilder(entry)
-    nv = b.mul(b.sdiv(n, step), step)  # the values the vector loop takes
-    b.cbranch(b.icmp_signed(">", nv, i0), vloop, vdone)
-
-    b.position_at_end(vloop)
-    i = b.phi(_I64)
-    s, q = [b.phi(vd) for _ in range(_UNROLL)], [b.phi(vd) for _ in range(_UNROLL)]
-    s2, q2 = [], []
-    for u in range(_UNROLL):
-        at = b.bitcast(b.gep(x, [b.add(i, ir.Constant(_I64, u * _LANES))]), vf.as_pointer())
-        v = b.fpext(b.load(at, align=4), vd)
-        s2.append(b.fadd(s[u], v))
-        q2.append(b.fadd(q[u], b.fmul(v, v)))
-    i2 = b.add(i, step)
-    b.cbranch(b.icmp_signed("<", i2, nv), vloop, vdone)
-    i.add_incoming(i0, entry)
-    i.add_incoming(i2, vloop)
-    for phi, nxt in zip((*s, *q), (*s2, *q2), strict=True):
-        phi.add_incoming(zero, entry)
-        phi.add_incoming(nxt, vloop)
-
-    b.position_at_end(vdone)  # the vectors' lanes into two scalars (the phis first)
-    ends = []
-    for nxt in (*s2, *q2):
-        phi = b.phi(vd)
-        phi.add_incoming(zero, entry)
-        phi.add_incoming(nxt, vloop)
-        ends.append(phi)
-    totals = []
-    for got in (ends[:_UNROLL], ends[_UNROLL:]):
-        vec = got[0]
-        for phi in got[1:]:
-            vec = b.fadd(vec, phi)
-        total = b.extract_element(vec, ir.Constant(ir.IntType(32), 0))
-        for k in range(1, _LANES):
-            total = b.fadd(total, b.extract_element(vec, ir.Constant(ir.IntType(32), k)))
-        totals.append(total)
-    b.cbranch(b.icmp_signed("<", nv, n), tail, done)
-
-    b.position_at_end(tail)  # the last < _LANES · _UNROLL values, one by one
-    j, ts, tq = b.phi(_I64), b.phi(_D), b.phi(_D)
-    v = b.fpext(b.load(b.gep(x, [j])), _D)
-    ts2, tq2 = b.fadd(ts, v), b.fadd(tq, b.fmul(v, v))
-    j2 = b.add(j, i1)
-    b.cbranch(b.icmp_signed("<", j2, n), tail, done)
-    for phi, start, nxt in ((j, nv, j2), (ts, totals[0], ts2), (tq, totals[1], tq2)):
-        phi.add_incoming(start, vdone)
-        phi.add_incoming(nxt, tail)
-
-    b.position_at_end(done)
-    finals = []
-    for total, tail_total in zip(totals, (ts2, tq2), strict=True):
-        phi = b.phi(_D)
-        phi.add_incoming(total, vdone)
-        phi.add_incoming(tail_total, tail)
-        finals.append(phi)
-    for k, phi in enumerate(finals):
-        at = b.gep(acc, [ir.Constant(_I64, k)])
-        b.store(b.fadd(b.load(at), phi), at)
-    b.ret_void()
+    per-column figure)."""
+    sum_kernel(mod, "sums", 1, 2, _sums_terms)
 
 
 def _all() -> ir.Module:
