@@ -378,6 +378,14 @@ def bench_call(name: str, device: str, reps: int, batch: int, seq: int) -> dict[
         "median": med,
         "ratio": {k: v["wall"] / base["wall"] for k, v in med.items()},
         "ratio_cpu": {k: v["cpu"] / base["cpu"] for k, v in med.items()},
+        # the median of each round's own ratio: a drift of the machine's speed between
+        # rounds cancels (both sides of a round ran minutes apart at most)
+        "ratio_paired_cpu": {
+            k: statistics.median(
+                a / b for a, b in zip(s["cpu"], samples["plain"]["cpu"], strict=True)
+            )
+            for k, s in samples.items()
+        },
         "stages": {k: statistics.median(v) for k, v in stages.items()},
         "forwards": {
             "plain": forwards_of(calls, calls.plain),
@@ -475,7 +483,9 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         for k in med:
             if k == "plain":
                 continue
-            shown = f"{ratio[k]:.3f}×  (cpu {cpu[k]:.3f}×; {med[k]['wall']:.2f} s)"
+            paired = c.get("ratio_paired_cpu", {}).get(k)
+            by_round = f", per round {paired:.3f}×" if paired is not None else ""
+            shown = f"{ratio[k]:.3f}×  (cpu {cpu[k]:.3f}×{by_round}; {med[k]['wall']:.2f} s)"
             if k == "scan":
                 fw = c["forwards"]
                 shown += f"; forwards per call {fw['scan']} (plain {fw['plain']})"
