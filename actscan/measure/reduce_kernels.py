@@ -24,9 +24,9 @@ __all__ = ["rows", "sums"]
 
 def _module() -> ir.Module:
     """void rows(float *x, i64 r, i64 c, float *hi, float *lo, float *norms, double *acc):
-    for each row i of x (r × c, row-major): norms[i] = √Σx², hi[j]/lo[j] ← the running
-    max/min of column j (a NaN, once seen, stays), acc += (Σx, finite values, zeros),
-    each row's sums in fp32, rows added in fp64."""
+    for each row i of x (r × c, row-major): norms[i] = √Σx², hi[j]/lo[j] ← the max/min of
+    column j (set to ∓inf first: the caller's buffers need no fill; a NaN, once seen,
+    stays), acc += (Σx, finite values, zeros), each row's sums in fp32, rows added in fp64."""
     mod = new_module("actscan_reduce")
     fp, dp = _F.as_pointer(), _D.as_pointer()
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [fp, _I64, _I64, fp, fp, fp, dp]), "rows")
@@ -37,10 +37,23 @@ def _module() -> ir.Module:
     fabs = mod.declare_intrinsic("llvm.fabs", [_F])
     f0, f1, inf = ir.Constant(_F, 0.0), ir.Constant(_F, 1.0), ir.Constant(_F, math.inf)
     d0, i0, i1 = ir.Constant(_D, 0.0), ir.Constant(_I64, 0), ir.Constant(_I64, 1)
-    entry, outer, inner, row_end, done = (
-        fn.append_basic_block(n) for n in ("entry", "outer", "inner", "row_end", "done")
+    entry, init, begin, outer, inner, row_end, done = (
+        fn.append_basic_block(n)
+        for n in ("entry", "init", "begin", "outer", "inner", "row_end", "done")
     )
     b = ir.IRBuilder(entry)
+    b.cbranch(b.icmp_signed(">", c, i0), init, begin)
+
+    b.position_at_end(init)  # hi ← -inf, lo ← +inf: the caller's buffers come uninitialised
+    k = b.phi(_I64)
+    b.store(b.fneg(inf), b.gep(hi, [k]))
+    b.store(inf, b.gep(lo, [k]))
+    k2 = b.add(k, i1)
+    b.cbranch(b.icmp_signed("<", k2, c), init, begin)
+    k.add_incoming(i0, entry)
+    k.add_incoming(k2, init)
+
+    b.position_at_end(begin)
     b.cbranch(b.and_(b.icmp_signed(">", r, i0), b.icmp_signed(">", c, i0)), outer, done)
 
     b.position_at_end(outer)  # over the rows
@@ -73,12 +86,12 @@ def _module() -> ir.Module:
     st2, ft2, zt2 = (b.fadd(t, b.fpext(u, _D)) for t, u in ((st, s2), (ft, f2), (zt, z2)))
     i2 = b.add(i, i1)
     b.cbranch(b.icmp_signed("<", i2, r), outer, done)
-    for phi, nxt, start in ((i, i2, i0), (st, st2, d0), (ft, ft2, d0), (zt, zt2, d0)):
-        phi.add_incoming(start, entry)
+    for phi, nxt, first in ((i, i2, i0), (st, st2, d0), (ft, ft2, d0), (zt, zt2, d0)):
+        phi.add_incoming(first, begin)
         phi.add_incoming(nxt, row_end)
 
     b.position_at_end(done)
-    add_totals(b, acc, (st2, ft2, zt2), entry, row_end)
+    add_totals(b, acc, (st2, ft2, zt2), begin, row_end)
     b.ret_void()
     return mod
 
@@ -121,8 +134,8 @@ def sums(x: torch.Tensor, acc: torch.Tensor) -> None:
 def rows(
     x: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor, norms: torch.Tensor, acc: torch.Tensor
 ) -> None:
-    """The loop on a C-contiguous (r, c) fp32 CPU `x`: `norms` (r,) fp32 written, `hi`/`lo`
-    (c,) fp32 and `acc` (3,) fp64 updated in place (see `_module`)."""
+    """The loop on a C-contiguous (r, c) fp32 CPU `x`: `norms` (r,) and `hi`/`lo` (c,) fp32
+    written, `acc` (3,) fp64 added to (see `_module`)."""
     assert x.is_contiguous() and x.dtype == torch.float32 and x.dim() == 2
     _ROWS(
         x.data_ptr(), x.shape[0], x.shape[1], hi.data_ptr(), lo.data_ptr(), norms.data_ptr(),
