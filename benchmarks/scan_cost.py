@@ -429,7 +429,13 @@ def child(argv: list[str]) -> None:
 
 
 def run_child(args: list[str], threads: int | None) -> dict[str, Any]:
-    return overhead.run_child(args, threads, script=__file__)
+    """A memory figure's process, always under glibc's defaults: with freed pages kept
+    (`--keep-pages`) a peak RSS would count memory the defaults give back."""
+    held = {k: os.environ.pop(k) for k in KEEP_PAGES if k in os.environ}
+    try:
+        return overhead.run_child(args, threads, script=__file__)
+    finally:
+        os.environ.update(held)
 
 
 def bench_rss(
@@ -582,7 +588,8 @@ def main() -> None:
     ap.add_argument(
         "--keep-pages",
         action="store_true",
-        help="rerun under glibc settings that keep freed memory in the process (both sides)",
+        help="rerun under glibc settings that keep freed memory in the process (both sides "
+        "of every time figure; the rss processes keep glibc's defaults)",
     )
     args = ap.parse_args()
     if args.keep_pages and not keeps_pages():
