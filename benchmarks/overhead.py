@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -53,7 +54,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -218,10 +219,13 @@ def child(argv: list[str]) -> None:
         raise SystemExit(f"unknown child {kind!r}")
 
 
-def run_child(args: list[str], threads: int | None, script: str = __file__) -> dict[str, Any]:
-    """Run `script --child ARGS` in a fresh process (its own peak RSS, its own threads) and
-    return the JSON of its last line."""
-    env = dict(os.environ)
+def run_child(
+    args: list[str], threads: int | None, script: str = __file__, drop: Iterable[str] = ()
+) -> dict[str, Any]:
+    """Run `script --child ARGS` in a fresh process (its own peak RSS, its own threads),
+    without the environment variables in `drop`, and return the JSON of its last line."""
+    dropped = set(drop)
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     out = subprocess.run(
@@ -380,12 +384,14 @@ def actscan_cmd() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "actscan"]
 
 
+@functools.cache
 def compile_sources() -> None:
     """Byte-compile actscan and the benchmarks, as `pip install` does for a wheel, before
     timing processes: where PYTHONDONTWRITEBYTECODE is set (this project's CI machines
     set it), every process of an editable install would otherwise compile ~100 modules
     on import, 0.1-0.2 s that no installed copy pays (`actscan profile` ÷ hand-written
-    read 1.07× that way and 1.03-1.05× with the sources compiled, 2026-12-06)."""
+    read 1.07× that way and 1.03-1.05× with the sources compiled, 2026-12-06). Once a
+    process: the later sections find the files written."""
     subprocess.run(
         [sys.executable, "-m", "compileall", "-q", str(ROOT / "actscan"), str(ROOT / "benchmarks")],
         check=True,

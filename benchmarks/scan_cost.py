@@ -201,8 +201,8 @@ class Calls:
 # faults its activations in again. On the 2-core VM the figures come from, that is ~300k
 # minor faults and 0.5-1.1 s of system time per GPT-2 pass, moving run to run by more than
 # the overhead measured. These settings keep freed memory in the process for plain and
-# scanned runs alike (children inherit them); the faults and system time of every sample
-# are recorded either way.
+# scanned runs alike (the e2e processes inherit them; the rss ones do not); the faults and
+# system time of every sample are recorded either way.
 KEEP_PAGES = {
     "MALLOC_MMAP_THRESHOLD_": str(1 << 34),
     "MALLOC_TRIM_THRESHOLD_": str(1 << 34),
@@ -431,11 +431,7 @@ def child(argv: list[str]) -> None:
 def run_child(args: list[str], threads: int | None) -> dict[str, Any]:
     """A memory figure's process, always under glibc's defaults: with freed pages kept
     (`--keep-pages`) a peak RSS would count memory the defaults give back."""
-    held = {k: os.environ.pop(k) for k in KEEP_PAGES if k in os.environ}
-    try:
-        return overhead.run_child(args, threads, script=__file__)
-    finally:
-        os.environ.update(held)
+    return overhead.run_child(args, threads, script=__file__, drop=KEEP_PAGES)
 
 
 def bench_rss(

@@ -40,6 +40,7 @@ the layers the full probes checked at step 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 import types
@@ -206,11 +207,13 @@ def grouped_apply(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 CHECKED_QUERIES = 32  # sdpa's self-check compares p·V with its output at this many queries
 
 
+@functools.lru_cache(maxsize=16)
 def checked_queries(tq: int, device: torch.device) -> torch.Tensor | None:
     """The queries sdpa's self-check compares: every k-th from the first, and the last
     (≤ CHECKED_QUERIES + 1 of them), so every batch row and head is checked, at early and
     late positions alike (a sliding window or a causal offset shows at the late ones);
-    None (all of them) for a short sequence."""
+    None (all of them) for a short sequence. Cached: one index per length and device, not
+    one host-to-device copy per layer and batch."""
     if tq <= CHECKED_QUERIES:
         return None
     idx = list(range(0, tq, -(-tq // CHECKED_QUERIES)))

@@ -51,9 +51,14 @@ def add_totals(
     for phi, total in zip(got, totals, strict=True):
         phi.add_incoming(ir.Constant(F64, 0.0), skipped)
         phi.add_incoming(total, ran)
-    for k, phi in enumerate(got):
+    _add_into(b, out, got)
+
+
+def _add_into(b: ir.IRBuilder, out: ir.Value, values: Sequence[ir.Value]) -> None:
+    """out[k] += values[k] (fp64)."""
+    for k, v in enumerate(values):
         at = b.gep(out, [ir.Constant(I64, k)])
-        b.store(b.fadd(b.load(at), phi), at)
+        b.store(b.fadd(b.load(at), v), at)
 
 
 LANES, UNROLL = 8, 4  # fp64 lanes per vector; independent vectors per sum
@@ -123,8 +128,7 @@ def sum_kernel(mod: ir.Module, name: str, inputs: int, outputs: int, terms: Term
 
     b.position_at_end(vloop)
     i = b.phi(I64)
-    k = outputs
-    accs = [[b.phi(vec.d) for _ in range(k)] for _ in range(UNROLL)]
+    accs = [[b.phi(vec.d) for _ in range(outputs)] for _ in range(UNROLL)]
     nexts = []
     for u, acc in enumerate(accs):
         at = b.add(i, ir.Constant(I64, u * LANES))
@@ -139,7 +143,7 @@ def sum_kernel(mod: ir.Module, name: str, inputs: int, outputs: int, terms: Term
             phi.add_incoming(vec.const_d(0.0), entry)
             phi.add_incoming(v, vloop)
 
-    b.position_at_end(vdone)  # the vectors' lanes into k scalars (the phis first)
+    b.position_at_end(vdone)  # the vectors' lanes into one scalar per sum (the phis first)
     ends = []
     for nxt in nexts:
         row = []
@@ -150,7 +154,7 @@ def sum_kernel(mod: ir.Module, name: str, inputs: int, outputs: int, terms: Term
             row.append(phi)
         ends.append(row)
     totals = []
-    for j in range(k):
+    for j in range(outputs):
         v = ends[0][j]
         for row in ends[1:]:
             v = b.fadd(v, row[j])
@@ -162,7 +166,7 @@ def sum_kernel(mod: ir.Module, name: str, inputs: int, outputs: int, terms: Term
 
     b.position_at_end(tail)  # the last < LANES · UNROLL values, one by one
     j_ = b.phi(I64)
-    run = [b.phi(F64) for _ in range(k)]
+    run = [b.phi(F64) for _ in range(outputs)]
     vals = [b.load(b.gep(x, [j_])) for x in xs]
     ran = [b.fadd(a, t) for a, t in zip(run, terms(b, one, vals), strict=True)]
     j2 = b.add(j_, i1)
@@ -180,9 +184,7 @@ def sum_kernel(mod: ir.Module, name: str, inputs: int, outputs: int, terms: Term
         phi.add_incoming(total, vdone)
         phi.add_incoming(last, tail)
         finals.append(phi)
-    for j, phi in enumerate(finals):
-        at = b.gep(out, [ir.Constant(I64, j)])
-        b.store(b.fadd(b.load(at), phi), at)
+    _add_into(b, out, finals)
     b.ret_void()
 
 
